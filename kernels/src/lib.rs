@@ -1,0 +1,1 @@
+//! CPU compute kernels for Berth plugins (filled in by the real-inference work).

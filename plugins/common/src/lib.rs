@@ -1,0 +1,1 @@
+//! Shared building blocks for Berth model-family plugins: weight loading, KV cache, transformer blocks.

@@ -1,0 +1,1 @@
+//! Berth model packs and the store.
