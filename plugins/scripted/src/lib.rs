@@ -1,1 +1,425 @@
-//! scripted
+//! The scripted plugin: a model that replays token sequences from its pack's `script.json`, so
+//! the host's chat, constraint and streaming paths can be tested without real weights. It is also
+//! the smallest complete example of a Berth plugin.
+//!
+//! At each step the model looks at the sequence so far, picks the first script entry whose
+//! `trigger` occurs in it (or the first entry without a trigger), finds how much of that entry's
+//! `reply` the sequence already ends with, and puts a peak logit on the next reply token (or on the
+//! first stop token once the reply is complete). Greedy decoding therefore replays the reply.
+//! A batch containing `panic_token` panics inside `decode`, for testing panic containment.
+
+use berth_plugin_api::abi::{CAP_THINKING, CAP_TOOLS};
+use berth_plugin_api::{
+    BatchView, Family, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
+};
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// One scripted reply, chosen when its trigger occurs in the sequence.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ScriptEntry {
+    /// Token subsequence that selects this entry; empty selects it by default.
+    #[serde(default)]
+    pub trigger: Vec<i32>,
+    /// Tokens to replay.
+    pub reply: Vec<i32>,
+}
+
+/// The contents of a scripted pack's `script.json`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Script {
+    /// Logits per row.
+    #[serde(default = "default_vocab")]
+    pub vocab_size: u32,
+    /// Longest sequence accepted.
+    #[serde(default = "default_context")]
+    pub context_length: u32,
+    /// Most sequences at once.
+    #[serde(default = "default_max_sequences")]
+    pub max_sequences: u32,
+    /// Tokens that end generation; the first is emitted after a reply.
+    #[serde(default)]
+    pub stop_tokens: Vec<i32>,
+    /// Special tokens by name, reported in the model info.
+    #[serde(default)]
+    pub special_tokens: HashMap<String, i32>,
+    /// Whether the model reports tool support.
+    #[serde(default)]
+    pub tools: bool,
+    /// Whether the model reports thinking support.
+    #[serde(default)]
+    pub thinking: bool,
+    /// A token that makes `decode` panic (for panic-containment tests).
+    #[serde(default)]
+    pub panic_token: Option<i32>,
+    /// Height of the logit peak on the scripted token.
+    #[serde(default = "default_peak")]
+    pub peak: f32,
+    /// The replies.
+    pub entries: Vec<ScriptEntry>,
+}
+
+fn default_vocab() -> u32 {
+    512
+}
+fn default_context() -> u32 {
+    4096
+}
+fn default_max_sequences() -> u32 {
+    64
+}
+fn default_peak() -> f32 {
+    20.0
+}
+
+/// The family type exported by this plugin.
+pub struct ScriptedFamily;
+
+impl Family for ScriptedFamily {
+    type Model = ScriptedModel;
+
+    fn manifest() -> PluginManifest {
+        PluginManifest {
+            name: "scripted".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: "replays scripted token sequences (for testing the host)".into(),
+            families: vec!["scripted".into()],
+            architectures: vec!["scripted".into()],
+            weight_formats: vec!["script".into()],
+            ..Default::default()
+        }
+    }
+
+    fn probe(model_config: &serde_json::Value) -> u32 {
+        let family = model_config.get("family").and_then(|v| v.as_str());
+        if family == Some("scripted") {
+            100
+        } else {
+            0
+        }
+    }
+
+    fn create(config: &LoadConfig) -> Result<ScriptedModel, PluginError> {
+        let path = config
+            .weights
+            .first()
+            .cloned()
+            .unwrap_or_else(|| config.pack_dir.join("script.json"));
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| PluginError::failed(format!("{}: {e}", path.display())))?;
+        let script: Script = serde_json::from_str(&text)
+            .map_err(|e| PluginError::failed(format!("{}: {e}", path.display())))?;
+        ScriptedModel::new(script)
+    }
+}
+
+/// A model instance replaying a [`Script`].
+pub struct ScriptedModel {
+    script: Script,
+    sequences: HashMap<i32, Vec<i32>>,
+}
+
+impl ScriptedModel {
+    /// Creates a model from a parsed script.
+    pub fn new(script: Script) -> Result<Self, PluginError> {
+        let vocab = script.vocab_size as i32;
+        let all_tokens = script
+            .entries
+            .iter()
+            .flat_map(|e| e.reply.iter().chain(&e.trigger));
+        if let Some(bad) = all_tokens
+            .chain(&script.stop_tokens)
+            .find(|&&t| t < 0 || t >= vocab)
+        {
+            return Err(PluginError::failed(format!(
+                "script token {bad} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        Ok(ScriptedModel {
+            script,
+            sequences: HashMap::new(),
+        })
+    }
+
+    fn check_seq(&self, seq: i32) -> Result<(), PluginError> {
+        if seq < 0 || seq >= self.script.max_sequences as i32 {
+            return Err(PluginError::invalid_argument(format!(
+                "sequence id {seq} outside 0..{}",
+                self.script.max_sequences
+            )));
+        }
+        Ok(())
+    }
+
+    /// The token the script wants after `history`.
+    fn next_token(&self, history: &[i32]) -> i32 {
+        let stop = self.script.stop_tokens.first().copied().unwrap_or(0);
+        let entry = self
+            .script
+            .entries
+            .iter()
+            .find(|e| !e.trigger.is_empty() && contains(history, &e.trigger))
+            .or_else(|| self.script.entries.iter().find(|e| e.trigger.is_empty()));
+        let Some(entry) = entry else { return stop };
+        let done = (0..=entry.reply.len())
+            .rev()
+            .find(|&k| history.ends_with(&entry.reply[..k]))
+            .unwrap_or(0);
+        entry.reply.get(done).copied().unwrap_or(stop)
+    }
+}
+
+fn contains(haystack: &[i32], needle: &[i32]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+impl Model for ScriptedModel {
+    fn describe(&self) -> ModelDescription {
+        let mut caps = 0;
+        if self.script.tools {
+            caps |= CAP_TOOLS;
+        }
+        if self.script.thinking {
+            caps |= CAP_THINKING;
+        }
+        ModelDescription {
+            vocab_size: self.script.vocab_size,
+            context_length: self.script.context_length,
+            max_sequences: self.script.max_sequences,
+            capabilities: caps,
+            stop_tokens: self.script.stop_tokens.clone(),
+            extra: serde_json::json!({
+                "architecture": "scripted",
+                "special_tokens": self.script.special_tokens,
+            }),
+        }
+    }
+
+    fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
+        batch.validate()?;
+        if let Some(p) = self.script.panic_token {
+            if batch.tokens.contains(&p) {
+                panic!("scripted panic: token {p} in batch");
+            }
+        }
+        let mut out_row = 0;
+        for i in 0..batch.len() {
+            let (seq, token, pos) = (batch.seq_ids[i], batch.tokens[i], batch.positions[i]);
+            self.check_seq(seq)?;
+            let history = self.sequences.entry(seq).or_default();
+            if pos as usize != history.len() {
+                return Err(PluginError::invalid_argument(format!(
+                    "sequence {seq} holds {} tokens; position {pos} is not next",
+                    history.len()
+                )));
+            }
+            if history.len() >= self.script.context_length as usize {
+                return Err(PluginError::invalid_argument(format!(
+                    "sequence {seq} is full ({} tokens)",
+                    self.script.context_length
+                )));
+            }
+            history.push(token);
+            if batch.want_logits[i] != 0 {
+                let next = self.next_token(&self.sequences[&seq]);
+                let row = logits.row_mut(out_row);
+                row.fill(0.0);
+                row[next as usize] = self.script.peak;
+                out_row += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError> {
+        self.check_seq(seq)?;
+        self.sequences.entry(seq).or_default().push(token);
+        Ok(())
+    }
+
+    fn thinking_enabled(&self, requested: Option<bool>) -> bool {
+        self.script.thinking && requested.unwrap_or(true)
+    }
+
+    fn tools_enabled(&self) -> bool {
+        self.script.tools
+    }
+
+    fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
+        self.check_seq(seq)?;
+        if let Some(h) = self.sequences.get_mut(&seq) {
+            h.truncate(len as usize);
+        }
+        Ok(())
+    }
+
+    fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
+        self.check_seq(src)?;
+        self.check_seq(dst)?;
+        let h = self.sequences.get(&src).cloned().unwrap_or_default();
+        self.sequences.insert(dst, h);
+        Ok(())
+    }
+}
+
+berth_plugin_api::export_plugin!(ScriptedFamily);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_plugin_api::Plugin;
+
+    fn plugin() -> Plugin {
+        // SAFETY: the table comes from this crate's own exported entry, valid for the process.
+        unsafe { Plugin::from_entry(berth_plugin_entry_v1()) }.expect("valid table")
+    }
+
+    fn load_config(dir: &std::path::Path, script: serde_json::Value) -> String {
+        std::fs::write(dir.join("script.json"), script.to_string()).unwrap();
+        serde_json::to_string(&LoadConfig {
+            pack_dir: dir.to_path_buf(),
+            family: "scripted".into(),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    fn greedy(row: &[f32]) -> i32 {
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] {
+                best = i;
+            }
+        }
+        best as i32
+    }
+
+    #[test]
+    fn greedy_decoding_replays_the_triggered_reply_then_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = load_config(
+            dir.path(),
+            serde_json::json!({"vocab_size": 64, "stop_tokens": [2],
+                "entries": [{"reply": [10, 11]}, {"trigger": [7, 8], "reply": [30, 31, 32]}]}),
+        );
+        let mut m = plugin().create(&cfg).unwrap();
+        assert_eq!(m.description().vocab_size, 64);
+        assert_eq!(m.description().stop_tokens, vec![2]);
+        let mut logits = vec![0.0; 64];
+        let prompt = [1, 7, 8];
+        let batch = BatchView {
+            tokens: &prompt,
+            positions: &[0, 1, 2],
+            seq_ids: &[0, 0, 0],
+            want_logits: &[0, 0, 1],
+        };
+        assert_eq!(m.decode(&batch, &mut logits).unwrap(), 1);
+        let mut out = vec![];
+        let mut tok = greedy(&logits);
+        let mut pos = 3;
+        while tok != 2 && out.len() < 10 {
+            out.push(tok);
+            let b = BatchView {
+                tokens: &[tok],
+                positions: &[pos],
+                seq_ids: &[0],
+                want_logits: &[1],
+            };
+            m.decode(&b, &mut logits).unwrap();
+            tok = greedy(&logits);
+            pos += 1;
+        }
+        assert_eq!(out, vec![30, 31, 32]);
+    }
+
+    #[test]
+    fn decode_rejects_a_position_that_is_not_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = load_config(dir.path(), serde_json::json!({"entries": [{"reply": [5]}]}));
+        let mut m = plugin().create(&cfg).unwrap();
+        let mut logits = vec![0.0; 512];
+        let b = BatchView {
+            tokens: &[1],
+            positions: &[3],
+            seq_ids: &[0],
+            want_logits: &[1],
+        };
+        let e = m.decode(&b, &mut logits).unwrap_err();
+        assert_eq!(e.kind, berth_plugin_api::ErrorKind::InvalidArgument);
+        assert!(m.poisoned().is_none());
+    }
+
+    #[test]
+    fn a_panic_in_decode_becomes_an_error_and_poisons_the_instance() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = load_config(
+            dir.path(),
+            serde_json::json!({"panic_token": 99, "entries": [{"reply": [5]}]}),
+        );
+        let mut m = plugin().create(&cfg).unwrap();
+        let mut logits = vec![0.0; 512];
+        let b = BatchView {
+            tokens: &[99],
+            positions: &[0],
+            seq_ids: &[0],
+            want_logits: &[1],
+        };
+        let e = m.decode(&b, &mut logits).unwrap_err();
+        assert_eq!(e.kind, berth_plugin_api::ErrorKind::Poisoned);
+        assert!(e.message.contains("scripted panic"), "{}", e.message);
+        assert!(m.poisoned().is_some());
+        // Every later call is refused, even a harmless one.
+        let ok = BatchView {
+            tokens: &[1],
+            positions: &[0],
+            seq_ids: &[1],
+            want_logits: &[1],
+        };
+        assert_eq!(
+            m.decode(&ok, &mut logits).unwrap_err().kind,
+            berth_plugin_api::ErrorKind::Poisoned
+        );
+        // A fresh instance works.
+        let mut fresh = plugin().create(&cfg).unwrap();
+        assert_eq!(fresh.decode(&ok, &mut logits).unwrap(), 1);
+    }
+
+    #[test]
+    fn truncate_and_fork_manage_sequence_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = load_config(dir.path(), serde_json::json!({"entries": [{"reply": [5, 6]}]}));
+        let mut m = plugin().create(&cfg).unwrap();
+        let mut logits = vec![0.0; 512];
+        let b = BatchView {
+            tokens: &[1, 5],
+            positions: &[0, 1],
+            seq_ids: &[0, 0],
+            want_logits: &[0, 1],
+        };
+        m.decode(&b, &mut logits).unwrap();
+        assert_eq!(greedy(&logits), 6);
+        m.seq_fork(0, 3).unwrap();
+        m.seq_truncate(0, 1).unwrap();
+        let b = BatchView {
+            tokens: &[1, 6],
+            positions: &[1, 2],
+            seq_ids: &[0, 3],
+            want_logits: &[1, 1],
+        };
+        let mut two = vec![0.0; 1024];
+        assert_eq!(m.decode(&b, &mut two).unwrap(), 2);
+        assert_eq!(greedy(&two[..512]), 5);
+        assert_eq!(greedy(&two[512..]), 0);
+    }
+
+    #[test]
+    fn a_script_token_outside_the_vocabulary_fails_creation() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = load_config(
+            dir.path(),
+            serde_json::json!({"vocab_size": 8, "entries": [{"reply": [9]}]}),
+        );
+        let e = plugin().create(&cfg).unwrap_err();
+        assert!(e.message.contains("outside the vocabulary"), "{}", e.message);
+    }
+}

@@ -1,0 +1,358 @@
+//! The host side of the boundary: safe wrappers over a plugin's entry table and its instances.
+//! Whoever loads the library (dlopen, or a statically linked plugin in tests) hands the entry
+//! table pointer to [`Plugin::from_entry`].
+
+use crate::abi::{self, ErrorBuf, Header, Instance, ModelInfo, ModelVtable, StrRef};
+use crate::types::{BatchView, ErrorKind, ModelDescription, PluginError};
+use std::ffi::c_void;
+
+/// Why an entry table was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AbiError {
+    /// The entry symbol returned null or a table smaller than its header.
+    InvalidTable,
+    /// The plugin was built for another major version.
+    WrongMajor {
+        /// The plugin's major version.
+        major: u16,
+        /// The plugin's minor version.
+        minor: u16,
+    },
+    /// The plugin was built with `panic = "abort"`, so its panics cannot be contained.
+    PanicAbort,
+    /// A required entry is missing from the table.
+    MissingEntry(&'static str),
+}
+
+impl std::fmt::Display for AbiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AbiError::InvalidTable => write!(f, "entry table is null or malformed"),
+            AbiError::WrongMajor { major, minor } => write!(
+                f,
+                "was built for ABI {major}.{minor}; this host speaks {}.0-{}.{}",
+                abi::ABI_MAJOR,
+                abi::ABI_MAJOR,
+                abi::ABI_MINOR
+            ),
+            AbiError::PanicAbort => write!(
+                f,
+                "was built with panic = \"abort\"; this host needs panic = \"unwind\" to contain plugin panics"
+            ),
+            AbiError::MissingEntry(name) => write!(f, "has no `{name}` entry"),
+        }
+    }
+}
+
+impl std::error::Error for AbiError {}
+
+/// A validated plugin entry table.
+#[derive(Clone, Debug)]
+pub struct Plugin {
+    table: abi::EntryTable,
+    header: Header,
+}
+
+// SAFETY: the entry table is immutable static data in a library that is never unloaded; its
+// functions are callable from any thread.
+unsafe impl Send for Plugin {}
+// SAFETY: as above.
+unsafe impl Sync for Plugin {}
+
+const ERROR_CAP: usize = 4096;
+
+impl Plugin {
+    /// Validates the table returned by a plugin's entry symbol.
+    ///
+    /// # Safety
+    /// `ptr` must be null or point to an entry table that stays valid for the rest of the
+    /// process (the library is never unloaded).
+    pub unsafe fn from_entry(ptr: *const abi::EntryTable) -> Result<Plugin, AbiError> {
+        // SAFETY: per the caller, ptr is null or a valid table; we read within its size.
+        let (table, header) = unsafe { abi::read_versioned(ptr) }.ok_or(AbiError::InvalidTable)?;
+        if header.abi_major != abi::ABI_MAJOR {
+            return Err(AbiError::WrongMajor {
+                major: header.abi_major,
+                minor: header.abi_minor,
+            });
+        }
+        if table.flags & abi::FLAG_PANIC_UNWIND == 0 {
+            return Err(AbiError::PanicAbort);
+        }
+        if table.create.is_none() {
+            return Err(AbiError::MissingEntry("create"));
+        }
+        Ok(Plugin { table, header })
+    }
+
+    /// The ABI version (major, minor) the plugin was built for.
+    pub fn abi_version(&self) -> (u16, u16) {
+        (self.header.abi_major, self.header.abi_minor)
+    }
+
+    /// The manifest JSON embedded in the library.
+    pub fn manifest_json(&self) -> String {
+        // SAFETY: the manifest is static data of a library that is never unloaded.
+        unsafe { self.table.manifest_json.as_str() }.into_owned()
+    }
+
+    /// Scores a model description (JSON); 0 = cannot serve it.
+    pub fn probe(&self, model_config_json: &str) -> u32 {
+        match self.table.probe {
+            // SAFETY: the string outlives the call; the function is the plugin's probe entry.
+            Some(f) => unsafe { f(StrRef::from_str(model_config_json)) },
+            None => 0,
+        }
+    }
+
+    /// Creates a model instance from a load configuration (JSON).
+    pub fn create(&self, load_config_json: &str) -> Result<ModelInstance, PluginError> {
+        let create = self
+            .table
+            .create
+            .ok_or_else(|| PluginError::unsupported("create"))?;
+        let mut err = ErrorStorage::new();
+        // SAFETY: a zeroed Instance is valid (AbiStruct); the header tells the plugin its size.
+        let mut inst: Instance = unsafe { std::mem::zeroed() };
+        inst.header = Header::for_struct::<Instance>();
+        // SAFETY: all pointers are valid for the call; the plugin writes within inst's size.
+        let status = unsafe { create(StrRef::from_str(load_config_json), &mut inst, err.as_abi()) };
+        if status != abi::STATUS_OK {
+            return Err(err.to_error(status));
+        }
+        if inst.handle.is_null() || inst.vtable.is_null() {
+            return Err(PluginError::failed("plugin returned a null instance"));
+        }
+        // SAFETY: the vtable is static for the life of the instance; read within its size.
+        let (vtable, vt_header) = unsafe { abi::read_versioned(inst.vtable) }
+            .ok_or_else(|| PluginError::failed("plugin returned a malformed vtable"))?;
+        let mut instance = ModelInstance {
+            handle: inst.handle,
+            vtable,
+            vt_header,
+            err: err,
+            poisoned: None,
+            description: ModelDescription::default(),
+        };
+        instance.description = instance.fetch_info()?;
+        Ok(instance)
+    }
+}
+
+/// Host-owned error buffer handed to every fallible call.
+#[derive(Debug)]
+struct ErrorStorage {
+    bytes: Vec<u8>,
+    abi: ErrorBuf,
+}
+
+impl ErrorStorage {
+    fn new() -> Self {
+        ErrorStorage {
+            bytes: vec![0; ERROR_CAP],
+            abi: ErrorBuf {
+                header: Header::for_struct::<ErrorBuf>(),
+                buf: std::ptr::null_mut(),
+                cap: 0,
+                len: 0,
+            },
+        }
+    }
+
+    fn as_abi(&mut self) -> *mut ErrorBuf {
+        self.abi.buf = self.bytes.as_mut_ptr();
+        self.abi.cap = self.bytes.len();
+        self.abi.len = 0;
+        &mut self.abi
+    }
+
+    fn to_error(&self, status: abi::Status) -> PluginError {
+        let n = self.abi.len.min(self.bytes.len());
+        let mut message = String::from_utf8_lossy(&self.bytes[..n]).into_owned();
+        if message.is_empty() {
+            message = format!("plugin call failed with status {status}");
+        }
+        PluginError {
+            kind: ErrorKind::from_status(status),
+            message,
+        }
+    }
+}
+
+/// A live model instance created by a plugin. Destroyed on drop.
+#[derive(Debug)]
+pub struct ModelInstance {
+    handle: *mut c_void,
+    vtable: ModelVtable,
+    vt_header: Header,
+    err: ErrorStorage,
+    poisoned: Option<String>,
+    description: ModelDescription,
+}
+
+// SAFETY: the instance is used by one thread at a time (`&mut self` on every call that reaches
+// the plugin), which is the contract plugins implement.
+unsafe impl Send for ModelInstance {}
+
+impl ModelInstance {
+    /// What the model reported when it was created.
+    pub fn description(&self) -> &ModelDescription {
+        &self.description
+    }
+
+    /// The ABI version (major, minor) of the plugin's vtable.
+    pub fn abi_version(&self) -> (u16, u16) {
+        (self.vt_header.abi_major, self.vt_header.abi_minor)
+    }
+
+    /// The panic message if the instance was poisoned; it must then be dropped and recreated.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
+    fn check(&mut self, status: abi::Status) -> Result<(), PluginError> {
+        if status == abi::STATUS_OK {
+            return Ok(());
+        }
+        let e = self.err.to_error(status);
+        if e.kind == ErrorKind::Poisoned {
+            self.poisoned = Some(e.message.clone());
+        }
+        Err(e)
+    }
+
+    fn fetch_info(&mut self) -> Result<ModelDescription, PluginError> {
+        let f = self
+            .vtable
+            .model_info
+            .ok_or_else(|| PluginError::unsupported("model_info"))?;
+        // SAFETY: a zeroed ModelInfo is valid (AbiStruct); unwritten fields stay absent.
+        let mut info: ModelInfo = unsafe { std::mem::zeroed() };
+        info.header = Header::for_struct::<ModelInfo>();
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; `info` and `err` are valid for the call.
+        let status = unsafe { f(self.handle, &mut info, err) };
+        self.check(status)?;
+        let stop_tokens = if info.stop_tokens.is_null() || info.n_stop_tokens == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the plugin keeps the array alive until destroy; we copy it now.
+            unsafe { std::slice::from_raw_parts(info.stop_tokens, info.n_stop_tokens as usize) }.to_vec()
+        };
+        // SAFETY: the plugin keeps the string alive until destroy; we copy it now.
+        let extra_text = unsafe { info.extra_json.as_str() };
+        let extra = if extra_text.trim().is_empty() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            serde_json::from_str(&extra_text).unwrap_or(serde_json::Value::Object(Default::default()))
+        };
+        Ok(ModelDescription {
+            vocab_size: info.vocab_size,
+            context_length: info.context_length,
+            max_sequences: info.max_sequences.max(1),
+            capabilities: info.capabilities,
+            stop_tokens,
+            extra,
+        })
+    }
+
+    /// Runs a batch; `logits` receives one row of `vocab_size` floats per row that wants logits.
+    /// Returns the number of rows written.
+    pub fn decode(&mut self, batch: &BatchView<'_>, logits: &mut [f32]) -> Result<usize, PluginError> {
+        batch.validate()?;
+        let f = self
+            .vtable
+            .decode
+            .ok_or_else(|| PluginError::unsupported("decode"))?;
+        let n = u32::try_from(batch.len()).map_err(|_| PluginError::invalid_argument("batch too large"))?;
+        let raw = abi::Batch {
+            header: Header::for_struct::<abi::Batch>(),
+            n_tokens: n,
+            reserved: 0,
+            tokens: batch.tokens.as_ptr(),
+            positions: batch.positions.as_ptr(),
+            seq_ids: batch.seq_ids.as_ptr(),
+            want_logits: batch.want_logits.as_ptr(),
+        };
+        let mut out = abi::Logits {
+            header: Header::for_struct::<abi::Logits>(),
+            data: logits.as_mut_ptr(),
+            capacity: logits.len(),
+            row_len: self.description.vocab_size,
+            rows_written: 0,
+        };
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; batch arrays, logits and err are valid for the call.
+        let status = unsafe { f(self.handle, &raw, &mut out, err) };
+        self.check(status)?;
+        Ok(out.rows_written as usize)
+    }
+
+    /// Feeds one token to a sequence without logits.
+    pub fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError> {
+        let f = self
+            .vtable
+            .force_token
+            .ok_or_else(|| PluginError::unsupported("force_token"))?;
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; err is valid for the call.
+        let status = unsafe { f(self.handle, seq, token, err) };
+        self.check(status)
+    }
+
+    /// Whether the model will think, given the request's wish.
+    pub fn thinking_enabled(&mut self, requested: Option<bool>) -> bool {
+        let Some(f) = self.vtable.thinking_enabled else {
+            return false;
+        };
+        let r = match requested {
+            None => -1,
+            Some(false) => 0,
+            Some(true) => 1,
+        };
+        // SAFETY: handle is live.
+        unsafe { f(self.handle, r) != 0 }
+    }
+
+    /// Whether the model can call tools.
+    pub fn tools_enabled(&mut self) -> bool {
+        match self.vtable.tools_enabled {
+            // SAFETY: handle is live.
+            Some(f) => unsafe { f(self.handle) != 0 },
+            None => false,
+        }
+    }
+
+    /// Drops every position at or after `len` from a sequence.
+    pub fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
+        let f = self
+            .vtable
+            .seq_truncate
+            .ok_or_else(|| PluginError::unsupported("seq_truncate"))?;
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; err is valid for the call.
+        let status = unsafe { f(self.handle, seq, len, err) };
+        self.check(status)
+    }
+
+    /// Copies sequence `src` into `dst`; unsupported for plugins older than ABI 1.1.
+    pub fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
+        let f = self
+            .vtable
+            .seq_fork
+            .ok_or_else(|| PluginError::unsupported("seq_fork"))?;
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; err is valid for the call.
+        let status = unsafe { f(self.handle, src, dst, err) };
+        self.check(status)
+    }
+}
+
+impl Drop for ModelInstance {
+    fn drop(&mut self) {
+        if let Some(destroy) = self.vtable.destroy {
+            // SAFETY: destroy is called once, last, with the handle create returned.
+            unsafe { destroy(self.handle) };
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! The safe SDK for plugin authors: implement [`Family`] and [`Model`], then call
+//! [`export_plugin!`](crate::export_plugin) once. Every entry is wrapped in `catch_unwind`: a
+//! panic becomes an error carrying its message and poisons the instance.
+
+use crate::abi::{self, ErrorBuf, Instance, ModelInfo, ModelVtable, StrRef};
+use crate::types::{
+    BatchView, ErrorKind, LoadConfig, LogitsOut, ModelDescription, PluginError, PluginManifest,
+};
+use std::ffi::{c_char, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A model family: what the plugin serves and how to create a model.
+pub trait Family: 'static {
+    /// The model type this family creates.
+    type Model: Model;
+
+    /// Name, version, families, architectures and formats (ABI fields are filled in by the SDK).
+    fn manifest() -> PluginManifest;
+
+    /// How well this plugin serves a model described by `model_config` (a JSON object with at
+    /// least `family`, `architecture` and `format`); 0 means it cannot.
+    fn probe(model_config: &serde_json::Value) -> u32;
+
+    /// Loads a model.
+    fn create(config: &LoadConfig) -> Result<Self::Model, PluginError>;
+}
+
+/// A loaded model instance. The host calls it from one thread at a time.
+pub trait Model: Send + 'static {
+    /// Vocabulary, context, capabilities, stop and special tokens.
+    fn describe(&self) -> ModelDescription;
+
+    /// Runs a batch; writes one logits row per row that wants logits, in batch order.
+    fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError>;
+
+    /// Feeds one token to a sequence without computing logits.
+    fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError>;
+
+    /// Whether the model will think, given the request's wish.
+    fn thinking_enabled(&self, requested: Option<bool>) -> bool {
+        requested.unwrap_or(false)
+    }
+
+    /// Whether the model can call tools.
+    fn tools_enabled(&self) -> bool {
+        false
+    }
+
+    /// Drops every position at or after `len` from a sequence.
+    fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError>;
+
+    /// Copies sequence `src` into `dst`.
+    fn seq_fork(&mut self, _src: i32, _dst: i32) -> Result<(), PluginError> {
+        Err(PluginError::unsupported("seq_fork"))
+    }
+}
+
+/// The manifest with the SDK's own fields filled in.
+pub fn full_manifest<F: Family>(panic_unwind: bool) -> PluginManifest {
+    let mut m = F::manifest();
+    m.abi_major = abi::ABI_MAJOR;
+    m.abi_minor = abi::ABI_MINOR;
+    m.panic = if panic_unwind { "unwind" } else { "abort" }.to_string();
+    m
+}
+
+/// The entry table for family `F`, leaked once per process (used by `export_plugin!`).
+pub fn build_entry_table<F: Family>(panic_unwind: bool) -> &'static abi::EntryTable {
+    let json: &'static str = Box::leak(
+        serde_json::to_string(&full_manifest::<F>(panic_unwind))
+            .expect("manifest serializes")
+            .into_boxed_str(),
+    );
+    Box::leak(Box::new(abi::EntryTable {
+        header: abi::Header::for_struct::<abi::EntryTable>(),
+        flags: if panic_unwind { abi::FLAG_PANIC_UNWIND } else { 0 },
+        manifest_json: StrRef::from_str(json),
+        probe: Some(probe_entry::<F>),
+        create: Some(create_entry::<F>),
+    }))
+}
+
+/// The manifest as a NUL-terminated string, leaked once per process (used by `export_plugin!`).
+pub fn build_manifest_cstr<F: Family>(panic_unwind: bool) -> &'static CString {
+    let json = serde_json::to_string(&full_manifest::<F>(panic_unwind)).expect("manifest serializes");
+    Box::leak(Box::new(CString::new(json).expect("manifest has no NUL")))
+}
+
+/// `Sync` wrapper for the leaked entry table pointer so it can live in a `static`.
+pub struct StaticEntry(pub &'static abi::EntryTable);
+// SAFETY: the table is immutable after construction and its pointers refer to leaked, immutable
+// data (a string) and plain functions.
+unsafe impl Sync for StaticEntry {}
+// SAFETY: as above.
+unsafe impl Send for StaticEntry {}
+
+/// Exports a [`Family`] as a Berth plugin library: defines `berth_plugin_entry_v1` and
+/// `berth_plugin_manifest`. Use once per `cdylib`.
+#[macro_export]
+macro_rules! export_plugin {
+    ($family:ty) => {
+        /// Berth plugin entry point (ABI v1).
+        #[no_mangle]
+        pub extern "C" fn berth_plugin_entry_v1() -> *const $crate::abi::EntryTable {
+            static TABLE: ::std::sync::OnceLock<$crate::sdk::StaticEntry> = ::std::sync::OnceLock::new();
+            TABLE
+                .get_or_init(|| {
+                    $crate::sdk::StaticEntry($crate::sdk::build_entry_table::<$family>(cfg!(
+                        panic = "unwind"
+                    )))
+                })
+                .0
+        }
+
+        /// Berth plugin manifest (version-independent): NUL-terminated JSON.
+        #[no_mangle]
+        pub extern "C" fn berth_plugin_manifest() -> *const ::std::ffi::c_char {
+            static MANIFEST: ::std::sync::OnceLock<&'static ::std::ffi::CString> =
+                ::std::sync::OnceLock::new();
+            MANIFEST
+                .get_or_init(|| $crate::sdk::build_manifest_cstr::<$family>(cfg!(panic = "unwind")))
+                .as_ptr()
+        }
+    };
+}
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        format!("plugin panicked: {s}")
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        format!("plugin panicked: {s}")
+    } else {
+        "plugin panicked".to_string()
+    }
+}
+
+/// Reports an error to the host: message into its buffer, kind as the status.
+fn report(err: *mut ErrorBuf, e: &PluginError) -> abi::Status {
+    // SAFETY: `err` comes from the host, which guarantees it is null or valid.
+    unsafe { abi::write_error(err, &e.message) };
+    e.kind.status()
+}
+
+unsafe extern "C" fn probe_entry<F: Family>(model_config_json: StrRef) -> u32 {
+    catch_unwind(|| {
+        // SAFETY: the host passes a valid borrowed string for the duration of the call.
+        let text = unsafe { model_config_json.as_str() };
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(v) => F::probe(&v),
+            Err(_) => 0,
+        }
+    })
+    .unwrap_or(0)
+}
+
+unsafe extern "C" fn create_entry<F: Family>(
+    load_config_json: StrRef,
+    out: *mut Instance,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    let result = catch_unwind(|| {
+        // SAFETY: the host passes a valid borrowed string for the duration of the call.
+        let text = unsafe { load_config_json.as_str() };
+        let config: LoadConfig = serde_json::from_str(&text)
+            .map_err(|e| PluginError::invalid_argument(format!("load config: {e}")))?;
+        F::create(&config)
+    });
+    let model = match result {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => return report(err, &e),
+        Err(p) => return report(err, &PluginError::failed(panic_message(&*p))),
+    };
+    let guarded = Box::new(Guarded::<F::Model> {
+        vtable: vtable::<F::Model>(),
+        model,
+        poisoned: None,
+        stop_tokens: Vec::new(),
+        extra_json: String::new(),
+    });
+    let vt: *const ModelVtable = &guarded.vtable;
+    let handle = Box::into_raw(guarded) as *mut c_void;
+    let instance = Instance {
+        header: abi::Header::for_struct::<Instance>(),
+        handle,
+        vtable: vt,
+    };
+    // SAFETY: `out` is the host's Instance with its header set to its allocated size.
+    if !unsafe { abi::write_versioned(out, &instance) } {
+        // SAFETY: handle came from Box::into_raw just above and was never shared.
+        drop(unsafe { Box::from_raw(handle as *mut Guarded<F::Model>) });
+        return report(
+            err,
+            &PluginError::invalid_argument("instance out-struct is null or too small"),
+        );
+    }
+    abi::STATUS_OK
+}
+
+/// A model plus its vtable and poison state; the opaque handle points at one of these.
+struct Guarded<M: Model> {
+    vtable: ModelVtable,
+    model: M,
+    poisoned: Option<String>,
+    /// Backing storage for the last `model_info` answer (borrowed by the host until destroy).
+    stop_tokens: Vec<i32>,
+    /// Backing storage for the last `model_info` answer.
+    extra_json: String,
+}
+
+fn vtable<M: Model>() -> ModelVtable {
+    ModelVtable {
+        header: abi::Header::for_struct::<ModelVtable>(),
+        destroy: Some(destroy_entry::<M>),
+        model_info: Some(model_info_entry::<M>),
+        decode: Some(decode_entry::<M>),
+        force_token: Some(force_token_entry::<M>),
+        thinking_enabled: Some(thinking_entry::<M>),
+        tools_enabled: Some(tools_entry::<M>),
+        seq_truncate: Some(seq_truncate_entry::<M>),
+        seq_fork: Some(seq_fork_entry::<M>),
+    }
+}
+
+/// Runs `f` on the instance behind `handle` unless it is poisoned; a panic poisons it.
+///
+/// # Safety
+/// `handle` must be a live handle created by `create_entry::<F>` for this `M`.
+unsafe fn guarded_call<M: Model, T>(
+    handle: *mut c_void,
+    err: *mut ErrorBuf,
+    f: impl FnOnce(&mut Guarded<M>) -> Result<T, PluginError>,
+) -> Result<T, abi::Status> {
+    if handle.is_null() {
+        return Err(report(
+            err,
+            &PluginError::invalid_argument("null instance handle"),
+        ));
+    }
+    // SAFETY: per the contract, handle points at a live Guarded<M> used by one thread at a time.
+    let g = unsafe { &mut *(handle as *mut Guarded<M>) };
+    if let Some(msg) = &g.poisoned {
+        return Err(report(err, &PluginError::poisoned(msg.clone())));
+    }
+    match catch_unwind(AssertUnwindSafe(|| f(g))) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(report(err, &e)),
+        Err(p) => {
+            let msg = panic_message(&*p);
+            // SAFETY: as above; the panicking closure's borrow ended when it unwound.
+            let g = unsafe { &mut *(handle as *mut Guarded<M>) };
+            g.poisoned = Some(msg.clone());
+            Err(report(
+                err,
+                &PluginError {
+                    kind: ErrorKind::Poisoned,
+                    message: msg,
+                },
+            ))
+        }
+    }
+}
+
+fn status_of(r: Result<(), abi::Status>) -> abi::Status {
+    match r {
+        Ok(()) => abi::STATUS_OK,
+        Err(s) => s,
+    }
+}
+
+unsafe extern "C" fn destroy_entry<M: Model>(handle: *mut c_void) {
+    if handle.is_null() {
+        return;
+    }
+    // SAFETY: the host calls destroy once, last, with a handle from create_entry.
+    let boxed = unsafe { Box::from_raw(handle as *mut Guarded<M>) };
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(boxed)));
+}
+
+unsafe extern "C" fn model_info_entry<M: Model>(
+    handle: *mut c_void,
+    out: *mut ModelInfo,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    let work = |g: &mut Guarded<M>| {
+        let d = g.model.describe();
+        g.stop_tokens = d.stop_tokens;
+        g.extra_json = d.extra.to_string();
+        let info = ModelInfo {
+            header: abi::Header::for_struct::<ModelInfo>(),
+            vocab_size: d.vocab_size,
+            context_length: d.context_length,
+            max_sequences: d.max_sequences,
+            reserved: 0,
+            capabilities: d.capabilities,
+            stop_tokens: g.stop_tokens.as_ptr(),
+            n_stop_tokens: g.stop_tokens.len() as u32,
+            reserved2: 0,
+            extra_json: StrRef::from_str(&g.extra_json),
+        };
+        // SAFETY: `out` is the host's ModelInfo with its header set to its allocated size.
+        if unsafe { abi::write_versioned(out, &info) } {
+            Ok(())
+        } else {
+            Err(PluginError::invalid_argument(
+                "model info out-struct is null or too small",
+            ))
+        }
+    };
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, work) })
+}
+
+unsafe extern "C" fn decode_entry<M: Model>(
+    handle: *mut c_void,
+    batch: *const abi::Batch,
+    logits: *mut abi::Logits,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    let work = |g: &mut Guarded<M>| {
+        // SAFETY: the host passes a valid batch; we read no further than its struct_size.
+        let Some((b, _)) = (unsafe { abi::read_versioned(batch) }) else {
+            return Err(PluginError::invalid_argument("null batch"));
+        };
+        if logits.is_null() {
+            return Err(PluginError::invalid_argument("null logits buffer"));
+        }
+        let n = b.n_tokens as usize;
+        if n > 0
+            && (b.tokens.is_null() || b.positions.is_null() || b.seq_ids.is_null() || b.want_logits.is_null())
+        {
+            return Err(PluginError::invalid_argument("batch has a null array"));
+        }
+        // SAFETY: the host guarantees each array holds n_tokens elements for the call.
+        let view = unsafe {
+            if n == 0 {
+                BatchView {
+                    tokens: &[],
+                    positions: &[],
+                    seq_ids: &[],
+                    want_logits: &[],
+                }
+            } else {
+                BatchView {
+                    tokens: std::slice::from_raw_parts(b.tokens, n),
+                    positions: std::slice::from_raw_parts(b.positions, n),
+                    seq_ids: std::slice::from_raw_parts(b.seq_ids, n),
+                    want_logits: std::slice::from_raw_parts(b.want_logits, n),
+                }
+            }
+        };
+        // SAFETY: logits is non-null and host-owned for the call.
+        let l = unsafe { &mut *logits };
+        let rows = view.logit_rows();
+        let row_len = l.row_len as usize;
+        if rows * row_len > l.capacity || (rows > 0 && l.data.is_null()) {
+            return Err(PluginError::invalid_argument(format!(
+                "logits buffer holds {} floats; {rows} rows of {row_len} need more",
+                l.capacity
+            )));
+        }
+        let data: &mut [f32] = if rows == 0 {
+            &mut []
+        } else {
+            // SAFETY: data has `capacity` >= rows*row_len writable floats, host-owned.
+            unsafe { std::slice::from_raw_parts_mut(l.data, rows * row_len) }
+        };
+        let mut out = LogitsOut::new(data, row_len);
+        l.rows_written = 0;
+        g.model.decode(&view, &mut out)?;
+        l.rows_written = rows as u32;
+        Ok(())
+    };
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, work) })
+}
+
+unsafe extern "C" fn force_token_entry<M: Model>(
+    handle: *mut c_void,
+    seq: i32,
+    token: i32,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, |g| g.model.force_token(seq, token)) })
+}
+
+unsafe extern "C" fn thinking_entry<M: Model>(handle: *mut c_void, requested: i32) -> i32 {
+    let requested = match requested {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    };
+    // SAFETY: forwarded host contract.
+    let r = unsafe {
+        guarded_call::<M, bool>(handle, std::ptr::null_mut(), |g| {
+            Ok(g.model.thinking_enabled(requested))
+        })
+    };
+    r.map(i32::from).unwrap_or(0)
+}
+
+unsafe extern "C" fn tools_entry<M: Model>(handle: *mut c_void) -> i32 {
+    // SAFETY: forwarded host contract.
+    let r = unsafe { guarded_call::<M, bool>(handle, std::ptr::null_mut(), |g| Ok(g.model.tools_enabled())) };
+    r.map(i32::from).unwrap_or(0)
+}
+
+unsafe extern "C" fn seq_truncate_entry<M: Model>(
+    handle: *mut c_void,
+    seq: i32,
+    len: u32,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, |g| g.model.seq_truncate(seq, len)) })
+}
+
+unsafe extern "C" fn seq_fork_entry<M: Model>(
+    handle: *mut c_void,
+    src: i32,
+    dst: i32,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, |g| g.model.seq_fork(src, dst)) })
+}
+
+/// Reads a NUL-terminated manifest string (helper for hosts reading `berth_plugin_manifest`).
+///
+/// # Safety
+/// `ptr` must be null or a valid NUL-terminated string.
+pub unsafe fn manifest_from_cstr(ptr: *const c_char) -> Option<String> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: per the caller, ptr is a valid NUL-terminated string.
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}

@@ -1,0 +1,249 @@
+//! Safe Rust types shared by both sides of the boundary: manifests, load configs, errors.
+
+use crate::abi;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::PathBuf;
+
+/// What a plugin is: shipped as JSON in the library and in its sidecar file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginManifest {
+    /// Short plugin name, e.g. `qwen3`.
+    pub name: String,
+    /// The plugin's own version, e.g. `0.1.0`.
+    pub version: String,
+    /// One line saying what the plugin serves.
+    #[serde(default)]
+    pub description: String,
+    /// ABI major version the library was built for (filled in by the SDK).
+    #[serde(default)]
+    pub abi_major: u16,
+    /// ABI minor version the library was built for (filled in by the SDK).
+    #[serde(default)]
+    pub abi_minor: u16,
+    /// Panic strategy the library was built with: `unwind` or `abort` (filled in by the SDK).
+    #[serde(default)]
+    pub panic: String,
+    /// Model families served (`qwen3`, `gemma`, ...).
+    #[serde(default)]
+    pub families: Vec<String>,
+    /// Architectures served (GGUF `general.architecture` or HF `model_type` values).
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    /// Weight formats read (`gguf`, `safetensors`).
+    #[serde(default)]
+    pub weight_formats: Vec<String>,
+}
+
+/// What the host tells a plugin when it creates a model instance (crosses as JSON).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LoadConfig {
+    /// Directory of the model pack.
+    pub pack_dir: PathBuf,
+    /// Pack reference, `name:tag`.
+    #[serde(default)]
+    pub reference: String,
+    /// Family from the pack manifest.
+    #[serde(default)]
+    pub family: String,
+    /// Architecture from the pack manifest.
+    #[serde(default)]
+    pub architecture: String,
+    /// Weight format: `gguf` or `safetensors`.
+    #[serde(default)]
+    pub format: String,
+    /// Weight files, absolute paths.
+    #[serde(default)]
+    pub weights: Vec<PathBuf>,
+    /// Requested context length; `None` means the model's own.
+    #[serde(default)]
+    pub context_length: Option<u32>,
+    /// Most sequences the host will run at once.
+    #[serde(default)]
+    pub max_sequences: Option<u32>,
+    /// Compute threads; `None` means the plugin decides.
+    #[serde(default)]
+    pub threads: Option<u32>,
+    /// Anything else, free-form.
+    #[serde(default)]
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a model instance reports about itself, in safe form.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelDescription {
+    /// Logits per row (padded vocabulary size).
+    pub vocab_size: u32,
+    /// Longest sequence accepted.
+    pub context_length: u32,
+    /// Most sequences held at once.
+    pub max_sequences: u32,
+    /// `abi::CAP_*` bits.
+    pub capabilities: u64,
+    /// Tokens that end generation.
+    pub stop_tokens: Vec<i32>,
+    /// Everything else (special tokens by name, ...), a JSON object.
+    pub extra: serde_json::Value,
+}
+
+/// Why a plugin call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The call failed.
+    Failed,
+    /// The instance panicked and refuses further work.
+    Poisoned,
+    /// The plugin does not implement this entry.
+    Unsupported,
+    /// An argument was invalid.
+    InvalidArgument,
+}
+
+impl ErrorKind {
+    /// The ABI status for this kind.
+    pub fn status(self) -> abi::Status {
+        match self {
+            ErrorKind::Failed => abi::STATUS_ERROR,
+            ErrorKind::Poisoned => abi::STATUS_POISONED,
+            ErrorKind::Unsupported => abi::STATUS_UNSUPPORTED,
+            ErrorKind::InvalidArgument => abi::STATUS_INVALID_ARGUMENT,
+        }
+    }
+
+    /// The kind for an ABI status (unknown non-zero statuses are failures).
+    pub fn from_status(status: abi::Status) -> ErrorKind {
+        match status {
+            abi::STATUS_POISONED => ErrorKind::Poisoned,
+            abi::STATUS_UNSUPPORTED => ErrorKind::Unsupported,
+            abi::STATUS_INVALID_ARGUMENT => ErrorKind::InvalidArgument,
+            _ => ErrorKind::Failed,
+        }
+    }
+}
+
+/// An error from a plugin call, with its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginError {
+    /// What kind of failure.
+    pub kind: ErrorKind,
+    /// Human-readable message.
+    pub message: String,
+}
+
+impl PluginError {
+    /// A plain failure.
+    pub fn failed(message: impl Into<String>) -> Self {
+        PluginError {
+            kind: ErrorKind::Failed,
+            message: message.into(),
+        }
+    }
+
+    /// An unsupported entry.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        PluginError {
+            kind: ErrorKind::Unsupported,
+            message: message.into(),
+        }
+    }
+
+    /// An invalid argument.
+    pub fn invalid_argument(message: impl Into<String>) -> Self {
+        PluginError {
+            kind: ErrorKind::InvalidArgument,
+            message: message.into(),
+        }
+    }
+
+    /// A poisoned instance.
+    pub fn poisoned(message: impl Into<String>) -> Self {
+        PluginError {
+            kind: ErrorKind::Poisoned,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for PluginError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            ErrorKind::Poisoned => write!(f, "model instance poisoned: {}", self.message),
+            ErrorKind::Unsupported => write!(f, "unsupported: {}", self.message),
+            ErrorKind::InvalidArgument => write!(f, "invalid argument: {}", self.message),
+            ErrorKind::Failed => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for PluginError {}
+
+/// One decode batch in safe form: parallel slices, one entry per row.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchView<'a> {
+    /// Token id per row.
+    pub tokens: &'a [i32],
+    /// Position of each row within its sequence.
+    pub positions: &'a [i32],
+    /// Sequence id per row.
+    pub seq_ids: &'a [i32],
+    /// Per row: non-zero when logits are wanted.
+    pub want_logits: &'a [u8],
+}
+
+impl BatchView<'_> {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the batch has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Number of rows that want logits.
+    pub fn logit_rows(&self) -> usize {
+        self.want_logits.iter().filter(|&&w| w != 0).count()
+    }
+
+    /// Checks the slices agree in length.
+    pub fn validate(&self) -> Result<(), PluginError> {
+        let n = self.tokens.len();
+        if self.positions.len() != n || self.seq_ids.len() != n || self.want_logits.len() != n {
+            return Err(PluginError::invalid_argument(
+                "batch slices differ in length (tokens, positions, seq_ids, want_logits)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where a plugin writes logits: `rows` rows of `row_len` floats, in batch order of the rows that
+/// want logits.
+#[derive(Debug)]
+pub struct LogitsOut<'a> {
+    data: &'a mut [f32],
+    row_len: usize,
+}
+
+impl<'a> LogitsOut<'a> {
+    /// Wraps a buffer of whole rows.
+    pub fn new(data: &'a mut [f32], row_len: usize) -> Self {
+        LogitsOut { data, row_len }
+    }
+
+    /// Floats per row.
+    pub fn row_len(&self) -> usize {
+        self.row_len
+    }
+
+    /// Rows the buffer can hold.
+    pub fn capacity_rows(&self) -> usize {
+        self.data.len().checked_div(self.row_len).unwrap_or(0)
+    }
+
+    /// The `k`-th logits row (k counts only rows that want logits).
+    pub fn row_mut(&mut self, k: usize) -> &mut [f32] {
+        &mut self.data[k * self.row_len..(k + 1) * self.row_len]
+    }
+}
