@@ -1,0 +1,406 @@
+//! The `berth` command line: argument parsing and the commands that manage packs and plugins.
+
+use crate::packs;
+use crate::plugins::{self, PluginSet, PluginState};
+use anyhow::{bail, Context, Result};
+use berth_registry::format::{human_age, human_params, human_size};
+use berth_registry::gguf::{quant_mix, GgufFile};
+use berth_registry::store::{ImportOptions, Store};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Berth: a plugin-based LLM server.
+#[derive(Parser, Debug)]
+#[command(name = "berth", version, about = "Berth: a plugin-based LLM server")]
+pub struct Cli {
+    /// Berth home: packs and plugins live here.
+    #[arg(long, global = true, env = "BERTH_HOME")]
+    pub home: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List installed model packs.
+    #[command(alias = "ls")]
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one pack: manifest, architecture, quant mix, context, template, plugin.
+    Show {
+        /// Pack reference, `name[:tag]`.
+        name: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove packs.
+    Rm {
+        /// Pack references.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Import a GGUF file or a directory (HF safetensors or a pack) as a pack.
+    Import {
+        /// A `.gguf` file or a directory.
+        source: PathBuf,
+        /// Reference to give the pack, `name[:tag]`.
+        #[arg(long)]
+        name: Option<String>,
+        /// A chat template (Jinja) to ship with the pack.
+        #[arg(long)]
+        template: Option<PathBuf>,
+        /// Family override (normally derived from the architecture).
+        #[arg(long)]
+        family: Option<String>,
+    },
+    /// Copy a pack under a new reference (files are hard-linked).
+    Cp {
+        /// Source reference.
+        source: String,
+        /// Destination reference.
+        destination: String,
+    },
+    /// List, install or describe plugins.
+    Plugins {
+        /// What to do with plugins (default: list).
+        #[command(subcommand)]
+        action: Option<PluginAction>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Plugin subcommands.
+#[derive(Subcommand, Debug)]
+pub enum PluginAction {
+    /// List plugins on the search path (the default).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Install a plugin library: copy it into the plugin directory and write its sidecar manifest.
+    Install {
+        /// The plugin library (`.so`).
+        file: PathBuf,
+        /// Target directory (default `$BERTH_HOME/plugins`).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Print the manifest embedded in a plugin library (runs the library's code).
+    #[command(hide = true)]
+    Describe {
+        /// The plugin library.
+        file: PathBuf,
+    },
+}
+
+/// Runs the command line.
+pub fn run(cli: Cli) -> Result<()> {
+    let home = cli.home.clone().unwrap_or_else(Store::default_home);
+    let store = Store::new(home.clone());
+    match cli.command {
+        Command::List { json } => list(&store, &home, json),
+        Command::Show { name, json } => show(&store, &home, &name, json),
+        Command::Rm { names } => {
+            for n in names {
+                store.remove(&n)?;
+                println!("deleted '{n}'");
+            }
+            Ok(())
+        }
+        Command::Import {
+            source,
+            name,
+            template,
+            family,
+        } => {
+            let entry = store.import(
+                &source,
+                ImportOptions {
+                    name,
+                    template,
+                    family,
+                },
+            )?;
+            println!("imported '{}' into {}", entry.reference, entry.dir.display());
+            Ok(())
+        }
+        Command::Cp {
+            source,
+            destination,
+        } => {
+            store.copy(&source, &destination)?;
+            println!("copied '{source}' to '{destination}'");
+            Ok(())
+        }
+        Command::Plugins { action, json } => match action.unwrap_or(PluginAction::List { json }) {
+            PluginAction::List { json: j } => list_plugins(&home, json || j),
+            PluginAction::Install { file, dir } => {
+                let dir = dir.unwrap_or_else(|| home.join("plugins"));
+                let (dest, m) = plugins::install(&file, &dir)?;
+                println!(
+                    "installed plugin '{}' {} (ABI {}.{}) as {}",
+                    m.name,
+                    m.version,
+                    m.abi_major,
+                    m.abi_minor,
+                    dest.display()
+                );
+                Ok(())
+            }
+            PluginAction::Describe { file } => {
+                let m = plugins::read_embedded_manifest(&file)?;
+                println!("{}", serde_json::to_string(&m)?);
+                Ok(())
+            }
+        },
+    }
+}
+
+/// Prints rows as left-aligned columns separated by three spaces, as `ollama list` does.
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}   ", w = widths[i]));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", line(header.to_vec()));
+    for r in rows {
+        let _ = writeln!(out, "{}", line(r.iter().map(String::as_str).collect()));
+    }
+}
+
+fn list(store: &Store, home: &Path, json: bool) -> Result<()> {
+    let entries = store.list();
+    let plugin_set = PluginSet::discover_default(home);
+    let statuses: Vec<_> = entries.iter().map(|e| packs::status(e, &plugin_set)).collect();
+    if json {
+        let arr: Vec<serde_json::Value> = statuses
+            .iter()
+            .map(|s| {
+                let m = s.entry.manifest.as_ref();
+                serde_json::json!({
+                    "name": s.entry.reference,
+                    "family": m.map(|m| m.family.clone()),
+                    "architecture": m.map(|m| m.architecture.clone()),
+                    "parameters": m.and_then(|m| m.parameters),
+                    "quantization": m.and_then(|m| m.quantization.clone()),
+                    "size": s.entry.size,
+                    "capabilities": m.map(|m| m.capabilities.clone()).unwrap_or_default(),
+                    "plugin": s.plugin_column(),
+                    "plugin_name": s.plugin.map(|p| p.name()),
+                    "modified": berth_registry::format::rfc3339(s.entry.modified),
+                    "path": s.entry.dir,
+                    "problems": s.problems,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&arr)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = statuses
+        .iter()
+        .map(|s| {
+            let m = s.entry.manifest.as_ref();
+            let dash = || "-".to_string();
+            vec![
+                s.entry.reference.clone(),
+                m.map(|m| m.family.clone()).unwrap_or_else(dash),
+                m.and_then(|m| m.parameters).map(human_params).unwrap_or_else(dash),
+                m.and_then(|m| m.quantization.clone()).unwrap_or_else(dash),
+                human_size(s.entry.size),
+                m.map(|m| m.capabilities.join(",")).filter(|c| !c.is_empty()).unwrap_or_else(dash),
+                s.plugin_column().to_string(),
+                human_age(s.entry.modified),
+            ]
+        })
+        .collect();
+    print_table(
+        &["NAME", "FAMILY", "PARAMS", "QUANT", "SIZE", "CAPABILITIES", "PLUGIN", "MODIFIED"],
+        &rows,
+    );
+    let broken: Vec<_> = statuses.iter().filter(|s| !s.problems.is_empty()).collect();
+    if !broken.is_empty() {
+        println!();
+        for s in broken {
+            for p in &s.problems {
+                println!("{}: {p}", s.entry.reference);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn show(store: &Store, home: &Path, name: &str, json: bool) -> Result<()> {
+    let entry = store.get(name)?;
+    let plugin_set = PluginSet::discover_default(home);
+    let status = packs::status(&entry, &plugin_set);
+    let Some(m) = &entry.manifest else {
+        bail!("{}: {}", entry.reference, status.problems.join("; "));
+    };
+    let weights = m.files.iter().find(|f| f.role == "weights").map(|f| entry.dir.join(&f.path));
+    let gguf = match (&weights, m.format.as_str()) {
+        (Some(w), "gguf") => Some(GgufFile::open(w).with_context(|| format!("reading {}", w.display()))?),
+        _ => None,
+    };
+    let mix = gguf.as_ref().map(quant_mix).unwrap_or_default();
+    let template_file = m.files.iter().find(|f| f.role == "template");
+    let template = if let Some(t) = template_file {
+        format!("{} (shipped with the pack)", t.path)
+    } else if let Some(t) = gguf.as_ref().and_then(|g| g.get_str("tokenizer.chat_template")) {
+        format!("embedded in the GGUF ({} bytes)", t.len())
+    } else if entry.dir.join("chat_template.jinja").is_file() {
+        "chat_template.jinja".to_string()
+    } else {
+        "none embedded".to_string()
+    };
+    let plugin = status.plugin.map(|p| format!("{} ({})", p.name(), p.library.display()));
+    if json {
+        let v = serde_json::json!({
+            "name": entry.reference,
+            "path": entry.dir,
+            "manifest": m,
+            "quant_mix": mix.iter().map(|(t, n, b)| serde_json::json!({"type": t, "tensors": n, "bytes": b})).collect::<Vec<_>>(),
+            "template": template,
+            "plugin": plugin,
+            "problems": status.problems,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("  Model");
+    println!("    name                {}", entry.reference);
+    println!("    family              {}", m.family);
+    println!("    architecture        {}", m.architecture);
+    if let Some(p) = m.parameters {
+        println!("    parameters          {}", human_params(p));
+    }
+    if let Some(q) = &m.quantization {
+        println!("    quantization        {q}");
+    }
+    if let Some(c) = m.context_length {
+        println!("    context length      {c}");
+    }
+    println!("    format              {}", m.format);
+    println!("    size                {}", human_size(entry.size));
+    println!("    path                {}", entry.dir.display());
+    println!();
+    println!("  Capabilities");
+    for c in &m.capabilities {
+        println!("    {c}");
+    }
+    if !mix.is_empty() {
+        println!();
+        println!("  Quant mix");
+        for (t, n, b) in &mix {
+            println!("    {t:<8} {n:>4} tensors   {}", human_size(*b));
+        }
+    }
+    println!();
+    println!("  Template");
+    println!("    {template}");
+    println!();
+    println!("  Plugin");
+    println!("    {}", plugin.unwrap_or_else(|| "missing: no installed plugin serves this pack".into()));
+    println!();
+    println!("  Files");
+    for f in &m.files {
+        println!("    {:<24} {:<9} {:>10}  sha256:{}", f.path, f.role, human_size(f.size), f.sha256);
+    }
+    if !status.problems.is_empty() {
+        println!();
+        println!("  Problems");
+        for p in &status.problems {
+            println!("    {p}");
+        }
+    }
+    Ok(())
+}
+
+fn list_plugins(home: &Path, json: bool) -> Result<()> {
+    let set = PluginSet::discover_default(home);
+    if json {
+        let arr: Vec<serde_json::Value> = set
+            .records
+            .iter()
+            .map(|r| {
+                let (status, reason) = match &r.state {
+                    PluginState::Ready(_) => ("ok", None),
+                    PluginState::Refused(why) => ("refused", Some(why.clone())),
+                };
+                serde_json::json!({
+                    "file": r.library,
+                    "name": r.name(),
+                    "manifest": r.manifest,
+                    "abi": r.ready().map(|p| format!("{}.{}", p.abi_version().0, p.abi_version().1))
+                        .or_else(|| r.manifest.as_ref().map(|m| format!("{}.{}", m.abi_major, m.abi_minor))),
+                    "status": status,
+                    "reason": reason,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&arr)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = set
+        .records
+        .iter()
+        .map(|r| {
+            let m = r.manifest.as_ref();
+            let abi = match r.ready() {
+                Some(p) => format!("{}.{}", p.abi_version().0, p.abi_version().1),
+                None => m.map(|m| format!("{}.{}", m.abi_major, m.abi_minor)).unwrap_or("-".into()),
+            };
+            vec![
+                r.library.display().to_string(),
+                r.name(),
+                m.map(|m| m.version.clone()).unwrap_or("-".into()),
+                abi,
+                m.map(|m| m.families.join(",")).unwrap_or("-".into()),
+                m.map(|m| m.architectures.join(",")).unwrap_or("-".into()),
+                match &r.state {
+                    PluginState::Ready(_) => "ok".into(),
+                    PluginState::Refused(_) => "refused".into(),
+                },
+            ]
+        })
+        .collect();
+    print_table(&["FILE", "NAME", "VERSION", "ABI", "FAMILIES", "ARCHITECTURES", "STATUS"], &rows);
+    let refused: Vec<_> = set
+        .records
+        .iter()
+        .filter_map(|r| match &r.state {
+            PluginState::Refused(why) => Some(why),
+            PluginState::Ready(_) => None,
+        })
+        .collect();
+    if !refused.is_empty() {
+        println!();
+        for why in refused {
+            println!("refused: {why}");
+        }
+    }
+    Ok(())
+}

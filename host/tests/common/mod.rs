@@ -1,0 +1,64 @@
+//! Helpers shared by the host's integration tests: the built binary, plugin libraries, packs.
+
+#![allow(dead_code)]
+
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `berth` binary under test.
+pub fn berth_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_berth"))
+}
+
+/// Runs `berth` with a home directory and extra environment; returns the output.
+pub fn berth(home: &Path, plugin_path: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(berth_exe());
+    cmd.args(args).env("BERTH_HOME", home).env_remove("BERTH_PLUGIN_PATH");
+    if let Some(p) = plugin_path {
+        cmd.env("BERTH_PLUGIN_PATH", p);
+    }
+    cmd.output().expect("berth runs")
+}
+
+/// Stdout of a successful `berth` run; panics with stderr otherwise.
+pub fn berth_ok(home: &Path, plugin_path: Option<&Path>, args: &[&str]) -> String {
+    let out = berth(home, plugin_path, args);
+    assert!(
+        out.status.success(),
+        "berth {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The scripted plugin's shared library, built by cargo next to the test binary.
+pub fn scripted_library() -> PathBuf {
+    let dir = berth_exe().parent().unwrap().to_path_buf();
+    for candidate in [dir.join("libberth_scripted.so"), dir.join("deps/libberth_scripted.so")] {
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("libberth_scripted.so not found next to {}; run `cargo build --workspace` first", dir.display());
+}
+
+/// Hex sha256 of a file.
+pub fn sha256_file(p: &Path) -> String {
+    let bytes = std::fs::read(p).unwrap();
+    format!("{:x}", Sha256::digest(&bytes))
+}
+
+/// Writes a scripted pack directory (pack.toml + script.json) ready for `berth import`.
+pub fn write_scripted_pack(dir: &Path, name: &str, tag: &str, script: &serde_json::Value) {
+    std::fs::create_dir_all(dir).unwrap();
+    let script_path = dir.join("script.json");
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    let size = std::fs::metadata(&script_path).unwrap().len();
+    let sha = sha256_file(&script_path);
+    let toml = format!(
+        "name = \"{name}\"\ntag = \"{tag}\"\nfamily = \"scripted\"\narchitecture = \"scripted\"\nformat = \"script\"\ncapabilities = [\"completion\"]\n\n[[files]]\npath = \"script.json\"\nrole = \"weights\"\nsize = {size}\nsha256 = \"{sha}\"\n"
+    );
+    std::fs::write(dir.join("pack.toml"), toml).unwrap();
+}
