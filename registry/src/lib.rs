@@ -1,1 +1,13 @@
-//! Berth model packs and the store.
+//! Berth model packs and the store they live in.
+//!
+//! A pack is a directory holding a `pack.toml` manifest and the files it lists (GGUF or
+//! safetensors weights, tokenizer, chat template). This crate reads the weight formats' metadata
+//! without loading tensors ([`gguf`], [`safetensors`]), defines the manifest and pack references
+//! ([`pack`]), manages the on-disk store under `$BERTH_HOME` with import, listing, verification
+//! and removal ([`store`]), and formats sizes and ages for the CLI ([`format`]).
+
+pub mod gguf;
+
+#[cfg(test)]
+#[allow(dead_code)]
+mod testutil;
