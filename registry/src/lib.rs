@@ -7,6 +7,7 @@
 //! and removal ([`store`]), and formats sizes and ages for the CLI ([`format`]).
 
 pub mod gguf;
+pub mod pack;
 
 #[cfg(test)]
 #[allow(dead_code)]
