@@ -8,6 +8,7 @@
 
 pub mod gguf;
 pub mod pack;
+pub mod safetensors;
 
 #[cfg(test)]
 #[allow(dead_code)]
