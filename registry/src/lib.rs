@@ -6,6 +6,7 @@
 //! ([`pack`]), manages the on-disk store under `$BERTH_HOME` with import, listing, verification
 //! and removal ([`store`]), and formats sizes and ages for the CLI ([`format`]).
 
+pub mod format;
 pub mod gguf;
 pub mod pack;
 pub mod safetensors;
