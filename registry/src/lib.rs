@@ -10,6 +10,7 @@ pub mod format;
 pub mod gguf;
 pub mod pack;
 pub mod safetensors;
+pub mod store;
 
 #[cfg(test)]
 #[allow(dead_code)]
