@@ -5,6 +5,7 @@ use crate::plugins::{self, PluginSet, PluginState};
 use anyhow::{bail, Context, Result};
 use berth_registry::format::{human_age, human_params, human_size};
 use berth_registry::gguf::{quant_mix, GgufFile};
+use berth_registry::pack::{FileRole, PackFormat};
 use berth_registry::store::{ImportOptions, Store};
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -125,7 +126,7 @@ pub fn run(cli: Cli) -> Result<()> {
         } => {
             let entry = store.import(
                 &source,
-                ImportOptions {
+                &ImportOptions {
                     name,
                     template,
                     family,
@@ -134,10 +135,7 @@ pub fn run(cli: Cli) -> Result<()> {
             println!("imported '{}' into {}", entry.reference, entry.dir.display());
             Ok(())
         }
-        Command::Cp {
-            source,
-            destination,
-        } => {
+        Command::Cp { source, destination } => {
             store.copy(&source, &destination)?;
             println!("copied '{source}' to '{destination}'");
             Ok(())
@@ -211,7 +209,7 @@ fn list(store: &Store, home: &Path, json: bool) -> Result<()> {
                     "capabilities": m.map(|m| m.capabilities.clone()).unwrap_or_default(),
                     "plugin": s.plugin_column(),
                     "plugin_name": s.plugin.map(|p| p.name()),
-                    "modified": berth_registry::format::rfc3339(s.entry.modified),
+                    "modified": berth_registry::pack::rfc3339(s.entry.modified),
                     "path": s.entry.dir,
                     "problems": s.problems,
                 })
@@ -228,17 +226,30 @@ fn list(store: &Store, home: &Path, json: bool) -> Result<()> {
             vec![
                 s.entry.reference.clone(),
                 m.map(|m| m.family.clone()).unwrap_or_else(dash),
-                m.and_then(|m| m.parameters).map(human_params).unwrap_or_else(dash),
+                m.and_then(|m| m.parameters)
+                    .map(human_params)
+                    .unwrap_or_else(dash),
                 m.and_then(|m| m.quantization.clone()).unwrap_or_else(dash),
                 human_size(s.entry.size),
-                m.map(|m| m.capabilities.join(",")).filter(|c| !c.is_empty()).unwrap_or_else(dash),
+                m.map(|m| m.capabilities.join(","))
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(dash),
                 s.plugin_column().to_string(),
                 human_age(s.entry.modified),
             ]
         })
         .collect();
     print_table(
-        &["NAME", "FAMILY", "PARAMS", "QUANT", "SIZE", "CAPABILITIES", "PLUGIN", "MODIFIED"],
+        &[
+            "NAME",
+            "FAMILY",
+            "PARAMS",
+            "QUANT",
+            "SIZE",
+            "CAPABILITIES",
+            "PLUGIN",
+            "MODIFIED",
+        ],
         &rows,
     );
     let broken: Vec<_> = statuses.iter().filter(|s| !s.problems.is_empty()).collect();
@@ -260,13 +271,15 @@ fn show(store: &Store, home: &Path, name: &str, json: bool) -> Result<()> {
     let Some(m) = &entry.manifest else {
         bail!("{}: {}", entry.reference, status.problems.join("; "));
     };
-    let weights = m.files.iter().find(|f| f.role == "weights").map(|f| entry.dir.join(&f.path));
-    let gguf = match (&weights, m.format.as_str()) {
-        (Some(w), "gguf") => Some(GgufFile::open(w).with_context(|| format!("reading {}", w.display()))?),
+    let weights = m.weights().next().map(|f| entry.dir.join(&f.path));
+    let gguf = match (&weights, &m.format) {
+        (Some(w), PackFormat::Gguf) => {
+            Some(GgufFile::open(w).with_context(|| format!("reading {}", w.display()))?)
+        }
         _ => None,
     };
     let mix = gguf.as_ref().map(quant_mix).unwrap_or_default();
-    let template_file = m.files.iter().find(|f| f.role == "template");
+    let template_file = m.files.iter().find(|f| f.role == FileRole::Template);
     let template = if let Some(t) = template_file {
         format!("{} (shipped with the pack)", t.path)
     } else if let Some(t) = gguf.as_ref().and_then(|g| g.get_str("tokenizer.chat_template")) {
@@ -276,7 +289,9 @@ fn show(store: &Store, home: &Path, name: &str, json: bool) -> Result<()> {
     } else {
         "none embedded".to_string()
     };
-    let plugin = status.plugin.map(|p| format!("{} ({})", p.name(), p.library.display()));
+    let plugin = status
+        .plugin
+        .map(|p| format!("{} ({})", p.name(), p.library.display()));
     if json {
         let v = serde_json::json!({
             "name": entry.reference,
@@ -303,7 +318,7 @@ fn show(store: &Store, home: &Path, name: &str, json: bool) -> Result<()> {
     if let Some(c) = m.context_length {
         println!("    context length      {c}");
     }
-    println!("    format              {}", m.format);
+    println!("    format              {}", m.format.as_str());
     println!("    size                {}", human_size(entry.size));
     println!("    path                {}", entry.dir.display());
     println!();
@@ -323,11 +338,20 @@ fn show(store: &Store, home: &Path, name: &str, json: bool) -> Result<()> {
     println!("    {template}");
     println!();
     println!("  Plugin");
-    println!("    {}", plugin.unwrap_or_else(|| "missing: no installed plugin serves this pack".into()));
+    println!(
+        "    {}",
+        plugin.unwrap_or_else(|| "missing: no installed plugin serves this pack".into())
+    );
     println!();
     println!("  Files");
     for f in &m.files {
-        println!("    {:<24} {:<9} {:>10}  sha256:{}", f.path, f.role, human_size(f.size), f.sha256);
+        println!(
+            "    {:<24} {:<9} {:>10}  sha256:{}",
+            f.path,
+            format!("{:?}", f.role).to_lowercase(),
+            f.size.map(human_size).unwrap_or_default(),
+            f.sha256.as_deref().unwrap_or("-")
+        );
     }
     if !status.problems.is_empty() {
         println!();
@@ -371,7 +395,9 @@ fn list_plugins(home: &Path, json: bool) -> Result<()> {
             let m = r.manifest.as_ref();
             let abi = match r.ready() {
                 Some(p) => format!("{}.{}", p.abi_version().0, p.abi_version().1),
-                None => m.map(|m| format!("{}.{}", m.abi_major, m.abi_minor)).unwrap_or("-".into()),
+                None => m
+                    .map(|m| format!("{}.{}", m.abi_major, m.abi_minor))
+                    .unwrap_or("-".into()),
             };
             vec![
                 r.library.display().to_string(),
@@ -387,7 +413,18 @@ fn list_plugins(home: &Path, json: bool) -> Result<()> {
             ]
         })
         .collect();
-    print_table(&["FILE", "NAME", "VERSION", "ABI", "FAMILIES", "ARCHITECTURES", "STATUS"], &rows);
+    print_table(
+        &[
+            "FILE",
+            "NAME",
+            "VERSION",
+            "ABI",
+            "FAMILIES",
+            "ARCHITECTURES",
+            "STATUS",
+        ],
+        &rows,
+    );
     let refused: Vec<_> = set
         .records
         .iter()

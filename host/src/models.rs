@@ -1,7 +1,9 @@
 //! A model served by a plugin, recreated after a panic poisons it: the server lives on and the
 //! next call gets a fresh instance.
 
-use berth_plugin_api::{BatchView, ErrorKind, LoadConfig, ModelDescription, ModelInstance, Plugin, PluginError};
+use berth_plugin_api::{
+    BatchView, ErrorKind, LoadConfig, ModelDescription, ModelInstance, Plugin, PluginError,
+};
 use std::sync::Arc;
 
 /// A plugin plus the configuration to (re)create a model instance from it.
@@ -57,7 +59,10 @@ impl LoadedModel {
         let r = self.instance()?.decode(batch, logits);
         if let Err(e) = &r {
             if e.kind == ErrorKind::Poisoned {
-                eprintln!("berth: model instance poisoned; it will be recreated: {}", e.message);
+                eprintln!(
+                    "berth: model instance poisoned; it will be recreated: {}",
+                    e.message
+                );
             }
         }
         r

@@ -10,7 +10,7 @@ pub fn probe_config(m: &PackManifest) -> serde_json::Value {
     serde_json::json!({
         "family": m.family,
         "architecture": m.architecture,
-        "format": m.format,
+        "format": m.format.as_str(),
         "reference": m.reference(),
         "parameters": m.parameters,
         "quantization": m.quantization,
@@ -25,8 +25,8 @@ pub fn load_config(entry: &PackEntry, m: &PackManifest) -> LoadConfig {
         reference: m.reference(),
         family: m.family.clone(),
         architecture: m.architecture.clone(),
-        format: m.format.clone(),
-        weights: m.files.iter().filter(|f| f.role == "weights").map(|f| entry.dir.join(&f.path)).collect(),
+        format: m.format.as_str().to_string(),
+        weights: m.weights().map(|f| entry.dir.join(&f.path)).collect(),
         ..Default::default()
     }
 }
@@ -63,7 +63,10 @@ pub fn status<'a>(entry: &'a PackEntry, plugins: &'a PluginSet) -> PackStatus<'a
         if m.family.is_empty() {
             problems.push("pack.toml names no family".to_string());
         } else if !known {
-            problems.push(format!("unknown family '{}' (no installed plugin declares it)", m.family));
+            problems.push(format!(
+                "unknown family '{}' (no installed plugin declares it)",
+                m.family
+            ));
         }
         plugin = plugins.best_for(&probe_config(m)).map(|(r, _)| r);
     }

@@ -62,12 +62,16 @@ impl PluginRecord {
 
     /// Whether this plugin declares `family`.
     pub fn serves_family(&self, family: &str) -> bool {
-        self.manifest.as_ref().is_some_and(|m| m.families.iter().any(|f| f == family))
+        self.manifest
+            .as_ref()
+            .is_some_and(|m| m.families.iter().any(|f| f == family))
     }
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// The plugin directories to search, in order: `$BERTH_PLUGIN_PATH` (colon-separated), then
@@ -77,7 +81,10 @@ pub fn search_path(berth_home: &Path) -> Vec<PathBuf> {
     if let Some(p) = std::env::var_os("BERTH_PLUGIN_PATH") {
         dirs.extend(std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()));
     }
-    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         dirs.push(exe_dir.join("../lib/berth/plugins"));
     }
     dirs.push(berth_home.join("plugins"));
@@ -85,12 +92,18 @@ pub fn search_path(berth_home: &Path) -> Vec<PathBuf> {
 }
 
 fn is_library(p: &Path) -> bool {
-    matches!(p.extension().and_then(|e| e.to_str()), Some("so" | "dylib" | "dll"))
+    matches!(
+        p.extension().and_then(|e| e.to_str()),
+        Some("so" | "dylib" | "dll")
+    )
 }
 
 /// The sidecar path for a library file.
 pub fn sidecar_path(library: &Path) -> PathBuf {
-    let stem = library.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = library
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     library.with_file_name(format!("{stem}{SIDECAR_SUFFIX}"))
 }
 
@@ -108,7 +121,9 @@ impl PluginSet {
         let mut records = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for dir in dirs {
-            let Ok(read) = std::fs::read_dir(dir) else { continue };
+            let Ok(read) = std::fs::read_dir(dir) else {
+                continue;
+            };
             let mut entries: Vec<PathBuf> = read.filter_map(|e| e.ok().map(|e| e.path())).collect();
             entries.sort();
             for lib in entries.iter().filter(|p| is_library(p)) {
@@ -184,7 +199,12 @@ fn index_one(lib: &Path) -> PluginRecord {
     };
     let manifest = match serde_json::from_str::<Sidecar>(&text) {
         Ok(s) => s.manifest,
-        Err(e) => return refused(None, format!("plugin '{file}': sidecar {} is malformed: {e}", sidecar.display())),
+        Err(e) => {
+            return refused(
+                None,
+                format!("plugin '{file}': sidecar {} is malformed: {e}", sidecar.display()),
+            )
+        }
     };
     let name = manifest.name.clone();
     if manifest.abi_major != abi::ABI_MAJOR {
@@ -215,9 +235,12 @@ fn index_one(lib: &Path) -> PluginRecord {
     }
 }
 
-/// Every library this process opened, by canonical path: each is opened once and never closed.
-fn opened() -> &'static Mutex<HashMap<PathBuf, Result<Arc<Plugin>, String>>> {
-    static OPENED: OnceLock<Mutex<HashMap<PathBuf, Result<Arc<Plugin>, String>>>> = OnceLock::new();
+/// Libraries opened by this process, by canonical path, with what opening them gave.
+type OpenedLibraries = Mutex<HashMap<PathBuf, Result<Arc<Plugin>, String>>>;
+
+/// Every library this process opened: each is opened once and never closed.
+fn opened() -> &'static OpenedLibraries {
+    static OPENED: OnceLock<OpenedLibraries> = OnceLock::new();
     OPENED.get_or_init(Default::default)
 }
 
@@ -236,10 +259,8 @@ pub fn open_plugin(lib: &Path) -> std::result::Result<Arc<Plugin>, String> {
 fn dlopen(lib: &Path) -> std::result::Result<&'static libloading::Library, String> {
     // SAFETY: opening a library runs its initialisers; Berth plugins are Rust cdylibs without
     // life-before-main. The handle is leaked on purpose: plugins are never unloaded.
-    let lib = unsafe {
-        libloading::os::unix::Library::open(Some(lib), libc::RTLD_NOW | libc::RTLD_LOCAL)
-    }
-    .map_err(|e| format!("could not be opened: {e}"))?;
+    let lib = unsafe { libloading::os::unix::Library::open(Some(lib), libc::RTLD_NOW | libc::RTLD_LOCAL) }
+        .map_err(|e| format!("could not be opened: {e}"))?;
     Ok(Box::leak(Box::new(libloading::Library::from(lib))))
 }
 
@@ -264,7 +285,9 @@ fn open_uncached(lib: &Path) -> std::result::Result<Arc<Plugin>, String> {
     // SAFETY: calling the entry returns a static table owned by the never-unloaded library.
     let table = unsafe { entry() };
     // SAFETY: the table is static for the rest of the process.
-    unsafe { Plugin::from_entry(table) }.map(Arc::new).map_err(|e| e.to_string())
+    unsafe { Plugin::from_entry(table) }
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
 }
 
 /// Reads the version-independent manifest of a library (`berth_plugin_manifest`). This runs the
@@ -275,7 +298,13 @@ pub fn read_embedded_manifest(lib: &Path) -> Result<PluginManifest> {
     let f: abi::ManifestFn = unsafe {
         *handle
             .get::<abi::ManifestFn>(abi::MANIFEST_SYMBOL.as_bytes())
-            .map_err(|_| anyhow::anyhow!("{}: not a Berth plugin (no `{}` symbol)", lib.display(), abi::MANIFEST_SYMBOL))?
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "{}: not a Berth plugin (no `{}` symbol)",
+                    lib.display(),
+                    abi::MANIFEST_SYMBOL
+                )
+            })?
     };
     // SAFETY: the function returns a static NUL-terminated string or null.
     let text = unsafe { berth_plugin_api::sdk::manifest_from_cstr(f()) }
@@ -297,17 +326,19 @@ pub fn install(lib: &Path, dir: &Path) -> Result<(PathBuf, PluginManifest)> {
         .output()
         .context("running `berth plugins describe`")?;
     if !out.status.success() {
-        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        bail!("{}", stderr.trim().trim_start_matches("berth: "));
     }
-    let manifest: PluginManifest =
-        serde_json::from_slice(&out.stdout).with_context(|| format!("{}: manifest is malformed", lib.display()))?;
+    let manifest: PluginManifest = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{}: manifest is malformed", lib.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let name = lib.file_name().context("library path has no file name")?;
     let dest = dir.join(name);
     let same = dest.canonicalize().ok() == lib.canonicalize().ok();
     if !same {
         let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-        std::fs::copy(lib, &tmp).with_context(|| format!("copying {} to {}", lib.display(), tmp.display()))?;
+        std::fs::copy(lib, &tmp)
+            .with_context(|| format!("copying {} to {}", lib.display(), tmp.display()))?;
         std::fs::rename(&tmp, &dest).with_context(|| format!("moving into {}", dest.display()))?;
     }
     let sidecar = Sidecar {

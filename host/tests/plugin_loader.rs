@@ -16,7 +16,17 @@ fn installed_plugin_is_indexed_by_its_sidecar_and_opened() {
     let tmp = tempfile::tempdir().unwrap();
     let plugins = tmp.path().join("plugins");
     let lib = scripted_library();
-    let out = berth_ok(tmp.path(), None, &["plugins", "install", lib.to_str().unwrap(), "--dir", plugins.to_str().unwrap()]);
+    let out = berth_ok(
+        tmp.path(),
+        None,
+        &[
+            "plugins",
+            "install",
+            lib.to_str().unwrap(),
+            "--dir",
+            plugins.to_str().unwrap(),
+        ],
+    );
     assert!(out.contains("installed plugin 'scripted'"), "{out}");
     assert!(plugins.join("libberth_scripted.berth.json").is_file());
 
@@ -50,12 +60,27 @@ fn a_library_without_a_sidecar_is_refused_with_one_line() {
 fn a_panic_in_decode_is_contained_and_the_next_call_runs_on_a_reloaded_instance() {
     let tmp = tempfile::tempdir().unwrap();
     let plugins = tmp.path().join("plugins");
-    berth_ok(tmp.path(), None, &["plugins", "install", scripted_library().to_str().unwrap(), "--dir", plugins.to_str().unwrap()]);
+    berth_ok(
+        tmp.path(),
+        None,
+        &[
+            "plugins",
+            "install",
+            scripted_library().to_str().unwrap(),
+            "--dir",
+            plugins.to_str().unwrap(),
+        ],
+    );
     let set = PluginSet::discover(&[plugins]);
     let plugin = set.records[0].ready().unwrap().clone();
 
     let pack = tmp.path().join("pack");
-    write_scripted_pack(&pack, "s", "latest", &serde_json::json!({"panic_token": 99, "stop_tokens": [2], "entries": [{"reply": [7, 8]}]}));
+    write_scripted_pack(
+        &pack,
+        "s",
+        "latest",
+        &serde_json::json!({"panic_token": 99, "stop_tokens": [2], "entries": [{"reply": [7, 8]}]}),
+    );
     let config = LoadConfig {
         pack_dir: pack.clone(),
         family: "scripted".into(),
@@ -66,12 +91,22 @@ fn a_panic_in_decode_is_contained_and_the_next_call_runs_on_a_reloaded_instance(
     let vocab = model.description().vocab_size as usize;
     let mut logits = vec![0.0f32; vocab];
 
-    let boom = BatchView { tokens: &[1, 99], positions: &[0, 1], seq_ids: &[0, 0], want_logits: &[0, 1] };
+    let boom = BatchView {
+        tokens: &[1, 99],
+        positions: &[0, 1],
+        seq_ids: &[0, 0],
+        want_logits: &[0, 1],
+    };
     let err = model.decode(&boom, &mut logits).unwrap_err();
     assert_eq!(err.kind, ErrorKind::Poisoned);
     assert!(err.message.contains("scripted panic"), "{}", err.message);
 
-    let ok = BatchView { tokens: &[1], positions: &[0], seq_ids: &[0], want_logits: &[1] };
+    let ok = BatchView {
+        tokens: &[1],
+        positions: &[0],
+        seq_ids: &[0],
+        want_logits: &[1],
+    };
     assert_eq!(model.decode(&ok, &mut logits).unwrap(), 1);
     assert_eq!(greedy(&logits), 7);
     assert_eq!(model.reloads(), 1);

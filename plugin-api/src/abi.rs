@@ -86,7 +86,7 @@ impl StrRef {
     };
 
     /// Borrows a Rust string; the caller keeps `s` alive while the `StrRef` is used.
-    pub fn from_str(s: &str) -> StrRef {
+    pub fn borrow(s: &str) -> StrRef {
         StrRef {
             ptr: s.as_ptr(),
             len: s.len(),

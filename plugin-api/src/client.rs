@@ -100,7 +100,7 @@ impl Plugin {
     pub fn probe(&self, model_config_json: &str) -> u32 {
         match self.table.probe {
             // SAFETY: the string outlives the call; the function is the plugin's probe entry.
-            Some(f) => unsafe { f(StrRef::from_str(model_config_json)) },
+            Some(f) => unsafe { f(StrRef::borrow(model_config_json)) },
             None => 0,
         }
     }
@@ -116,7 +116,7 @@ impl Plugin {
         let mut inst: Instance = unsafe { std::mem::zeroed() };
         inst.header = Header::for_struct::<Instance>();
         // SAFETY: all pointers are valid for the call; the plugin writes within inst's size.
-        let status = unsafe { create(StrRef::from_str(load_config_json), &mut inst, err.as_abi()) };
+        let status = unsafe { create(StrRef::borrow(load_config_json), &mut inst, err.as_abi()) };
         if status != abi::STATUS_OK {
             return Err(err.to_error(status));
         }
@@ -130,7 +130,7 @@ impl Plugin {
             handle: inst.handle,
             vtable,
             vt_header,
-            err: err,
+            err,
             poisoned: None,
             description: ModelDescription::default(),
         };

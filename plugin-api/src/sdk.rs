@@ -74,7 +74,7 @@ pub fn build_entry_table<F: Family>(panic_unwind: bool) -> &'static abi::EntryTa
     Box::leak(Box::new(abi::EntryTable {
         header: abi::Header::for_struct::<abi::EntryTable>(),
         flags: if panic_unwind { abi::FLAG_PANIC_UNWIND } else { 0 },
-        manifest_json: StrRef::from_str(json),
+        manifest_json: StrRef::borrow(json),
         probe: Some(probe_entry::<F>),
         create: Some(create_entry::<F>),
     }))
@@ -296,7 +296,7 @@ unsafe extern "C" fn model_info_entry<M: Model>(
             stop_tokens: g.stop_tokens.as_ptr(),
             n_stop_tokens: g.stop_tokens.len() as u32,
             reserved2: 0,
-            extra_json: StrRef::from_str(&g.extra_json),
+            extra_json: StrRef::borrow(&g.extra_json),
         };
         // SAFETY: `out` is the host's ModelInfo with its header set to its allocated size.
         if unsafe { abi::write_versioned(out, &info) } {

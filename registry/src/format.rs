@@ -118,9 +118,6 @@ mod tests {
         assert_eq!(ago(21 * 86_400), "3 weeks ago");
         assert_eq!(ago(90 * 86_400), "3 months ago");
         assert_eq!(ago(800 * 86_400), "2 years ago");
-        assert_eq!(
-            human_age_at(now + Duration::from_secs(100), now),
-            "In the future"
-        );
+        assert_eq!(human_age_at(now + Duration::from_secs(100), now), "In the future");
     }
 }

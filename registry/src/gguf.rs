@@ -449,8 +449,8 @@ impl GgmlType {
         match self {
             F32 | F16 | BF16 | F64 | I8 | I16 | I32 | I64 => 1,
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4_NL | MXFP4 => 32,
-            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S
-            | IQ3_S | IQ2_S | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => 256,
+            Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K | IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S
+            | IQ4_XS | IQ1_M | TQ1_0 | TQ2_0 => 256,
             Unknown(_) => 0,
         }
     }
@@ -678,11 +678,7 @@ impl GgufFile {
 
     /// A string-array metadata value (`None` if any element is not a string).
     pub fn get_str_array(&self, key: &str) -> Option<Vec<&str>> {
-        self.get(key)?
-            .as_array()?
-            .iter()
-            .map(GgufValue::as_str)
-            .collect()
+        self.get(key)?.as_array()?.iter().map(GgufValue::as_str).collect()
     }
 
     /// `general.architecture`.
@@ -819,12 +815,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn value(
-        &mut self,
-        ty: GgufValueType,
-        key: &str,
-        depth: usize,
-    ) -> Result<GgufValue, GgufError> {
+    fn value(&mut self, ty: GgufValueType, key: &str, depth: usize) -> Result<GgufValue, GgufError> {
         use GgufValueType as T;
         Ok(match ty {
             T::U8 => GgufValue::U8(self.array::<1>(key)?[0]),
@@ -841,14 +832,11 @@ impl<'a> Parser<'a> {
             T::String => GgufValue::String(self.string(key)?),
             T::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(self.invalid(format!(
-                        "{key}: arrays nested deeper than {MAX_ARRAY_DEPTH}"
-                    )));
+                    return Err(self.invalid(format!("{key}: arrays nested deeper than {MAX_ARRAY_DEPTH}")));
                 }
                 let elem_id = self.u32(key)?;
-                let elem = GgufValueType::from_id(elem_id).ok_or_else(|| {
-                    self.invalid(format!("{key}: unknown array element type {elem_id}"))
-                })?;
+                let elem = GgufValueType::from_id(elem_id)
+                    .ok_or_else(|| self.invalid(format!("{key}: unknown array element type {elem_id}")))?;
                 let count = self.u64(key)?;
                 self.check_count(count, elem.min_size(), &format!("array elements of {key}"))?;
                 let mut values = Vec::with_capacity(count as usize);
@@ -894,9 +882,7 @@ impl<'a> Parser<'a> {
             None => DEFAULT_ALIGNMENT,
             Some((_, v)) => match v.as_u64() {
                 Some(a) if a.is_power_of_two() => a,
-                _ => {
-                    return Err(self.invalid(format!("general.alignment {v} is not a power of two")))
-                }
+                _ => return Err(self.invalid(format!("general.alignment {v} is not a power of two"))),
             },
         };
 
@@ -1002,10 +988,7 @@ mod tests {
         assert_eq!(f.get_u64("qwen2.context_length"), Some(4096));
         assert_eq!(f.get_u64("qwen2.block_count"), Some(2));
         assert_eq!(f.get_f32("qwen2.rope.freq_base"), Some(1_000_000.0));
-        assert_eq!(
-            f.get_str_array("tokenizer.ggml.tokens"),
-            Some(vec!["a", "b"])
-        );
+        assert_eq!(f.get_str_array("tokenizer.ggml.tokens"), Some(vec!["a", "b"]));
         assert_eq!(f.get_str("tokenizer.chat_template"), Some("{{ messages }}"));
         assert_eq!(f.metadata()[0].0, "general.architecture");
         let t = f.tensors();
@@ -1044,10 +1027,7 @@ mod tests {
             GgufValue::Array(vec![GgufValue::I32(1), GgufValue::I32(-2)]),
             GgufValue::Array(vec![
                 GgufValue::Array(vec![GgufValue::String("x".into())]),
-                GgufValue::Array(vec![
-                    GgufValue::String("y".into()),
-                    GgufValue::String("z".into()),
-                ]),
+                GgufValue::Array(vec![GgufValue::String("y".into()), GgufValue::String("z".into())]),
             ]),
         ];
         let mut w = GgufWriter::new();
@@ -1135,9 +1115,7 @@ mod tests {
         let e = GgufFile::open(write(&dir, "d", &b)).unwrap_err();
         assert!(e.to_string().contains("tensor infos"), "{e}");
         assert!(!e.to_string().contains('\n'));
-        assert!(e
-            .to_string()
-            .contains(dir.path().join("d").to_str().unwrap()));
+        assert!(e.to_string().contains(dir.path().join("d").to_str().unwrap()));
     }
 
     #[test]
@@ -1211,18 +1189,10 @@ mod tests {
             return;
         };
         assert_eq!(f.architecture(), Some("qwen2"));
-        assert_eq!(
-            f.get_str_array("tokenizer.ggml.tokens").unwrap().len(),
-            151936
-        );
+        assert_eq!(f.get_str_array("tokenizer.ggml.tokens").unwrap().len(), 151936);
         assert_eq!(f.get_u64("qwen2.context_length"), Some(32768));
         assert!(f.get_str("tokenizer.chat_template").is_some());
-        let last = f
-            .tensors()
-            .iter()
-            .map(|t| t.offset + t.n_bytes)
-            .max()
-            .unwrap();
+        let last = f.tensors().iter().map(|t| t.offset + t.n_bytes).max().unwrap();
         assert!(last <= f.bytes().len() as u64);
         assert!(f.parameter_count() > 400_000_000);
     }

@@ -82,9 +82,7 @@ fn check_component(input: &str, part: &str, what: &str) -> Result<(), PackRefErr
         return Err(err(format!("{what} longer than 128 characters")));
     }
     if !part.starts_with(|c: char| c.is_ascii_alphanumeric()) {
-        return Err(err(format!(
-            "{what} {part:?} must start with a letter or digit"
-        )));
+        return Err(err(format!("{what} {part:?} must start with a letter or digit")));
     }
     if let Some(bad) = part
         .chars()
@@ -446,9 +444,7 @@ pub fn family_for_architecture(arch: &str) -> Option<&'static str> {
         .map(|c| c.to_ascii_lowercase())
         .collect();
     Some(match norm.as_str() {
-        "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen3next" => {
-            "qwen3"
-        }
+        "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen3next" => "qwen3",
         "gemma" | "gemma2" | "gemma3" | "gemma3n" | "gemma4" | "gemma3text" | "gemma3ntext"
         | "gemma4text" => "gemma",
         "gptoss" => "gpt-oss",
@@ -594,8 +590,7 @@ stop = ["<|im_end|>"]
 
     #[test]
     fn minimal_manifest_gets_defaults() {
-        let m =
-            PackManifest::parse("name = \"t\"\nfamily = \"scripted\"\n", Path::new("p")).unwrap();
+        let m = PackManifest::parse("name = \"t\"\nfamily = \"scripted\"\n", Path::new("p")).unwrap();
         assert_eq!(m.tag, "latest");
         assert_eq!(m.format, PackFormat::Unspecified);
         assert!(m.files.is_empty());
@@ -605,8 +600,7 @@ stop = ["<|im_end|>"]
 
     #[test]
     fn parse_errors_name_path_and_line() {
-        let e = PackManifest::parse("name = \"x\"\nfamily = \n", Path::new("/s/pack.toml"))
-            .unwrap_err();
+        let e = PackManifest::parse("name = \"x\"\nfamily = \n", Path::new("/s/pack.toml")).unwrap_err();
         let msg = e.to_string();
         assert!(msg.starts_with("/s/pack.toml:2:"), "{msg}");
         assert!(!msg.contains('\n'), "{msg}");
@@ -649,10 +643,7 @@ stop = ["<|im_end|>"]
             "", ":x", "a:", "a b", "a/b/c", "../x", "a:..", "./a", "a/:t", "x:y:z", "é",
         ] {
             let e = PackRef::parse(bad).unwrap_err();
-            assert!(
-                e.to_string().contains("invalid model reference"),
-                "{bad}: {e}"
-            );
+            assert!(e.to_string().contains("invalid model reference"), "{bad}: {e}");
         }
     }
 

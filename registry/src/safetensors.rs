@@ -242,9 +242,7 @@ impl SafetensorsFile {
                 continue;
             }
             let bad = |what: &str| invalid(format!("tensor {name}: {what}"));
-            let obj = entry
-                .as_object()
-                .ok_or_else(|| bad("entry is not an object"))?;
+            let obj = entry.as_object().ok_or_else(|| bad("entry is not an object"))?;
             let dtype = obj
                 .get("dtype")
                 .and_then(|v| v.as_str())

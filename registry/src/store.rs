@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 
 use crate::gguf::{file_type_name, GgmlType, GgufError, GgufFile};
 use crate::pack::{
-    family_for_architecture, is_safe_relative, sanitize_name, FileRole, PackError, PackFile,
-    PackFormat, PackManifest, PackRef, PackRefError, MANIFEST_FILE,
+    family_for_architecture, is_safe_relative, sanitize_name, FileRole, PackError, PackFile, PackFormat,
+    PackManifest, PackRef, PackRefError, MANIFEST_FILE,
 };
 use crate::safetensors::{SafetensorsError, SafetensorsFile};
 
@@ -167,11 +167,7 @@ pub fn sha256_file(path: &Path) -> Result<String, StoreError> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A unique-enough suffix for temporary names.
@@ -391,12 +387,7 @@ impl Store {
         }
     }
 
-    fn resolve_ref(
-        &self,
-        opts: &ImportOptions,
-        name: &str,
-        tag: &str,
-    ) -> Result<PackRef, StoreError> {
+    fn resolve_ref(&self, opts: &ImportOptions, name: &str, tag: &str) -> Result<PackRef, StoreError> {
         match &opts.name {
             Some(n) => Ok(PackRef::parse(n)?),
             None => Ok(PackRef::new(name, tag)?),
@@ -418,10 +409,7 @@ impl Store {
         let given = read_template(opts)?;
         let template = given.clone().or(embedded);
 
-        let stem = source
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("model");
+        let stem = source.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
         let name = sanitize_name(gguf.get_str("general.name").unwrap_or(stem));
         let tag = gguf
             .get_str("general.size_label")
@@ -534,17 +522,12 @@ impl Store {
     fn import_hf(&self, source: &Path, opts: &ImportOptions) -> Result<PackEntry, StoreError> {
         let config_path = source.join("config.json");
         let text = fs::read_to_string(&config_path).map_err(io_err(&config_path))?;
-        let config: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| StoreError::Unsupported {
-                path: config_path.clone(),
-                msg: format!("invalid JSON: {e}"),
-            })?;
+        let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| StoreError::Unsupported {
+            path: config_path.clone(),
+            msg: format!("invalid JSON: {e}"),
+        })?;
         let text_config = config.get("text_config");
-        let lookup = |key: &str| {
-            config
-                .get(key)
-                .or_else(|| text_config.and_then(|t| t.get(key)))
-        };
+        let lookup = |key: &str| config.get(key).or_else(|| text_config.and_then(|t| t.get(key)));
         let arch_class = config
             .get("architectures")
             .and_then(|a| a.get(0))
@@ -598,10 +581,7 @@ impl Store {
         let given = read_template(opts)?;
         let in_dir = fs::read_to_string(source.join(TEMPLATE_FILE)).ok();
         let from_tokenizer_config = tokenizer_config_template(source);
-        let template = given
-            .clone()
-            .or(in_dir.clone())
-            .or(from_tokenizer_config.clone());
+        let template = given.clone().or(in_dir.clone()).or(from_tokenizer_config.clone());
 
         let dir_name = source
             .canonicalize()
@@ -738,12 +718,7 @@ fn hf_role(name: &str) -> FileRole {
 }
 
 /// Hash a file inside `dir`, record its stamp, and describe it for the manifest.
-fn hashed_file(
-    dir: &Path,
-    rel: &str,
-    role: FileRole,
-    stamps: &mut Stamps,
-) -> Result<PackFile, StoreError> {
+fn hashed_file(dir: &Path, rel: &str, role: FileRole, stamps: &mut Stamps) -> Result<PackFile, StoreError> {
     let p = dir.join(rel);
     let meta = fs::metadata(&p).map_err(io_err(&p))?;
     let sha = sha256_file(&p)?;
@@ -807,8 +782,7 @@ fn copy_tree(src: &Path, dst: &Path, with_stamps: bool) -> Result<(), StoreError
 
 fn has_plain_files(dir: &Path) -> bool {
     fs::read_dir(dir).into_iter().flatten().flatten().any(|e| {
-        e.file_type().is_ok_and(|t| t.is_file())
-            && !e.file_name().to_string_lossy().starts_with('.')
+        e.file_type().is_ok_and(|t| t.is_file()) && !e.file_name().to_string_lossy().starts_with('.')
     })
 }
 
@@ -854,11 +828,7 @@ fn reference_from_dir(root: &Path, dir: &Path) -> String {
 }
 
 fn size_problem(path: &str, actual: u64, expected: u64) -> String {
-    let hint = if actual < expected {
-        " (truncated)"
-    } else {
-        ""
-    };
+    let hint = if actual < expected { " (truncated)" } else { "" };
     format!("{path}: size is {actual} bytes, manifest says {expected}{hint}")
 }
 
@@ -1036,15 +1006,9 @@ mod tests {
         assert_eq!(m.capabilities, ["completion", "chat", "tools", "thinking"]);
         assert!(m.created.is_some());
         let w = &m.files[0];
-        assert_eq!(
-            (w.path.as_str(), w.role),
-            (GGUF_WEIGHTS_FILE, FileRole::Weights)
-        );
+        assert_eq!((w.path.as_str(), w.role), (GGUF_WEIGHTS_FILE, FileRole::Weights));
         assert_eq!(w.size, Some(fs::metadata(&src).unwrap().len()));
-        assert_eq!(
-            w.sha256.as_deref(),
-            Some(sha256_file(&src).unwrap().as_str())
-        );
+        assert_eq!(w.sha256.as_deref(), Some(sha256_file(&src).unwrap().as_str()));
         assert_eq!(e.dir, store.home().join("packs/tiny-coder/0.5b"));
         assert!(e.dir.join(STAMP_FILE).is_file());
         assert_eq!(e.size, w.size.unwrap());
@@ -1123,9 +1087,7 @@ mod tests {
         let src = tmp.path().join("x.gguf");
         fs::write(
             &src,
-            GgufWriter::new()
-                .str("general.architecture", "llama")
-                .build(),
+            GgufWriter::new().str("general.architecture", "llama").build(),
         )
         .unwrap();
         let store = Store::new(tmp.path().join("home"));
@@ -1141,10 +1103,7 @@ mod tests {
         let full = fs::read(&src).unwrap();
         fs::write(&src, &full[..full.len() - 5]).unwrap();
         let e = store.import(&src, &ImportOptions::default()).unwrap_err();
-        assert!(
-            matches!(e, StoreError::Gguf(GgufError::Truncated { .. })),
-            "{e}"
-        );
+        assert!(matches!(e, StoreError::Gguf(GgufError::Truncated { .. })), "{e}");
         assert!(store.list().is_empty());
         let leftovers = fs::read_dir(store.home().join("tmp")).map_or(0, |d| d.count());
         assert_eq!(leftovers, 0);
@@ -1164,10 +1123,7 @@ mod tests {
         let list = store.list();
         assert_eq!(list.len(), 1);
         assert!(
-            list[0]
-                .problems
-                .iter()
-                .any(|p| p.contains("sha256 mismatch")),
+            list[0].problems.iter().any(|p| p.contains("sha256 mismatch")),
             "{:?}",
             list[0].problems
         );
@@ -1227,11 +1183,7 @@ mod tests {
         .unwrap();
         let empty = packs.join("nofamily/v1");
         fs::create_dir_all(&empty).unwrap();
-        fs::write(
-            empty.join(MANIFEST_FILE),
-            "name = \"nofamily\"\ntag = \"v1\"\n",
-        )
-        .unwrap();
+        fs::write(empty.join(MANIFEST_FILE), "name = \"nofamily\"\ntag = \"v1\"\n").unwrap();
         let orphan = packs.join("orphan/v1");
         fs::create_dir_all(&orphan).unwrap();
         fs::write(orphan.join("model.gguf"), b"x").unwrap();
@@ -1259,11 +1211,7 @@ mod tests {
             .problems
             .iter()
             .any(|p| p.contains("unknown family \"llama\"")));
-        assert!(
-            list[3].problems[0].contains("missing"),
-            "{:?}",
-            list[3].problems
-        );
+        assert!(list[3].problems[0].contains("missing"), "{:?}", list[3].problems);
         assert_eq!(list[3].size, 1);
         assert!(list[4].is_ok());
         // A broken pack can still be fetched by reference and removed.
@@ -1277,10 +1225,7 @@ mod tests {
     fn get_resolves_tags() {
         let (_tmp, store, src) = setup(None);
         store.import(&src, &ImportOptions::default()).unwrap();
-        assert_eq!(
-            store.get("tiny-coder").unwrap().reference,
-            "tiny-coder:0.5b"
-        );
+        assert_eq!(store.get("tiny-coder").unwrap().reference, "tiny-coder:0.5b");
         assert!(matches!(
             store.get("tiny-coder:1b"),
             Err(StoreError::NotFound { .. })
@@ -1301,14 +1246,8 @@ mod tests {
             ..Default::default()
         };
         store.import(&src, &opts).unwrap();
-        assert_eq!(
-            store.get("tiny-coder").unwrap().reference,
-            "tiny-coder:latest"
-        );
-        assert!(matches!(
-            store.get("bad name"),
-            Err(StoreError::Reference(_))
-        ));
+        assert_eq!(store.get("tiny-coder").unwrap().reference, "tiny-coder:latest");
+        assert!(matches!(store.get("bad name"), Err(StoreError::Reference(_))));
         let e = store.get("nothing").unwrap_err();
         assert!(e.to_string().contains("not found in"), "{e}");
     }
@@ -1378,11 +1317,7 @@ mod tests {
         assert_eq!(e.reference, "echo:test");
         assert!(e.is_ok(), "{:?}", e.problems);
         let m = e.manifest.as_ref().unwrap();
-        assert_eq!(
-            m.files[0].size,
-            Some(21),
-            "size and sha256 filled in on import"
-        );
+        assert_eq!(m.files[0].size, Some(21), "size and sha256 filled in on import");
         assert!(m.files[0].sha256.is_some());
         assert!(e.dir.join("script.json").is_file());
 
@@ -1395,9 +1330,7 @@ mod tests {
         )
         .unwrap();
         fs::write(broken.join("script.json"), r#"{"tokens": [9, 9, 9]}"#).unwrap();
-        let err = store
-            .import(&broken, &ImportOptions::default())
-            .unwrap_err();
+        let err = store.import(&broken, &ImportOptions::default()).unwrap_err();
         assert!(err.to_string().contains("sha256 mismatch"), "{err}");
         let err = store
             .import(&tmp.path().join("nowhere"), &ImportOptions::default())
@@ -1437,17 +1370,13 @@ mod tests {
         assert!(e.is_ok(), "{:?}", e.problems);
         assert_eq!(e.reference, "qwen3-tiny:latest");
         let m = e.manifest.unwrap();
-        assert_eq!(
-            (m.architecture.as_str(), m.family.as_str()),
-            ("qwen3", "qwen3")
-        );
+        assert_eq!((m.architecture.as_str(), m.family.as_str()), ("qwen3", "qwen3"));
         assert_eq!(m.format, PackFormat::Safetensors);
         assert_eq!(m.parameters, Some(36));
         assert_eq!(m.quantization.as_deref(), Some("BF16"));
         assert_eq!(m.context_length, Some(4096));
         assert_eq!(m.capabilities, ["completion", "chat", "tools"]);
-        let roles: Vec<(&str, FileRole)> =
-            m.files.iter().map(|f| (f.path.as_str(), f.role)).collect();
+        let roles: Vec<(&str, FileRole)> = m.files.iter().map(|f| (f.path.as_str(), f.role)).collect();
         assert_eq!(
             roles,
             [
@@ -1462,8 +1391,7 @@ mod tests {
 
     #[test]
     fn real_reference_tiny_hf_dir_imports() {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures/reference-tiny/qwen3");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/reference-tiny/qwen3");
         if !src.join("config.json").exists() {
             eprintln!("skipping: {} not present", src.display());
             return;
@@ -1497,10 +1425,7 @@ mod tests {
             let e = store.import(&p, &ImportOptions::default()).unwrap();
             assert!(e.is_ok(), "{:?}", e.problems);
             let m = e.manifest.unwrap();
-            assert_eq!(
-                (m.architecture.as_str(), m.family.as_str()),
-                ("qwen2", "qwen3")
-            );
+            assert_eq!((m.architecture.as_str(), m.family.as_str()), ("qwen2", "qwen3"));
             assert_eq!(m.context_length, Some(32768));
             assert!(m.has_capability("chat") && m.has_capability("tools"));
             assert!(m.quantization.is_some());
@@ -1516,10 +1441,7 @@ mod tests {
             let e = store.import(&p, &ImportOptions::default()).unwrap();
             assert!(e.is_ok(), "{:?}", e.problems);
             let m = e.manifest.unwrap();
-            assert_eq!(
-                (m.architecture.as_str(), m.family.as_str()),
-                ("gemma3", "gemma")
-            );
+            assert_eq!((m.architecture.as_str(), m.family.as_str()), ("gemma3", "gemma"));
             assert!(!m.has_capability("chat"), "{:?}", m.capabilities);
             assert_eq!(m.quantization.as_deref(), Some("Q4_K_M"));
             eprintln!(

@@ -37,8 +37,7 @@ impl GgufWriter {
         let data = (0..bytes)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect();
-        self.tensors
-            .push((name.to_string(), dims.to_vec(), ty, data));
+        self.tensors.push((name.to_string(), dims.to_vec(), ty, data));
         self
     }
 
@@ -139,10 +138,7 @@ pub fn sample_gguf(template: Option<&str>) -> Vec<u8> {
         .kv("qwen2.block_count", GgufValue::U64(2))
         .kv(
             "tokenizer.ggml.tokens",
-            GgufValue::Array(vec![
-                GgufValue::String("a".into()),
-                GgufValue::String("b".into()),
-            ]),
+            GgufValue::Array(vec![GgufValue::String("a".into()), GgufValue::String("b".into())]),
         );
     if let Some(t) = template {
         w = w.str("tokenizer.chat_template", t);
@@ -155,10 +151,7 @@ pub fn sample_gguf(template: Option<&str>) -> Vec<u8> {
 }
 
 /// Write a safetensors file from (name, dtype, shape, data) entries plus `__metadata__`.
-pub fn safetensors_bytes(
-    tensors: &[(&str, &str, &[u64], Vec<u8>)],
-    meta: &[(&str, &str)],
-) -> Vec<u8> {
+pub fn safetensors_bytes(tensors: &[(&str, &str, &[u64], Vec<u8>)], meta: &[(&str, &str)]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     if !meta.is_empty() {
         let m: serde_json::Map<String, serde_json::Value> = meta

@@ -14,7 +14,9 @@ pub fn berth_exe() -> PathBuf {
 /// Runs `berth` with a home directory and extra environment; returns the output.
 pub fn berth(home: &Path, plugin_path: Option<&Path>, args: &[&str]) -> Output {
     let mut cmd = Command::new(berth_exe());
-    cmd.args(args).env("BERTH_HOME", home).env_remove("BERTH_PLUGIN_PATH");
+    cmd.args(args)
+        .env("BERTH_HOME", home)
+        .env_remove("BERTH_PLUGIN_PATH");
     if let Some(p) = plugin_path {
         cmd.env("BERTH_PLUGIN_PATH", p);
     }
@@ -36,12 +38,18 @@ pub fn berth_ok(home: &Path, plugin_path: Option<&Path>, args: &[&str]) -> Strin
 /// The scripted plugin's shared library, built by cargo next to the test binary.
 pub fn scripted_library() -> PathBuf {
     let dir = berth_exe().parent().unwrap().to_path_buf();
-    for candidate in [dir.join("libberth_scripted.so"), dir.join("deps/libberth_scripted.so")] {
+    for candidate in [
+        dir.join("libberth_scripted.so"),
+        dir.join("deps/libberth_scripted.so"),
+    ] {
         if candidate.is_file() {
             return candidate;
         }
     }
-    panic!("libberth_scripted.so not found next to {}; run `cargo build --workspace` first", dir.display());
+    panic!(
+        "libberth_scripted.so not found next to {}; run `cargo build --workspace` first",
+        dir.display()
+    );
 }
 
 /// Hex sha256 of a file.

@@ -1,0 +1,205 @@
+//! `berth import`, `list`, `show`, `rm` and `plugins` as a user runs them.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Path of a real model, fetched (or found in the cache) by the repo's own script.
+fn real_model(name: &str) -> PathBuf {
+    let out = std::process::Command::new(repo_root().join("scripts/fetch-models"))
+        .arg(name)
+        .output()
+        .expect("scripts/fetch-models runs");
+    assert!(
+        out.status.success(),
+        "fetch-models {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn install_scripted(home: &Path) {
+    berth_ok(
+        home,
+        None,
+        &["plugins", "install", scripted_library().to_str().unwrap()],
+    );
+}
+
+#[test]
+fn list_shows_a_scripted_pack_served_by_its_plugin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    install_scripted(&home);
+    let src = tmp.path().join("src");
+    write_scripted_pack(
+        &src,
+        "echo",
+        "v1",
+        &serde_json::json!({"entries": [{"reply": [5]}]}),
+    );
+    let out = berth_ok(&home, None, &["import", src.to_str().unwrap()]);
+    assert!(out.contains("echo:v1"), "{out}");
+
+    let table = berth_ok(&home, None, &["list"]);
+    let header = table.lines().next().unwrap();
+    for col in [
+        "NAME",
+        "FAMILY",
+        "PARAMS",
+        "QUANT",
+        "SIZE",
+        "CAPABILITIES",
+        "PLUGIN",
+        "MODIFIED",
+    ] {
+        assert!(header.contains(col), "{header}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("echo:v1"))
+        .expect("pack listed");
+    assert!(row.contains("scripted") && row.contains(" ok "), "{row}");
+
+    let json: serde_json::Value = serde_json::from_str(&berth_ok(&home, None, &["list", "--json"])).unwrap();
+    assert_eq!(json[0]["name"], "echo:v1");
+    assert_eq!(json[0]["plugin"], "ok");
+    assert_eq!(json[0]["plugin_name"], "scripted");
+
+    berth_ok(&home, None, &["rm", "echo:v1"]);
+    let json: serde_json::Value = serde_json::from_str(&berth_ok(&home, None, &["list", "--json"])).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn broken_packs_are_listed_with_their_error_and_hide_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    install_scripted(&home);
+    for name in ["good", "truncated", "badsha", "missing", "badtoml", "nofamily"] {
+        let src = tmp.path().join(name);
+        write_scripted_pack(
+            &src,
+            name,
+            "latest",
+            &serde_json::json!({"entries": [{"reply": [5, 6, 7]}]}),
+        );
+        berth_ok(&home, None, &["import", src.to_str().unwrap()]);
+    }
+    let packs = home.join("packs");
+    let script = |n: &str| packs.join(n).join("latest/script.json");
+    let text = std::fs::read_to_string(script("truncated")).unwrap();
+    std::fs::write(script("truncated"), &text[..text.len() / 2]).unwrap();
+    std::fs::write(script("badsha"), text.replace('5', "9")).unwrap();
+    std::fs::remove_file(script("missing")).unwrap();
+    std::fs::write(
+        packs.join("badtoml/latest/pack.toml"),
+        "name = \"badtoml\"\nfamily = [unclosed\n",
+    )
+    .unwrap();
+    let toml_path = packs.join("nofamily/latest/pack.toml");
+    let t = std::fs::read_to_string(&toml_path)
+        .unwrap()
+        .replace("family = \"scripted\"", "family = \"martian\"");
+    std::fs::write(&toml_path, t).unwrap();
+
+    let out = berth(&home, None, &["list"]);
+    assert!(out.status.success(), "list must not fail on broken packs");
+    let table = String::from_utf8_lossy(&out.stdout);
+    for name in ["good", "truncated", "badsha", "missing", "badtoml", "nofamily"] {
+        assert!(
+            table.lines().any(|l| l.starts_with(&format!("{name}:latest"))),
+            "{name} hidden:\n{table}"
+        );
+    }
+    let good = table.lines().find(|l| l.starts_with("good:latest")).unwrap();
+    assert!(good.contains(" ok "), "{good}");
+    let problems = |name: &str| -> String {
+        table
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}:latest: ")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(problems("truncated").contains("size"), "{table}");
+    assert!(problems("badsha").contains("sha256"), "{table}");
+    assert!(problems("missing").contains("missing"), "{table}");
+    assert!(problems("badtoml").contains("pack.toml"), "{table}");
+    assert!(
+        problems("nofamily").contains("unknown family 'martian'"),
+        "{table}"
+    );
+    assert!(problems("good").is_empty(), "{table}");
+}
+
+#[test]
+fn show_of_the_real_ggufs_prints_architecture_quant_mix_context_and_template_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let qwen = real_model("qwen2.5-coder-0.5b");
+    let gemma = real_model("gemma3-270m");
+    berth_ok(
+        &home,
+        None,
+        &["import", qwen.to_str().unwrap(), "--name", "qwen2.5-coder:0.5b"],
+    );
+    berth_ok(
+        &home,
+        None,
+        &["import", gemma.to_str().unwrap(), "--name", "gemma3:270m"],
+    );
+
+    let q = berth_ok(&home, None, &["show", "qwen2.5-coder:0.5b"]);
+    assert!(q.contains("architecture        qwen2"), "{q}");
+    assert!(q.contains("family              qwen3"), "{q}");
+    assert!(q.contains("context length      32768"), "{q}");
+    for t in ["Q5_0", "Q8_0", "Q6_K", "Q4_K"] {
+        assert!(
+            q.lines()
+                .any(|l| l.trim_start().starts_with(t) && l.contains("tensors")),
+            "{t} missing:\n{q}"
+        );
+    }
+    assert!(q.contains("embedded in the GGUF"), "{q}");
+    assert!(q.contains("tools"), "{q}");
+
+    let g = berth_ok(&home, None, &["show", "gemma3:270m"]);
+    assert!(g.contains("architecture        gemma3"), "{g}");
+    assert!(g.contains("family              gemma"), "{g}");
+    assert!(g.contains("context length      32768"), "{g}");
+    assert!(g.contains("Q4_K") && g.contains("Q6_K"), "{g}");
+    assert!(g.contains("none embedded"), "{g}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&berth_ok(&home, None, &["show", "gemma3", "--json"])).unwrap();
+    assert_eq!(json["manifest"]["architecture"], "gemma3");
+    assert_eq!(json["template"], "none embedded");
+}
+
+#[test]
+fn plugins_lists_installed_plugins_with_their_abi() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    install_scripted(&home);
+    let out = berth_ok(&home, None, &["plugins"]);
+    let row = out
+        .lines()
+        .find(|l| l.contains("libberth_scripted.so"))
+        .expect("listed");
+    assert!(
+        row.contains("scripted") && row.contains("1.1") && row.ends_with("ok"),
+        "{row}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&berth_ok(&home, None, &["plugins", "--json"])).unwrap();
+    assert_eq!(json[0]["status"], "ok");
+    assert_eq!(json[0]["manifest"]["families"][0], "scripted");
+}
