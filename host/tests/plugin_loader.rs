@@ -30,7 +30,7 @@ fn installed_plugin_is_indexed_by_its_sidecar_and_opened() {
     assert!(out.contains("installed plugin 'scripted'"), "{out}");
     assert!(plugins.join("libberth_scripted.berth.json").is_file());
 
-    let set = PluginSet::discover(&[plugins.clone()]);
+    let set = PluginSet::discover(std::slice::from_ref(&plugins));
     assert_eq!(set.records.len(), 1);
     let rec = &set.records[0];
     assert!(matches!(rec.state, PluginState::Ready(_)), "{:?}", rec.state);
