@@ -86,6 +86,8 @@ impl StrRef {
     };
 
     /// Borrows a Rust string; the caller keeps `s` alive while the `StrRef` is used.
+    // Not `FromStr`: the result borrows `s` rather than owning a parse of it.
+    #[allow(clippy::should_implement_trait)]
     pub fn from_str(s: &str) -> StrRef {
         StrRef {
             ptr: s.as_ptr(),

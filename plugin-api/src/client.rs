@@ -130,7 +130,7 @@ impl Plugin {
             handle: inst.handle,
             vtable,
             vt_header,
-            err: err,
+            err,
             poisoned: None,
             description: ModelDescription::default(),
         };
