@@ -1,0 +1,535 @@
+//! The entry table, vtable and model of the variants that have an entry symbol, hand-written
+//! against the C ABI. Struct layouts differ per variant; the functions are shared.
+
+use crate::{ABI_MAJOR, ABI_MINOR, MANIFEST};
+use berth_plugin_api::abi::{
+    self, Batch, ErrorBuf, Header, Instance, Logits, Status, StrRef, STATUS_INVALID_ARGUMENT, STATUS_OK,
+};
+use std::ffi::c_void;
+use std::mem::size_of;
+
+/// Logits per row.
+pub const VOCAB: u32 = 16;
+/// Longest sequence accepted.
+pub const CONTEXT: u32 = 64;
+/// Most sequences at once.
+pub const MAX_SEQUENCES: u32 = 4;
+/// Tokens that end generation (borrowed by the host until destroy: static).
+static STOP_TOKENS: [i32; 1] = [0];
+/// Everything else the model reports.
+const EXTRA_JSON: &str = r#"{"architecture": "abi-test"}"#;
+
+/// The 1.1 layout of the entry table plus one trailing field (ABI 1.2).
+#[cfg(feature = "newer")]
+#[repr(C)]
+pub struct EntryTable {
+    /// Struct header: this struct's own (larger) size, ABI 1.2.
+    pub header: Header,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// The manifest JSON (without its NUL).
+    pub manifest_json: StrRef,
+    /// Scores a model description.
+    pub probe: Option<unsafe extern "C" fn(model_config_json: StrRef) -> u32>,
+    /// Creates a model instance.
+    pub create: Option<
+        unsafe extern "C" fn(load_config_json: StrRef, out: *mut Instance, err: *mut ErrorBuf) -> Status,
+    >,
+    /// A field from the future that a 1.1 host never reads.
+    pub future_flags: u64,
+}
+/// The entry table layout of ABI 1.0 to 2.0 (unchanged).
+#[cfg(not(feature = "newer"))]
+pub use abi::EntryTable;
+
+/// The 1.1 vtable plus one trailing entry (ABI 1.2).
+#[cfg(feature = "newer")]
+#[repr(C)]
+pub struct ModelVtable {
+    /// Struct header: this struct's own (larger) size, ABI 1.2.
+    pub header: Header,
+    /// Releases the instance.
+    pub destroy: Option<unsafe extern "C" fn(handle: *mut c_void)>,
+    /// Fills a host-allocated model info.
+    pub model_info:
+        Option<unsafe extern "C" fn(handle: *mut c_void, out: *mut ModelInfo, err: *mut ErrorBuf) -> Status>,
+    /// Runs a batch.
+    pub decode: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            batch: *const Batch,
+            logits: *mut Logits,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
+    /// Feeds one token.
+    pub force_token:
+        Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, token: i32, err: *mut ErrorBuf) -> Status>,
+    /// Whether the model thinks.
+    pub thinking_enabled: Option<unsafe extern "C" fn(handle: *mut c_void, requested: i32) -> i32>,
+    /// Whether the model calls tools.
+    pub tools_enabled: Option<unsafe extern "C" fn(handle: *mut c_void) -> i32>,
+    /// Drops positions at or after `len`.
+    pub seq_truncate:
+        Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, len: u32, err: *mut ErrorBuf) -> Status>,
+    /// Copies a sequence (ABI 1.1).
+    pub seq_fork:
+        Option<unsafe extern "C" fn(handle: *mut c_void, src: i32, dst: i32, err: *mut ErrorBuf) -> Status>,
+    /// An entry from the future that a 1.1 host never calls.
+    pub future_entry: Option<unsafe extern "C" fn(handle: *mut c_void) -> Status>,
+}
+
+/// The 1.0 vtable: everything before `seq_fork`.
+#[cfg(feature = "older")]
+#[repr(C)]
+pub struct ModelVtable {
+    /// Struct header: `abi::MODEL_VTABLE_SIZE_V1_0`, ABI 1.0.
+    pub header: Header,
+    /// Releases the instance.
+    pub destroy: Option<unsafe extern "C" fn(handle: *mut c_void)>,
+    /// Fills a host-allocated model info.
+    pub model_info:
+        Option<unsafe extern "C" fn(handle: *mut c_void, out: *mut ModelInfo, err: *mut ErrorBuf) -> Status>,
+    /// Runs a batch.
+    pub decode: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            batch: *const Batch,
+            logits: *mut Logits,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
+    /// Feeds one token.
+    pub force_token:
+        Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, token: i32, err: *mut ErrorBuf) -> Status>,
+    /// Whether the model thinks.
+    pub thinking_enabled: Option<unsafe extern "C" fn(handle: *mut c_void, requested: i32) -> i32>,
+    /// Whether the model calls tools.
+    pub tools_enabled: Option<unsafe extern "C" fn(handle: *mut c_void) -> i32>,
+    /// Drops positions at or after `len`.
+    pub seq_truncate:
+        Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, len: u32, err: *mut ErrorBuf) -> Status>,
+}
+
+/// The vtable layout of ABI 1.1 (the `v2` variant reuses it under another major).
+#[cfg(feature = "v2")]
+pub use abi::ModelVtable;
+
+/// The 1.1 model info plus one trailing field (ABI 1.2).
+#[cfg(feature = "newer")]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModelInfo {
+    /// Struct header: how much was written, ABI 1.2.
+    pub header: Header,
+    /// Logits per row.
+    pub vocab_size: u32,
+    /// Longest sequence accepted.
+    pub context_length: u32,
+    /// Most sequences at once.
+    pub max_sequences: u32,
+    /// Always 0.
+    pub reserved: u32,
+    /// `CAP_*` bits.
+    pub capabilities: u64,
+    /// Tokens that end generation.
+    pub stop_tokens: *const i32,
+    /// Number of `stop_tokens`.
+    pub n_stop_tokens: u32,
+    /// Always 0.
+    pub reserved2: u32,
+    /// Everything else, as JSON.
+    pub extra_json: StrRef,
+    /// A field from the future that a 1.1 host has no room for.
+    pub max_batch_tokens: u64,
+}
+/// The model info layout of ABI 1.0 to 2.0 (unchanged).
+#[cfg(not(feature = "newer"))]
+pub use abi::ModelInfo;
+
+// The variants' layouts agree with the host's up to where they end.
+const _: () = {
+    #[cfg(feature = "newer")]
+    {
+        use std::mem::offset_of;
+        assert!(size_of::<EntryTable>() == size_of::<abi::EntryTable>() + 8);
+        assert!(offset_of!(EntryTable, create) == offset_of!(abi::EntryTable, create));
+        assert!(size_of::<ModelVtable>() == size_of::<abi::ModelVtable>() + 8);
+        assert!(offset_of!(ModelVtable, seq_fork) == offset_of!(abi::ModelVtable, seq_fork));
+        assert!(size_of::<ModelInfo>() == size_of::<abi::ModelInfo>() + 8);
+        assert!(offset_of!(ModelInfo, extra_json) == offset_of!(abi::ModelInfo, extra_json));
+    }
+    #[cfg(feature = "older")]
+    {
+        use std::mem::offset_of;
+        assert!(size_of::<ModelVtable>() == abi::MODEL_VTABLE_SIZE_V1_0);
+        assert!(offset_of!(ModelVtable, seq_truncate) == offset_of!(abi::ModelVtable, seq_truncate));
+    }
+};
+
+/// The header this variant writes in front of a struct of `size` bytes.
+const fn header(size: usize) -> Header {
+    Header {
+        struct_size: size as u32,
+        abi_major: ABI_MAJOR,
+        abi_minor: ABI_MINOR,
+    }
+}
+
+/// Lets an immutable table of plain data and function pointers live in a `static`.
+struct Shared<T>(T);
+// SAFETY: the tables are never mutated; their pointers refer to static strings and functions.
+unsafe impl<T> Sync for Shared<T> {}
+
+static ENTRY: Shared<EntryTable> = Shared(EntryTable {
+    header: header(size_of::<EntryTable>()),
+    flags: abi::FLAG_PANIC_UNWIND,
+    manifest_json: StrRef {
+        ptr: MANIFEST.as_ptr(),
+        len: MANIFEST.len() - 1,
+    },
+    probe: Some(probe),
+    create: Some(create),
+    #[cfg(feature = "newer")]
+    future_flags: 0,
+});
+
+static VTABLE: Shared<ModelVtable> = Shared(ModelVtable {
+    header: header(size_of::<ModelVtable>()),
+    destroy: Some(destroy),
+    model_info: Some(model_info),
+    decode: Some(decode),
+    force_token: Some(force_token),
+    thinking_enabled: Some(thinking_enabled),
+    tools_enabled: Some(tools_enabled),
+    seq_truncate: Some(seq_truncate),
+    #[cfg(not(feature = "older"))]
+    seq_fork: Some(seq_fork),
+    #[cfg(feature = "newer")]
+    future_entry: Some(future_entry),
+});
+
+/// Entry symbol of ABI 1 (the `newer` and `older` variants).
+#[cfg(not(feature = "v2"))]
+#[no_mangle]
+pub extern "C" fn berth_plugin_entry_v1() -> *const EntryTable {
+    &ENTRY.0
+}
+
+/// Entry symbol of ABI 2 (the `v2` variant): a 1.x host never looks it up.
+#[cfg(feature = "v2")]
+#[no_mangle]
+pub extern "C" fn berth_plugin_entry_v2() -> *const EntryTable {
+    &ENTRY.0
+}
+
+/// The model state behind the opaque handle: how many calls it has served.
+struct Toy {
+    calls: u64,
+}
+
+/// Writes `value` into a struct the host allocated: at most min(host's `struct_size`, ours)
+/// bytes, then a header saying how much was written and at which ABI version.
+///
+/// # Safety
+/// `dst` must be null or point to a writable struct whose header holds its allocated size.
+unsafe fn write_prefix<T: Copy>(dst: *mut T, value: &T) -> bool {
+    if dst.is_null() {
+        return false;
+    }
+    // SAFETY: dst is non-null and begins with the Header its allocator wrote.
+    let host = unsafe { std::ptr::read_unaligned(dst as *const Header) };
+    let host_size = host.struct_size as usize;
+    if host_size < size_of::<Header>() {
+        return false;
+    }
+    let n = host_size.min(size_of::<T>());
+    // SAFETY: the host promised `host_size` writable bytes and we write at most that many; no
+    // reference to the (possibly smaller) destination as a `T` is ever made.
+    unsafe {
+        std::ptr::copy_nonoverlapping(value as *const T as *const u8, dst as *mut u8, n);
+        std::ptr::write_unaligned(dst as *mut Header, header(n));
+    }
+    true
+}
+
+/// Reports an error: the message into the host's buffer, `status` back.
+fn fail(err: *mut ErrorBuf, status: Status, message: &str) -> Status {
+    // SAFETY: `err` comes from the host, which passes null or a valid buffer.
+    unsafe { abi::write_error(err, message) };
+    status
+}
+
+unsafe extern "C" fn probe(model_config_json: StrRef) -> u32 {
+    // SAFETY: the host passes a string valid for the call.
+    let text = unsafe { model_config_json.as_str() };
+    let config: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if config["family"] == "abi-test" {
+        10
+    } else {
+        0
+    }
+}
+
+unsafe extern "C" fn create(_load_config_json: StrRef, out: *mut Instance, err: *mut ErrorBuf) -> Status {
+    let handle = Box::into_raw(Box::new(Toy { calls: 0 })) as *mut c_void;
+    let instance = Instance {
+        header: header(size_of::<Instance>()),
+        handle,
+        vtable: (&VTABLE.0 as *const ModelVtable).cast(),
+    };
+    // SAFETY: `out` is the host's Instance, its header set to its allocated size.
+    if unsafe { write_prefix(out, &instance) } {
+        return STATUS_OK;
+    }
+    // SAFETY: the handle came from Box::into_raw above and was never handed out.
+    drop(unsafe { Box::from_raw(handle as *mut Toy) });
+    fail(
+        err,
+        STATUS_INVALID_ARGUMENT,
+        "instance out-struct is null or too small",
+    )
+}
+
+unsafe extern "C" fn destroy(handle: *mut c_void) {
+    if !handle.is_null() {
+        // SAFETY: the host calls destroy once, last, with the handle `create` returned.
+        drop(unsafe { Box::from_raw(handle as *mut Toy) });
+    }
+}
+
+/// Counts a call on the instance; false for a null handle.
+///
+/// # Safety
+/// `handle` must be null or a live handle from `create`, used by one thread at a time.
+unsafe fn touch(handle: *mut c_void) -> bool {
+    if handle.is_null() {
+        return false;
+    }
+    // SAFETY: per the caller, handle points at a live Toy with no other borrow.
+    unsafe { (*(handle as *mut Toy)).calls += 1 };
+    true
+}
+
+unsafe extern "C" fn model_info(handle: *mut c_void, out: *mut ModelInfo, err: *mut ErrorBuf) -> Status {
+    // SAFETY: forwarded host contract.
+    if !unsafe { touch(handle) } {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null handle");
+    }
+    let info = ModelInfo {
+        header: header(size_of::<ModelInfo>()),
+        vocab_size: VOCAB,
+        context_length: CONTEXT,
+        max_sequences: MAX_SEQUENCES,
+        reserved: 0,
+        capabilities: 0,
+        stop_tokens: STOP_TOKENS.as_ptr(),
+        n_stop_tokens: STOP_TOKENS.len() as u32,
+        reserved2: 0,
+        extra_json: StrRef {
+            ptr: EXTRA_JSON.as_ptr(),
+            len: EXTRA_JSON.len(),
+        },
+        #[cfg(feature = "newer")]
+        max_batch_tokens: 512,
+    };
+    // SAFETY: `out` is the host's ModelInfo, its header set to its allocated size (which may be
+    // smaller than our struct: write_prefix never writes past it).
+    if unsafe { write_prefix(out, &info) } {
+        STATUS_OK
+    } else {
+        fail(
+            err,
+            STATUS_INVALID_ARGUMENT,
+            "model info out-struct is null or too small",
+        )
+    }
+}
+
+unsafe extern "C" fn decode(
+    handle: *mut c_void,
+    batch: *const Batch,
+    logits: *mut Logits,
+    err: *mut ErrorBuf,
+) -> Status {
+    // SAFETY: forwarded host contract.
+    if !unsafe { touch(handle) } {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null handle");
+    }
+    // SAFETY: the host passes a valid batch; we read no further than its struct_size.
+    let Some((b, _)) = (unsafe { abi::read_versioned(batch) }) else {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null batch");
+    };
+    if logits.is_null() {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null logits");
+    }
+    // SAFETY: the logits struct is host-owned and valid for the call; nothing else aliases it.
+    let out = unsafe { &mut *logits };
+    out.rows_written = 0;
+    let n = b.n_tokens as usize;
+    if n == 0 {
+        return STATUS_OK;
+    }
+    if b.positions.is_null() || b.want_logits.is_null() {
+        return fail(err, STATUS_INVALID_ARGUMENT, "batch has a null array");
+    }
+    // SAFETY: the host guarantees each batch array holds n_tokens elements for the call.
+    let (positions, want) = unsafe {
+        (
+            std::slice::from_raw_parts(b.positions, n),
+            std::slice::from_raw_parts(b.want_logits, n),
+        )
+    };
+    let rows = want.iter().filter(|&&w| w != 0).count();
+    let row_len = out.row_len as usize;
+    if row_len < VOCAB as usize || rows * row_len > out.capacity || (rows > 0 && out.data.is_null()) {
+        return fail(err, STATUS_INVALID_ARGUMENT, "logits buffer too small");
+    }
+    if rows == 0 {
+        return STATUS_OK;
+    }
+    // SAFETY: data holds `capacity` >= rows * row_len writable floats, host-owned for the call.
+    let data = unsafe { std::slice::from_raw_parts_mut(out.data, rows * row_len) };
+    let wanted = positions.iter().zip(want).filter(|(_, &w)| w != 0);
+    for (row, (&pos, _)) in data.chunks_exact_mut(row_len).zip(wanted) {
+        row.fill(0.0);
+        row[(pos + 1).rem_euclid(VOCAB as i32) as usize] = 1.0;
+    }
+    out.rows_written = rows as u32;
+    STATUS_OK
+}
+
+unsafe extern "C" fn force_token(handle: *mut c_void, _seq: i32, _token: i32, err: *mut ErrorBuf) -> Status {
+    // SAFETY: forwarded host contract.
+    if unsafe { touch(handle) } {
+        STATUS_OK
+    } else {
+        fail(err, STATUS_INVALID_ARGUMENT, "null handle")
+    }
+}
+
+unsafe extern "C" fn thinking_enabled(_handle: *mut c_void, _requested: i32) -> i32 {
+    0
+}
+
+unsafe extern "C" fn tools_enabled(_handle: *mut c_void) -> i32 {
+    0
+}
+
+unsafe extern "C" fn seq_truncate(handle: *mut c_void, _seq: i32, _len: u32, err: *mut ErrorBuf) -> Status {
+    // SAFETY: forwarded host contract.
+    if unsafe { touch(handle) } {
+        STATUS_OK
+    } else {
+        fail(err, STATUS_INVALID_ARGUMENT, "null handle")
+    }
+}
+
+#[cfg(not(feature = "older"))]
+unsafe extern "C" fn seq_fork(handle: *mut c_void, _src: i32, _dst: i32, err: *mut ErrorBuf) -> Status {
+    // SAFETY: forwarded host contract.
+    if unsafe { touch(handle) } {
+        STATUS_OK
+    } else {
+        fail(err, STATUS_INVALID_ARGUMENT, "null handle")
+    }
+}
+
+#[cfg(feature = "newer")]
+unsafe extern "C" fn future_entry(_handle: *mut c_void) -> Status {
+    STATUS_OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_plugin_api::Plugin;
+
+    #[cfg(not(feature = "v2"))]
+    fn plugin() -> Plugin {
+        // SAFETY: the table is this crate's own static.
+        unsafe { Plugin::from_entry(berth_plugin_entry_v1().cast()) }.expect("a 1.x table is accepted")
+    }
+
+    #[cfg(not(feature = "v2"))]
+    #[test]
+    fn the_host_client_loads_it_and_decodes() {
+        let p = plugin();
+        assert_eq!(p.abi_version(), (ABI_MAJOR, ABI_MINOR));
+        assert_eq!(p.probe(r#"{"family": "abi-test"}"#), 10);
+        assert_eq!(p.probe(r#"{"family": "other"}"#), 0);
+        let mut m = p.create("{}").unwrap();
+        assert_eq!(m.abi_version(), (ABI_MAJOR, ABI_MINOR));
+        let d = m.description();
+        assert_eq!(
+            (d.vocab_size, d.context_length, d.stop_tokens.clone()),
+            (16, 64, vec![0])
+        );
+        let mut logits = vec![-1.0; 32];
+        let b = berth_plugin_api::BatchView {
+            tokens: &[3, 4, 5],
+            positions: &[0, 1, 15],
+            seq_ids: &[0, 0, 0],
+            want_logits: &[0, 1, 1],
+        };
+        assert_eq!(m.decode(&b, &mut logits).unwrap(), 2);
+        assert_eq!(logits[2], 1.0);
+        assert_eq!(logits[16], 1.0);
+        assert_eq!(logits.iter().sum::<f32>(), 2.0);
+        m.force_token(0, 1).unwrap();
+        m.seq_truncate(0, 0).unwrap();
+    }
+
+    #[cfg(feature = "newer")]
+    #[test]
+    fn fork_works_and_model_info_stays_within_the_hosts_struct() {
+        let mut m = plugin().create("{}").unwrap();
+        m.seq_fork(0, 1).unwrap();
+
+        // A 1.1-sized ModelInfo followed by a guard the plugin must not touch.
+        #[repr(C)]
+        struct Guarded {
+            info: abi::ModelInfo,
+            guard: u64,
+        }
+        // SAFETY: all-zero is valid for these plain integers and pointers.
+        let mut g: Guarded = unsafe { std::mem::zeroed() };
+        g.info.header = Header::for_struct::<abi::ModelInfo>();
+        g.guard = 0xdead_beef;
+        let mut inst: Instance = unsafe { std::mem::zeroed() };
+        inst.header = Header::for_struct::<Instance>();
+        // SAFETY: valid out-structs and a null error buffer (allowed).
+        unsafe {
+            assert_eq!(create(StrRef::EMPTY, &mut inst, std::ptr::null_mut()), STATUS_OK);
+            let out = &mut g.info as *mut abi::ModelInfo as *mut ModelInfo;
+            assert_eq!(model_info(inst.handle, out, std::ptr::null_mut()), STATUS_OK);
+            destroy(inst.handle);
+        }
+        assert_eq!(g.guard, 0xdead_beef);
+        assert_eq!(g.info.header, header(size_of::<abi::ModelInfo>()));
+        assert_eq!(g.info.vocab_size, VOCAB);
+        assert_eq!(
+            ENTRY.0.header.struct_size as usize,
+            size_of::<abi::EntryTable>() + 8
+        );
+    }
+
+    #[cfg(feature = "older")]
+    #[test]
+    fn fork_is_unsupported_because_the_vtable_ends_before_it() {
+        let mut m = plugin().create("{}").unwrap();
+        assert_eq!(
+            m.seq_fork(0, 1).unwrap_err().kind,
+            berth_plugin_api::ErrorKind::Unsupported
+        );
+        assert_eq!(VTABLE.0.header.struct_size as usize, abi::MODEL_VTABLE_SIZE_V1_0);
+    }
+
+    #[cfg(feature = "v2")]
+    #[test]
+    fn a_1x_host_refuses_the_v2_table() {
+        // SAFETY: the table is this crate's own static.
+        let e = unsafe { Plugin::from_entry(berth_plugin_entry_v2().cast()) }.unwrap_err();
+        assert_eq!(e, berth_plugin_api::AbiError::WrongMajor { major: 2, minor: 0 });
+    }
+}

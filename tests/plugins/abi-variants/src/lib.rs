@@ -1,0 +1,105 @@
+//! Test plugins that speak the Berth C ABI at versions other than the host's, written by hand
+//! (no `export_plugin!`, no SDK traits) the way a C author would. Each build enables exactly one
+//! cargo feature and yields one library:
+//!
+//! - `newer`: claims ABI 1.2; its entry table, vtable and model info each carry one trailing
+//!   field the host does not know, and their headers give the larger sizes. Into host-allocated
+//!   structs it writes no more than the host's `struct_size`.
+//! - `older`: claims ABI 1.0; its vtable ends before `seq_fork`, so the host must treat fork as
+//!   unsupported.
+//! - `v2`: claims ABI 2.0 and exports `berth_plugin_entry_v2` instead of `berth_plugin_entry_v1`.
+//! - `nosymbol`: claims ABI 1.1 in its manifest but exports no entry symbol.
+//!
+//! Every variant exports `berth_plugin_manifest`. Those with an entry serve family `abi-test`
+//! (probe score 10) with a trivial model: vocabulary 16, context 64, stop token 0, and a logits
+//! row holding 1.0 at token `(position + 1) % 16` for each row that wants logits.
+//! `tests/plugins/build-abi-variants OUTDIR` builds all four.
+
+#[cfg(not(any(feature = "newer", feature = "older", feature = "v2", feature = "nosymbol")))]
+compile_error!("enable exactly one of the features: newer, older, v2, nosymbol");
+#[cfg(any(
+    all(
+        feature = "newer",
+        any(feature = "older", feature = "v2", feature = "nosymbol")
+    ),
+    all(feature = "older", any(feature = "v2", feature = "nosymbol")),
+    all(feature = "v2", feature = "nosymbol"),
+))]
+compile_error!("enable exactly one of the features: newer, older, v2, nosymbol");
+
+#[cfg(not(feature = "nosymbol"))]
+mod entry;
+#[cfg(not(feature = "nosymbol"))]
+pub use entry::*;
+
+/// The manifest JSON of a variant, NUL-terminated, as a `&'static str` literal.
+macro_rules! manifest_json {
+    ($variant:literal, $major:literal, $minor:literal) => {
+        concat!(
+            "{\"name\": \"abi-",
+            $variant,
+            "\", \"version\": \"0.1.0\", \"abi_major\": ",
+            $major,
+            ", \"abi_minor\": ",
+            $minor,
+            ", \"panic\": \"unwind\", \"families\": [\"abi-test\"], ",
+            "\"architectures\": [\"abi-test\"], \"weight_formats\": [\"none\"]}\0"
+        )
+    };
+}
+
+/// The variant's manifest, NUL-terminated.
+#[cfg(feature = "newer")]
+pub const MANIFEST: &str = manifest_json!("newer", 1, 2);
+/// The variant's manifest, NUL-terminated.
+#[cfg(feature = "older")]
+pub const MANIFEST: &str = manifest_json!("older", 1, 0);
+/// The variant's manifest, NUL-terminated.
+#[cfg(feature = "v2")]
+pub const MANIFEST: &str = manifest_json!("v2", 2, 0);
+/// The variant's manifest, NUL-terminated.
+#[cfg(feature = "nosymbol")]
+pub const MANIFEST: &str = manifest_json!("nosymbol", 1, 1);
+
+/// The ABI major version this variant claims.
+#[cfg(not(feature = "v2"))]
+pub const ABI_MAJOR: u16 = 1;
+/// The ABI major version this variant claims.
+#[cfg(feature = "v2")]
+pub const ABI_MAJOR: u16 = 2;
+
+/// The ABI minor version this variant claims.
+#[cfg(feature = "newer")]
+pub const ABI_MINOR: u16 = 2;
+/// The ABI minor version this variant claims.
+#[cfg(feature = "older")]
+pub const ABI_MINOR: u16 = 0;
+/// The ABI minor version this variant claims.
+#[cfg(feature = "v2")]
+pub const ABI_MINOR: u16 = 0;
+/// The ABI minor version this variant claims.
+#[cfg(feature = "nosymbol")]
+pub const ABI_MINOR: u16 = 1;
+
+/// Version-independent manifest symbol: static NUL-terminated JSON.
+#[no_mangle]
+pub extern "C" fn berth_plugin_manifest() -> *const std::ffi::c_char {
+    MANIFEST.as_ptr().cast()
+}
+
+#[cfg(test)]
+mod manifest_tests {
+    use super::*;
+
+    #[test]
+    fn the_manifest_is_json_naming_the_variant_and_its_abi() {
+        let json = MANIFEST.strip_suffix('\0').expect("NUL-terminated");
+        assert!(!json.contains('\0'));
+        let m: berth_plugin_api::PluginManifest = serde_json::from_str(json).unwrap();
+        assert!(m.name.starts_with("abi-"));
+        assert_eq!((m.abi_major, m.abi_minor), (ABI_MAJOR, ABI_MINOR));
+        assert_eq!(m.panic, "unwind");
+        assert_eq!(m.families, vec!["abi-test"]);
+        assert_eq!(m.weight_formats, vec!["none"]);
+    }
+}
