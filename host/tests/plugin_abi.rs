@@ -1,0 +1,226 @@
+//! Plugins built in separate cargo invocations: the out-of-tree example, ABI-evolution variants,
+//! a wrong major, a missing symbol and a `panic = "abort"` build, loaded by the unmodified host.
+
+mod common;
+
+use berth::plugins::{PluginSet, PluginState};
+use berth_plugin_api::{BatchView, ErrorKind, LoadConfig};
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cargo_build(manifest: &Path, target_dir: &Path, extra: &[&str]) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--quiet", "--manifest-path"])
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(target_dir)
+        .args(extra)
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "building {}: {}",
+        manifest.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target_dir.join("debug")
+}
+
+/// Builds every external plugin once and returns the directory holding the libraries.
+fn external_plugins() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = repo_root();
+        let out = root.join("target/test-plugins");
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).unwrap();
+        let status = Command::new(root.join("tests/plugins/build-abi-variants"))
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "build-abi-variants: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let hello = root.join("docs/examples/hello-plugin/Cargo.toml");
+        let dir = cargo_build(&hello, &root.join("target/ext"), &[]);
+        std::fs::copy(dir.join("libhello_plugin.so"), out.join("libhello_plugin.so")).unwrap();
+        let dir = cargo_build(
+            &hello,
+            &root.join("target/ext-abort"),
+            &["--config", "profile.dev.panic=\"abort\""],
+        );
+        std::fs::copy(dir.join("libhello_plugin.so"), out.join("libhello_abort.so")).unwrap();
+        out
+    })
+}
+
+/// A plugin directory with every external plugin and the scripted one installed.
+fn installed(home: &Path) -> PathBuf {
+    let dir = home.join("plugins");
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(external_plugins())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "so"))
+        .collect();
+    libs.push(scripted_library());
+    for lib in libs {
+        berth_ok(
+            home,
+            None,
+            &[
+                "plugins",
+                "install",
+                lib.to_str().unwrap(),
+                "--dir",
+                dir.to_str().unwrap(),
+            ],
+        );
+    }
+    dir
+}
+
+fn status_of<'a>(json: &'a serde_json::Value, file: &str) -> &'a serde_json::Value {
+    json.as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["file"].as_str().unwrap().ends_with(file))
+        .unwrap_or_else(|| panic!("{file} not listed"))
+}
+
+#[test]
+fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    installed(home);
+    let json: serde_json::Value =
+        serde_json::from_str(&berth_ok(home, None, &["plugins", "--json"])).unwrap();
+    assert_eq!(status_of(&json, "libhello_plugin.so")["status"], "ok");
+    assert_eq!(status_of(&json, "libberth_scripted.so")["status"], "ok");
+    assert_eq!(status_of(&json, "libberth_abi_newer.so")["status"], "ok");
+    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.2");
+    assert_eq!(status_of(&json, "libberth_abi_older.so")["status"], "ok");
+    assert_eq!(status_of(&json, "libberth_abi_older.so")["abi"], "1.0");
+
+    let v2 = status_of(&json, "libberth_abi_v2.so");
+    assert_eq!(v2["status"], "refused");
+    assert_eq!(
+        v2["reason"],
+        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.1"
+    );
+    let nosym = status_of(&json, "libberth_abi_nosymbol.so");
+    assert_eq!(nosym["status"], "refused");
+    assert!(
+        nosym["reason"]
+            .as_str()
+            .unwrap()
+            .contains("has no `berth_plugin_entry_v1` symbol"),
+        "{nosym}"
+    );
+    let abort = status_of(&json, "libhello_abort.so");
+    assert_eq!(abort["status"], "refused");
+    assert!(
+        abort["reason"].as_str().unwrap().contains("panic = \"abort\""),
+        "{abort}"
+    );
+    for p in json.as_array().unwrap() {
+        if let Some(r) = p["reason"].as_str() {
+            assert!(!r.contains('\n'), "refusal is one line: {r}");
+            assert!(r.starts_with("plugin '"), "refusal names the plugin: {r}");
+        }
+    }
+
+    let table = berth_ok(home, None, &["plugins"]);
+    assert!(
+        table.contains("refused: plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_pack_served_by_the_out_of_tree_plugin_is_listed_with_plugin_ok() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    installed(&home);
+    let src = tmp.path().join("greeter");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("hello.json"), r#"{"greeting": [5, 6, 7]}"#).unwrap();
+    std::fs::write(
+        src.join("pack.toml"),
+        "name = \"greeter\"\ntag = \"v1\"\nfamily = \"hello\"\narchitecture = \"hello\"\nformat = \"hello\"\n\n[[files]]\npath = \"hello.json\"\nrole = \"weights\"\n",
+    )
+    .unwrap();
+    berth_ok(&home, None, &["import", src.to_str().unwrap()]);
+    let table = berth_ok(&home, None, &["list"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("greeter:v1"))
+        .expect("listed");
+    assert!(row.contains("hello") && row.contains(" ok "), "{table}");
+    let json: serde_json::Value = serde_json::from_str(&berth_ok(&home, None, &["list", "--json"])).unwrap();
+    assert_eq!(json[0]["plugin_name"], "hello");
+}
+
+fn greedy(row: &[f32]) -> usize {
+    (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap()
+}
+
+#[test]
+fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = installed(tmp.path());
+    let set = PluginSet::discover(&[dir]);
+    let find = |file: &str| set.records.iter().find(|r| r.library.ends_with(file)).unwrap();
+    let config = serde_json::to_string(&LoadConfig {
+        family: "abi-test".into(),
+        ..Default::default()
+    })
+    .unwrap();
+
+    for (file, minor) in [("libberth_abi_newer.so", 2), ("libberth_abi_older.so", 0)] {
+        let plugin = find(file)
+            .ready()
+            .unwrap_or_else(|| panic!("{file}: {:?}", find(file).state));
+        assert_eq!(plugin.abi_version(), (1, minor));
+        assert_eq!(plugin.probe(r#"{"family": "abi-test"}"#), 10);
+        let mut m = plugin.create(&config).unwrap();
+        assert_eq!(m.description().vocab_size, 16);
+        let mut logits = vec![0.0; 32];
+        let b = BatchView {
+            tokens: &[3, 4],
+            positions: &[0, 1],
+            seq_ids: &[0, 0],
+            want_logits: &[1, 1],
+        };
+        assert_eq!(m.decode(&b, &mut logits).unwrap(), 2);
+        assert_eq!((greedy(&logits[..16]), greedy(&logits[16..])), (1, 2));
+        let fork = m.seq_fork(0, 1);
+        if minor == 0 {
+            assert_eq!(
+                fork.unwrap_err().kind,
+                ErrorKind::Unsupported,
+                "1.0 has no seq_fork"
+            );
+        } else {
+            fork.unwrap();
+        }
+    }
+    // The refused plugins did not stop the others from loading.
+    assert!(matches!(
+        find("libberth_abi_v2.so").state,
+        PluginState::Refused(_)
+    ));
+    assert!(find("libhello_plugin.so").ready().is_some());
+    assert!(find("libberth_scripted.so").ready().is_some());
+}
