@@ -609,7 +609,10 @@ stop = ["<|im_end|>"]
         let mut m = PackManifest::new(&PackRef::parse("a:b").unwrap(), "");
         assert_eq!(m.problems(), vec!["no family given".to_string()]);
         m.family = "llama".into();
-        assert!(m.problems().is_empty(), "a family of a third-party plugin is not a problem here");
+        assert!(
+            m.problems().is_empty(),
+            "a family of a third-party plugin is not a problem here"
+        );
         m.family = "gemma".into();
         m.files.push(PackFile {
             path: "../escape".into(),
