@@ -9,4 +9,6 @@
 //! ([`attention`]). Every kernel has a portable scalar reference; on x86_64 the hot ones
 //! also have AVX2+FMA versions picked at runtime by CPU-feature detection.
 
+pub mod dot;
 pub mod quant;
+pub mod testutil;
