@@ -10,5 +10,7 @@
 //! also have AVX2+FMA versions picked at runtime by CPU-feature detection.
 
 pub mod dot;
+pub mod matmul;
+pub mod pool;
 pub mod quant;
 pub mod testutil;
