@@ -11,6 +11,7 @@
 
 pub mod dot;
 pub mod matmul;
+pub mod ops;
 pub mod pool;
 pub mod quant;
 pub mod testutil;
