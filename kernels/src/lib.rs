@@ -9,6 +9,7 @@
 //! ([`attention`]). Every kernel has a portable scalar reference; on x86_64 the hot ones
 //! also have AVX2+FMA versions picked at runtime by CPU-feature detection.
 
+pub mod attention;
 pub mod dot;
 pub mod matmul;
 pub mod ops;
