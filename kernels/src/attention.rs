@@ -46,7 +46,7 @@ impl AttentionParams {
 
     fn check(&self, q: &[f32], pos_end: usize, k: &[f32], v: &[f32], out: &[f32]) {
         assert!(
-            self.n_kv_heads > 0 && self.n_heads % self.n_kv_heads == 0,
+            self.n_kv_heads > 0 && self.n_heads.is_multiple_of(self.n_kv_heads),
             "GQA shape"
         );
         let kv = pos_end * self.n_kv_heads * self.head_dim;

@@ -70,6 +70,7 @@ pub fn matmul_quantized(
 }
 
 /// `out[i][r] = dot(W[r], x[i])` for `x` of `m` rows (`x.len() / k`); `act` is scratch.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     wtype: WeightType,
     w: &[u8],
@@ -85,6 +86,7 @@ pub fn matmul(
 }
 
 /// `out[r] = dot(W[r], x)` for a single activation row; `act` is scratch.
+#[allow(clippy::too_many_arguments)]
 pub fn matvec(
     wtype: WeightType,
     w: &[u8],

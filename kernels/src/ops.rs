@@ -412,7 +412,7 @@ impl RopeCache {
         layout: RopeLayout,
     ) -> RopeCache {
         assert!(
-            rotary_dim <= head_dim && rotary_dim % 2 == 0,
+            rotary_dim <= head_dim && rotary_dim.is_multiple_of(2),
             "bad rotary_dim"
         );
         let inv_freq = (0..rotary_dim / 2)
@@ -465,7 +465,9 @@ pub fn rope_in_place(
     layout: RopeLayout,
     freq_scale: f32,
 ) {
-    assert!(rotary_dim <= head_dim && rotary_dim % 2 == 0 && x.len() >= n_heads * head_dim);
+    assert!(
+        rotary_dim <= head_dim && rotary_dim.is_multiple_of(2) && x.len() >= n_heads * head_dim
+    );
     let half = rotary_dim / 2;
     for i in 0..half {
         let f = freq_scale * theta_base.powf(-2.0 * i as f32 / rotary_dim as f32);

@@ -316,17 +316,17 @@ fn check(src: &[u8], dst: &[f32], bs: usize, bb: usize) -> usize {
 
 /// Decodes a row of little-endian f32.
 pub fn dequantize_row_f32(src: &[u8], dst: &mut [f32]) {
-    let n = check(src, dst, 1, 4);
-    for i in 0..n {
-        dst[i] = rd_f32(src, 4 * i);
+    check(src, dst, 1, 4);
+    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
 }
 
 /// Decodes a row of f16.
 pub fn dequantize_row_f16(src: &[u8], dst: &mut [f32]) {
-    let n = check(src, dst, 1, 2);
-    for i in 0..n {
-        dst[i] = rd_f16(src, 2 * i);
+    check(src, dst, 1, 2);
+    for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
     }
 }
 

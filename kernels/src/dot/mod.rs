@@ -187,7 +187,10 @@ impl QuantizedActivations {
     /// Quantizes `x.len() / n` rows of `n` elements each, reusing this holder's buffers.
     pub fn quantize_into(&mut self, wtype: WeightType, x: &[f32], n: usize) {
         let format = wtype.act_format();
-        assert!(n > 0 && x.len() % n == 0, "x must hold whole rows of n");
+        assert!(
+            n > 0 && x.len().is_multiple_of(n),
+            "x must hold whole rows of n"
+        );
         assert_eq!(
             n % format.block_size(),
             0,
