@@ -19,6 +19,14 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Reads a little-endian f16 at `b[off..off + 2]` and converts it with F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16c(b: &[u8], off: usize) -> f32 {
+    let h = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
 /// Horizontal sum of eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -59,65 +67,92 @@ unsafe fn load256(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
+/// Scaled i8 dot product of one 32-element block pair, as eight f32 partial sums.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK;
-    assert!(w.len() >= nb * Q4_0_BYTES && a.len() >= nb * Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    let eight = _mm256_set1_epi8(8);
-    for i in 0..nb {
-        let x = &w[i * Q4_0_BYTES..];
-        let y = &a[i * Q8_0_BYTES..];
-        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
-        // SAFETY: bounds asserted above (18-byte and 34-byte blocks).
-        let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
-        let qx = _mm256_sub_epi8(qx, eight);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
-    }
-    hsum_ps(acc)
+fn block_q4_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
+    assert!(x.len() >= Q4_0_BYTES && y.len() >= Q8_0_BYTES);
+    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
+    // SAFETY: lengths asserted above (18-byte and 34-byte blocks).
+    let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
+    let qx = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
+    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
 }
 
+/// Q5_0 counterpart of [`block_q4_0`].
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK;
-    assert!(w.len() >= nb * Q5_0_BYTES && a.len() >= nb * Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
+fn block_q5_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
+    assert!(x.len() >= Q5_0_BYTES && y.len() >= Q8_0_BYTES);
     let shuf = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
         3, 3,
     );
     let bitmask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let sixteen = _mm256_set1_epi8(16);
-    for i in 0..nb {
-        let x = &w[i * Q5_0_BYTES..];
-        let y = &a[i * Q8_0_BYTES..];
-        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
-        let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
-        let hb = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
-        let hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bitmask), bitmask);
-        // SAFETY: bounds asserted above (22-byte and 34-byte blocks).
-        let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(6)), load256(y.as_ptr().add(2))) };
-        let qx = _mm256_or_si256(qx, _mm256_and_si256(hb, sixteen));
-        let qx = _mm256_sub_epi8(qx, sixteen);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
+    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
+    let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+    let hb = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
+    let hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bitmask), bitmask);
+    // SAFETY: lengths asserted above (22-byte and 34-byte blocks).
+    let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(6)), load256(y.as_ptr().add(2))) };
+    // q - 16 = nibble - 16 where the fifth bit is clear, nibble where it is set.
+    let qx = _mm256_sub_epi8(qx, _mm256_andnot_si256(hb, sixteen));
+    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
+}
+
+/// Q8_0 counterpart of [`block_q4_0`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_q8_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
+    assert!(x.len() >= Q8_0_BYTES && y.len() >= Q8_0_BYTES);
+    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
+    // SAFETY: lengths asserted above (34-byte blocks).
+    let (qx, qy) = unsafe { (load256(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
+    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
+}
+
+/// Runs a 32-element block kernel over a row with two independent accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_0<F: Fn(&[u8], &[u8]) -> (__m256, __m256)>(
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    xb: usize,
+    block: F,
+) -> f32 {
+    let nb = n / QK;
+    assert!(w.len() >= nb * xb && a.len() >= nb * Q8_0_BYTES);
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 2 <= nb {
+        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
+        let (d1, p1) = block(&w[(i + 1) * xb..], &a[(i + 1) * Q8_0_BYTES..]);
+        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
+        acc1 = _mm256_fmadd_ps(d1, p1, acc1);
+        i += 2;
     }
-    hsum_ps(acc)
+    if i < nb {
+        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
+        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK;
-    assert!(w.len() >= nb * Q8_0_BYTES && a.len() >= nb * Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let x = &w[i * Q8_0_BYTES..];
-        let y = &a[i * Q8_0_BYTES..];
-        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
-        // SAFETY: bounds asserted above (34-byte blocks).
-        let (qx, qy) = unsafe { (load256(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
-    }
-    hsum_ps(acc)
+fn q4_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    row_0(w, a, n, Q4_0_BYTES, |x, y| block_q4_0(x, y))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    row_0(w, a, n, Q5_0_BYTES, |x, y| block_q5_0(x, y))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    row_0(w, a, n, Q8_0_BYTES, |x, y| block_q8_0(x, y))
 }
 
 /// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])`.
@@ -142,7 +177,7 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let yd = rd_f32(y, 0);
         let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
-        accm += rd_f16(x, 2) * yd * k_min_sum(y, &m) as f32;
+        accm += f16c(x, 2) * yd * k_min_sum(y, &m) as f32;
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
             // SAFETY: x has 144 bytes (qs at 16..144), y has 292 (qs at 4..260).
@@ -165,7 +200,7 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        let d = _mm256_set1_ps(rd_f16(x, 0) * yd);
+        let d = _mm256_set1_ps(f16c(x, 0) * yd);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - accm
@@ -184,7 +219,7 @@ unsafe fn q5_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let yd = rd_f32(y, 0);
         let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
-        accm += rd_f16(x, 2) * yd * k_min_sum(y, &m) as f32;
+        accm += f16c(x, 2) * yd * k_min_sum(y, &m) as f32;
         // SAFETY: x has 176 bytes; qh at 16..48.
         let hbits = unsafe { load256(x.as_ptr().add(16)) };
         let mut sumi = _mm256_setzero_si256();
@@ -213,7 +248,7 @@ unsafe fn q5_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        let d = _mm256_set1_ps(rd_f16(x, 0) * yd);
+        let d = _mm256_set1_ps(f16c(x, 0) * yd);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - accm
@@ -273,7 +308,7 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             }
         }
         let total = hsum_epi32(sumi) - 32 * off;
-        sum += rd_f16(x, 208) * rd_f32(y, 0) * total as f32;
+        sum += f16c(x, 208) * rd_f32(y, 0) * total as f32;
     }
     sum
 }
