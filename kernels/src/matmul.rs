@@ -81,7 +81,7 @@ pub fn matmul(
     act: &mut QuantizedActivations,
     pool: &ThreadPool,
 ) {
-    act.quantize_into(wtype, x, k);
+    act.quantize_into_par(wtype, x, k, pool);
     matmul_quantized(wtype, w, rows, k, act, out, pool);
 }
 

@@ -219,6 +219,48 @@ impl QuantizedActivations {
         }
     }
 
+    /// Like [`QuantizedActivations::quantize_into`], quantizing rows in parallel on `pool`.
+    pub fn quantize_into_par(
+        &mut self,
+        wtype: WeightType,
+        x: &[f32],
+        n: usize,
+        pool: &crate::pool::ThreadPool,
+    ) {
+        let format = wtype.act_format();
+        let rows = if n > 0 { x.len() / n } else { 0 };
+        if format == ActFormat::F32 || rows < 2 || pool.n_threads() == 1 {
+            return self.quantize_into(wtype, x, n);
+        }
+        assert!(x.len().is_multiple_of(n), "x must hold whole rows of n");
+        assert!(
+            n.is_multiple_of(format.block_size()),
+            "n must be a multiple of the block size"
+        );
+        self.format = format;
+        self.n = n;
+        self.rows = rows;
+        let rb = format.row_bytes(n);
+        self.bytes.resize(rb * rows, 0);
+        struct Dst(*mut u8);
+        // SAFETY: each parallel chunk writes only its own row's disjoint byte range.
+        unsafe impl Sync for Dst {}
+        let dst = Dst(self.bytes.as_mut_ptr());
+        pool.parallel_for(rows, |i| {
+            let dst = &dst;
+            // SAFETY: i < rows and the buffer holds rows * rb bytes; row i's range
+            // [i*rb, (i+1)*rb) is touched by this chunk only, while `self.bytes` is
+            // mutably borrowed for the whole parallel_for.
+            let br = unsafe { std::slice::from_raw_parts_mut(dst.0.add(i * rb), rb) };
+            let xr = &x[i * n..(i + 1) * n];
+            if format == ActFormat::Q8_0 {
+                quantize_row_q8_0_into(xr, br);
+            } else {
+                quantize_row_q8_k_into(xr, br);
+            }
+        });
+    }
+
     /// Activation format held.
     pub fn format(&self) -> ActFormat {
         self.format

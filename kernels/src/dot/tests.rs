@@ -106,3 +106,27 @@ fn multi_row_activations() {
         vec_dot(WeightType::Q4_K, &row, &single, n)
     );
 }
+
+#[test]
+fn parallel_quantization_matches_serial() {
+    let mut rng = XorShift::new(8);
+    let pool = crate::pool::ThreadPool::new(3);
+    for wtype in [WeightType::Q4_0, WeightType::Q6_K, WeightType::F16] {
+        let n = 512;
+        let x = rng.vec(7 * n);
+        let mut a = QuantizedActivations::new();
+        let mut b = QuantizedActivations::new();
+        a.quantize_into(wtype, &x, n);
+        b.quantize_into_par(wtype, &x, n, &pool);
+        assert_eq!(a.rows(), b.rows());
+        for i in 0..a.rows() {
+            match (a.row(i), b.row(i)) {
+                (ActRow::F32(p), ActRow::F32(q)) => assert_eq!(p, q),
+                (ActRow::Q8_0(p), ActRow::Q8_0(q)) | (ActRow::Q8_K(p), ActRow::Q8_K(q)) => {
+                    assert_eq!(p, q)
+                }
+                _ => panic!("format mismatch"),
+            }
+        }
+    }
+}
