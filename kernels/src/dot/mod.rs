@@ -41,7 +41,13 @@ pub struct DotTable {
     pub bf16: FDotFn,
     /// Plain f32 slice dot product.
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// Optional kernel for one quantized weight row against four activation rows
+    /// (quantized-activation byte rows); returns None for types it does not cover.
+    pub dot4: Option<Dot4Fn>,
 }
+
+/// One weight row · four quantized activation rows: `(wtype, row, acts, n)`.
+pub type Dot4Fn = fn(WeightType, &[u8], &[&[u8]; 4], usize) -> Option<[f32; 4]>;
 
 impl DotTable {
     /// The portable scalar reference kernels.
@@ -58,6 +64,7 @@ impl DotTable {
             f16: scalar::f16_f32,
             bf16: scalar::bf16_f32,
             dot_f32: scalar::dot_f32,
+            dot4: None,
         }
     }
 
@@ -79,10 +86,37 @@ impl DotTable {
                     f16: avx2::f16_f32,
                     bf16: avx2::bf16_f32,
                     dot_f32: avx2::dot_f32,
+                    dot4: Some(avx2::dot4),
                 };
             }
             DotTable::scalar()
         })
+    }
+
+    /// Dot products of a weight row with four activation rows, decoding the weights once
+    /// where a multi-row kernel exists.
+    #[inline]
+    pub fn vec_dot4(
+        &self,
+        wtype: WeightType,
+        row: &[u8],
+        acts: [ActRow<'_>; 4],
+        n: usize,
+    ) -> [f32; 4] {
+        if let Some(f) = self.dot4 {
+            let bytes = acts.map(|a| match a {
+                ActRow::Q8_0(b) | ActRow::Q8_K(b) => Some(b),
+                ActRow::F32(_) => None,
+            });
+            if let [Some(a0), Some(a1), Some(a2), Some(a3)] = bytes {
+                if acts.iter().all(|a| a.format() == wtype.act_format()) {
+                    if let Some(r) = f(wtype, row, &[a0, a1, a2, a3], n) {
+                        return r;
+                    }
+                }
+            }
+        }
+        acts.map(|a| self.vec_dot(wtype, row, a, n))
     }
 
     /// Dot product of a weight row with one activation row using this table.

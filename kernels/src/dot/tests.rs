@@ -130,3 +130,28 @@ fn parallel_quantization_matches_serial() {
         }
     }
 }
+
+#[test]
+fn dot4_matches_single_row() {
+    let mut rng = XorShift::new(10);
+    let best = DotTable::best();
+    for wtype in WeightType::ALL {
+        let n = 768;
+        let row = random_row(&mut rng, wtype, n);
+        let x = rng.vec(4 * n);
+        let mut q = QuantizedActivations::new();
+        q.quantize_into(wtype, &x, n);
+        let got = best.vec_dot4(wtype, &row, [q.row(0), q.row(1), q.row(2), q.row(3)], n);
+        let mut wd = vec![0.0; n];
+        wtype.dequantize_row(&row, &mut wd);
+        for r in 0..4 {
+            let e = DotTable::scalar().vec_dot(wtype, &row, q.row(r), n);
+            let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + 1e-6;
+            assert!(
+                (got[r] - e).abs() <= tol,
+                "{wtype:?} r={r}: {} vs {e}",
+                got[r]
+            );
+        }
+    }
+}
