@@ -290,16 +290,23 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Unpacks all eight 6-bit scales and mins of a Q4_K/Q5_K block.
+/// Unpacks all eight 6-bit scales and mins of a Q4_K/Q5_K block (word-parallel form of
+/// [`scale_min_k4`]).
 #[inline]
 pub fn unpack_scales_mins_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let a = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let b = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let c = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    let sc_lo = a & 0x3f3f_3f3f;
+    let m_lo = b & 0x3f3f_3f3f;
+    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
     let mut sc = [0u8; 8];
     let mut m = [0u8; 8];
-    for j in 0..8 {
-        let (a, b) = scale_min_k4(j, q);
-        sc[j] = a;
-        m[j] = b;
-    }
+    sc[..4].copy_from_slice(&sc_lo.to_le_bytes());
+    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
+    m[..4].copy_from_slice(&m_lo.to_le_bytes());
+    m[4..].copy_from_slice(&m_hi.to_le_bytes());
     (sc, m)
 }
 
@@ -698,6 +705,18 @@ mod tests {
             for j in 0..16 {
                 let s: i32 = (0..16).map(|l| b[4 + 16 * j + l] as i8 as i32).sum();
                 assert_eq!(rd_i16(b, 260 + 2 * j) as i32, s);
+            }
+        }
+    }
+
+    #[test]
+    fn scale_unpack_forms_agree() {
+        let mut rng = crate::testutil::XorShift::new(12);
+        for _ in 0..1000 {
+            let q = rng.bytes(12);
+            let (sc, m) = unpack_scales_mins_k4(&q);
+            for j in 0..8 {
+                assert_eq!((sc[j], m[j]), scale_min_k4(j, &q));
             }
         }
     }
