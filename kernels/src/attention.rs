@@ -58,6 +58,38 @@ impl AttentionParams {
     }
 }
 
+/// One query head against its KV head `g`: scores into `s`, weighted values into `oh`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn attend_head(
+    p: &AttentionParams,
+    qh: &[f32],
+    pos: usize,
+    g: usize,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    scores: &mut [f32],
+    oh: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let start = p.first_pos(pos);
+    let s = &mut scores[..pos + 1 - start];
+    let stride = p.n_kv_heads * hd;
+    for (j, sj) in s.iter_mut().enumerate() {
+        let off = (start + j) * stride + g * hd;
+        *sj = dot_f32(qh, &k_cache[off..off + hd]) * p.scale;
+    }
+    if let Some(cap) = p.softcap {
+        s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+    }
+    softmax_in_place(s);
+    oh.fill(0.0);
+    for (j, &w) in s.iter().enumerate() {
+        let off = (start + j) * stride + g * hd;
+        axpy(oh, w, &v_cache[off..off + hd]);
+    }
+}
+
 /// Attention for the query heads of one token at `pos`, fast path.
 ///
 /// `scores` needs at least `pos + 1` entries (or `window` with a window).
@@ -73,29 +105,60 @@ pub fn attention_one(
     let hd = p.head_dim;
     assert!(q.len() >= p.n_heads * hd);
     p.check(&q[..p.n_heads * hd], pos + 1, k_cache, v_cache, out);
-    let start = p.first_pos(pos);
-    let len = pos + 1 - start;
-    let s = &mut scores[..len];
-    let stride = p.n_kv_heads * hd;
     let group = p.n_heads / p.n_kv_heads;
     for h in 0..p.n_heads {
-        let g = h / group;
         let qh = &q[h * hd..(h + 1) * hd];
-        for (j, sj) in s.iter_mut().enumerate() {
-            let off = (start + j) * stride + g * hd;
-            *sj = dot_f32(qh, &k_cache[off..off + hd]) * p.scale;
-        }
-        if let Some(cap) = p.softcap {
-            s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
-        }
-        softmax_in_place(s);
         let oh = &mut out[h * hd..(h + 1) * hd];
-        oh.fill(0.0);
-        for (j, &w) in s.iter().enumerate() {
-            let off = (start + j) * stride + g * hd;
-            axpy(oh, w, &v_cache[off..off + hd]);
-        }
+        attend_head(p, qh, pos, h / group, k_cache, v_cache, scores, oh);
     }
+}
+
+/// Multi-threaded attention for `m` tokens starting at `first_pos` (`m = 1` for decode),
+/// parallel over (token, head) pairs. `scores` needs `pool.n_threads() * (first_pos + m)`
+/// entries (one slice per thread).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_par(
+    p: &AttentionParams,
+    q: &[f32],
+    m: usize,
+    first_pos: usize,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    scores: &mut [f32],
+    out: &mut [f32],
+    pool: &crate::pool::ThreadPool,
+) {
+    let hd = p.head_dim;
+    let w = p.n_heads * hd;
+    let ctx = first_pos + m;
+    assert!(q.len() >= m * w && out.len() >= m * w, "q/out too short");
+    p.check(&q[..m * w], ctx, k_cache, v_cache, out);
+    let nt = pool.n_threads();
+    assert!(
+        scores.len() >= nt * ctx,
+        "scores needs n_threads * (first_pos + m) entries"
+    );
+    struct Shared(*mut f32, *mut f32);
+    // SAFETY: output slices are disjoint per (token, head) chunk, and score slices are
+    // disjoint per thread index, which parallel_for_indexed never hands to two running
+    // chunks at once; both buffers stay mutably borrowed for the whole call.
+    unsafe impl Sync for Shared {}
+    let ptrs = Shared(out.as_mut_ptr(), scores.as_mut_ptr());
+    let group = p.n_heads / p.n_kv_heads;
+    pool.parallel_for_indexed(m * p.n_heads, |c, t| {
+        let ptrs = &ptrs;
+        let (i, h) = (c / p.n_heads, c % p.n_heads);
+        // SAFETY: see `Shared`; c < m * n_heads so the output range is in bounds, and
+        // t < n_threads so the scores range is in bounds (both asserted above).
+        let (oh, s) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(ptrs.0.add(i * w + h * hd), hd),
+                std::slice::from_raw_parts_mut(ptrs.1.add(t * ctx), ctx),
+            )
+        };
+        let qh = &q[i * w + h * hd..i * w + (h + 1) * hd];
+        attend_head(p, qh, first_pos + i, h / group, k_cache, v_cache, s, oh);
+    });
 }
 
 /// Scalar reference of [`attention_one`].
@@ -293,6 +356,11 @@ mod tests {
             attention_prefill(&p, &q, m, first, &k, &v, &mut scores, &mut a);
             attention_prefill_reference(&p, &q, m, first, &k, &v, &mut scores, &mut b);
             close(&a, &b, 1e-5, "prefill fast vs reference");
+            let pool = crate::pool::ThreadPool::new(3);
+            let mut big = vec![0.0; 3 * n_ctx];
+            let mut c = vec![0.0; m * nh * hd];
+            attention_par(&p, &q, m, first, &k, &v, &mut big, &mut c, &pool);
+            assert_eq!(a, c, "parallel attention differs");
             let w = nh * hd;
             for i in 0..m {
                 let e = naive(&p, &q[i * w..(i + 1) * w], first + i, &k, &v, n_ctx);

@@ -18,7 +18,7 @@ thread_local! {
     static IN_WORKER: Cell<bool> = const { Cell::new(false) };
 }
 
-type JobFn<'a> = dyn Fn(usize) + Sync + 'a;
+type JobFn<'a> = dyn Fn(usize, usize) + Sync + 'a;
 
 #[derive(Clone, Copy)]
 struct JobPtr(*const JobFn<'static>);
@@ -73,7 +73,7 @@ impl ThreadPool {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("berth-worker-{i}"))
-                    .spawn(move || worker_loop(&s))
+                    .spawn(move || worker_loop(&s, i))
                     .expect("spawn worker thread")
             })
             .collect();
@@ -92,11 +92,18 @@ impl ThreadPool {
     /// Calls `f(i)` for every `i` in `0..n_chunks`, spread over the pool; returns when all
     /// calls are done. Nested calls from inside a job run serially on the calling worker.
     pub fn parallel_for<F: Fn(usize) + Sync>(&self, n_chunks: usize, f: F) {
+        self.parallel_for_indexed(n_chunks, |i, _| f(i));
+    }
+
+    /// Like [`ThreadPool::parallel_for`], but also passes the index (`< n_threads()`) of the
+    /// thread running the chunk, so callers can give each thread its own scratch space.
+    /// Calls running at the same time within one job always get distinct thread indices.
+    pub fn parallel_for_indexed<F: Fn(usize, usize) + Sync>(&self, n_chunks: usize, f: F) {
         if n_chunks == 0 {
             return;
         }
         if self.workers.is_empty() || n_chunks == 1 || IN_WORKER.with(|w| w.get()) {
-            (0..n_chunks).for_each(f);
+            (0..n_chunks).for_each(|i| f(i, 0));
             return;
         }
         let _serial = self.call_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -120,7 +127,7 @@ impl ThreadPool {
         // Mark this thread as inside a job so nested parallel_for calls run inline
         // instead of re-taking `call_lock`.
         IN_WORKER.with(|w| w.set(true));
-        let mine = catch_unwind(AssertUnwindSafe(|| run_chunks(s, &f)));
+        let mine = catch_unwind(AssertUnwindSafe(|| run_chunks(s, &f, 0)));
         IN_WORKER.with(|w| w.set(false));
         // Wait for every worker to finish with the job.
         let mut spins = 0;
@@ -154,18 +161,18 @@ fn spin_pause(i: usize) {
     }
 }
 
-fn run_chunks(s: &Shared, f: &JobFn<'_>) {
+fn run_chunks(s: &Shared, f: &JobFn<'_>, thread: usize) {
     let n = s.n_chunks.load(Ordering::Relaxed);
     loop {
         let i = s.next_chunk.fetch_add(1, Ordering::Relaxed);
         if i >= n {
             break;
         }
-        f(i);
+        f(i, thread);
     }
 }
 
-fn worker_loop(s: &Shared) {
+fn worker_loop(s: &Shared, index: usize) {
     IN_WORKER.with(|w| w.set(true));
     let mut seen = 0usize;
     loop {
@@ -188,7 +195,7 @@ fn worker_loop(s: &Shared) {
         // SAFETY: the caller of parallel_for keeps the closure alive until `active`
         // reaches zero, which happens only after this worker's decrement below.
         let f = unsafe { &*job.0 };
-        if catch_unwind(AssertUnwindSafe(|| run_chunks(s, f))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| run_chunks(s, f, index))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
         }
         if s.active.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -273,6 +280,24 @@ mod tests {
             count.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(count.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn thread_indices_are_distinct_and_in_range() {
+        let pool = ThreadPool::new(4);
+        let busy: Vec<AtomicBool> = (0..4).map(|_| AtomicBool::new(false)).collect();
+        let done = AtomicUsize::new(0);
+        pool.parallel_for_indexed(200, |_, t| {
+            assert!(t < pool.n_threads());
+            assert!(
+                !busy[t].swap(true, Ordering::SeqCst),
+                "index {t} used twice at once"
+            );
+            std::hint::black_box((0..1000).sum::<usize>());
+            busy[t].store(false, Ordering::SeqCst);
+            done.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(done.load(Ordering::Relaxed), 200);
     }
 
     #[test]

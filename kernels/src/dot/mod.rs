@@ -262,7 +262,7 @@ impl QuantizedActivations {
         pool: &crate::pool::ThreadPool,
     ) {
         let format = wtype.act_format();
-        let rows = if n > 0 { x.len() / n } else { 0 };
+        let rows = x.len().checked_div(n).unwrap_or(0);
         if format == ActFormat::F32 || rows < 2 || pool.n_threads() == 1 {
             return self.quantize_into(wtype, x, n);
         }
