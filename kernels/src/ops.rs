@@ -3,6 +3,7 @@
 //! Public functions pick an AVX2 path at runtime where it matters; the scalar versions in
 //! [`reference`] define the semantics and are what the tests compare against.
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use crate::dot::has_avx2;
 
 /// How the RMS-norm weight is applied.

@@ -122,6 +122,10 @@ impl DotTable {
     /// Dot product of a weight row with one activation row using this table.
     #[inline]
     pub fn vec_dot(&self, wtype: WeightType, row: &[u8], act: ActRow<'_>, n: usize) -> f32 {
+        assert!(
+            n.is_multiple_of(wtype.block_size()) && row.len() >= wtype.row_bytes(n),
+            "weight row must hold n elements in whole blocks"
+        );
         match (wtype, act) {
             (WeightType::Q4_0, ActRow::Q8_0(a)) => (self.q4_0)(row, a, n),
             (WeightType::Q5_0, ActRow::Q8_0(a)) => (self.q5_0)(row, a, n),
@@ -140,12 +144,14 @@ impl DotTable {
     }
 }
 
-/// True when the CPU has AVX2, FMA and F16C (checked once).
+/// True when the CPU has AVX2, FMA and F16C (checked once); setting the environment
+/// variable `BERTH_FORCE_SCALAR=1` forces the scalar kernels.
 #[cfg(target_arch = "x86_64")]
 pub fn has_avx2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
+        std::env::var_os("BERTH_FORCE_SCALAR").is_none_or(|v| v.is_empty() || v == "0")
+            && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
     })
