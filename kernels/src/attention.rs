@@ -263,14 +263,7 @@ mod tests {
     use crate::testutil::XorShift;
 
     /// Full masked softmax over every cached position, in f64.
-    fn naive(
-        p: &AttentionParams,
-        q: &[f32],
-        pos: usize,
-        k: &[f32],
-        v: &[f32],
-        n_ctx: usize,
-    ) -> Vec<f32> {
+    fn naive(p: &AttentionParams, q: &[f32], pos: usize, k: &[f32], v: &[f32], n_ctx: usize) -> Vec<f32> {
         let hd = p.head_dim;
         let stride = p.n_kv_heads * hd;
         let group = p.n_heads / p.n_kv_heads;
@@ -308,10 +301,7 @@ mod tests {
 
     fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                (x - y).abs() <= tol * (1.0 + y.abs()),
-                "{what} [{i}] {x} vs {y}"
-            );
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what} [{i}] {x} vs {y}");
         }
     }
 
@@ -341,12 +331,7 @@ mod tests {
                 attention_one(&p, &q, pos, &k, &v, &mut scores, &mut a);
                 attention_one_reference(&p, &q, pos, &k, &v, &mut scores, &mut b);
                 close(&a, &b, 1e-5, "fast vs reference");
-                close(
-                    &a,
-                    &naive(&p, &q, pos, &k, &v, n_ctx),
-                    1e-5,
-                    "fast vs naive",
-                );
+                close(&a, &naive(&p, &q, pos, &k, &v, n_ctx), 1e-5, "fast vs naive");
             }
             // Prefill of rows 10..23 with a causal mask.
             let (first, m) = (10usize, 13usize);

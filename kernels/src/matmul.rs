@@ -123,9 +123,7 @@ mod tests {
         let mut act = QuantizedActivations::new();
         for wtype in WeightType::ALL {
             let (rows, k, m) = (37, 512, 11);
-            let w: Vec<u8> = (0..rows)
-                .flat_map(|_| random_row(&mut rng, wtype, k))
-                .collect();
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
             let x = rng.vec(m * k);
             let mut out = vec![0.0; m * rows];
             matmul(wtype, &w, rows, k, &x, &mut out, &mut act, &pool);
@@ -135,10 +133,7 @@ mod tests {
                 for r in 0..rows {
                     let e = crate::dot::vec_dot(wtype, &w[r * rb..(r + 1) * rb], &q, k);
                     let got = out[i * rows + r];
-                    assert!(
-                        (got - e).abs() <= 1e-4 * (1.0 + e.abs()),
-                        "{wtype:?} i={i} r={r}"
-                    );
+                    assert!((got - e).abs() <= 1e-4 * (1.0 + e.abs()), "{wtype:?} i={i} r={r}");
                 }
             }
             let mut o1 = vec![0.0; rows];

@@ -37,11 +37,7 @@ pub mod reference {
     /// RMS norm of `x` into `out`.
     pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32, style: NormStyle) {
         let s = rms_scale(x, eps);
-        let off = if style == NormStyle::OnePlus {
-            1.0
-        } else {
-            0.0
-        };
+        let off = if style == NormStyle::OnePlus { 1.0 } else { 0.0 };
         for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
             *o = v * s * (g + off);
         }
@@ -190,12 +186,7 @@ mod avx2 {
         let mut c = x.chunks_exact_mut(8);
         for ch in &mut c {
             // SAFETY: ch has exactly 8 f32.
-            unsafe {
-                _mm256_storeu_ps(
-                    ch.as_mut_ptr(),
-                    _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), vs),
-                )
-            };
+            unsafe { _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), vs)) };
         }
         c.into_remainder().iter_mut().for_each(|v| *v *= s);
     }
@@ -296,11 +287,7 @@ pub fn sum_squares(x: &[f32]) -> f32 {
 pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32, style: NormStyle) {
     assert!(x.len() == out.len() && w.len() >= x.len());
     let s = 1.0 / (sum_squares(x) / x.len() as f32 + eps).sqrt();
-    let off = if style == NormStyle::OnePlus {
-        1.0
-    } else {
-        0.0
-    };
+    let off = if style == NormStyle::OnePlus { 1.0 } else { 0.0 };
     simd_or!(avx2::scale_mul(out, x, w, s, off), {
         for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
             *o = v * s * (g + off);
@@ -312,11 +299,7 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32, style: NormStyl
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32, style: NormStyle) {
     assert!(w.len() >= x.len());
     let s = 1.0 / (sum_squares(x) / x.len() as f32 + eps).sqrt();
-    let off = if style == NormStyle::OnePlus {
-        1.0
-    } else {
-        0.0
-    };
+    let off = if style == NormStyle::OnePlus { 1.0 } else { 0.0 };
     for (v, &g) in x.iter_mut().zip(w) {
         *v *= s * (g + off);
     }
@@ -466,9 +449,7 @@ pub fn rope_in_place(
     layout: RopeLayout,
     freq_scale: f32,
 ) {
-    assert!(
-        rotary_dim <= head_dim && rotary_dim.is_multiple_of(2) && x.len() >= n_heads * head_dim
-    );
+    assert!(rotary_dim <= head_dim && rotary_dim.is_multiple_of(2) && x.len() >= n_heads * head_dim);
     let half = rotary_dim / 2;
     for i in 0..half {
         let f = freq_scale * theta_base.powf(-2.0 * i as f32 / rotary_dim as f32);
@@ -512,12 +493,7 @@ mod tests {
             let y = avx2::exp8(x);
             for k in 0..8 {
                 let e = x[k].exp();
-                assert!(
-                    (y[k] - e).abs() <= 3e-7 * e,
-                    "exp({}) = {} vs {e}",
-                    x[k],
-                    y[k]
-                );
+                assert!((y[k] - e).abs() <= 3e-7 * e, "exp({}) = {} vs {e}", x[k], y[k]);
             }
         }
         let y = avx2::exp8([f32::NEG_INFINITY, -100.0, 0.0, 1.0, -1.0, 88.7, -87.0, 10.0]);
@@ -551,11 +527,7 @@ mod tests {
             let g = rng.vec(n);
             let mut a = x.clone();
             swiglu(&mut a, &g);
-            let e: Vec<f32> = x
-                .iter()
-                .zip(&g)
-                .map(|(v, g)| reference::silu(*v) * g)
-                .collect();
+            let e: Vec<f32> = x.iter().zip(&g).map(|(v, g)| reference::silu(*v) * g).collect();
             close(&a, &e, 1e-5);
             let mut a = x.clone();
             geglu_tanh(&mut a, &g);
@@ -612,11 +584,7 @@ mod tests {
                 }
                 // Pair 0 rotates by exactly pos radians.
                 let (s, c) = 5f32.sin_cos();
-                let q = if layout == RopeLayout::Normal {
-                    1
-                } else {
-                    rot / 2
-                };
+                let q = if layout == RopeLayout::Normal { 1 } else { rot / 2 };
                 assert!((a[0] - (x[0] * c - x[q] * s)).abs() < 1e-6);
             }
         }

@@ -112,8 +112,7 @@ impl ThreadPool {
         // SAFETY: only the lifetime is erased. The pointer is cleared from the slot and
         // every worker has signalled completion (active == 0) before this function
         // returns or unwinds, so the closure outlives every use.
-        let job =
-            JobPtr(unsafe { std::mem::transmute::<*const JobFn<'_>, *const JobFn<'static>>(fref) });
+        let job = JobPtr(unsafe { std::mem::transmute::<*const JobFn<'_>, *const JobFn<'static>>(fref) });
         s.next_chunk.store(0, Ordering::Relaxed);
         s.n_chunks.store(n_chunks, Ordering::Relaxed);
         s.active.store(self.workers.len(), Ordering::Relaxed);

@@ -617,16 +617,12 @@ pub fn quantize_row_q5_0(x: &[f32]) -> Vec<u8> {
 
 /// Encodes f32 values as a row of f16 bytes.
 pub fn quantize_row_f16(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|&v| f32_to_f16(v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect()
 }
 
 /// Encodes f32 values as a row of bf16 bytes.
 pub fn quantize_row_bf16(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|&v| f32_to_bf16(v).to_le_bytes()).collect()
 }
 
 /// Encodes f32 values as a row of little-endian f32 bytes.
@@ -675,9 +671,7 @@ mod tests {
 
     #[test]
     fn q4_q5_roundtrip() {
-        let x: Vec<f32> = (0..64)
-            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.3)
-            .collect();
+        let x: Vec<f32> = (0..64).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.3).collect();
         let mut y = vec![0.0; 64];
         dequantize_row_q4_0(&quantize_row_q4_0(&x), &mut y);
         for (a, b) in x.iter().zip(&y) {
@@ -691,9 +685,7 @@ mod tests {
 
     #[test]
     fn q8_k_roundtrip_and_bsums() {
-        let x: Vec<f32> = (0..512)
-            .map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.05)
-            .collect();
+        let x: Vec<f32> = (0..512).map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.05).collect();
         let q = quantize_row_q8_k(&x);
         let mut y = vec![0.0; 512];
         dequantize_row_q8_k(&q, &mut y);

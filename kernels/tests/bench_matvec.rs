@@ -31,9 +31,7 @@ fn bench_matvec_qwen_ffn_down() {
         WeightType::Q4_0,
         WeightType::F16,
     ] {
-        let w: Vec<u8> = (0..rows)
-            .flat_map(|_| random_row(&mut rng, wtype, k))
-            .collect();
+        let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
         let mb = w.len() as f64 / 1e6;
         let mut out = vec![0.0f32; rows];
         let mut act = QuantizedActivations::new();
@@ -52,11 +50,7 @@ fn bench_matvec_qwen_ffn_down() {
             let cpu = match (cpu0, thread_cpu_ns()) {
                 (Some(a), Some(b)) if threads == 1 => {
                     let c = (b - a) as f64 * 1e-9 / iters as f64;
-                    format!(
-                        "  | per CPU-time: {:7.1} us {:6.2} GB/s",
-                        c * 1e6,
-                        mb / 1e3 / c
-                    )
+                    format!("  | per CPU-time: {:7.1} us {:6.2} GB/s", c * 1e6, mb / 1e3 / c)
                 }
                 _ => String::new(),
             };

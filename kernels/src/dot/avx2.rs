@@ -86,8 +86,7 @@ fn block_q4_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
 fn block_q5_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
     assert!(x.len() >= Q5_0_BYTES && y.len() >= Q8_0_BYTES);
     let shuf = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
     );
     let bitmask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let sixteen = _mm256_set1_epi8(16);
@@ -116,13 +115,7 @@ fn block_q8_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
 /// Runs a 32-element block kernel over a row with two independent accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn row_0<F: Fn(&[u8], &[u8]) -> (__m256, __m256)>(
-    w: &[u8],
-    a: &[u8],
-    n: usize,
-    xb: usize,
-    block: F,
-) -> f32 {
+fn row_0<F: Fn(&[u8], &[u8]) -> (__m256, __m256)>(w: &[u8], a: &[u8], n: usize, xb: usize, block: F) -> f32 {
     let nb = n / QK;
     assert!(w.len() >= nb * xb && a.len() >= nb * Q8_0_BYTES);
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -191,10 +184,7 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             };
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            let p0 = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(lo, y0),
-                _mm256_set1_epi16(sc[2 * j] as i16),
-            );
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * j] as i16));
             let p1 = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(hi, y1),
                 _mm256_set1_epi16(sc[2 * j + 1] as i16),
@@ -239,10 +229,7 @@ unsafe fn q5_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hbits, sh1), one), 4);
             let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
-            let p0 = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(lo, y0),
-                _mm256_set1_epi16(sc[2 * j] as i16),
-            );
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * j] as i16));
             let p1 = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(hi, y1),
                 _mm256_set1_epi16(sc[2 * j + 1] as i16),
@@ -333,8 +320,8 @@ fn decode_0(wtype: WeightType, x: &[u8]) -> (f32, __m256i) {
         WeightType::Q5_0 => {
             assert!(x.len() >= Q5_0_BYTES);
             let shuf = _mm256_setr_epi8(
-                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
-                3, 3, 3, 3,
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3,
+                3,
             );
             let bitmask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
             let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
@@ -471,9 +458,7 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
                 let scv = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
                 for r in 0..R {
                     // SAFETY: 4 + 128*n2 + 32*k + 32 <= 260 within a 292-byte block.
-                    let yk = unsafe {
-                        load256(a[r][i * Q8_K_BYTES..].as_ptr().add(4 + 128 * n2 + 32 * k))
-                    };
+                    let yk = unsafe { load256(a[r][i * Q8_K_BYTES..].as_ptr().add(4 + 128 * n2 + 32 * k)) };
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qk, yk), scv);
                     sumi[r] = _mm256_add_epi32(sumi[r], p);
                 }

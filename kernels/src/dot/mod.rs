@@ -96,13 +96,7 @@ impl DotTable {
     /// Dot products of a weight row with four activation rows, decoding the weights once
     /// where a multi-row kernel exists.
     #[inline]
-    pub fn vec_dot4(
-        &self,
-        wtype: WeightType,
-        row: &[u8],
-        acts: [ActRow<'_>; 4],
-        n: usize,
-    ) -> [f32; 4] {
+    pub fn vec_dot4(&self, wtype: WeightType, row: &[u8], acts: [ActRow<'_>; 4], n: usize) -> [f32; 4] {
         if let Some(f) = self.dot4 {
             let bytes = acts.map(|a| match a {
                 ActRow::Q8_0(b) | ActRow::Q8_K(b) => Some(b),
@@ -227,10 +221,7 @@ impl QuantizedActivations {
     /// Quantizes `x.len() / n` rows of `n` elements each, reusing this holder's buffers.
     pub fn quantize_into(&mut self, wtype: WeightType, x: &[f32], n: usize) {
         let format = wtype.act_format();
-        assert!(
-            n > 0 && x.len().is_multiple_of(n),
-            "x must hold whole rows of n"
-        );
+        assert!(n > 0 && x.len().is_multiple_of(n), "x must hold whole rows of n");
         assert_eq!(
             n % format.block_size(),
             0,

@@ -42,10 +42,7 @@ fn float_tails_match() {
             let act = QuantizedActivations::quantize(wtype, &x);
             let r = DotTable::scalar().vec_dot(wtype, &row, act.row(0), n);
             let s = vec_dot(wtype, &row, &act, n);
-            assert!(
-                (r - s).abs() <= 1e-5 * n as f32,
-                "{wtype:?} n={n}: {r} vs {s}"
-            );
+            assert!((r - s).abs() <= 1e-5 * n as f32, "{wtype:?} n={n}: {r} vs {s}");
         }
     }
     let a = rng.vec(77);
@@ -147,11 +144,7 @@ fn dot4_matches_single_row() {
         for r in 0..4 {
             let e = DotTable::scalar().vec_dot(wtype, &row, q.row(r), n);
             let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + 1e-6;
-            assert!(
-                (got[r] - e).abs() <= tol,
-                "{wtype:?} r={r}: {} vs {e}",
-                got[r]
-            );
+            assert!((got[r] - e).abs() <= tol, "{wtype:?} r={r}: {} vs {e}", got[r]);
         }
     }
 }
