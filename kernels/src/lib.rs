@@ -1,1 +1,14 @@
-//! CPU compute kernels for Berth plugins (filled in by the real-inference work).
+//! CPU compute kernels for Berth.
+//!
+//! This crate holds everything numeric that a transformer forward pass needs on the CPU:
+//! the GGML block formats and their (de)quantizers ([`quant`]), quantized dot products of
+//! one weight row against activations quantized once per row ([`dot`]), multi-threaded
+//! matrix-vector and matrix-matrix products over raw weight bytes ([`matmul`]) running on a
+//! small persistent thread pool ([`pool`]), element-wise operations such as RMS norm,
+//! softmax, activations and RoPE ([`ops`]), and grouped-query attention over an f32 KV cache
+//! ([`attention`]). Every kernel has a portable scalar reference; on x86_64 the hot ones
+//! also have AVX2+FMA versions picked at runtime by CPU-feature detection.
+
+pub mod dot;
+pub mod quant;
+pub mod testutil;

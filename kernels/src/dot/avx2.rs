@@ -1,0 +1,426 @@
+//! AVX2+FMA(+F16C) dot products. Every function here requires those CPU features; the
+//! safe wrappers at the bottom are only installed in the dispatch table after detection.
+
+use crate::quant::{
+    rd_f16, rd_f32, rd_i16, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
+    Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+};
+use std::arch::x86_64::*;
+
+/// Horizontal sum of eight f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum_ps(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps(v, 1);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Horizontal sum of eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Signed i8 · i8 over 32 lanes, summed in pairs of 4 into eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_i8_epi32(x: __m256i, y: __m256i) -> __m256i {
+    // maddubs wants unsigned × signed: move x's sign onto y.
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    let p = _mm256_maddubs_epi16(ax, sy);
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// Expands 16 bytes of nibbles into 32 bytes: low nibbles first, then high nibbles.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles_32(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 16 readable bytes at p; unaligned load.
+    let b = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(b, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load256(p: *const u8) -> __m256i {
+    // SAFETY: caller guarantees 32 readable bytes at p; unaligned load.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK;
+    assert!(w.len() >= nb * Q4_0_BYTES && a.len() >= nb * Q8_0_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    let eight = _mm256_set1_epi8(8);
+    for i in 0..nb {
+        let x = &w[i * Q4_0_BYTES..];
+        let y = &a[i * Q8_0_BYTES..];
+        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
+        // SAFETY: bounds asserted above (18-byte and 34-byte blocks).
+        let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
+        let qx = _mm256_sub_epi8(qx, eight);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK;
+    assert!(w.len() >= nb * Q5_0_BYTES && a.len() >= nb * Q8_0_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    let shuf = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bitmask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let sixteen = _mm256_set1_epi8(16);
+    for i in 0..nb {
+        let x = &w[i * Q5_0_BYTES..];
+        let y = &a[i * Q8_0_BYTES..];
+        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
+        let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+        let hb = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
+        let hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bitmask), bitmask);
+        // SAFETY: bounds asserted above (22-byte and 34-byte blocks).
+        let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(6)), load256(y.as_ptr().add(2))) };
+        let qx = _mm256_or_si256(qx, _mm256_and_si256(hb, sixteen));
+        let qx = _mm256_sub_epi8(qx, sixteen);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK;
+    assert!(w.len() >= nb * Q8_0_BYTES && a.len() >= nb * Q8_0_BYTES);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = &w[i * Q8_0_BYTES..];
+        let y = &a[i * Q8_0_BYTES..];
+        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
+        // SAFETY: bounds asserted above (34-byte blocks).
+        let (qx, qy) = unsafe { (load256(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])`.
+#[inline]
+fn k_min_sum(y: &[u8], m: &[u8; 8]) -> i32 {
+    let mut s = 0i32;
+    for (j, &mj) in m.iter().enumerate() {
+        s += mj as i32 * (rd_i16(y, 260 + 4 * j) as i32 + rd_i16(y, 262 + 4 * j) as i32);
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK_K;
+    assert!(w.len() >= nb * Q4_K_BYTES && a.len() >= nb * Q8_K_BYTES);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = 0.0f32;
+    for i in 0..nb {
+        let x = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
+        let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+        let yd = rd_f32(y, 0);
+        let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
+        accm += rd_f16(x, 2) * yd * k_min_sum(y, &m) as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            // SAFETY: x has 144 bytes (qs at 16..144), y has 292 (qs at 4..260).
+            let (q, y0, y1) = unsafe {
+                (
+                    load256(x.as_ptr().add(16 + 32 * j)),
+                    load256(y.as_ptr().add(4 + 64 * j)),
+                    load256(y.as_ptr().add(36 + 64 * j)),
+                )
+            };
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, y0),
+                _mm256_set1_epi16(sc[2 * j] as i16),
+            );
+            let p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, y1),
+                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        let d = _mm256_set1_ps(rd_f16(x, 0) * yd);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - accm
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK_K;
+    assert!(w.len() >= nb * Q5_K_BYTES && a.len() >= nb * Q8_K_BYTES);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = 0.0f32;
+    for i in 0..nb {
+        let x = &w[i * Q5_K_BYTES..(i + 1) * Q5_K_BYTES];
+        let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+        let yd = rd_f32(y, 0);
+        let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
+        accm += rd_f16(x, 2) * yd * k_min_sum(y, &m) as f32;
+        // SAFETY: x has 176 bytes; qh at 16..48.
+        let hbits = unsafe { load256(x.as_ptr().add(16)) };
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            // SAFETY: qs at 48..176 of x; y qs at 4..260.
+            let (q, y0, y1) = unsafe {
+                (
+                    load256(x.as_ptr().add(48 + 32 * j)),
+                    load256(y.as_ptr().add(4 + 64 * j)),
+                    load256(y.as_ptr().add(36 + 64 * j)),
+                )
+            };
+            let sh = _mm_cvtsi32_si128(2 * j as i32);
+            let sh1 = _mm_cvtsi32_si128(2 * j as i32 + 1);
+            let h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hbits, sh), one), 4);
+            let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hbits, sh1), one), 4);
+            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
+            let p0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(lo, y0),
+                _mm256_set1_epi16(sc[2 * j] as i16),
+            );
+            let p1 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(hi, y1),
+                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        let d = _mm256_set1_ps(rd_f16(x, 0) * yd);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - accm
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let nb = n / QK_K;
+    assert!(w.len() >= nb * Q6_K_BYTES && a.len() >= nb * Q8_K_BYTES);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    let mut sum = 0.0f32;
+    for i in 0..nb {
+        let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
+        let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+        let sc = &x[192..208];
+        let mut off = 0i32;
+        for (is, &s) in sc.iter().enumerate() {
+            off += s as i8 as i32 * rd_i16(y, 260 + 2 * is) as i32;
+        }
+        let mut sumi = _mm256_setzero_si256();
+        for n2 in 0..2 {
+            // SAFETY: x has 210 bytes (ql 0..128, qh 128..192); y qs at 4..260.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    load256(x.as_ptr().add(64 * n2)),
+                    load256(x.as_ptr().add(64 * n2 + 32)),
+                    load256(x.as_ptr().add(128 + 32 * n2)),
+                )
+            };
+            let q = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4),
+                ),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                // SAFETY: 4 + 128*n2 + 32*k + 32 <= 260.
+                let yk = unsafe { load256(y.as_ptr().add(4 + 128 * n2 + 32 * k)) };
+                let s0 = sc[8 * n2 + 2 * k] as i8 as i16;
+                let s1 = sc[8 * n2 + 2 * k + 1] as i8 as i16;
+                let scv = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qk, yk), scv);
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+        }
+        let total = hsum_epi32(sumi) - 32 * off;
+        sum += rd_f16(x, 208) * rd_f32(y, 0) * total as f32;
+    }
+    sum
+}
+
+/// f32 · f32 over raw pointers, `n` elements.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_f32_ptr(w: *const f32, x: *const f32, n: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY (whole body): caller guarantees n readable f32 at both pointers (any alignment).
+    unsafe {
+        while i + 32 <= n {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let o = i + 8 * u;
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(o)), _mm256_loadu_ps(x.add(o)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w.add(i)), _mm256_loadu_ps(x.add(i)), acc[0]);
+            i += 8;
+        }
+        let mut s = hsum_ps(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[1]),
+            _mm256_add_ps(acc[2], acc[3]),
+        ));
+        while i < n {
+            s += *w.add(i) * *x.add(i);
+            i += 1;
+        }
+        s
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_f32_impl(w: &[u8], x: &[f32], n: usize) -> f32 {
+    assert!(w.len() >= 2 * n && x.len() >= n);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    let wp = w.as_ptr();
+    let xp = x.as_ptr();
+    // SAFETY (whole body): bounds asserted above; unaligned loads.
+    unsafe {
+        while i + 32 <= n {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let o = i + 8 * u;
+                let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * o) as *const __m128i));
+                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(o)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(2 * i) as *const __m128i));
+            acc[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(i)), acc[0]);
+            i += 8;
+        }
+    }
+    let mut s = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
+    while i < n {
+        s += rd_f16(w, 2 * i) * x[i];
+        i += 1;
+    }
+    s
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bf16_f32_impl(w: &[u8], x: &[f32], n: usize) -> f32 {
+    assert!(w.len() >= 2 * n && x.len() >= n);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut i = 0;
+    let wp = w.as_ptr();
+    let xp = x.as_ptr();
+    // SAFETY (whole body): bounds asserted above; unaligned loads.
+    unsafe {
+        while i + 16 <= n {
+            for (u, a) in acc.iter_mut().enumerate() {
+                let o = i + 8 * u;
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(wp.add(2 * o) as *const __m128i));
+                let wv = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(o)), *a);
+            }
+            i += 16;
+        }
+    }
+    let mut s = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+    while i < n {
+        s += crate::quant::bf16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])) * x[i];
+        i += 1;
+    }
+    s
+}
+
+// Safe wrappers. SAFETY for all: these are only reachable through the dispatch table,
+// which installs them only after `is_x86_feature_detected!` confirmed avx2, fma and f16c.
+
+/// AVX2 Q4_0·Q8_0 (only call when AVX2+FMA+F16C are present).
+pub(crate) fn q4_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { q4_0_q8_0_impl(w, a, n) }
+}
+/// AVX2 Q5_0·Q8_0 (only call when AVX2+FMA+F16C are present).
+pub(crate) fn q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { q5_0_q8_0_impl(w, a, n) }
+}
+/// AVX2 Q8_0·Q8_0 (only call when AVX2+FMA+F16C are present).
+pub(crate) fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { q8_0_q8_0_impl(w, a, n) }
+}
+/// AVX2 Q4_K·Q8_K (only call when AVX2+FMA+F16C are present).
+pub(crate) fn q4_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { q4_k_q8_k_impl(w, a, n) }
+}
+/// AVX2 Q5_K·Q8_K (only call when AVX2+FMA+F16C are present).
+pub(crate) fn q5_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { q5_k_q8_k_impl(w, a, n) }
+}
+/// AVX2 Q6_K·Q8_K (only call when AVX2+FMA+F16C are present).
+pub(crate) fn q6_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { q6_k_q8_k_impl(w, a, n) }
+}
+/// AVX2 F32·F32 over raw weight bytes (only call when AVX2+FMA are present).
+pub(crate) fn f32_f32(w: &[u8], x: &[f32], n: usize) -> f32 {
+    assert!(w.len() >= 4 * n && x.len() >= n);
+    // SAFETY: see the note above the wrappers; bounds asserted; loads are unaligned.
+    unsafe { dot_f32_ptr(w.as_ptr() as *const f32, x.as_ptr(), n) }
+}
+/// AVX2 F16·F32 (only call when AVX2+FMA+F16C are present).
+pub(crate) fn f16_f32(w: &[u8], x: &[f32], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { f16_f32_impl(w, x, n) }
+}
+/// AVX2 BF16·F32 (only call when AVX2+FMA are present).
+pub(crate) fn bf16_f32(w: &[u8], x: &[f32], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { bf16_f32_impl(w, x, n) }
+}
+/// AVX2 f32·f32 (only call when AVX2+FMA are present).
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    // SAFETY: see the note above the wrappers; n is within both slices.
+    unsafe { dot_f32_ptr(a.as_ptr(), b.as_ptr(), n) }
+}

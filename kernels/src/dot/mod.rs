@@ -1,0 +1,273 @@
+//! Dot products of one weight row (raw bytes of a [`WeightType`]) against an activation row
+//! quantized once into the format that weight type wants ([`QuantizedActivations`]).
+//!
+//! Each kernel has a scalar reference in [`scalar`]; on x86_64 with AVX2+FMA+F16C an
+//! integer-SIMD version is selected once at first use ([`DotTable::best`]).
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+pub mod scalar;
+
+use crate::quant::{quantize_row_q8_0_into, quantize_row_q8_k_into, ActFormat, WeightType};
+use std::sync::OnceLock;
+
+/// A quantized-weight · quantized-activation kernel: `(weight row, activation row, n)`.
+pub type QDotFn = fn(&[u8], &[u8], usize) -> f32;
+/// A float-weight · f32-activation kernel: `(weight row bytes, activations, n)`.
+pub type FDotFn = fn(&[u8], &[f32], usize) -> f32;
+
+/// One implementation of every dot kernel, selected per CPU.
+#[derive(Clone, Copy)]
+pub struct DotTable {
+    /// Name of the implementation (`"scalar"` or `"avx2"`).
+    pub name: &'static str,
+    /// Q4_0 · Q8_0.
+    pub q4_0: QDotFn,
+    /// Q5_0 · Q8_0.
+    pub q5_0: QDotFn,
+    /// Q8_0 · Q8_0.
+    pub q8_0: QDotFn,
+    /// Q4_K · Q8_K.
+    pub q4_k: QDotFn,
+    /// Q5_K · Q8_K.
+    pub q5_k: QDotFn,
+    /// Q6_K · Q8_K.
+    pub q6_k: QDotFn,
+    /// F32 · f32.
+    pub f32: FDotFn,
+    /// F16 · f32.
+    pub f16: FDotFn,
+    /// BF16 · f32.
+    pub bf16: FDotFn,
+    /// Plain f32 slice dot product.
+    pub dot_f32: fn(&[f32], &[f32]) -> f32,
+}
+
+impl DotTable {
+    /// The portable scalar reference kernels.
+    pub fn scalar() -> DotTable {
+        DotTable {
+            name: "scalar",
+            q4_0: scalar::q4_0_q8_0,
+            q5_0: scalar::q5_0_q8_0,
+            q8_0: scalar::q8_0_q8_0,
+            q4_k: scalar::q4_k_q8_k,
+            q5_k: scalar::q5_k_q8_k,
+            q6_k: scalar::q6_k_q8_k,
+            f32: scalar::f32_f32,
+            f16: scalar::f16_f32,
+            bf16: scalar::bf16_f32,
+            dot_f32: scalar::dot_f32,
+        }
+    }
+
+    /// The fastest kernels for this CPU, detected once and cached.
+    pub fn best() -> &'static DotTable {
+        static BEST: OnceLock<DotTable> = OnceLock::new();
+        BEST.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                return DotTable {
+                    name: "avx2",
+                    q4_0: avx2::q4_0_q8_0,
+                    q5_0: avx2::q5_0_q8_0,
+                    q8_0: avx2::q8_0_q8_0,
+                    q4_k: avx2::q4_k_q8_k,
+                    q5_k: avx2::q5_k_q8_k,
+                    q6_k: avx2::q6_k_q8_k,
+                    f32: avx2::f32_f32,
+                    f16: avx2::f16_f32,
+                    bf16: avx2::bf16_f32,
+                    dot_f32: avx2::dot_f32,
+                };
+            }
+            DotTable::scalar()
+        })
+    }
+
+    /// Dot product of a weight row with one activation row using this table.
+    #[inline]
+    pub fn vec_dot(&self, wtype: WeightType, row: &[u8], act: ActRow<'_>, n: usize) -> f32 {
+        match (wtype, act) {
+            (WeightType::Q4_0, ActRow::Q8_0(a)) => (self.q4_0)(row, a, n),
+            (WeightType::Q5_0, ActRow::Q8_0(a)) => (self.q5_0)(row, a, n),
+            (WeightType::Q8_0, ActRow::Q8_0(a)) => (self.q8_0)(row, a, n),
+            (WeightType::Q4_K, ActRow::Q8_K(a)) => (self.q4_k)(row, a, n),
+            (WeightType::Q5_K, ActRow::Q8_K(a)) => (self.q5_k)(row, a, n),
+            (WeightType::Q6_K, ActRow::Q8_K(a)) => (self.q6_k)(row, a, n),
+            (WeightType::F32, ActRow::F32(x)) => (self.f32)(row, x, n),
+            (WeightType::F16, ActRow::F32(x)) => (self.f16)(row, x, n),
+            (WeightType::BF16, ActRow::F32(x)) => (self.bf16)(row, x, n),
+            (w, a) => panic!(
+                "activation format {:?} does not match weight type {w:?}",
+                a.format()
+            ),
+        }
+    }
+}
+
+/// True when the CPU has AVX2, FMA and F16C (checked once).
+#[cfg(target_arch = "x86_64")]
+pub fn has_avx2() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
+}
+
+/// True when the CPU has AVX2, FMA and F16C (never, off x86_64).
+#[cfg(not(target_arch = "x86_64"))]
+pub fn has_avx2() -> bool {
+    false
+}
+
+/// A borrowed view of one activation row in a dot-product input format.
+#[derive(Clone, Copy, Debug)]
+#[allow(non_camel_case_types)]
+pub enum ActRow<'a> {
+    /// Plain f32 values.
+    F32(&'a [f32]),
+    /// Q8_0 block bytes.
+    Q8_0(&'a [u8]),
+    /// Q8_K super-block bytes.
+    Q8_K(&'a [u8]),
+}
+
+impl ActRow<'_> {
+    /// The format of this row.
+    pub fn format(&self) -> ActFormat {
+        match self {
+            ActRow::F32(_) => ActFormat::F32,
+            ActRow::Q8_0(_) => ActFormat::Q8_0,
+            ActRow::Q8_K(_) => ActFormat::Q8_K,
+        }
+    }
+}
+
+/// One or more activation rows of `n` elements, quantized once for a given weight type.
+///
+/// Buffers are reused across calls to [`QuantizedActivations::quantize_into`], so a
+/// long-lived instance makes decode allocation-free.
+#[derive(Clone, Debug)]
+pub struct QuantizedActivations {
+    format: ActFormat,
+    n: usize,
+    rows: usize,
+    bytes: Vec<u8>,
+    floats: Vec<f32>,
+}
+
+impl Default for QuantizedActivations {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QuantizedActivations {
+    /// An empty holder (no rows).
+    pub fn new() -> Self {
+        QuantizedActivations {
+            format: ActFormat::F32,
+            n: 0,
+            rows: 0,
+            bytes: Vec::new(),
+            floats: Vec::new(),
+        }
+    }
+
+    /// Quantizes a single row `x` for dot products against `wtype` weights.
+    pub fn quantize(wtype: WeightType, x: &[f32]) -> Self {
+        let mut q = Self::new();
+        q.quantize_into(wtype, x, x.len());
+        q
+    }
+
+    /// Quantizes `x.len() / n` rows of `n` elements each, reusing this holder's buffers.
+    pub fn quantize_into(&mut self, wtype: WeightType, x: &[f32], n: usize) {
+        let format = wtype.act_format();
+        assert!(n > 0 && x.len() % n == 0, "x must hold whole rows of n");
+        assert_eq!(
+            n % format.block_size(),
+            0,
+            "n must be a multiple of the block size"
+        );
+        let rows = x.len() / n;
+        self.format = format;
+        self.n = n;
+        self.rows = rows;
+        match format {
+            ActFormat::F32 => {
+                self.floats.clear();
+                self.floats.extend_from_slice(x);
+            }
+            ActFormat::Q8_0 | ActFormat::Q8_K => {
+                let rb = format.row_bytes(n);
+                self.bytes.resize(rb * rows, 0);
+                for (xr, br) in x.chunks_exact(n).zip(self.bytes.chunks_exact_mut(rb)) {
+                    if format == ActFormat::Q8_0 {
+                        quantize_row_q8_0_into(xr, br);
+                    } else {
+                        quantize_row_q8_k_into(xr, br);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Activation format held.
+    pub fn format(&self) -> ActFormat {
+        self.format
+    }
+
+    /// Elements per row.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Number of rows held.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Borrow row `i`.
+    #[inline]
+    pub fn row(&self, i: usize) -> ActRow<'_> {
+        assert!(i < self.rows, "activation row out of range");
+        match self.format {
+            ActFormat::F32 => ActRow::F32(&self.floats[i * self.n..(i + 1) * self.n]),
+            f => {
+                let rb = f.row_bytes(self.n);
+                let b = &self.bytes[i * rb..(i + 1) * rb];
+                if f == ActFormat::Q8_0 {
+                    ActRow::Q8_0(b)
+                } else {
+                    ActRow::Q8_K(b)
+                }
+            }
+        }
+    }
+}
+
+/// Dot product of weight `row` (raw bytes of `wtype`) with the first row of `act`, `n` elements.
+#[inline]
+pub fn vec_dot(wtype: WeightType, row: &[u8], act: &QuantizedActivations, n: usize) -> f32 {
+    DotTable::best().vec_dot(wtype, row, act.row(0), n)
+}
+
+/// Dot product of weight `row` with an activation row view, using the best kernels.
+#[inline]
+pub fn vec_dot_row(wtype: WeightType, row: &[u8], act: ActRow<'_>, n: usize) -> f32 {
+    DotTable::best().vec_dot(wtype, row, act, n)
+}
+
+/// Plain f32 dot product using the best kernel (lengths must match).
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    (DotTable::best().dot_f32)(a, b)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,108 @@
+use super::*;
+use crate::testutil::{random_row, XorShift};
+
+fn abs_dot(w: &[f32], x: &[f32]) -> f32 {
+    w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum()
+}
+
+#[test]
+fn simd_matches_scalar() {
+    let mut rng = XorShift::new(1);
+    let scalar = DotTable::scalar();
+    let best = DotTable::best();
+    assert_eq!(best.name == "avx2", has_avx2());
+    for wtype in WeightType::ALL {
+        for &n in &[256usize, 512, 4864] {
+            for _ in 0..5 {
+                let row = random_row(&mut rng, wtype, n);
+                let x = rng.vec(n);
+                let act = QuantizedActivations::quantize(wtype, &x);
+                let r = scalar.vec_dot(wtype, &row, act.row(0), n);
+                let s = best.vec_dot(wtype, &row, act.row(0), n);
+                let mut wd = vec![0.0; n];
+                wtype.dequantize_row(&row, &mut wd);
+                let tol = 1e-5 * abs_dot(&wd, &x) + 1e-6;
+                assert!(
+                    (r - s).abs() <= tol,
+                    "{wtype:?} n={n}: scalar {r} vs {} {s}",
+                    best.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn float_tails_match() {
+    let mut rng = XorShift::new(2);
+    for wtype in [WeightType::F32, WeightType::F16, WeightType::BF16] {
+        for n in [1usize, 7, 9, 31, 33, 100] {
+            let row = random_row(&mut rng, wtype, n);
+            let x = rng.vec(n);
+            let act = QuantizedActivations::quantize(wtype, &x);
+            let r = DotTable::scalar().vec_dot(wtype, &row, act.row(0), n);
+            let s = vec_dot(wtype, &row, &act, n);
+            assert!(
+                (r - s).abs() <= 1e-5 * n as f32,
+                "{wtype:?} n={n}: {r} vs {s}"
+            );
+        }
+    }
+    let a = rng.vec(77);
+    let b = rng.vec(77);
+    assert!((dot_f32(&a, &b) - scalar::dot_f32(&a, &b)).abs() < 1e-4);
+}
+
+#[test]
+fn quantized_dot_matches_dequantized_f32_dot() {
+    let mut rng = XorShift::new(3);
+    for wtype in WeightType::ALL {
+        let n = 1024;
+        let row = match wtype {
+            WeightType::Q4_0 => crate::quant::quantize_row_q4_0(&rng.vec(n)),
+            WeightType::Q5_0 => crate::quant::quantize_row_q5_0(&rng.vec(n)),
+            WeightType::Q8_0 => crate::quant::quantize_row_q8_0(&rng.vec(n)),
+            _ => random_row(&mut rng, wtype, n),
+        };
+        let mut w = vec![0.0; n];
+        wtype.dequantize_row(&row, &mut w);
+        let x = rng.vec(n);
+        let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let got = vec_dot(wtype, &row, &QuantizedActivations::quantize(wtype, &x), n);
+        // Activation rounding error is at most amax/254 per element (amax <= 1 here),
+        // plus f16 rounding of the Q8_0 block scale.
+        let sum_w: f32 = w.iter().map(|v| v.abs()).sum();
+        let tol = if wtype.act_format() == ActFormat::F32 {
+            1e-5 * abs_dot(&w, &x)
+        } else {
+            sum_w / 254.0 + 1e-3 * abs_dot(&w, &x)
+        };
+        assert!(
+            (got as f64 - exact).abs() <= tol as f64,
+            "{wtype:?}: got {got} exact {exact} tol {tol}"
+        );
+        // And it should be much closer than the worst case on random data.
+        if wtype.act_format() != ActFormat::F32 {
+            assert!(
+                (got as f64 - exact).abs() <= tol as f64 * 0.25,
+                "{wtype:?} suspiciously far"
+            );
+        }
+    }
+}
+
+#[test]
+fn multi_row_activations() {
+    let mut rng = XorShift::new(4);
+    let n = 512;
+    let x = rng.vec(3 * n);
+    let mut q = QuantizedActivations::new();
+    q.quantize_into(WeightType::Q4_K, &x, n);
+    assert_eq!(q.rows(), 3);
+    let single = QuantizedActivations::quantize(WeightType::Q4_K, &x[n..2 * n]);
+    let row = random_row(&mut rng, WeightType::Q4_K, n);
+    assert_eq!(
+        vec_dot_row(WeightType::Q4_K, &row, q.row(1), n),
+        vec_dot(WeightType::Q4_K, &row, &single, n)
+    );
+}
