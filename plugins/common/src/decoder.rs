@@ -340,7 +340,13 @@ pub struct Decoder {
 
 impl Decoder {
     /// A decoder for `max_seqs` sequences of at most `max_len` positions.
-    pub fn new(cfg: DecoderConfig, weights: DecoderWeights, max_seqs: usize, max_len: usize, threads: usize) -> Decoder {
+    pub fn new(
+        cfg: DecoderConfig,
+        weights: DecoderWeights,
+        max_seqs: usize,
+        max_len: usize,
+        threads: usize,
+    ) -> Decoder {
         let ropes = cfg
             .rope_base
             .iter()
@@ -480,7 +486,13 @@ impl Decoder {
             let x = &mut s.x[..n * h];
             let xn = grow(&mut s.xn, n * h);
             for i in 0..n {
-                rms_norm(&x[i * h..(i + 1) * h], Some(&lw.attn_norm), cfg.eps, cfg.norm_add_one, &mut xn[i * h..(i + 1) * h]);
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    Some(&lw.attn_norm),
+                    cfg.eps,
+                    cfg.norm_add_one,
+                    &mut xn[i * h..(i + 1) * h],
+                );
             }
             let q = grow(&mut s.q, n * qd);
             let k = grow(&mut s.k, n * kvd);
@@ -527,11 +539,27 @@ impl Decoder {
 
             // Feed-forward block.
             for i in 0..n {
-                rms_norm(&x[i * h..(i + 1) * h], Some(&lw.ffn_norm), cfg.eps, cfg.norm_add_one, &mut xn[i * h..(i + 1) * h]);
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    Some(&lw.ffn_norm),
+                    cfg.eps,
+                    cfg.norm_add_one,
+                    &mut xn[i * h..(i + 1) * h],
+                );
             }
             let out = grow(&mut s.ffn_out, n * h);
             match &lw.ffn {
-                Ffn::Dense(f) => gated_ffn(f, cfg.activation, xn, n, out, &mut s.gate, &mut s.up, &mut s.mm, threads),
+                Ffn::Dense(f) => gated_ffn(
+                    f,
+                    cfg.activation,
+                    xn,
+                    n,
+                    out,
+                    &mut s.gate,
+                    &mut s.up,
+                    &mut s.mm,
+                    threads,
+                ),
                 Ffn::Moe { router, experts } => {
                     let moe = cfg.moe.expect("MoE weights need a MoE config");
                     let ne = router.rows;
@@ -573,7 +601,17 @@ impl Decoder {
                             inp[j * h..(j + 1) * h].copy_from_slice(&xn[i * h..(i + 1) * h]);
                         }
                         let eo = grow(&mut s.moe_out, m * h);
-                        gated_ffn(&experts[e], cfg.activation, inp, m, eo, &mut s.gate, &mut s.up, &mut s.mm, threads);
+                        gated_ffn(
+                            &experts[e],
+                            cfg.activation,
+                            inp,
+                            m,
+                            eo,
+                            &mut s.gate,
+                            &mut s.up,
+                            &mut s.mm,
+                            threads,
+                        );
                         for (j, &(i, wgt)) in rows.iter().enumerate() {
                             out[i * h..(i + 1) * h]
                                 .iter_mut()
@@ -590,7 +628,10 @@ impl Decoder {
                     rms_norm(orow, Some(pn), cfg.eps, cfg.norm_add_one, tmp);
                     orow.copy_from_slice(tmp);
                 }
-                x[i * h..(i + 1) * h].iter_mut().zip(orow.iter()).for_each(|(a, b)| *a += b);
+                x[i * h..(i + 1) * h]
+                    .iter_mut()
+                    .zip(orow.iter())
+                    .for_each(|(a, b)| *a += b);
             }
         }
 
@@ -604,7 +645,13 @@ impl Decoder {
         let mut j = 0;
         for i in 0..n {
             if want_logits[i] != 0 {
-                rms_norm(&x[i * h..(i + 1) * h], Some(&w.output_norm), cfg.eps, cfg.norm_add_one, &mut hin[j * h..(j + 1) * h]);
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    Some(&w.output_norm),
+                    cfg.eps,
+                    cfg.norm_add_one,
+                    &mut hin[j * h..(j + 1) * h],
+                );
                 j += 1;
             }
         }
@@ -647,13 +694,23 @@ fn gated_ffn(
     let u = grow(up, n * d);
     matmul(&f.gate, x, n, g, mm, threads);
     matmul(&f.up, x, n, u, mm, threads);
-    g.iter_mut().zip(u.iter()).for_each(|(a, b)| *a = act.apply(*a) * b);
+    g.iter_mut()
+        .zip(u.iter())
+        .for_each(|(a, b)| *a = act.apply(*a) * b);
     matmul(&f.down, g, n, out, mm, threads);
 }
 
 /// Causal (optionally sliding-window) GQA attention of every row against its sequence's cache,
 /// parallel over (row, head) pairs.
-fn attention(cfg: &DecoderConfig, kv: &KvCache, layer: usize, rows: &[(usize, usize)], q: &[f32], out: &mut [f32], threads: usize) {
+fn attention(
+    cfg: &DecoderConfig,
+    kv: &KvCache,
+    layer: usize,
+    rows: &[(usize, usize)],
+    q: &[f32],
+    out: &mut [f32],
+    threads: usize,
+) {
     let (hd, nh, kvd) = (cfg.head_dim, cfg.n_heads, cfg.kv_dim());
     let group = nh / cfg.n_kv_heads;
     let window = cfg.sliding_window.get(layer).copied().flatten();
@@ -669,7 +726,10 @@ fn attention(cfg: &DecoderConfig, kv: &KvCache, layer: usize, rows: &[(usize, us
             let kh = head / group;
             let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
             scores.clear();
-            scores.extend((start..=pos).map(|t| dot_f32(qh, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]) * cfg.attn_scale));
+            scores.extend(
+                (start..=pos)
+                    .map(|t| dot_f32(qh, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]) * cfg.attn_scale),
+            );
             softmax(&mut scores);
             o.fill(0.0);
             for (t, &p) in (start..=pos).zip(&scores) {

@@ -8,6 +8,8 @@
 //! - [`decoder`]: a generic pre-norm transformer decoder running multi-sequence batches.
 //! - [`npy`]: a float32 `.npy` reader for reference comparisons.
 
+#![warn(missing_docs)]
+
 pub mod decoder;
 pub mod kv;
 pub mod linear;

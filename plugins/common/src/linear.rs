@@ -85,7 +85,14 @@ impl MatmulScratch {
 }
 
 /// Computes weight rows `rows` against every activation row: `dst[b * stride + (r - rows.start)]`.
-fn rows_into(w: &Matrix, act: &QuantizedActivations, rows: Range<usize>, n: usize, dst: &mut [f32], stride: usize) {
+fn rows_into(
+    w: &Matrix,
+    act: &QuantizedActivations,
+    rows: Range<usize>,
+    n: usize,
+    dst: &mut [f32],
+    stride: usize,
+) {
     let table = DotTable::best();
     let start = rows.start;
     for r in rows {
@@ -101,8 +108,16 @@ fn rows_into(w: &Matrix, act: &QuantizedActivations, rows: Range<usize>, n: usiz
 /// over `threads`.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32], scratch: &mut MatmulScratch, threads: usize) {
     let (rows, cols) = (w.rows, w.cols);
-    assert!(x.len() >= n * cols, "matmul input holds {} floats, {n}x{cols} needed", x.len());
-    assert!(out.len() >= n * rows, "matmul output holds {} floats, {n}x{rows} needed", out.len());
+    assert!(
+        x.len() >= n * cols,
+        "matmul input holds {} floats, {n}x{cols} needed",
+        x.len()
+    );
+    assert!(
+        out.len() >= n * rows,
+        "matmul output holds {} floats, {n}x{rows} needed",
+        out.len()
+    );
     if n == 0 {
         return;
     }
@@ -115,7 +130,9 @@ pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Ma
         return;
     }
     if n == 1 {
-        par_units(threads, &mut out[..rows], 1, |r, dst| rows_into(w, act, r, 1, dst, 0));
+        par_units(threads, &mut out[..rows], 1, |r, dst| {
+            rows_into(w, act, r, 1, dst, 0)
+        });
         return;
     }
     let ranges = split_range(rows, threads);

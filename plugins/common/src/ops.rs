@@ -105,7 +105,11 @@ impl Rope {
         let half = d / 2;
         for head in x.chunks_exact_mut(d) {
             for (j, &(c, s)) in cs.iter().enumerate() {
-                let (a, b) = if self.neox { (j, j + half) } else { (2 * j, 2 * j + 1) };
+                let (a, b) = if self.neox {
+                    (j, j + half)
+                } else {
+                    (2 * j, 2 * j + 1)
+                };
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * c - x1 * s;
                 head[b] = x1 * c + x0 * s;

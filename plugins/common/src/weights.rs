@@ -185,19 +185,64 @@ const LAYER_ROLES: [(Role, &str, &str, &str); 17] = [
     (Role::AttnQ, "attn_q", "self_attn.q_proj", "self_attn.q_proj"),
     (Role::AttnK, "attn_k", "self_attn.k_proj", "self_attn.k_proj"),
     (Role::AttnV, "attn_v", "self_attn.v_proj", "self_attn.v_proj"),
-    (Role::AttnOut, "attn_output", "self_attn.o_proj", "self_attn.o_proj"),
-    (Role::AttnQNorm, "attn_q_norm", "self_attn.q_norm", "self_attn.q_norm"),
-    (Role::AttnKNorm, "attn_k_norm", "self_attn.k_norm", "self_attn.k_norm"),
-    (Role::FfnNorm, "ffn_norm", "post_attention_layernorm", "pre_feedforward_layernorm"),
-    (Role::PostAttnNorm, "post_attention_norm", "post_attention_norm", "post_attention_layernorm"),
-    (Role::PostFfwNorm, "post_ffw_norm", "post_feedforward_layernorm", "post_feedforward_layernorm"),
+    (
+        Role::AttnOut,
+        "attn_output",
+        "self_attn.o_proj",
+        "self_attn.o_proj",
+    ),
+    (
+        Role::AttnQNorm,
+        "attn_q_norm",
+        "self_attn.q_norm",
+        "self_attn.q_norm",
+    ),
+    (
+        Role::AttnKNorm,
+        "attn_k_norm",
+        "self_attn.k_norm",
+        "self_attn.k_norm",
+    ),
+    (
+        Role::FfnNorm,
+        "ffn_norm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+    ),
+    (
+        Role::PostAttnNorm,
+        "post_attention_norm",
+        "post_attention_norm",
+        "post_attention_layernorm",
+    ),
+    (
+        Role::PostFfwNorm,
+        "post_ffw_norm",
+        "post_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
     (Role::FfnGate, "ffn_gate", "mlp.gate_proj", "mlp.gate_proj"),
     (Role::FfnUp, "ffn_up", "mlp.up_proj", "mlp.up_proj"),
     (Role::FfnDown, "ffn_down", "mlp.down_proj", "mlp.down_proj"),
     (Role::FfnGateInp, "ffn_gate_inp", "mlp.gate", "mlp.gate"),
-    (Role::FfnGateExps, "ffn_gate_exps", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.gate_proj"),
-    (Role::FfnUpExps, "ffn_up_exps", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.up_proj"),
-    (Role::FfnDownExps, "ffn_down_exps", "mlp.experts.{e}.down_proj", "mlp.experts.{e}.down_proj"),
+    (
+        Role::FfnGateExps,
+        "ffn_gate_exps",
+        "mlp.experts.{e}.gate_proj",
+        "mlp.experts.{e}.gate_proj",
+    ),
+    (
+        Role::FfnUpExps,
+        "ffn_up_exps",
+        "mlp.experts.{e}.up_proj",
+        "mlp.experts.{e}.up_proj",
+    ),
+    (
+        Role::FfnDownExps,
+        "ffn_down_exps",
+        "mlp.experts.{e}.down_proj",
+        "mlp.experts.{e}.down_proj",
+    ),
 ];
 
 /// A tensor identified by role, layer, weight-or-bias and (HF only) expert index.
@@ -258,7 +303,10 @@ impl TensorId {
     pub fn gguf_name(&self) -> String {
         match self.layer {
             None => {
-                let stem = GLOBAL_ROLES.iter().find(|r| r.0 == self.role).map_or("?", |r| r.1);
+                let stem = GLOBAL_ROLES
+                    .iter()
+                    .find(|r| r.0 == self.role)
+                    .map_or("?", |r| r.1);
                 format!("{stem}.{}", self.suffix())
             }
             Some(i) => {
@@ -272,7 +320,10 @@ impl TensorId {
     pub fn hf_name(&self, names: HfNames) -> String {
         match self.layer {
             None => {
-                let stem = GLOBAL_ROLES.iter().find(|r| r.0 == self.role).map_or("?", |r| r.2);
+                let stem = GLOBAL_ROLES
+                    .iter()
+                    .find(|r| r.0 == self.role)
+                    .map_or("?", |r| r.2);
                 format!("{stem}.{}", self.suffix())
             }
             Some(i) => {
@@ -467,19 +518,30 @@ impl Weights {
                     .tensor(&name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
                 if t.dims.len() != 2 {
-                    return Err(PluginError::failed(format!("{name}: expected 2-D, got {:?}", t.dims)));
+                    return Err(PluginError::failed(format!(
+                        "{name}: expected 2-D, got {:?}",
+                        t.dims
+                    )));
                 }
                 let wtype = gguf_wtype(&name, t.ggml_type.id())?;
                 let source: Arc<dyn ByteSource> = g.clone();
-                Matrix::new(source, t.offset as usize, wtype, t.dims[1] as usize, t.dims[0] as usize)
-                    .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
+                Matrix::new(
+                    source,
+                    t.offset as usize,
+                    wtype,
+                    t.dims[1] as usize,
+                    t.dims[0] as usize,
+                )
+                .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
             }
             Files::Safetensors(_) => {
                 let (f, dtype, shape, start) = self
                     .find_st(&name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
                 if shape.len() != 2 {
-                    return Err(PluginError::failed(format!("{name}: expected 2-D, got {shape:?}")));
+                    return Err(PluginError::failed(format!(
+                        "{name}: expected 2-D, got {shape:?}"
+                    )));
                 }
                 let wtype = st_wtype(&name, &dtype)?;
                 let source: Arc<dyn ByteSource> = f.clone();
@@ -571,7 +633,10 @@ fn st_wtype(name: &str, dtype: &Dtype) -> Result<WeightType, PluginError> {
         Dtype::F32 => Ok(WeightType::F32),
         Dtype::F16 => Ok(WeightType::F16),
         Dtype::BF16 => Ok(WeightType::BF16),
-        d => Err(PluginError::failed(format!("{name}: unsupported dtype {}", d.name()))),
+        d => Err(PluginError::failed(format!(
+            "{name}: unsupported dtype {}",
+            d.name()
+        ))),
     }
 }
 
@@ -583,27 +648,51 @@ mod tests {
     fn names_map_both_ways() {
         let id = TensorId::layer(Role::AttnQ, 3).bias();
         assert_eq!(id.gguf_name(), "blk.3.attn_q.bias");
-        assert_eq!(id.hf_name(HfNames::Standard), "model.layers.3.self_attn.q_proj.bias");
+        assert_eq!(
+            id.hf_name(HfNames::Standard),
+            "model.layers.3.self_attn.q_proj.bias"
+        );
         assert_eq!(TensorId::from_gguf_name("blk.3.attn_q.bias"), Some(id));
         let ffn = TensorId::layer(Role::FfnNorm, 0);
-        assert_eq!(ffn.hf_name(HfNames::Standard), "model.layers.0.post_attention_layernorm.weight");
-        assert_eq!(ffn.hf_name(HfNames::Sandwich), "model.layers.0.pre_feedforward_layernorm.weight");
         assert_eq!(
-            TensorId::from_hf_name("model.layers.0.post_attention_layernorm.weight", HfNames::Sandwich)
-                .unwrap()
-                .role,
+            ffn.hf_name(HfNames::Standard),
+            "model.layers.0.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            ffn.hf_name(HfNames::Sandwich),
+            "model.layers.0.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            TensorId::from_hf_name(
+                "model.layers.0.post_attention_layernorm.weight",
+                HfNames::Sandwich
+            )
+            .unwrap()
+            .role,
             Role::PostAttnNorm
         );
         let e = TensorId::layer(Role::FfnUpExps, 1).expert(5);
-        assert_eq!(e.hf_name(HfNames::Standard), "model.layers.1.mlp.experts.5.up_proj.weight");
+        assert_eq!(
+            e.hf_name(HfNames::Standard),
+            "model.layers.1.mlp.experts.5.up_proj.weight"
+        );
         assert_eq!(e.gguf_name(), "blk.1.ffn_up_exps.weight");
-        assert_eq!(TensorId::from_hf_name(&e.hf_name(HfNames::Standard), HfNames::Standard), Some(e));
+        assert_eq!(
+            TensorId::from_hf_name(&e.hf_name(HfNames::Standard), HfNames::Standard),
+            Some(e)
+        );
         for g in [Role::TokenEmbd, Role::OutputNorm, Role::Output] {
             let id = TensorId::global(g);
             assert_eq!(TensorId::from_gguf_name(&id.gguf_name()), Some(id));
-            assert_eq!(TensorId::from_hf_name(&id.hf_name(HfNames::Standard), HfNames::Standard), Some(id));
+            assert_eq!(
+                TensorId::from_hf_name(&id.hf_name(HfNames::Standard), HfNames::Standard),
+                Some(id)
+            );
         }
-        assert_eq!(TensorId::global(Role::Output).hf_name(HfNames::Standard), "lm_head.weight");
+        assert_eq!(
+            TensorId::global(Role::Output).hf_name(HfNames::Standard),
+            "lm_head.weight"
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! (softmax router, top-k SwiGLU experts), from llama.cpp GGUF files or HF safetensors, on the
 //! generic decoder of `berth-plugin-common`.
 
+#![warn(missing_docs)]
+
 use berth_plugin_api::abi::CAP_TOOLS;
 use berth_plugin_api::{
     BatchView, Family, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
@@ -100,10 +102,9 @@ fn is_safetensors(config: &LoadConfig) -> bool {
     match config.format.as_str() {
         "safetensors" => true,
         "gguf" => false,
-        _ => config
-            .weights
-            .first()
-            .map_or(!has_gguf(&config.pack_dir), |p| p.extension().is_some_and(|e| e == "safetensors")),
+        _ => config.weights.first().map_or(!has_gguf(&config.pack_dir), |p| {
+            p.extension().is_some_and(|e| e == "safetensors")
+        }),
     }
 }
 
@@ -147,16 +148,22 @@ fn load_gguf(config: &LoadConfig) -> Result<Loaded, PluginError> {
     let w = Weights::open_gguf(&path)?;
     let g = w.gguf().expect("opened as GGUF");
     let arch = g.architecture().unwrap_or("").to_string();
-    let variant =
-        Variant::from_arch(&arch).ok_or_else(|| bad(format!("{}: unsupported architecture {arch:?}", path.display())))?;
+    let variant = Variant::from_arch(&arch)
+        .ok_or_else(|| bad(format!("{}: unsupported architecture {arch:?}", path.display())))?;
     let key = |k: &str| format!("{arch}.{k}");
     let get = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
     let req = |k: &str| get(k).ok_or_else(|| bad(format!("{}: missing {}", path.display(), key(k))));
-    let (n_layers, hidden, heads) = (req("block_count")?, req("embedding_length")?, req("attention.head_count")?);
+    let (n_layers, hidden, heads) = (
+        req("block_count")?,
+        req("embedding_length")?,
+        req("attention.head_count")?,
+    );
     let kv_heads = get("attention.head_count_kv").unwrap_or(heads);
     let head_dim = get("attention.key_length").unwrap_or(hidden / heads);
     let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
-    cfg.eps = g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
+    cfg.eps = g
+        .get_f32(&key("attention.layer_norm_rms_epsilon"))
+        .unwrap_or(1e-6);
     cfg.rope_base = vec![g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0); n_layers];
     apply_variant(&mut cfg, variant, false);
     if variant == Variant::Qwen3Moe {
@@ -193,7 +200,9 @@ fn load_gguf(config: &LoadConfig) -> Result<Loaded, PluginError> {
             }
         }
     }
-    let tools = g.get_str("tokenizer.chat_template").is_some_and(|t| t.contains("tools"));
+    let tools = g
+        .get_str("tokenizer.chat_template")
+        .is_some_and(|t| t.contains("tools"));
     Ok(Loaded {
         variant,
         cfg,
@@ -227,13 +236,21 @@ fn load_safetensors(config: &LoadConfig) -> Result<Loaded, PluginError> {
     let dir = &config.pack_dir;
     let c = read_json(&dir.join("config.json"))?;
     let c = c.get("text_config").cloned().unwrap_or(c);
-    let model_type = c.get("model_type").and_then(Value::as_str).unwrap_or(&config.architecture);
-    let variant = Variant::from_arch(model_type).ok_or_else(|| bad(format!("unsupported model_type {model_type:?}")))?;
+    let model_type = c
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or(&config.architecture);
+    let variant = Variant::from_arch(model_type)
+        .ok_or_else(|| bad(format!("unsupported model_type {model_type:?}")))?;
     let num = |k: &str| c.get(k).and_then(Value::as_u64).map(|v| v as usize);
     let req = |k: &str| num(k).ok_or_else(|| bad(format!("config.json: missing {k}")));
     let flt = |k: &str| c.get(k).and_then(Value::as_f64);
     let flag = |k: &str| c.get(k).and_then(Value::as_bool);
-    let (n_layers, hidden, heads) = (req("num_hidden_layers")?, req("hidden_size")?, req("num_attention_heads")?);
+    let (n_layers, hidden, heads) = (
+        req("num_hidden_layers")?,
+        req("hidden_size")?,
+        req("num_attention_heads")?,
+    );
     let kv_heads = num("num_key_value_heads").unwrap_or(heads);
     let head_dim = num("head_dim").unwrap_or(hidden / heads);
     let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
@@ -253,13 +270,19 @@ fn load_safetensors(config: &LoadConfig) -> Result<Loaded, PluginError> {
         }
     }
     if variant == Variant::Qwen3Moe {
-        if c.get("mlp_only_layers").and_then(Value::as_array).is_some_and(|a| !a.is_empty())
+        if c.get("mlp_only_layers")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
             || num("decoder_sparse_step").is_some_and(|s| s != 1)
         {
-            return Err(bad("Qwen3-MoE with dense layers (mlp_only_layers / decoder_sparse_step) is not supported"));
+            return Err(bad(
+                "Qwen3-MoE with dense layers (mlp_only_layers / decoder_sparse_step) is not supported",
+            ));
         }
         cfg.moe = Some(MoeConfig {
-            n_experts: num("num_experts").or(num("num_local_experts")).ok_or_else(|| bad("config.json: missing num_experts"))?,
+            n_experts: num("num_experts")
+                .or(num("num_local_experts"))
+                .ok_or_else(|| bad("config.json: missing num_experts"))?,
             top_k: req("num_experts_per_tok")?,
             norm_topk_prob: flag("norm_topk_prob").unwrap_or(false),
         });
@@ -276,10 +299,17 @@ fn load_safetensors(config: &LoadConfig) -> Result<Loaded, PluginError> {
     let mut stop_tokens = Vec::new();
     let mut special = Map::new();
     let gen = dir.join("generation_config.json");
-    let gen = if gen.exists() { read_json(&gen)? } else { Value::Null };
+    let gen = if gen.exists() {
+        read_json(&gen)?
+    } else {
+        Value::Null
+    };
     for src in [&gen, &c] {
         match src.get("eos_token_id") {
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_i64).for_each(|id| push_unique(&mut stop_tokens, id as i32)),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_i64)
+                .for_each(|id| push_unique(&mut stop_tokens, id as i32)),
             Some(v) => {
                 if let Some(id) = v.as_i64() {
                     push_unique(&mut stop_tokens, id as i32)
@@ -314,7 +344,10 @@ pub struct QwenModel {
 
 impl QwenModel {
     fn new(l: Loaded, config: &LoadConfig) -> Result<QwenModel, PluginError> {
-        let context = config.context_length.filter(|&c| c > 0).map_or(l.context_length, |c| c.min(l.context_length));
+        let context = config
+            .context_length
+            .filter(|&c| c > 0)
+            .map_or(l.context_length, |c| c.min(l.context_length));
         let max_seqs = config.max_sequences.filter(|&m| m > 0).unwrap_or(16);
         let threads = resolve_threads(config.threads);
         let vocab = l.weights.output.rows as u32;
@@ -379,10 +412,19 @@ mod tests {
     #[test]
     fn probe_accepts_supported_architectures_only() {
         for a in ["qwen2", "qwen3", "qwen3moe", "qwen3_moe"] {
-            assert_eq!(QwenFamily::probe(&json!({"family": "qwen3", "architecture": a, "format": "gguf"})), 100);
+            assert_eq!(
+                QwenFamily::probe(&json!({"family": "qwen3", "architecture": a, "format": "gguf"})),
+                100
+            );
         }
-        assert_eq!(QwenFamily::probe(&json!({"family": "qwen3", "architecture": "llama"})), 0);
-        assert_eq!(QwenFamily::probe(&json!({"family": "gemma", "architecture": "qwen2"})), 0);
+        assert_eq!(
+            QwenFamily::probe(&json!({"family": "qwen3", "architecture": "llama"})),
+            0
+        );
+        assert_eq!(
+            QwenFamily::probe(&json!({"family": "gemma", "architecture": "qwen2"})),
+            0
+        );
         let m = QwenFamily::manifest();
         assert_eq!(m.name, "qwen3");
         assert!(m.architectures.contains(&"qwen3moe".to_string()));

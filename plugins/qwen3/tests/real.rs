@@ -23,7 +23,11 @@ fn model_path() -> PathBuf {
             .arg("qwen2.5-coder-0.5b")
             .output()
             .expect("run scripts/fetch-models");
-        assert!(out.status.success(), "fetch-models failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "fetch-models failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let path = String::from_utf8(out.stdout).unwrap();
         PathBuf::from(path.lines().last().expect("fetch-models prints the path").trim())
     })
@@ -90,8 +94,15 @@ fn describe_reads_the_gguf() {
     assert_eq!(d.vocab_size, 151936);
     assert_eq!(d.context_length, 32768);
     // eos = <|im_end|>, plus <|endoftext|>.
-    assert!(d.stop_tokens.contains(&151645) && d.stop_tokens.contains(&151643), "{:?}", d.stop_tokens);
-    assert_eq!(d.capabilities & berth_plugin_api::abi::CAP_TOOLS, berth_plugin_api::abi::CAP_TOOLS);
+    assert!(
+        d.stop_tokens.contains(&151645) && d.stop_tokens.contains(&151643),
+        "{:?}",
+        d.stop_tokens
+    );
+    assert_eq!(
+        d.capabilities & berth_plugin_api::abi::CAP_TOOLS,
+        berth_plugin_api::abi::CAP_TOOLS
+    );
     assert_eq!(d.extra["architecture"], "qwen2");
     assert_eq!(d.extra["special_tokens"]["<|im_start|>"], 151644);
 }
@@ -106,7 +117,11 @@ fn paris_is_the_greedy_next_token() {
 
     let mut m = load(2);
     let out = greedy(&mut m, &PROMPT, 8);
-    let words: String = out.iter().map(|&t| tokens[t as usize]).collect::<String>().replace('Ġ', " ");
+    let words: String = out
+        .iter()
+        .map(|&t| tokens[t as usize])
+        .collect::<String>()
+        .replace('Ġ', " ");
     eprintln!("continuation: {out:?} {words:?}");
     assert_eq!(out[0], PARIS, "{words:?}");
     assert!(out.iter().all(|&t| (0..151936).contains(&t)));
@@ -170,6 +185,9 @@ fn speed() {
             tok = argmax(&logits);
         }
         let tg = 32.0 / t.elapsed().as_secs_f64();
-        eprintln!("threads {threads}: prompt {pp:.1} tok/s (128 tokens), generation {tg:.1} tok/s (32 tokens)");
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        eprintln!("threads {threads} (load average {}): prompt {pp:.1} tok/s (128 tokens), generation {tg:.1} tok/s (32 tokens)",
+            load.split_whitespace().next().unwrap_or("?")
+        );
     }
 }

@@ -41,8 +41,14 @@ fn decode(m: &mut QwenModel, tokens: &[i32], positions: &[i32], seqs: &[i32], wa
 fn assert_close(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let max_logit = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
-    let max_diff = got.iter().zip(want).fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
-    assert!(max_diff <= 1e-3 * max_logit, "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}");
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(
+        max_diff <= 1e-3 * max_logit,
+        "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}"
+    );
 }
 
 fn check_reference(name: &str) {
@@ -92,7 +98,9 @@ fn batched_sequences_match_separate_decoding_and_truncate_and_fork_work() {
     let a = decode(&mut m, &IDS[..5], &[0, 1, 2, 3, 4], &[0; 5], &[0, 0, 0, 0, 1]);
     let b = decode(&mut m, &IDS[3..], &[0, 1, 2, 3, 4], &[1; 5], &[0, 1, 0, 0, 1]);
     // Together, interleaved, in sequences 2 and 3.
-    let toks = [IDS[0], IDS[3], IDS[1], IDS[4], IDS[2], IDS[5], IDS[3], IDS[6], IDS[4], IDS[7]];
+    let toks = [
+        IDS[0], IDS[3], IDS[1], IDS[4], IDS[2], IDS[5], IDS[3], IDS[6], IDS[4], IDS[7],
+    ];
     let pos = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4];
     let seqs = [2, 3, 2, 3, 2, 3, 2, 3, 2, 3];
     let want = [0, 0, 0, 1, 0, 0, 0, 0, 1, 1];
@@ -134,7 +142,9 @@ fn batched_sequences_match_separate_decoding_and_truncate_and_fork_work() {
         want_logits: &[1],
     };
     assert_eq!(
-        m.decode(&bad_seq, &mut LogitsOut::new(&mut out, v)).unwrap_err().kind,
+        m.decode(&bad_seq, &mut LogitsOut::new(&mut out, v))
+            .unwrap_err()
+            .kind,
         ErrorKind::InvalidArgument
     );
 }
