@@ -148,3 +148,29 @@ fn batched_sequences_match_separate_decoding_and_truncate_and_fork_work() {
         ErrorKind::InvalidArgument
     );
 }
+
+#[test]
+fn the_exported_c_abi_entry_serves_the_model() {
+    // SAFETY: the table comes from this crate's own exported entry, valid for the process.
+    let plugin =
+        unsafe { berth_plugin_api::Plugin::from_entry(berth_qwen3::berth_plugin_entry_v1()) }.unwrap();
+    assert_eq!(
+        plugin.probe(r#"{"family":"qwen3","architecture":"qwen3_moe","format":"safetensors"}"#),
+        100
+    );
+    let cfg = serde_json::json!({
+        "pack_dir": fixture("qwen3"), "family": "qwen3", "architecture": "qwen3", "format": "safetensors"
+    });
+    let mut m = plugin.create(&cfg.to_string()).unwrap();
+    assert_eq!(m.description().vocab_size, 512);
+    let want = read_npy_f32(fixture("qwen3").join("logits.npy")).unwrap();
+    let mut out = vec![0.0; 512];
+    let b = BatchView {
+        tokens: &IDS,
+        positions: &[0, 1, 2, 3, 4, 5, 6, 7],
+        seq_ids: &[0; 8],
+        want_logits: &[0, 0, 0, 0, 0, 0, 0, 1],
+    };
+    assert_eq!(m.decode(&b, &mut out).unwrap(), 1);
+    assert_close(&out, want.row(7), "through the C ABI");
+}
