@@ -10,6 +10,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// One expert's slice of a stacked tensor: index, dims, bytes.
+type Expert = (usize, Vec<u64>, Vec<u8>);
+
 enum Meta {
     U32(u32),
     F32(f32),
@@ -94,7 +97,7 @@ fn convert(dir: &Path, out: &Path) {
         meta.push((format!("{arch}.expert_used_count"), u("num_experts_per_tok")));
     }
     let mut tensors = Vec::new();
-    let mut experts: BTreeMap<String, Vec<(usize, Vec<u64>, Vec<u8>)>> = BTreeMap::new();
+    let mut experts: BTreeMap<String, Vec<Expert>> = BTreeMap::new();
     for t in st.tensors() {
         let id = TensorId::from_hf_name(&t.name, HfNames::Standard).unwrap_or_else(|| panic!("{}", t.name));
         let dims: Vec<u64> = t.shape.iter().rev().copied().collect();
