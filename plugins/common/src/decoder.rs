@@ -1,0 +1,741 @@
+//! A generic pre-norm transformer decoder (Llama/Qwen layout, with the switches Gemma needs),
+//! running a batch of rows from several sequences: linear layers over all rows at once,
+//! attention per row against its own sequence's KV cache, and the LM head only for rows that
+//! want logits.
+
+use crate::kv::KvCache;
+use crate::linear::{matmul, par_units, MatmulScratch};
+use crate::ops::{gelu_tanh, rms_norm, rms_norm_heads, silu, softcap, softmax, Rope};
+use crate::weights::{Matrix, Role, TensorId, Weights};
+use berth_kernels::dot::dot_f32;
+use berth_plugin_api::{BatchView, LogitsOut, PluginError};
+
+/// The gated activation of the FFN: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): Llama, Qwen.
+    Silu,
+    /// GELU with the tanh approximation (GeGLU): Gemma.
+    GeluTanh,
+}
+
+impl Activation {
+    /// Applies the activation.
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Silu => silu(x),
+            Activation::GeluTanh => gelu_tanh(x),
+        }
+    }
+}
+
+/// Mixture-of-experts FFN settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Number of experts.
+    pub n_experts: usize,
+    /// Experts used per token.
+    pub top_k: usize,
+    /// Renormalise the top-k router weights to sum to one.
+    pub norm_topk_prob: bool,
+}
+
+/// Shape and switches of a decoder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecoderConfig {
+    /// Number of layers.
+    pub n_layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (GQA).
+    pub n_kv_heads: usize,
+    /// Dimension per head.
+    pub head_dim: usize,
+    /// RMS norm epsilon.
+    pub eps: f32,
+    /// Norm weights are applied as `1 + w` (Gemma safetensors; GGUF has the 1 folded in).
+    pub norm_add_one: bool,
+    /// q/k/v projections have biases (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head q/k RMSNorm before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Norms on the attention and FFN outputs before the residual add (Gemma).
+    pub post_norms: bool,
+    /// FFN activation.
+    pub activation: Activation,
+    /// Multiplier of q·k (default `head_dim^-0.5`).
+    pub attn_scale: f32,
+    /// Sliding-window size per layer (`None` = full causal attention).
+    pub sliding_window: Vec<Option<usize>>,
+    /// RoPE base per layer.
+    pub rope_base: Vec<f32>,
+    /// Rotated dimensions per head (default `head_dim`).
+    pub rope_dim: usize,
+    /// NeoX (rotate_half) RoPE layout rather than interleaved pairs.
+    pub rope_neox: bool,
+    /// Multiplier of the token embeddings (Gemma: `sqrt(hidden)`).
+    pub embed_scale: Option<f32>,
+    /// Final logit soft-capping.
+    pub final_softcap: Option<f32>,
+    /// Use the embedding matrix as the LM head even if an output tensor exists.
+    pub tie_embeddings: bool,
+    /// Mixture-of-experts FFN in every layer.
+    pub moe: Option<MoeConfig>,
+}
+
+impl DecoderConfig {
+    /// A Llama-style configuration (SiLU, NeoX RoPE base 10000, eps 1e-6, untied, no extras).
+    pub fn new(n_layers: usize, hidden: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+        DecoderConfig {
+            n_layers,
+            hidden,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            eps: 1e-6,
+            norm_add_one: false,
+            qkv_bias: false,
+            qk_norm: false,
+            post_norms: false,
+            activation: Activation::Silu,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            sliding_window: vec![None; n_layers],
+            rope_base: vec![10000.0; n_layers],
+            rope_dim: head_dim,
+            rope_neox: true,
+            embed_scale: None,
+            final_softcap: None,
+            tie_embeddings: false,
+            moe: None,
+        }
+    }
+
+    /// Query width: `n_heads * head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Key/value width: `n_kv_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+/// One expert's (or a dense layer's) gated FFN.
+#[derive(Clone, Debug)]
+pub struct GatedFfn {
+    /// Gate projection (`ffn × hidden`).
+    pub gate: Matrix,
+    /// Up projection (`ffn × hidden`).
+    pub up: Matrix,
+    /// Down projection (`hidden × ffn`).
+    pub down: Matrix,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    /// One gated FFN.
+    Dense(GatedFfn),
+    /// A softmax router over experts, top-k.
+    Moe {
+        /// Router (`n_experts × hidden`).
+        router: Matrix,
+        /// The experts.
+        experts: Vec<GatedFfn>,
+    },
+}
+
+/// Weights of one decoder layer.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// Pre-attention norm.
+    pub attn_norm: Vec<f32>,
+    /// Query projection.
+    pub wq: Matrix,
+    /// Key projection.
+    pub wk: Matrix,
+    /// Value projection.
+    pub wv: Matrix,
+    /// Output projection.
+    pub wo: Matrix,
+    /// Query bias.
+    pub bq: Option<Vec<f32>>,
+    /// Key bias.
+    pub bk: Option<Vec<f32>>,
+    /// Value bias.
+    pub bv: Option<Vec<f32>>,
+    /// Per-head query norm.
+    pub q_norm: Option<Vec<f32>>,
+    /// Per-head key norm.
+    pub k_norm: Option<Vec<f32>>,
+    /// Norm of the attention output (Gemma).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// Pre-FFN norm.
+    pub ffn_norm: Vec<f32>,
+    /// Norm of the FFN output (Gemma).
+    pub post_ffw_norm: Option<Vec<f32>>,
+    /// Feed-forward block.
+    pub ffn: Ffn,
+}
+
+/// All decoder weights.
+#[derive(Clone, Debug)]
+pub struct DecoderWeights {
+    /// Token embeddings (`vocab × hidden`).
+    pub embed: Matrix,
+    /// Layers.
+    pub layers: Vec<LayerWeights>,
+    /// Final norm.
+    pub output_norm: Vec<f32>,
+    /// LM head (`vocab × hidden`); the embedding when tied.
+    pub output: Matrix,
+}
+
+fn need(w: &Weights, id: TensorId, flag: bool) -> Result<Option<Vec<f32>>, PluginError> {
+    if flag {
+        w.vector(&id).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+impl DecoderWeights {
+    /// Loads the standard decoder tensors named by [`TensorId`]s, honouring the config's switches.
+    pub fn load(w: &Weights, cfg: &DecoderConfig) -> Result<DecoderWeights, PluginError> {
+        let embed = w.matrix(&TensorId::global(Role::TokenEmbd))?;
+        let out_id = TensorId::global(Role::Output);
+        let output = if cfg.tie_embeddings || !w.has(&out_id) {
+            embed.clone()
+        } else {
+            w.matrix(&out_id)?
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let id = |r| TensorId::layer(r, i);
+            let ffn = match cfg.moe {
+                None => Ffn::Dense(GatedFfn {
+                    gate: w.matrix(&id(Role::FfnGate))?,
+                    up: w.matrix(&id(Role::FfnUp))?,
+                    down: w.matrix(&id(Role::FfnDown))?,
+                }),
+                Some(m) => {
+                    let gates = w.experts(Role::FfnGateExps, i, m.n_experts)?;
+                    let ups = w.experts(Role::FfnUpExps, i, m.n_experts)?;
+                    let downs = w.experts(Role::FfnDownExps, i, m.n_experts)?;
+                    Ffn::Moe {
+                        router: w.matrix(&id(Role::FfnGateInp))?,
+                        experts: gates
+                            .into_iter()
+                            .zip(ups)
+                            .zip(downs)
+                            .map(|((gate, up), down)| GatedFfn { gate, up, down })
+                            .collect(),
+                    }
+                }
+            };
+            let layer = LayerWeights {
+                attn_norm: w.vector(&id(Role::AttnNorm))?,
+                wq: w.matrix(&id(Role::AttnQ))?,
+                wk: w.matrix(&id(Role::AttnK))?,
+                wv: w.matrix(&id(Role::AttnV))?,
+                wo: w.matrix(&id(Role::AttnOut))?,
+                bq: need(w, id(Role::AttnQ).bias(), cfg.qkv_bias)?,
+                bk: need(w, id(Role::AttnK).bias(), cfg.qkv_bias)?,
+                bv: need(w, id(Role::AttnV).bias(), cfg.qkv_bias)?,
+                q_norm: need(w, id(Role::AttnQNorm), cfg.qk_norm)?,
+                k_norm: need(w, id(Role::AttnKNorm), cfg.qk_norm)?,
+                post_attn_norm: need(w, id(Role::PostAttnNorm), cfg.post_norms)?,
+                ffn_norm: w.vector(&id(Role::FfnNorm))?,
+                post_ffw_norm: need(w, id(Role::PostFfwNorm), cfg.post_norms)?,
+                ffn,
+            };
+            check_layer(&layer, cfg, i)?;
+            layers.push(layer);
+        }
+        if embed.cols != cfg.hidden || output.cols != cfg.hidden {
+            return Err(PluginError::failed(format!(
+                "embedding/output width {}/{} differs from hidden size {}",
+                embed.cols, output.cols, cfg.hidden
+            )));
+        }
+        Ok(DecoderWeights {
+            embed,
+            layers,
+            output_norm: w.vector(&TensorId::global(Role::OutputNorm))?,
+            output,
+        })
+    }
+}
+
+fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
+    let (h, q, kv) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+    let ok = l.wq.rows == q
+        && l.wq.cols == h
+        && l.wk.rows == kv
+        && l.wk.cols == h
+        && l.wv.rows == kv
+        && l.wv.cols == h
+        && l.wo.rows == h
+        && l.wo.cols == q
+        && l.attn_norm.len() == h
+        && l.ffn_norm.len() == h;
+    if !ok {
+        return Err(PluginError::failed(format!(
+            "layer {i}: attention shapes q {:?} k {:?} v {:?} o {:?} do not fit hidden {h}, {} heads, {} kv heads of {}",
+            l.wq, l.wk, l.wv, l.wo, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        )));
+    }
+    Ok(())
+}
+
+/// Reusable buffers for a forward pass.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    ffn_out: Vec<f32>,
+    router: Vec<f32>,
+    moe_in: Vec<f32>,
+    moe_out: Vec<f32>,
+    assign: Vec<Vec<(usize, f32)>>,
+    head_in: Vec<f32>,
+    logits: Vec<f32>,
+    cs: Vec<(f32, f32)>,
+    mm: MatmulScratch,
+    seq_next: Vec<Option<usize>>,
+    rows: Vec<(usize, usize)>,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// A decoder with its KV cache and scratch space: the whole per-instance state of a model.
+pub struct Decoder {
+    /// Configuration.
+    pub cfg: DecoderConfig,
+    /// Weights.
+    pub weights: DecoderWeights,
+    /// KV cache of every sequence.
+    pub kv: KvCache,
+    /// Compute threads.
+    pub threads: usize,
+    ropes: Vec<Rope>,
+    s: Scratch,
+}
+
+impl Decoder {
+    /// A decoder for `max_seqs` sequences of at most `max_len` positions.
+    pub fn new(
+        cfg: DecoderConfig,
+        weights: DecoderWeights,
+        max_seqs: usize,
+        max_len: usize,
+        threads: usize,
+    ) -> Decoder {
+        let ropes = cfg
+            .rope_base
+            .iter()
+            .map(|&b| Rope::new(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox))
+            .collect();
+        let kv = KvCache::new(vec![cfg.kv_dim(); cfg.n_layers], max_seqs, max_len);
+        Decoder {
+            cfg,
+            weights,
+            kv,
+            threads: threads.max(1),
+            ropes,
+            s: Scratch::default(),
+        }
+    }
+
+    /// Logits per row: the LM head's rows.
+    pub fn vocab_size(&self) -> usize {
+        self.weights.output.rows
+    }
+
+    /// Positions held by sequence `seq`.
+    pub fn seq_len(&self, seq: i32) -> Result<usize, PluginError> {
+        Ok(self.kv.seq_len(self.kv.check_seq(seq)?))
+    }
+
+    /// Drops every position at or after `len` from a sequence.
+    pub fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
+        let s = self.kv.check_seq(seq)?;
+        self.kv.truncate(s, len as usize);
+        Ok(())
+    }
+
+    /// Copies sequence `src` into `dst`.
+    pub fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
+        let (s, d) = (self.kv.check_seq(src)?, self.kv.check_seq(dst)?);
+        self.kv.fork(s, d);
+        Ok(())
+    }
+
+    /// Feeds one token to a sequence at its next position without computing logits.
+    pub fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError> {
+        let pos = self.seq_len(seq)? as i32;
+        let batch = BatchView {
+            tokens: &[token],
+            positions: &[pos],
+            seq_ids: &[seq],
+            want_logits: &[0],
+        };
+        self.decode(&batch, &mut LogitsOut::new(&mut [], self.vocab_size()))
+    }
+
+    /// Runs a batch (the plugin `decode` contract): each row's position must be its sequence's
+    /// next one; one logits row is written per row that wants logits, in batch order.
+    pub fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
+        batch.validate()?;
+        let n = batch.len();
+        let vocab = self.vocab_size();
+        let want = batch.logit_rows();
+        if want > 0 && logits.row_len() < vocab {
+            return Err(PluginError::invalid_argument(format!(
+                "logits rows hold {} floats; the vocabulary has {vocab}",
+                logits.row_len()
+            )));
+        }
+        if logits.capacity_rows() < want {
+            return Err(PluginError::invalid_argument(format!(
+                "logits buffer holds {} rows; {want} wanted",
+                logits.capacity_rows()
+            )));
+        }
+        let s = &mut self.s;
+        s.seq_next.clear();
+        s.seq_next.resize(self.kv.max_sequences(), None);
+        s.rows.clear();
+        for i in 0..n {
+            let seq = self.kv.check_seq(batch.seq_ids[i])?;
+            let tok = batch.tokens[i];
+            if tok < 0 || tok as usize >= self.weights.embed.rows {
+                return Err(PluginError::invalid_argument(format!(
+                    "token {tok} outside the vocabulary (size {})",
+                    self.weights.embed.rows
+                )));
+            }
+            let next = s.seq_next[seq].unwrap_or_else(|| self.kv.seq_len(seq));
+            let pos = batch.positions[i];
+            if pos < 0 || pos as usize != next {
+                return Err(PluginError::invalid_argument(format!(
+                    "sequence {seq}: position {pos} is not its next position {next}"
+                )));
+            }
+            if next >= self.kv.max_len() {
+                return Err(PluginError::invalid_argument(format!(
+                    "sequence {seq} is full ({} positions)",
+                    self.kv.max_len()
+                )));
+            }
+            s.seq_next[seq] = Some(next + 1);
+            s.rows.push((seq, next));
+        }
+        for (seq, next) in s.seq_next.iter().enumerate() {
+            if let Some(len) = *next {
+                self.kv.reserve(seq, len);
+            }
+        }
+        self.forward(batch.tokens, batch.want_logits, logits);
+        let s = &mut self.s;
+        for (seq, next) in s.seq_next.iter().enumerate() {
+            if let Some(len) = *next {
+                self.kv.set_len(seq, len);
+            }
+        }
+        Ok(())
+    }
+
+    /// The forward pass over validated rows (`self.s.rows` holds each row's sequence and position).
+    fn forward(&mut self, tokens: &[i32], want_logits: &[u8], logits: &mut LogitsOut<'_>) {
+        let cfg = &self.cfg;
+        let w = &self.weights;
+        let s = &mut self.s;
+        let kv = &mut self.kv;
+        let threads = self.threads;
+        let n = tokens.len();
+        let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+
+        let x = grow(&mut s.x, n * h);
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = &mut x[i * h..(i + 1) * h];
+            w.embed.dequantize_row(t as usize, row);
+            if let Some(scale) = cfg.embed_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            // Attention block.
+            let x = &mut s.x[..n * h];
+            let xn = grow(&mut s.xn, n * h);
+            for i in 0..n {
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    Some(&lw.attn_norm),
+                    cfg.eps,
+                    cfg.norm_add_one,
+                    &mut xn[i * h..(i + 1) * h],
+                );
+            }
+            let q = grow(&mut s.q, n * qd);
+            let k = grow(&mut s.k, n * kvd);
+            let v = grow(&mut s.v, n * kvd);
+            matmul(&lw.wq, xn, n, q, &mut s.mm, threads);
+            matmul(&lw.wk, xn, n, k, &mut s.mm, threads);
+            matmul(&lw.wv, xn, n, v, &mut s.mm, threads);
+            for i in 0..n {
+                let (qr, kr, vr) = (
+                    &mut q[i * qd..(i + 1) * qd],
+                    &mut k[i * kvd..(i + 1) * kvd],
+                    &mut v[i * kvd..(i + 1) * kvd],
+                );
+                add_bias(qr, lw.bq.as_deref());
+                add_bias(kr, lw.bk.as_deref());
+                add_bias(vr, lw.bv.as_deref());
+                if let Some(qn) = &lw.q_norm {
+                    rms_norm_heads(qr, qn, cfg.eps, cfg.norm_add_one);
+                }
+                if let Some(kn) = &lw.k_norm {
+                    rms_norm_heads(kr, kn, cfg.eps, cfg.norm_add_one);
+                }
+                let (seq, pos) = s.rows[i];
+                self.ropes[l].angles(pos, &mut s.cs);
+                self.ropes[l].apply(qr, &s.cs);
+                self.ropes[l].apply(kr, &s.cs);
+                kv.write(seq, l, pos, kr, vr);
+            }
+            let att = grow(&mut s.att, n * qd);
+            attention(cfg, kv, l, &s.rows, q, att, threads);
+            let o = grow(&mut s.o, n * h);
+            matmul(&lw.wo, att, n, o, &mut s.mm, threads);
+            let x = &mut s.x[..n * h];
+            let xn = &mut s.xn[..n * h];
+            for i in 0..n {
+                let (orow, xr) = (&mut o[i * h..(i + 1) * h], &mut x[i * h..(i + 1) * h]);
+                if let Some(pn) = &lw.post_attn_norm {
+                    let tmp = &mut xn[i * h..(i + 1) * h];
+                    rms_norm(orow, Some(pn), cfg.eps, cfg.norm_add_one, tmp);
+                    orow.copy_from_slice(tmp);
+                }
+                xr.iter_mut().zip(orow.iter()).for_each(|(a, b)| *a += b);
+            }
+
+            // Feed-forward block.
+            for i in 0..n {
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    Some(&lw.ffn_norm),
+                    cfg.eps,
+                    cfg.norm_add_one,
+                    &mut xn[i * h..(i + 1) * h],
+                );
+            }
+            let out = grow(&mut s.ffn_out, n * h);
+            match &lw.ffn {
+                Ffn::Dense(f) => gated_ffn(
+                    f,
+                    cfg.activation,
+                    xn,
+                    n,
+                    out,
+                    &mut s.gate,
+                    &mut s.up,
+                    &mut s.mm,
+                    threads,
+                ),
+                Ffn::Moe { router, experts } => {
+                    let moe = cfg.moe.expect("MoE weights need a MoE config");
+                    let ne = router.rows;
+                    let r = grow(&mut s.router, n * ne);
+                    matmul(router, xn, n, r, &mut s.mm, threads);
+                    s.assign.resize_with(ne, Vec::new);
+                    s.assign.iter_mut().for_each(Vec::clear);
+                    for i in 0..n {
+                        let p = &mut r[i * ne..(i + 1) * ne];
+                        softmax(p);
+                        let mut picked = [(0usize, 0.0f32); 64];
+                        let k = moe.top_k.min(ne).min(64);
+                        for slot in 0..k {
+                            let mut best = usize::MAX;
+                            for (e, &pe) in p.iter().enumerate() {
+                                if picked[..slot].iter().any(|&(pe2, _)| pe2 == e) {
+                                    continue;
+                                }
+                                if best == usize::MAX || pe > p[best] {
+                                    best = e;
+                                }
+                            }
+                            picked[slot] = (best, p[best]);
+                        }
+                        let sum: f32 = picked[..k].iter().map(|x| x.1).sum();
+                        for &(e, pe) in &picked[..k] {
+                            let wgt = if moe.norm_topk_prob { pe / sum } else { pe };
+                            s.assign[e].push((i, wgt));
+                        }
+                    }
+                    out.fill(0.0);
+                    for (e, rows) in s.assign.iter().enumerate() {
+                        if rows.is_empty() {
+                            continue;
+                        }
+                        let m = rows.len();
+                        let inp = grow(&mut s.moe_in, m * h);
+                        for (j, &(i, _)) in rows.iter().enumerate() {
+                            inp[j * h..(j + 1) * h].copy_from_slice(&xn[i * h..(i + 1) * h]);
+                        }
+                        let eo = grow(&mut s.moe_out, m * h);
+                        gated_ffn(
+                            &experts[e],
+                            cfg.activation,
+                            inp,
+                            m,
+                            eo,
+                            &mut s.gate,
+                            &mut s.up,
+                            &mut s.mm,
+                            threads,
+                        );
+                        for (j, &(i, wgt)) in rows.iter().enumerate() {
+                            out[i * h..(i + 1) * h]
+                                .iter_mut()
+                                .zip(&eo[j * h..(j + 1) * h])
+                                .for_each(|(a, b)| *a += wgt * b);
+                        }
+                    }
+                }
+            }
+            for i in 0..n {
+                let orow = &mut out[i * h..(i + 1) * h];
+                if let Some(pn) = &lw.post_ffw_norm {
+                    let tmp = &mut xn[i * h..(i + 1) * h];
+                    rms_norm(orow, Some(pn), cfg.eps, cfg.norm_add_one, tmp);
+                    orow.copy_from_slice(tmp);
+                }
+                x[i * h..(i + 1) * h]
+                    .iter_mut()
+                    .zip(orow.iter())
+                    .for_each(|(a, b)| *a += b);
+            }
+        }
+
+        // Final norm and LM head for the rows that want logits.
+        let m = want_logits.iter().filter(|&&wl| wl != 0).count();
+        if m == 0 {
+            return;
+        }
+        let x = &s.x[..n * h];
+        let hin = grow(&mut s.head_in, m * h);
+        let mut j = 0;
+        for i in 0..n {
+            if want_logits[i] != 0 {
+                rms_norm(
+                    &x[i * h..(i + 1) * h],
+                    Some(&w.output_norm),
+                    cfg.eps,
+                    cfg.norm_add_one,
+                    &mut hin[j * h..(j + 1) * h],
+                );
+                j += 1;
+            }
+        }
+        let vocab = w.output.rows;
+        let lg = grow(&mut s.logits, m * vocab);
+        matmul(&w.output, hin, m, lg, &mut s.mm, threads);
+        for j in 0..m {
+            let src = &mut lg[j * vocab..(j + 1) * vocab];
+            if let Some(cap) = cfg.final_softcap {
+                softcap(src, cap);
+            }
+            let dst = logits.row_mut(j);
+            dst[..vocab].copy_from_slice(src);
+            dst[vocab..].fill(f32::NEG_INFINITY);
+        }
+    }
+}
+
+fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
+    if let Some(b) = b {
+        x.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// `out = down(act(gate(x)) * up(x))` for `n` rows.
+#[allow(clippy::too_many_arguments)]
+fn gated_ffn(
+    f: &GatedFfn,
+    act: Activation,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    gate: &mut Vec<f32>,
+    up: &mut Vec<f32>,
+    mm: &mut MatmulScratch,
+    threads: usize,
+) {
+    let d = f.gate.rows;
+    let g = grow(gate, n * d);
+    let u = grow(up, n * d);
+    matmul(&f.gate, x, n, g, mm, threads);
+    matmul(&f.up, x, n, u, mm, threads);
+    g.iter_mut()
+        .zip(u.iter())
+        .for_each(|(a, b)| *a = act.apply(*a) * b);
+    matmul(&f.down, g, n, out, mm, threads);
+}
+
+/// Causal (optionally sliding-window) GQA attention of every row against its sequence's cache,
+/// parallel over (row, head) pairs.
+fn attention(
+    cfg: &DecoderConfig,
+    kv: &KvCache,
+    layer: usize,
+    rows: &[(usize, usize)],
+    q: &[f32],
+    out: &mut [f32],
+    threads: usize,
+) {
+    let (hd, nh, kvd) = (cfg.head_dim, cfg.n_heads, cfg.kv_dim());
+    let group = nh / cfg.n_kv_heads;
+    let window = cfg.sliding_window.get(layer).copied().flatten();
+    let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
+    let threads = if work < (1 << 16) { 1 } else { threads };
+    par_units(threads, out, hd, |units, dst| {
+        let mut scores = Vec::new();
+        for (u, o) in units.zip(dst.chunks_exact_mut(hd)) {
+            let (row, head) = (u / nh, u % nh);
+            let (seq, pos) = rows[row];
+            let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let (ks, vs) = kv.layer(seq, layer, pos + 1);
+            let kh = head / group;
+            let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
+            scores.clear();
+            scores.extend(
+                (start..=pos)
+                    .map(|t| dot_f32(qh, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]) * cfg.attn_scale),
+            );
+            softmax(&mut scores);
+            o.fill(0.0);
+            for (t, &p) in (start..=pos).zip(&scores) {
+                let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
+                o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
+            }
+        }
+    });
+}

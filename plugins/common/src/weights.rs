@@ -1,0 +1,705 @@
+//! Loading tensors from GGUF (zero-copy from the mapped file) or HF safetensors, with the standard
+//! decoder's tensor names mapped both ways between the two conventions.
+
+use berth_kernels::quant::WeightType;
+use berth_plugin_api::PluginError;
+use berth_registry::{Dtype, GgufFile, SafetensorsFile};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Something that owns a block of bytes tensors can point into (a mapped weights file).
+pub trait ByteSource: Send + Sync {
+    /// All the bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+impl ByteSource for GgufFile {
+    fn bytes(&self) -> &[u8] {
+        GgufFile::bytes(self)
+    }
+}
+
+impl ByteSource for SafetensorsFile {
+    fn bytes(&self) -> &[u8] {
+        SafetensorsFile::bytes(self)
+    }
+}
+
+impl ByteSource for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A 2-D weight matrix of any [`WeightType`]: `rows` output rows of `cols` inputs each, stored
+/// row-major in the weight type's block format. Cloning is cheap (the bytes are shared).
+#[derive(Clone)]
+pub struct Matrix {
+    /// Storage type of the rows.
+    pub wtype: WeightType,
+    /// Number of rows (output dimension).
+    pub rows: usize,
+    /// Elements per row (input dimension).
+    pub cols: usize,
+    source: Arc<dyn ByteSource>,
+    start: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Matrix({} {}x{})", self.wtype.name(), self.rows, self.cols)
+    }
+}
+
+impl Matrix {
+    /// A matrix over `source.bytes()[start..]`; checks that the bytes are there.
+    pub fn new(
+        source: Arc<dyn ByteSource>,
+        start: usize,
+        wtype: WeightType,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, PluginError> {
+        if cols % wtype.block_size() != 0 {
+            return Err(PluginError::failed(format!(
+                "{} rows of {cols} elements are not whole blocks of {}",
+                wtype.name(),
+                wtype.block_size()
+            )));
+        }
+        let len = rows * wtype.row_bytes(cols);
+        if start + len > source.bytes().len() {
+            return Err(PluginError::failed(format!(
+                "matrix {rows}x{cols} {} needs {len} bytes at {start}; the source holds {}",
+                wtype.name(),
+                source.bytes().len()
+            )));
+        }
+        Ok(Matrix {
+            wtype,
+            rows,
+            cols,
+            source,
+            start,
+            len,
+        })
+    }
+
+    /// An owned f32 matrix from row-major values.
+    pub fn from_f32(rows: usize, cols: usize, data: &[f32]) -> Matrix {
+        assert_eq!(data.len(), rows * cols, "matrix data length");
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Matrix::new(Arc::new(bytes), 0, WeightType::F32, rows, cols).expect("sized above")
+    }
+
+    /// The raw bytes of all rows.
+    pub fn bytes(&self) -> &[u8] {
+        &self.source.bytes()[self.start..self.start + self.len]
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.wtype.row_bytes(self.cols)
+    }
+
+    /// The raw bytes of row `r`.
+    #[inline]
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes()[r * rb..(r + 1) * rb]
+    }
+
+    /// Dequantizes row `r` into `out` (`cols` floats): an embedding lookup.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        self.wtype.dequantize_row(self.row(r), &mut out[..self.cols]);
+    }
+}
+
+/// What a tensor is for, independent of the file's naming convention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Token embedding table (`token_embd` / `model.embed_tokens`).
+    TokenEmbd,
+    /// Final norm (`output_norm` / `model.norm`).
+    OutputNorm,
+    /// LM head (`output` / `lm_head`).
+    Output,
+    /// Pre-attention norm (`attn_norm` / `input_layernorm`).
+    AttnNorm,
+    /// Query projection.
+    AttnQ,
+    /// Key projection.
+    AttnK,
+    /// Value projection.
+    AttnV,
+    /// Attention output projection.
+    AttnOut,
+    /// Per-head query RMSNorm.
+    AttnQNorm,
+    /// Per-head key RMSNorm.
+    AttnKNorm,
+    /// Pre-FFN norm (`ffn_norm`; HF `post_attention_layernorm`, or `pre_feedforward_layernorm`
+    /// with sandwich norms).
+    FfnNorm,
+    /// Norm on the attention output (Gemma `post_attention_layernorm`).
+    PostAttnNorm,
+    /// Norm on the FFN output (Gemma `post_feedforward_layernorm`).
+    PostFfwNorm,
+    /// FFN gate projection.
+    FfnGate,
+    /// FFN up projection.
+    FfnUp,
+    /// FFN down projection.
+    FfnDown,
+    /// MoE router (`ffn_gate_inp` / `mlp.gate`).
+    FfnGateInp,
+    /// MoE expert gate projections (3-D in GGUF).
+    FfnGateExps,
+    /// MoE expert up projections (3-D in GGUF).
+    FfnUpExps,
+    /// MoE expert down projections (3-D in GGUF).
+    FfnDownExps,
+}
+
+/// How HF checkpoints name the per-layer norms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HfNames {
+    /// Llama/Qwen: `input_layernorm` and `post_attention_layernorm` (= the pre-FFN norm).
+    #[default]
+    Standard,
+    /// Gemma: `post_attention_layernorm` is the attention-output norm and the FFN has
+    /// `pre_feedforward_layernorm` / `post_feedforward_layernorm`.
+    Sandwich,
+}
+
+const GLOBAL_ROLES: [(Role, &str, &str); 3] = [
+    (Role::TokenEmbd, "token_embd", "model.embed_tokens"),
+    (Role::OutputNorm, "output_norm", "model.norm"),
+    (Role::Output, "output", "lm_head"),
+];
+
+/// Per-layer roles: (role, GGUF stem, HF stem standard, HF stem sandwich). `{e}` is the expert.
+const LAYER_ROLES: [(Role, &str, &str, &str); 17] = [
+    (Role::AttnNorm, "attn_norm", "input_layernorm", "input_layernorm"),
+    (Role::AttnQ, "attn_q", "self_attn.q_proj", "self_attn.q_proj"),
+    (Role::AttnK, "attn_k", "self_attn.k_proj", "self_attn.k_proj"),
+    (Role::AttnV, "attn_v", "self_attn.v_proj", "self_attn.v_proj"),
+    (
+        Role::AttnOut,
+        "attn_output",
+        "self_attn.o_proj",
+        "self_attn.o_proj",
+    ),
+    (
+        Role::AttnQNorm,
+        "attn_q_norm",
+        "self_attn.q_norm",
+        "self_attn.q_norm",
+    ),
+    (
+        Role::AttnKNorm,
+        "attn_k_norm",
+        "self_attn.k_norm",
+        "self_attn.k_norm",
+    ),
+    (
+        Role::FfnNorm,
+        "ffn_norm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+    ),
+    (
+        Role::PostAttnNorm,
+        "post_attention_norm",
+        "post_attention_norm",
+        "post_attention_layernorm",
+    ),
+    (
+        Role::PostFfwNorm,
+        "post_ffw_norm",
+        "post_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
+    (Role::FfnGate, "ffn_gate", "mlp.gate_proj", "mlp.gate_proj"),
+    (Role::FfnUp, "ffn_up", "mlp.up_proj", "mlp.up_proj"),
+    (Role::FfnDown, "ffn_down", "mlp.down_proj", "mlp.down_proj"),
+    (Role::FfnGateInp, "ffn_gate_inp", "mlp.gate", "mlp.gate"),
+    (
+        Role::FfnGateExps,
+        "ffn_gate_exps",
+        "mlp.experts.{e}.gate_proj",
+        "mlp.experts.{e}.gate_proj",
+    ),
+    (
+        Role::FfnUpExps,
+        "ffn_up_exps",
+        "mlp.experts.{e}.up_proj",
+        "mlp.experts.{e}.up_proj",
+    ),
+    (
+        Role::FfnDownExps,
+        "ffn_down_exps",
+        "mlp.experts.{e}.down_proj",
+        "mlp.experts.{e}.down_proj",
+    ),
+];
+
+/// A tensor identified by role, layer, weight-or-bias and (HF only) expert index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TensorId {
+    /// What the tensor is for.
+    pub role: Role,
+    /// Layer index, for per-layer tensors.
+    pub layer: Option<usize>,
+    /// Whether this is the `.bias` rather than the `.weight`.
+    pub bias: bool,
+    /// Expert index (HF per-expert tensors; GGUF stacks experts in one tensor).
+    pub expert: Option<usize>,
+}
+
+impl TensorId {
+    /// A model-wide weight (`token_embd`, `output_norm`, `output`).
+    pub fn global(role: Role) -> TensorId {
+        TensorId {
+            role,
+            layer: None,
+            bias: false,
+            expert: None,
+        }
+    }
+
+    /// The weight of layer `layer`.
+    pub fn layer(role: Role, layer: usize) -> TensorId {
+        TensorId {
+            role,
+            layer: Some(layer),
+            bias: false,
+            expert: None,
+        }
+    }
+
+    /// The same tensor's bias.
+    pub fn bias(mut self) -> TensorId {
+        self.bias = true;
+        self
+    }
+
+    /// The same tensor for expert `e` (HF naming).
+    pub fn expert(mut self, e: usize) -> TensorId {
+        self.expert = Some(e);
+        self
+    }
+
+    fn suffix(&self) -> &'static str {
+        if self.bias {
+            "bias"
+        } else {
+            "weight"
+        }
+    }
+
+    /// The GGUF (llama.cpp) name, e.g. `blk.3.attn_q.bias`.
+    pub fn gguf_name(&self) -> String {
+        match self.layer {
+            None => {
+                let stem = GLOBAL_ROLES
+                    .iter()
+                    .find(|r| r.0 == self.role)
+                    .map_or("?", |r| r.1);
+                format!("{stem}.{}", self.suffix())
+            }
+            Some(i) => {
+                let stem = LAYER_ROLES.iter().find(|r| r.0 == self.role).map_or("?", |r| r.1);
+                format!("blk.{i}.{stem}.{}", self.suffix())
+            }
+        }
+    }
+
+    /// The HF transformers name, e.g. `model.layers.3.self_attn.q_proj.bias`.
+    pub fn hf_name(&self, names: HfNames) -> String {
+        match self.layer {
+            None => {
+                let stem = GLOBAL_ROLES
+                    .iter()
+                    .find(|r| r.0 == self.role)
+                    .map_or("?", |r| r.2);
+                format!("{stem}.{}", self.suffix())
+            }
+            Some(i) => {
+                let row = LAYER_ROLES.iter().find(|r| r.0 == self.role);
+                let stem = row.map_or("?", |r| if names == HfNames::Standard { r.2 } else { r.3 });
+                let stem = stem.replace("{e}", &self.expert.unwrap_or(0).to_string());
+                format!("model.layers.{i}.{stem}.{}", self.suffix())
+            }
+        }
+    }
+
+    /// Parses a GGUF name.
+    pub fn from_gguf_name(name: &str) -> Option<TensorId> {
+        let (stem, bias) = split_suffix(name)?;
+        if let Some(rest) = stem.strip_prefix("blk.") {
+            let (layer, stem) = rest.split_once('.')?;
+            let layer = layer.parse().ok()?;
+            let role = LAYER_ROLES.iter().find(|r| r.1 == stem)?.0;
+            Some(TensorId {
+                role,
+                layer: Some(layer),
+                bias,
+                expert: None,
+            })
+        } else {
+            let role = GLOBAL_ROLES.iter().find(|r| r.1 == stem)?.0;
+            Some(TensorId {
+                role,
+                layer: None,
+                bias,
+                expert: None,
+            })
+        }
+    }
+
+    /// Parses an HF name.
+    pub fn from_hf_name(name: &str, names: HfNames) -> Option<TensorId> {
+        let (stem, bias) = split_suffix(name)?;
+        if let Some(rest) = stem.strip_prefix("model.layers.") {
+            let (layer, stem) = rest.split_once('.')?;
+            let layer = layer.parse().ok()?;
+            let (stem, expert) = match stem.strip_prefix("mlp.experts.") {
+                Some(r) => {
+                    let (e, tail) = r.split_once('.')?;
+                    (format!("mlp.experts.{{e}}.{tail}"), Some(e.parse().ok()?))
+                }
+                None => (stem.to_string(), None),
+            };
+            let role = LAYER_ROLES
+                .iter()
+                .find(|r| (if names == HfNames::Standard { r.2 } else { r.3 }) == stem)?
+                .0;
+            Some(TensorId {
+                role,
+                layer: Some(layer),
+                bias,
+                expert,
+            })
+        } else {
+            let role = GLOBAL_ROLES.iter().find(|r| r.2 == stem)?.0;
+            Some(TensorId {
+                role,
+                layer: None,
+                bias,
+                expert: None,
+            })
+        }
+    }
+}
+
+fn split_suffix(name: &str) -> Option<(&str, bool)> {
+    if let Some(s) = name.strip_suffix(".weight") {
+        Some((s, false))
+    } else {
+        name.strip_suffix(".bias").map(|s| (s, true))
+    }
+}
+
+/// Which file format the weights come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// A llama.cpp GGUF file.
+    Gguf,
+    /// HF safetensors (one or more shards).
+    Safetensors,
+}
+
+enum Files {
+    Gguf(Arc<GgufFile>),
+    Safetensors(Vec<Arc<SafetensorsFile>>),
+}
+
+/// Opened weight files, answering tensor requests by [`TensorId`].
+pub struct Weights {
+    files: Files,
+    hf_names: HfNames,
+}
+
+fn fail(e: impl std::fmt::Display) -> PluginError {
+    PluginError::failed(e.to_string())
+}
+
+impl Weights {
+    /// Opens (maps) a GGUF file.
+    pub fn open_gguf(path: impl AsRef<Path>) -> Result<Weights, PluginError> {
+        Ok(Weights {
+            files: Files::Gguf(Arc::new(GgufFile::open(path).map_err(fail)?)),
+            hf_names: HfNames::Standard,
+        })
+    }
+
+    /// Opens (maps) safetensors shards.
+    pub fn open_safetensors(paths: &[PathBuf]) -> Result<Weights, PluginError> {
+        if paths.is_empty() {
+            return Err(PluginError::failed("no safetensors files"));
+        }
+        let files = paths
+            .iter()
+            .map(|p| SafetensorsFile::open(p).map(Arc::new).map_err(fail))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Weights {
+            files: Files::Safetensors(files),
+            hf_names: HfNames::Standard,
+        })
+    }
+
+    /// Sets how HF norm names are read (default [`HfNames::Standard`]).
+    pub fn with_hf_names(mut self, names: HfNames) -> Weights {
+        self.hf_names = names;
+        self
+    }
+
+    /// The file format.
+    pub fn format(&self) -> WeightFormat {
+        match self.files {
+            Files::Gguf(_) => WeightFormat::Gguf,
+            Files::Safetensors(_) => WeightFormat::Safetensors,
+        }
+    }
+
+    /// The GGUF file, when reading GGUF.
+    pub fn gguf(&self) -> Option<&GgufFile> {
+        match &self.files {
+            Files::Gguf(g) => Some(g),
+            Files::Safetensors(_) => None,
+        }
+    }
+
+    /// The file-format name of a tensor.
+    pub fn name_of(&self, id: &TensorId) -> String {
+        match self.files {
+            Files::Gguf(_) => id.gguf_name(),
+            Files::Safetensors(_) => id.hf_name(self.hf_names),
+        }
+    }
+
+    fn find_st(&self, name: &str) -> Option<(&Arc<SafetensorsFile>, Dtype, Vec<usize>, usize)> {
+        let Files::Safetensors(files) = &self.files else {
+            return None;
+        };
+        files.iter().find_map(|f| {
+            let t = f.tensor(name)?;
+            let shape = t.shape.iter().map(|&d| d as usize).collect();
+            Some((f, t.dtype.clone(), shape, t.data_offsets.0 as usize))
+        })
+    }
+
+    /// Whether the tensor exists.
+    pub fn has(&self, id: &TensorId) -> bool {
+        let name = self.name_of(id);
+        match &self.files {
+            Files::Gguf(g) => g.tensor(&name).is_some(),
+            Files::Safetensors(_) => self.find_st(&name).is_some(),
+        }
+    }
+
+    /// The shape of a tensor, innermost (GGUF) or outermost (safetensors) first as stored.
+    pub fn shape(&self, id: &TensorId) -> Option<Vec<usize>> {
+        let name = self.name_of(id);
+        match &self.files {
+            Files::Gguf(g) => Some(g.tensor(&name)?.dims.iter().map(|&d| d as usize).collect()),
+            Files::Safetensors(_) => self.find_st(&name).map(|t| t.2),
+        }
+    }
+
+    /// A 2-D tensor as a [`Matrix`] (zero-copy).
+    pub fn matrix(&self, id: &TensorId) -> Result<Matrix, PluginError> {
+        let name = self.name_of(id);
+        match &self.files {
+            Files::Gguf(g) => {
+                let t = g
+                    .tensor(&name)
+                    .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
+                if t.dims.len() != 2 {
+                    return Err(PluginError::failed(format!(
+                        "{name}: expected 2-D, got {:?}",
+                        t.dims
+                    )));
+                }
+                let wtype = gguf_wtype(&name, t.ggml_type.id())?;
+                let source: Arc<dyn ByteSource> = g.clone();
+                Matrix::new(
+                    source,
+                    t.offset as usize,
+                    wtype,
+                    t.dims[1] as usize,
+                    t.dims[0] as usize,
+                )
+                .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
+            }
+            Files::Safetensors(_) => {
+                let (f, dtype, shape, start) = self
+                    .find_st(&name)
+                    .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
+                if shape.len() != 2 {
+                    return Err(PluginError::failed(format!(
+                        "{name}: expected 2-D, got {shape:?}"
+                    )));
+                }
+                let wtype = st_wtype(&name, &dtype)?;
+                let source: Arc<dyn ByteSource> = f.clone();
+                Matrix::new(source, start, wtype, shape[0], shape[1])
+                    .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
+            }
+        }
+    }
+
+    /// A tensor of any shape as f32 values (norm weights, biases).
+    pub fn vector(&self, id: &TensorId) -> Result<Vec<f32>, PluginError> {
+        let name = self.name_of(id);
+        let (wtype, bytes, n): (WeightType, &[u8], usize) = match &self.files {
+            Files::Gguf(g) => {
+                let t = g
+                    .tensor(&name)
+                    .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
+                (
+                    gguf_wtype(&name, t.ggml_type.id())?,
+                    g.tensor_data(t),
+                    t.n_elements() as usize,
+                )
+            }
+            Files::Safetensors(_) => {
+                let (f, dtype, shape, start) = self
+                    .find_st(&name)
+                    .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
+                let wtype = st_wtype(&name, &dtype)?;
+                let n: usize = shape.iter().product();
+                let len = wtype.row_bytes(n);
+                (wtype, &f.bytes()[start..start + len], n)
+            }
+        };
+        if n % wtype.block_size() != 0 || bytes.len() < wtype.row_bytes(n) {
+            return Err(PluginError::failed(format!("{name}: bad size")));
+        }
+        let mut out = vec![0.0; n];
+        wtype.dequantize_row(&bytes[..wtype.row_bytes(n)], &mut out);
+        Ok(out)
+    }
+
+    /// An optional vector: `None` when absent.
+    pub fn vector_opt(&self, id: &TensorId) -> Result<Option<Vec<f32>>, PluginError> {
+        if self.has(id) {
+            self.vector(id).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// The `n_experts` matrices of an expert role in layer `layer`: slices of the GGUF 3-D tensor
+    /// (`[cols, rows, experts]`), or the per-expert HF tensors.
+    pub fn experts(&self, role: Role, layer: usize, n_experts: usize) -> Result<Vec<Matrix>, PluginError> {
+        let id = TensorId::layer(role, layer);
+        match &self.files {
+            Files::Gguf(g) => {
+                let name = id.gguf_name();
+                let t = g
+                    .tensor(&name)
+                    .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
+                if t.dims.len() != 3 || t.dims[2] as usize != n_experts {
+                    return Err(PluginError::failed(format!(
+                        "{name}: expected [cols, rows, {n_experts}], got {:?}",
+                        t.dims
+                    )));
+                }
+                let wtype = gguf_wtype(&name, t.ggml_type.id())?;
+                let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+                let per = rows * wtype.row_bytes(cols);
+                (0..n_experts)
+                    .map(|e| {
+                        let source: Arc<dyn ByteSource> = g.clone();
+                        Matrix::new(source, t.offset as usize + e * per, wtype, rows, cols)
+                    })
+                    .collect()
+            }
+            Files::Safetensors(_) => (0..n_experts).map(|e| self.matrix(&id.expert(e))).collect(),
+        }
+    }
+}
+
+fn gguf_wtype(name: &str, id: u32) -> Result<WeightType, PluginError> {
+    WeightType::from_ggml_id(id)
+        .ok_or_else(|| PluginError::failed(format!("{name}: unsupported ggml type {id}")))
+}
+
+fn st_wtype(name: &str, dtype: &Dtype) -> Result<WeightType, PluginError> {
+    match dtype {
+        Dtype::F32 => Ok(WeightType::F32),
+        Dtype::F16 => Ok(WeightType::F16),
+        Dtype::BF16 => Ok(WeightType::BF16),
+        d => Err(PluginError::failed(format!(
+            "{name}: unsupported dtype {}",
+            d.name()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_both_ways() {
+        let id = TensorId::layer(Role::AttnQ, 3).bias();
+        assert_eq!(id.gguf_name(), "blk.3.attn_q.bias");
+        assert_eq!(
+            id.hf_name(HfNames::Standard),
+            "model.layers.3.self_attn.q_proj.bias"
+        );
+        assert_eq!(TensorId::from_gguf_name("blk.3.attn_q.bias"), Some(id));
+        let ffn = TensorId::layer(Role::FfnNorm, 0);
+        assert_eq!(
+            ffn.hf_name(HfNames::Standard),
+            "model.layers.0.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            ffn.hf_name(HfNames::Sandwich),
+            "model.layers.0.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            TensorId::from_hf_name(
+                "model.layers.0.post_attention_layernorm.weight",
+                HfNames::Sandwich
+            )
+            .unwrap()
+            .role,
+            Role::PostAttnNorm
+        );
+        let e = TensorId::layer(Role::FfnUpExps, 1).expert(5);
+        assert_eq!(
+            e.hf_name(HfNames::Standard),
+            "model.layers.1.mlp.experts.5.up_proj.weight"
+        );
+        assert_eq!(e.gguf_name(), "blk.1.ffn_up_exps.weight");
+        assert_eq!(
+            TensorId::from_hf_name(&e.hf_name(HfNames::Standard), HfNames::Standard),
+            Some(e)
+        );
+        for g in [Role::TokenEmbd, Role::OutputNorm, Role::Output] {
+            let id = TensorId::global(g);
+            assert_eq!(TensorId::from_gguf_name(&id.gguf_name()), Some(id));
+            assert_eq!(
+                TensorId::from_hf_name(&id.hf_name(HfNames::Standard), HfNames::Standard),
+                Some(id)
+            );
+        }
+        assert_eq!(
+            TensorId::global(Role::Output).hf_name(HfNames::Standard),
+            "lm_head.weight"
+        );
+    }
+
+    #[test]
+    fn matrix_rows_dequantize() {
+        let m = Matrix::from_f32(2, 3, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let mut out = [0.0; 3];
+        m.dequantize_row(1, &mut out);
+        assert_eq!(out, [4.0, 5.0, 6.0]);
+    }
+}

@@ -1,0 +1,176 @@
+//! The plugin against the tiny HF reference models: full-sequence and token-by-token logits, and
+//! the multi-sequence batch contract (batching, truncate, fork).
+
+use berth_plugin_api::{BatchView, ErrorKind, Family, LoadConfig, LogitsOut, Model};
+use berth_plugin_common::npy::read_npy_f32;
+use berth_qwen3::{QwenFamily, QwenModel};
+use std::path::PathBuf;
+
+const IDS: [i32; 8] = [1, 17, 42, 256, 100, 31, 7, 511];
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from("/work/shared/fixtures/reference-tiny").join(name)
+}
+
+fn load(name: &str) -> QwenModel {
+    let cfg = LoadConfig {
+        pack_dir: fixture(name),
+        family: "qwen3".into(),
+        architecture: name.into(),
+        format: "safetensors".into(),
+        threads: Some(2),
+        ..Default::default()
+    };
+    QwenFamily::create(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn decode(m: &mut QwenModel, tokens: &[i32], positions: &[i32], seqs: &[i32], want: &[u8]) -> Vec<f32> {
+    let v = m.describe().vocab_size as usize;
+    let rows = want.iter().filter(|&&w| w != 0).count();
+    let mut out = vec![0.0; rows * v];
+    let b = BatchView {
+        tokens,
+        positions,
+        seq_ids: seqs,
+        want_logits: want,
+    };
+    m.decode(&b, &mut LogitsOut::new(&mut out, v)).unwrap();
+    out
+}
+
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let max_logit = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(
+        max_diff <= 1e-3 * max_logit,
+        "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}"
+    );
+}
+
+fn check_reference(name: &str) {
+    let dir = fixture(name);
+    let full = read_npy_f32(dir.join("logits.npy")).unwrap();
+    let stepwise = read_npy_f32(dir.join("decode_logits.npy")).unwrap();
+    let mut m = load(name);
+    let v = m.describe().vocab_size as usize;
+    assert_eq!(full.shape, vec![8, v]);
+
+    let pos: Vec<i32> = (0..8).collect();
+    let got = decode(&mut m, &IDS, &pos, &[0; 8], &[1; 8]);
+    assert_close(&got, &full.data, &format!("{name} full forward"));
+
+    for (i, &t) in IDS.iter().enumerate() {
+        let got = decode(&mut m, &[t], &[i as i32], &[1], &[1]);
+        assert_close(&got, stepwise.row(i), &format!("{name} decode step {i}"));
+    }
+}
+
+#[test]
+fn qwen3_tiny_matches_reference_logits() {
+    check_reference("qwen3");
+}
+
+#[test]
+fn qwen3_moe_tiny_matches_reference_logits() {
+    check_reference("qwen3_moe");
+}
+
+#[test]
+fn describe_reports_the_model() {
+    let m = load("qwen3");
+    let d = m.describe();
+    assert_eq!(d.vocab_size, 512);
+    assert_eq!(d.context_length, 4096);
+    assert_eq!(d.max_sequences, 16);
+    assert_eq!(d.stop_tokens, vec![1]);
+    assert_eq!(d.extra["architecture"], "qwen3");
+}
+
+#[test]
+fn batched_sequences_match_separate_decoding_and_truncate_and_fork_work() {
+    let mut m = load("qwen3_moe");
+    let v = 512;
+    // Alone: sequence 0 gets IDS[..5], sequence 1 gets IDS[3..8].
+    let a = decode(&mut m, &IDS[..5], &[0, 1, 2, 3, 4], &[0; 5], &[0, 0, 0, 0, 1]);
+    let b = decode(&mut m, &IDS[3..], &[0, 1, 2, 3, 4], &[1; 5], &[0, 1, 0, 0, 1]);
+    // Together, interleaved, in sequences 2 and 3.
+    let toks = [
+        IDS[0], IDS[3], IDS[1], IDS[4], IDS[2], IDS[5], IDS[3], IDS[6], IDS[4], IDS[7],
+    ];
+    let pos = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4];
+    let seqs = [2, 3, 2, 3, 2, 3, 2, 3, 2, 3];
+    let want = [0, 0, 0, 1, 0, 0, 0, 0, 1, 1];
+    let both = decode(&mut m, &toks, &pos, &seqs, &want);
+    assert_close(&both[..v], &b[..v], "seq 3 row 1");
+    assert_close(&both[v..2 * v], &a, "seq 2 last row");
+    assert_close(&both[2 * v..], &b[v..], "seq 3 last row");
+
+    // Truncate sequence 2 to 3 positions and decode the same two tokens again.
+    m.seq_truncate(2, 3).unwrap();
+    let again = decode(&mut m, &IDS[3..5], &[3, 4], &[2, 2], &[0, 1]);
+    assert_close(&again, &a, "after truncate");
+
+    // Fork sequence 2 into 5 and continue both with the same token.
+    m.seq_fork(2, 5).unwrap();
+    let two = decode(&mut m, &[9, 9], &[5, 5], &[2, 5], &[1, 1]);
+    assert_close(&two[..v], &two[v..], "fork");
+
+    // force_token advances the sequence like a decode without logits.
+    m.force_token(5, 11).unwrap();
+    let forced = decode(&mut m, &[12], &[7], &[5], &[1]);
+    let plain = decode(&mut m, &[11, 12], &[6, 7], &[2, 2], &[0, 1]);
+    assert_close(&forced, &plain, "force_token");
+
+    // Positions must be the sequence's next ones.
+    let mut out = vec![0.0; v];
+    let bad = BatchView {
+        tokens: &[1],
+        positions: &[3],
+        seq_ids: &[7],
+        want_logits: &[1],
+    };
+    let e = m.decode(&bad, &mut LogitsOut::new(&mut out, v)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    let bad_seq = BatchView {
+        tokens: &[1],
+        positions: &[0],
+        seq_ids: &[16],
+        want_logits: &[1],
+    };
+    assert_eq!(
+        m.decode(&bad_seq, &mut LogitsOut::new(&mut out, v))
+            .unwrap_err()
+            .kind,
+        ErrorKind::InvalidArgument
+    );
+}
+
+#[test]
+fn the_exported_c_abi_entry_serves_the_model() {
+    // SAFETY: the table comes from this crate's own exported entry, valid for the process.
+    let plugin =
+        unsafe { berth_plugin_api::Plugin::from_entry(berth_qwen3::berth_plugin_entry_v1()) }.unwrap();
+    assert_eq!(
+        plugin.probe(r#"{"family":"qwen3","architecture":"qwen3_moe","format":"safetensors"}"#),
+        100
+    );
+    let cfg = serde_json::json!({
+        "pack_dir": fixture("qwen3"), "family": "qwen3", "architecture": "qwen3", "format": "safetensors"
+    });
+    let mut m = plugin.create(&cfg.to_string()).unwrap();
+    assert_eq!(m.description().vocab_size, 512);
+    let want = read_npy_f32(fixture("qwen3").join("logits.npy")).unwrap();
+    let mut out = vec![0.0; 512];
+    let b = BatchView {
+        tokens: &IDS,
+        positions: &[0, 1, 2, 3, 4, 5, 6, 7],
+        seq_ids: &[0; 8],
+        want_logits: &[0, 0, 0, 0, 0, 0, 0, 1],
+    };
+    assert_eq!(m.decode(&b, &mut out).unwrap(), 1);
+    assert_close(&out, want.row(7), "through the C ABI");
+}
