@@ -7,3 +7,4 @@ pub mod cli;
 pub mod models;
 pub mod packs;
 pub mod plugins;
+pub mod sampling;

@@ -8,7 +8,15 @@
 //! softmax, activations and RoPE ([`ops`]), and grouped-query attention over an f32 KV cache
 //! ([`attention`]). Every kernel has a portable scalar reference; on x86_64 the hot ones
 //! also have AVX2+FMA versions picked at runtime by CPU-feature detection.
+//! [`testutil`] has a tiny deterministic RNG and random-block generators for tests and
+//! benchmarks.
 
+#![warn(missing_docs)]
+
+pub mod attention;
 pub mod dot;
+pub mod matmul;
+pub mod ops;
+pub mod pool;
 pub mod quant;
 pub mod testutil;

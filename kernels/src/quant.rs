@@ -290,16 +290,23 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Unpacks all eight 6-bit scales and mins of a Q4_K/Q5_K block.
+/// Unpacks all eight 6-bit scales and mins of a Q4_K/Q5_K block (word-parallel form of
+/// [`scale_min_k4`]).
 #[inline]
 pub fn unpack_scales_mins_k4(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let a = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let b = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let c = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    let sc_lo = a & 0x3f3f_3f3f;
+    let m_lo = b & 0x3f3f_3f3f;
+    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
     let mut sc = [0u8; 8];
     let mut m = [0u8; 8];
-    for j in 0..8 {
-        let (a, b) = scale_min_k4(j, q);
-        sc[j] = a;
-        m[j] = b;
-    }
+    sc[..4].copy_from_slice(&sc_lo.to_le_bytes());
+    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
+    m[..4].copy_from_slice(&m_lo.to_le_bytes());
+    m[4..].copy_from_slice(&m_hi.to_le_bytes());
     (sc, m)
 }
 
@@ -316,17 +323,17 @@ fn check(src: &[u8], dst: &[f32], bs: usize, bb: usize) -> usize {
 
 /// Decodes a row of little-endian f32.
 pub fn dequantize_row_f32(src: &[u8], dst: &mut [f32]) {
-    let n = check(src, dst, 1, 4);
-    for i in 0..n {
-        dst[i] = rd_f32(src, 4 * i);
+    check(src, dst, 1, 4);
+    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
 }
 
 /// Decodes a row of f16.
 pub fn dequantize_row_f16(src: &[u8], dst: &mut [f32]) {
-    let n = check(src, dst, 1, 2);
-    for i in 0..n {
-        dst[i] = rd_f16(src, 2 * i);
+    check(src, dst, 1, 2);
+    for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
     }
 }
 
@@ -610,16 +617,12 @@ pub fn quantize_row_q5_0(x: &[f32]) -> Vec<u8> {
 
 /// Encodes f32 values as a row of f16 bytes.
 pub fn quantize_row_f16(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|&v| f32_to_f16(v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect()
 }
 
 /// Encodes f32 values as a row of bf16 bytes.
 pub fn quantize_row_bf16(x: &[f32]) -> Vec<u8> {
-    x.iter()
-        .flat_map(|&v| f32_to_bf16(v).to_le_bytes())
-        .collect()
+    x.iter().flat_map(|&v| f32_to_bf16(v).to_le_bytes()).collect()
 }
 
 /// Encodes f32 values as a row of little-endian f32 bytes.
@@ -668,9 +671,7 @@ mod tests {
 
     #[test]
     fn q4_q5_roundtrip() {
-        let x: Vec<f32> = (0..64)
-            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.3)
-            .collect();
+        let x: Vec<f32> = (0..64).map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.3).collect();
         let mut y = vec![0.0; 64];
         dequantize_row_q4_0(&quantize_row_q4_0(&x), &mut y);
         for (a, b) in x.iter().zip(&y) {
@@ -684,9 +685,7 @@ mod tests {
 
     #[test]
     fn q8_k_roundtrip_and_bsums() {
-        let x: Vec<f32> = (0..512)
-            .map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.05)
-            .collect();
+        let x: Vec<f32> = (0..512).map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.05).collect();
         let q = quantize_row_q8_k(&x);
         let mut y = vec![0.0; 512];
         dequantize_row_q8_k(&q, &mut y);
@@ -698,6 +697,18 @@ mod tests {
             for j in 0..16 {
                 let s: i32 = (0..16).map(|l| b[4 + 16 * j + l] as i8 as i32).sum();
                 assert_eq!(rd_i16(b, 260 + 2 * j) as i32, s);
+            }
+        }
+    }
+
+    #[test]
+    fn scale_unpack_forms_agree() {
+        let mut rng = crate::testutil::XorShift::new(12);
+        for _ in 0..1000 {
+            let q = rng.bytes(12);
+            let (sc, m) = unpack_scales_mins_k4(&q);
+            for j in 0..8 {
+                assert_eq!((sc[j], m[j]), scale_min_k4(j, &q));
             }
         }
     }

@@ -1,6 +1,7 @@
 //! AVX2+FMA(+F16C) dot products. Every function here requires those CPU features; the
 //! safe wrappers at the bottom are only installed in the dispatch table after detection.
 
+use crate::quant::WeightType;
 use crate::quant::{
     rd_f16, rd_f32, rd_i16, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
     Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
@@ -17,6 +18,14 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
+}
+
+/// Reads a little-endian f16 at `b[off..off + 2]` and converts it with F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16c(b: &[u8], off: usize) -> f32 {
+    let h = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
 /// Horizontal sum of eight i32 lanes.
@@ -59,65 +68,85 @@ unsafe fn load256(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
+/// Scaled i8 dot product of one 32-element block pair, as eight f32 partial sums.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK;
-    assert!(w.len() >= nb * Q4_0_BYTES && a.len() >= nb * Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    let eight = _mm256_set1_epi8(8);
-    for i in 0..nb {
-        let x = &w[i * Q4_0_BYTES..];
-        let y = &a[i * Q8_0_BYTES..];
-        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
-        // SAFETY: bounds asserted above (18-byte and 34-byte blocks).
-        let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
-        let qx = _mm256_sub_epi8(qx, eight);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
-    }
-    hsum_ps(acc)
+fn block_q4_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
+    assert!(x.len() >= Q4_0_BYTES && y.len() >= Q8_0_BYTES);
+    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
+    // SAFETY: lengths asserted above (18-byte and 34-byte blocks).
+    let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
+    let qx = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
+    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
 }
 
+/// Q5_0 counterpart of [`block_q4_0`].
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK;
-    assert!(w.len() >= nb * Q5_0_BYTES && a.len() >= nb * Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
+fn block_q5_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
+    assert!(x.len() >= Q5_0_BYTES && y.len() >= Q8_0_BYTES);
     let shuf = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
     );
     let bitmask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let sixteen = _mm256_set1_epi8(16);
-    for i in 0..nb {
-        let x = &w[i * Q5_0_BYTES..];
-        let y = &a[i * Q8_0_BYTES..];
-        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
-        let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
-        let hb = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
-        let hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bitmask), bitmask);
-        // SAFETY: bounds asserted above (22-byte and 34-byte blocks).
-        let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(6)), load256(y.as_ptr().add(2))) };
-        let qx = _mm256_or_si256(qx, _mm256_and_si256(hb, sixteen));
-        let qx = _mm256_sub_epi8(qx, sixteen);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
+    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
+    let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+    let hb = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
+    let hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bitmask), bitmask);
+    // SAFETY: lengths asserted above (22-byte and 34-byte blocks).
+    let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(6)), load256(y.as_ptr().add(2))) };
+    // q - 16 = nibble - 16 where the fifth bit is clear, nibble where it is set.
+    let qx = _mm256_sub_epi8(qx, _mm256_andnot_si256(hb, sixteen));
+    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
+}
+
+/// Q8_0 counterpart of [`block_q4_0`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_q8_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
+    assert!(x.len() >= Q8_0_BYTES && y.len() >= Q8_0_BYTES);
+    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
+    // SAFETY: lengths asserted above (34-byte blocks).
+    let (qx, qy) = unsafe { (load256(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
+    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
+}
+
+/// Runs a 32-element block kernel over a row with two independent accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_0<F: Fn(&[u8], &[u8]) -> (__m256, __m256)>(w: &[u8], a: &[u8], n: usize, xb: usize, block: F) -> f32 {
+    let nb = n / QK;
+    assert!(w.len() >= nb * xb && a.len() >= nb * Q8_0_BYTES);
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 2 <= nb {
+        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
+        let (d1, p1) = block(&w[(i + 1) * xb..], &a[(i + 1) * Q8_0_BYTES..]);
+        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
+        acc1 = _mm256_fmadd_ps(d1, p1, acc1);
+        i += 2;
     }
-    hsum_ps(acc)
+    if i < nb {
+        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
+        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let nb = n / QK;
-    assert!(w.len() >= nb * Q8_0_BYTES && a.len() >= nb * Q8_0_BYTES);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let x = &w[i * Q8_0_BYTES..];
-        let y = &a[i * Q8_0_BYTES..];
-        let d = _mm256_set1_ps(rd_f16(x, 0) * rd_f16(y, 0));
-        // SAFETY: bounds asserted above (34-byte blocks).
-        let (qx, qy) = unsafe { (load256(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)), acc);
-    }
-    hsum_ps(acc)
+fn q4_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    row_0(w, a, n, Q4_0_BYTES, |x, y| block_q4_0(x, y))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q5_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    row_0(w, a, n, Q5_0_BYTES, |x, y| block_q5_0(x, y))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    row_0(w, a, n, Q8_0_BYTES, |x, y| block_q8_0(x, y))
 }
 
 /// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])`.
@@ -142,7 +171,7 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let yd = rd_f32(y, 0);
         let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
-        accm += rd_f16(x, 2) * yd * k_min_sum(y, &m) as f32;
+        accm += f16c(x, 2) * yd * k_min_sum(y, &m) as f32;
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
             // SAFETY: x has 144 bytes (qs at 16..144), y has 292 (qs at 4..260).
@@ -155,17 +184,14 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             };
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            let p0 = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(lo, y0),
-                _mm256_set1_epi16(sc[2 * j] as i16),
-            );
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * j] as i16));
             let p1 = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(hi, y1),
                 _mm256_set1_epi16(sc[2 * j + 1] as i16),
             );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        let d = _mm256_set1_ps(rd_f16(x, 0) * yd);
+        let d = _mm256_set1_ps(f16c(x, 0) * yd);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - accm
@@ -184,7 +210,7 @@ unsafe fn q5_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let yd = rd_f32(y, 0);
         let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
-        accm += rd_f16(x, 2) * yd * k_min_sum(y, &m) as f32;
+        accm += f16c(x, 2) * yd * k_min_sum(y, &m) as f32;
         // SAFETY: x has 176 bytes; qh at 16..48.
         let hbits = unsafe { load256(x.as_ptr().add(16)) };
         let mut sumi = _mm256_setzero_si256();
@@ -203,17 +229,14 @@ unsafe fn q5_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             let h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hbits, sh1), one), 4);
             let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
             let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
-            let p0 = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(lo, y0),
-                _mm256_set1_epi16(sc[2 * j] as i16),
-            );
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * j] as i16));
             let p1 = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(hi, y1),
                 _mm256_set1_epi16(sc[2 * j + 1] as i16),
             );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        let d = _mm256_set1_ps(rd_f16(x, 0) * yd);
+        let d = _mm256_set1_ps(f16c(x, 0) * yd);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - accm
@@ -273,9 +296,199 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             }
         }
         let total = hsum_epi32(sumi) - 32 * off;
-        sum += rd_f16(x, 208) * rd_f32(y, 0) * total as f32;
+        sum += f16c(x, 208) * rd_f32(y, 0) * total as f32;
     }
     sum
+}
+
+// ---------------------------------------------------------------------------
+// Multi-row kernels: one weight row against R activation rows, decoding each weight
+// block once (used by prefill matmul).
+// ---------------------------------------------------------------------------
+
+/// Decodes a Q4_0/Q5_0/Q8_0 weight block to (scale, 32 signed i8 values).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_0(wtype: WeightType, x: &[u8]) -> (f32, __m256i) {
+    match wtype {
+        WeightType::Q4_0 => {
+            assert!(x.len() >= Q4_0_BYTES);
+            // SAFETY: 18-byte block asserted.
+            let q = unsafe { nibbles_32(x.as_ptr().add(2)) };
+            (f16c(x, 0), _mm256_sub_epi8(q, _mm256_set1_epi8(8)))
+        }
+        WeightType::Q5_0 => {
+            assert!(x.len() >= Q5_0_BYTES);
+            let shuf = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3,
+                3,
+            );
+            let bitmask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+            let hb = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
+            let hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bitmask), bitmask);
+            // SAFETY: 22-byte block asserted.
+            let q = unsafe { nibbles_32(x.as_ptr().add(6)) };
+            let q = _mm256_sub_epi8(q, _mm256_andnot_si256(hb, _mm256_set1_epi8(16)));
+            (f16c(x, 0), q)
+        }
+        _ => {
+            assert!(x.len() >= Q8_0_BYTES);
+            // SAFETY: 34-byte block asserted.
+            (f16c(x, 0), unsafe { load256(x.as_ptr().add(2)) })
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_0<const R: usize>(wtype: WeightType, w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
+    let nb = n / QK;
+    let xb = wtype.block_bytes();
+    assert!(w.len() >= nb * xb && a.iter().all(|y| y.len() >= nb * Q8_0_BYTES));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        let (dx, qx) = decode_0(wtype, &w[i * xb..]);
+        let ax = _mm256_sign_epi8(qx, qx);
+        for r in 0..R {
+            let y = &a[r][i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
+            // SAFETY: y is a 34-byte block.
+            let qy = unsafe { load256(y.as_ptr().add(2)) };
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qy, qx)), ones);
+            let d = _mm256_set1_ps(dx * f16c(y, 0));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    acc.map(|v| hsum_ps(v))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
+    let nb = n / QK_K;
+    let xb = if five { Q5_K_BYTES } else { Q4_K_BYTES };
+    assert!(w.len() >= nb * xb && a.iter().all(|y| y.len() >= nb * Q8_K_BYTES));
+    let qs_off = if five { 48 } else { 16 };
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut accm = [0.0f32; R];
+    for i in 0..nb {
+        let x = &w[i * xb..(i + 1) * xb];
+        let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
+        let (d, dmin) = (f16c(x, 0), f16c(x, 2));
+        // SAFETY: Q5_K blocks have qh at 16..48 (only read when `five`).
+        let hbits = if five {
+            unsafe { load256(x.as_ptr().add(16)) }
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for j in 0..4 {
+            // SAFETY: qs_off + 32*j + 32 <= block size.
+            let q = unsafe { load256(x.as_ptr().add(qs_off + 32 * j)) };
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if five {
+                let sh = _mm_cvtsi32_si128(2 * j as i32);
+                let sh1 = _mm_cvtsi32_si128(2 * j as i32 + 1);
+                let h0 = _mm256_and_si256(_mm256_srl_epi16(hbits, sh), one);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(hbits, sh1), one);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+            }
+            let s0 = _mm256_set1_epi16(sc[2 * j] as i16);
+            let s1 = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+            for r in 0..R {
+                let y = a[r][i * Q8_K_BYTES..].as_ptr();
+                // SAFETY: y points at a 292-byte block; qs at 4..260.
+                let (y0, y1) = unsafe { (load256(y.add(4 + 64 * j)), load256(y.add(36 + 64 * j))) };
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for r in 0..R {
+            let y = &a[r][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+            let yd = rd_f32(y, 0);
+            accm[r] += dmin * yd * k_min_sum(y, &m) as f32;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum_ps(acc[r]) - accm[r])
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
+    let nb = n / QK_K;
+    assert!(w.len() >= nb * Q6_K_BYTES && a.iter().all(|y| y.len() >= nb * Q8_K_BYTES));
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    let mut sum = [0.0f32; R];
+    for i in 0..nb {
+        let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
+        let sc = &x[192..208];
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for n2 in 0..2 {
+            // SAFETY: ql at 0..128 and qh at 128..192 of a 210-byte block.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    load256(x.as_ptr().add(64 * n2)),
+                    load256(x.as_ptr().add(64 * n2 + 32)),
+                    load256(x.as_ptr().add(128 + 32 * n2)),
+                )
+            };
+            let hsh = |k: i32| {
+                let h = match k {
+                    0 => qh,
+                    1 => _mm256_srli_epi16(qh, 2),
+                    2 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)
+            };
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), hsh(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), hsh(1)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), hsh(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), hsh(3)),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                let s0 = sc[8 * n2 + 2 * k] as i8 as i16;
+                let s1 = sc[8 * n2 + 2 * k + 1] as i8 as i16;
+                let scv = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                for r in 0..R {
+                    // SAFETY: 4 + 128*n2 + 32*k + 32 <= 260 within a 292-byte block.
+                    let yk = unsafe { load256(a[r][i * Q8_K_BYTES..].as_ptr().add(4 + 128 * n2 + 32 * k)) };
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qk, yk), scv);
+                    sumi[r] = _mm256_add_epi32(sumi[r], p);
+                }
+            }
+        }
+        let d = f16c(x, 208);
+        for r in 0..R {
+            let y = &a[r][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+            let mut off = 0i32;
+            for (is, &s) in sc.iter().enumerate() {
+                off += s as i8 as i32 * rd_i16(y, 260 + 2 * is) as i32;
+            }
+            sum[r] += d * rd_f32(y, 0) * (hsum_epi32(sumi[r]) - 32 * off) as f32;
+        }
+    }
+    sum
+}
+
+/// AVX2 dot of one quantized weight row against four activation rows (None for float types).
+pub(crate) fn dot4(wtype: WeightType, w: &[u8], a: &[&[u8]; 4], n: usize) -> Option<[f32; 4]> {
+    // SAFETY: only installed in the dispatch table after AVX2+FMA+F16C were detected.
+    unsafe {
+        match wtype {
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => Some(rows_0(wtype, w, a, n)),
+            WeightType::Q4_K => Some(rows_k45(false, w, a, n)),
+            WeightType::Q5_K => Some(rows_k45(true, w, a, n)),
+            WeightType::Q6_K => Some(rows_q6_k(w, a, n)),
+            _ => None,
+        }
+    }
 }
 
 /// f32 · f32 over raw pointers, `n` elements.

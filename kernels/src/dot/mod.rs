@@ -41,7 +41,13 @@ pub struct DotTable {
     pub bf16: FDotFn,
     /// Plain f32 slice dot product.
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// Optional kernel for one quantized weight row against four activation rows
+    /// (quantized-activation byte rows); returns None for types it does not cover.
+    pub dot4: Option<Dot4Fn>,
 }
+
+/// One weight row · four quantized activation rows: `(wtype, row, acts, n)`.
+pub type Dot4Fn = fn(WeightType, &[u8], &[&[u8]; 4], usize) -> Option<[f32; 4]>;
 
 impl DotTable {
     /// The portable scalar reference kernels.
@@ -58,6 +64,7 @@ impl DotTable {
             f16: scalar::f16_f32,
             bf16: scalar::bf16_f32,
             dot_f32: scalar::dot_f32,
+            dot4: None,
         }
     }
 
@@ -79,15 +86,40 @@ impl DotTable {
                     f16: avx2::f16_f32,
                     bf16: avx2::bf16_f32,
                     dot_f32: avx2::dot_f32,
+                    dot4: Some(avx2::dot4),
                 };
             }
             DotTable::scalar()
         })
     }
 
+    /// Dot products of a weight row with four activation rows, decoding the weights once
+    /// where a multi-row kernel exists.
+    #[inline]
+    pub fn vec_dot4(&self, wtype: WeightType, row: &[u8], acts: [ActRow<'_>; 4], n: usize) -> [f32; 4] {
+        if let Some(f) = self.dot4 {
+            let bytes = acts.map(|a| match a {
+                ActRow::Q8_0(b) | ActRow::Q8_K(b) => Some(b),
+                ActRow::F32(_) => None,
+            });
+            if let [Some(a0), Some(a1), Some(a2), Some(a3)] = bytes {
+                if acts.iter().all(|a| a.format() == wtype.act_format()) {
+                    if let Some(r) = f(wtype, row, &[a0, a1, a2, a3], n) {
+                        return r;
+                    }
+                }
+            }
+        }
+        acts.map(|a| self.vec_dot(wtype, row, a, n))
+    }
+
     /// Dot product of a weight row with one activation row using this table.
     #[inline]
     pub fn vec_dot(&self, wtype: WeightType, row: &[u8], act: ActRow<'_>, n: usize) -> f32 {
+        assert!(
+            n.is_multiple_of(wtype.block_size()) && row.len() >= wtype.row_bytes(n),
+            "weight row must hold n elements in whole blocks"
+        );
         match (wtype, act) {
             (WeightType::Q4_0, ActRow::Q8_0(a)) => (self.q4_0)(row, a, n),
             (WeightType::Q5_0, ActRow::Q8_0(a)) => (self.q5_0)(row, a, n),
@@ -106,12 +138,14 @@ impl DotTable {
     }
 }
 
-/// True when the CPU has AVX2, FMA and F16C (checked once).
+/// True when the CPU has AVX2, FMA and F16C (checked once); setting the environment
+/// variable `BERTH_FORCE_SCALAR=1` forces the scalar kernels.
 #[cfg(target_arch = "x86_64")]
 pub fn has_avx2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
+        std::env::var_os("BERTH_FORCE_SCALAR").is_none_or(|v| v.is_empty() || v == "0")
+            && is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
     })
@@ -187,7 +221,7 @@ impl QuantizedActivations {
     /// Quantizes `x.len() / n` rows of `n` elements each, reusing this holder's buffers.
     pub fn quantize_into(&mut self, wtype: WeightType, x: &[f32], n: usize) {
         let format = wtype.act_format();
-        assert!(n > 0 && x.len() % n == 0, "x must hold whole rows of n");
+        assert!(n > 0 && x.len().is_multiple_of(n), "x must hold whole rows of n");
         assert_eq!(
             n % format.block_size(),
             0,
@@ -214,6 +248,48 @@ impl QuantizedActivations {
                 }
             }
         }
+    }
+
+    /// Like [`QuantizedActivations::quantize_into`], quantizing rows in parallel on `pool`.
+    pub fn quantize_into_par(
+        &mut self,
+        wtype: WeightType,
+        x: &[f32],
+        n: usize,
+        pool: &crate::pool::ThreadPool,
+    ) {
+        let format = wtype.act_format();
+        let rows = x.len().checked_div(n).unwrap_or(0);
+        if format == ActFormat::F32 || rows < 2 || pool.n_threads() == 1 {
+            return self.quantize_into(wtype, x, n);
+        }
+        assert!(x.len().is_multiple_of(n), "x must hold whole rows of n");
+        assert!(
+            n.is_multiple_of(format.block_size()),
+            "n must be a multiple of the block size"
+        );
+        self.format = format;
+        self.n = n;
+        self.rows = rows;
+        let rb = format.row_bytes(n);
+        self.bytes.resize(rb * rows, 0);
+        struct Dst(*mut u8);
+        // SAFETY: each parallel chunk writes only its own row's disjoint byte range.
+        unsafe impl Sync for Dst {}
+        let dst = Dst(self.bytes.as_mut_ptr());
+        pool.parallel_for(rows, |i| {
+            let dst = &dst;
+            // SAFETY: i < rows and the buffer holds rows * rb bytes; row i's range
+            // [i*rb, (i+1)*rb) is touched by this chunk only, while `self.bytes` is
+            // mutably borrowed for the whole parallel_for.
+            let br = unsafe { std::slice::from_raw_parts_mut(dst.0.add(i * rb), rb) };
+            let xr = &x[i * n..(i + 1) * n];
+            if format == ActFormat::Q8_0 {
+                quantize_row_q8_0_into(xr, br);
+            } else {
+                quantize_row_q8_k_into(xr, br);
+            }
+        });
     }
 
     /// Activation format held.

@@ -2,8 +2,8 @@
 //! scaled by the product of weight and activation block scales).
 
 use crate::quant::{
-    q6_quad, rd_f16, rd_f32, rd_i16, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES,
-    Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+    q6_quad, rd_f16, rd_f32, rd_i16, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
+    Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
 };
 
 /// Q4_0 weights · Q8_0 activations.

@@ -42,10 +42,7 @@ fn float_tails_match() {
             let act = QuantizedActivations::quantize(wtype, &x);
             let r = DotTable::scalar().vec_dot(wtype, &row, act.row(0), n);
             let s = vec_dot(wtype, &row, &act, n);
-            assert!(
-                (r - s).abs() <= 1e-5 * n as f32,
-                "{wtype:?} n={n}: {r} vs {s}"
-            );
+            assert!((r - s).abs() <= 1e-5 * n as f32, "{wtype:?} n={n}: {r} vs {s}");
         }
     }
     let a = rng.vec(77);
@@ -105,4 +102,49 @@ fn multi_row_activations() {
         vec_dot_row(WeightType::Q4_K, &row, q.row(1), n),
         vec_dot(WeightType::Q4_K, &row, &single, n)
     );
+}
+
+#[test]
+fn parallel_quantization_matches_serial() {
+    let mut rng = XorShift::new(8);
+    let pool = crate::pool::ThreadPool::new(3);
+    for wtype in [WeightType::Q4_0, WeightType::Q6_K, WeightType::F16] {
+        let n = 512;
+        let x = rng.vec(7 * n);
+        let mut a = QuantizedActivations::new();
+        let mut b = QuantizedActivations::new();
+        a.quantize_into(wtype, &x, n);
+        b.quantize_into_par(wtype, &x, n, &pool);
+        assert_eq!(a.rows(), b.rows());
+        for i in 0..a.rows() {
+            match (a.row(i), b.row(i)) {
+                (ActRow::F32(p), ActRow::F32(q)) => assert_eq!(p, q),
+                (ActRow::Q8_0(p), ActRow::Q8_0(q)) | (ActRow::Q8_K(p), ActRow::Q8_K(q)) => {
+                    assert_eq!(p, q)
+                }
+                _ => panic!("format mismatch"),
+            }
+        }
+    }
+}
+
+#[test]
+fn dot4_matches_single_row() {
+    let mut rng = XorShift::new(10);
+    let best = DotTable::best();
+    for wtype in WeightType::ALL {
+        let n = 768;
+        let row = random_row(&mut rng, wtype, n);
+        let x = rng.vec(4 * n);
+        let mut q = QuantizedActivations::new();
+        q.quantize_into(wtype, &x, n);
+        let got = best.vec_dot4(wtype, &row, [q.row(0), q.row(1), q.row(2), q.row(3)], n);
+        let mut wd = vec![0.0; n];
+        wtype.dequantize_row(&row, &mut wd);
+        for r in 0..4 {
+            let e = DotTable::scalar().vec_dot(wtype, &row, q.row(r), n);
+            let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + 1e-6;
+            assert!((got[r] - e).abs() <= tol, "{wtype:?} r={r}: {} vs {e}", got[r]);
+        }
+    }
 }

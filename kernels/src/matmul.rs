@@ -1,0 +1,146 @@
+//! Matrix-vector and matrix-matrix products over raw weight bytes.
+//!
+//! The weight matrix is `[rows][k]` stored as consecutive rows of one [`WeightType`];
+//! activations are `[m][k]` f32. Output is `[m][rows]` with
+//! `out[i][r] = dot(W[r], x[i])`. Each activation row is quantized once, then weight rows
+//! are split in chunks over the thread pool; every weight row is reused across a tile of
+//! activation rows while it is hot in L1.
+
+use crate::dot::{DotTable, QuantizedActivations};
+use crate::pool::ThreadPool;
+use crate::quant::WeightType;
+
+/// Activation rows processed per weight row before moving to the next weight row.
+const M_TILE: usize = 8;
+
+struct OutPtr(*mut f32);
+// SAFETY: the pointer is only used to write disjoint elements (each (i, r) pair belongs to
+// exactly one chunk) while the owning `&mut [f32]` is borrowed by the caller.
+unsafe impl Sync for OutPtr {}
+
+/// Weight rows per parallel chunk for a matrix of `rows` rows on `threads` threads.
+fn rows_per_chunk(rows: usize, threads: usize) -> usize {
+    // About 4 chunks per thread for load balance, at least 4 rows each.
+    rows.div_ceil(threads * 4).clamp(4, 256)
+}
+
+/// `out[i][r] = dot(W[r], act.row(i))` for pre-quantized activations (`act.rows()` rows).
+///
+/// Use this to share one quantization of `x` between several matrices of the same type.
+pub fn matmul_quantized(
+    wtype: WeightType,
+    w: &[u8],
+    rows: usize,
+    k: usize,
+    act: &QuantizedActivations,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) {
+    let m = act.rows();
+    let rb = wtype.row_bytes(k);
+    assert_eq!(act.n(), k, "activation row length must equal k");
+    assert_eq!(
+        act.format(),
+        wtype.act_format(),
+        "activations quantized for another type"
+    );
+    assert!(w.len() >= rows * rb, "weight matrix too short");
+    assert!(out.len() >= m * rows, "output too short");
+    let table = DotTable::best();
+    let per = rows_per_chunk(rows, pool.n_threads());
+    let n_chunks = rows.div_ceil(per);
+    let outp = OutPtr(out.as_mut_ptr());
+    pool.parallel_for(n_chunks, |c| {
+        let r0 = c * per;
+        let r1 = (r0 + per).min(rows);
+        let outp = &outp;
+        for i0 in (0..m).step_by(M_TILE) {
+            let i1 = (i0 + M_TILE).min(m);
+            for r in r0..r1 {
+                let wr = &w[r * rb..(r + 1) * rb];
+                let mut i = i0;
+                while i + 4 <= i1 {
+                    let acts = [act.row(i), act.row(i + 1), act.row(i + 2), act.row(i + 3)];
+                    let v = table.vec_dot4(wtype, wr, acts, k);
+                    for (di, vi) in v.into_iter().enumerate() {
+                        // SAFETY: i + di < m and r < rows, so the index is < out.len()
+                        // (asserted); chunk c is the only writer of rows r0..r1.
+                        unsafe { *outp.0.add((i + di) * rows + r) = vi };
+                    }
+                    i += 4;
+                }
+                for i in i..i1 {
+                    let v = table.vec_dot(wtype, wr, act.row(i), k);
+                    // SAFETY: as above.
+                    unsafe { *outp.0.add(i * rows + r) = v };
+                }
+            }
+        }
+    });
+}
+
+/// `out[i][r] = dot(W[r], x[i])` for `x` of `m` rows (`x.len() / k`); `act` is scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    wtype: WeightType,
+    w: &[u8],
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+    act: &mut QuantizedActivations,
+    pool: &ThreadPool,
+) {
+    act.quantize_into_par(wtype, x, k, pool);
+    matmul_quantized(wtype, w, rows, k, act, out, pool);
+}
+
+/// `out[r] = dot(W[r], x)` for a single activation row; `act` is scratch.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec(
+    wtype: WeightType,
+    w: &[u8],
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+    act: &mut QuantizedActivations,
+    pool: &ThreadPool,
+) {
+    assert_eq!(x.len(), k, "matvec takes exactly one row of k");
+    matmul(wtype, w, rows, k, x, out, act, pool);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{random_row, XorShift};
+
+    #[test]
+    fn matmul_matches_per_row_dots() {
+        let mut rng = XorShift::new(9);
+        let pool = ThreadPool::new(3);
+        let mut act = QuantizedActivations::new();
+        for wtype in WeightType::ALL {
+            let (rows, k, m) = (37, 512, 11);
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
+            let x = rng.vec(m * k);
+            let mut out = vec![0.0; m * rows];
+            matmul(wtype, &w, rows, k, &x, &mut out, &mut act, &pool);
+            let rb = wtype.row_bytes(k);
+            for i in 0..m {
+                let q = QuantizedActivations::quantize(wtype, &x[i * k..(i + 1) * k]);
+                for r in 0..rows {
+                    let e = crate::dot::vec_dot(wtype, &w[r * rb..(r + 1) * rb], &q, k);
+                    let got = out[i * rows + r];
+                    assert!((got - e).abs() <= 1e-4 * (1.0 + e.abs()), "{wtype:?} i={i} r={r}");
+                }
+            }
+            let mut o1 = vec![0.0; rows];
+            matvec(wtype, &w, rows, k, &x[..k], &mut o1, &mut act, &pool);
+            for (a, b) in o1.iter().zip(&out[..rows]) {
+                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{wtype:?} matvec");
+            }
+        }
+    }
+}
