@@ -9,10 +9,11 @@ use berth_plugin_api::abi::CAP_TOOLS;
 use berth_plugin_api::{
     BatchView, Family, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
 };
+use berth_plugin_common::decoder::Ffn;
 use berth_plugin_common::linear::resolve_threads;
 use berth_plugin_common::ops::Rope;
 use berth_plugin_common::{
-    Activation, Decoder, DecoderConfig, DecoderWeights, HfNames, Role, TensorId, Weights,
+    Activation, Decoder, DecoderConfig, DecoderWeights, HfNames, Matrix, Role, TensorId, Weights,
 };
 use gemma4::{AttnShape, Gemma4Decoder, Gemma4Weights, KvProj, Layer, MoeBlock, Ple, PleLayer};
 use serde_json::{json, Map, Value};
@@ -101,11 +102,16 @@ impl Family for GemmaFamily {
     }
 
     fn create(config: &LoadConfig) -> Result<GemmaModel, PluginError> {
-        let loaded = if is_safetensors(config) {
+        let mut loaded = if is_safetensors(config) {
             load_safetensors(config)?
         } else {
             load_gguf(config)?
         };
+        if config.options.get("dequantize").and_then(Value::as_bool) == Some(true) {
+            if let LoadedWeights::Common(_, w) = &mut loaded.weights {
+                dequantize_common(w);
+            }
+        }
         GemmaModel::new(loaded, config)
     }
 }
@@ -173,6 +179,32 @@ pub fn round_to_dtype(x: f32, wtype: WeightType) -> f32 {
     let odd = (bits >> drop) & 1;
     let rounded = bits.wrapping_add(half - 1 + odd) & !((1u32 << drop) - 1);
     f32::from_bits(rounded)
+}
+
+/// An f32 copy of a matrix.
+fn to_f32(m: &Matrix) -> Matrix {
+    let mut data = vec![0.0; m.rows * m.cols];
+    for (r, row) in data.chunks_exact_mut(m.cols).enumerate() {
+        m.dequantize_row(r, row);
+    }
+    Matrix::from_f32(m.rows, m.cols, &data)
+}
+
+/// Converts every matrix to f32 (load option `dequantize`: reference comparisons without
+/// quantised activations).
+fn dequantize_common(w: &mut DecoderWeights) {
+    w.embed = to_f32(&w.embed);
+    w.output = to_f32(&w.output);
+    for l in &mut w.layers {
+        for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo] {
+            *m = to_f32(m);
+        }
+        if let Ffn::Dense(f) = &mut l.ffn {
+            for m in [&mut f.gate, &mut f.up, &mut f.down] {
+                *m = to_f32(m);
+            }
+        }
+    }
 }
 
 fn push_unique(v: &mut Vec<i32>, id: i32) {
