@@ -80,6 +80,10 @@ pub struct DecoderConfig {
     pub embed_scale: Option<f32>,
     /// Final logit soft-capping.
     pub final_softcap: Option<f32>,
+    /// Soft-capping of the attention scores (`cap · tanh(s / cap)` after scaling; Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Linear RoPE scaling factor per layer: frequencies are divided by it (default 1).
+    pub rope_scale: Vec<f32>,
     /// Use the embedding matrix as the LM head even if an output tensor exists.
     pub tie_embeddings: bool,
     /// Mixture-of-experts FFN in every layer.
@@ -108,6 +112,8 @@ impl DecoderConfig {
             rope_neox: true,
             embed_scale: None,
             final_softcap: None,
+            attn_softcap: None,
+            rope_scale: vec![1.0; n_layers],
             tie_embeddings: false,
             moe: None,
         }
@@ -350,7 +356,15 @@ impl Decoder {
         let ropes = cfg
             .rope_base
             .iter()
-            .map(|&b| Rope::new(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox))
+            .enumerate()
+            .map(|(l, &b)| {
+                let mut r = Rope::new(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox);
+                let f = cfg.rope_scale.get(l).copied().unwrap_or(1.0);
+                if f != 1.0 {
+                    r.inv_freq.iter_mut().for_each(|v| *v /= f);
+                }
+                r
+            })
             .collect();
         let kv = KvCache::new(vec![cfg.kv_dim(); cfg.n_layers], max_seqs, max_len);
         Decoder {
@@ -730,6 +744,9 @@ fn attention(
                 (start..=pos)
                     .map(|t| dot_f32(qh, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]) * cfg.attn_scale),
             );
+            if let Some(cap) = cfg.attn_softcap {
+                softcap(&mut scores, cap);
+            }
             softmax(&mut scores);
             o.fill(0.0);
             for (t, &p) in (start..=pos).zip(&scores) {

@@ -110,6 +110,20 @@ impl Matrix {
         &self.bytes()[r * rb..(r + 1) * rb]
     }
 
+    /// Rows `start..start + n` as a matrix of their own (zero-copy).
+    pub fn slice_rows(&self, start: usize, n: usize) -> Matrix {
+        assert!(start + n <= self.rows, "row slice beyond the matrix");
+        let rb = self.row_bytes();
+        Matrix {
+            wtype: self.wtype,
+            rows: n,
+            cols: self.cols,
+            source: self.source.clone(),
+            start: self.start + start * rb,
+            len: n * rb,
+        }
+    }
+
     /// Dequantizes row `r` into `out` (`cols` floats): an embedding lookup.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         self.wtype.dequantize_row(self.row(r), &mut out[..self.cols]);
@@ -511,11 +525,15 @@ impl Weights {
 
     /// A 2-D tensor as a [`Matrix`] (zero-copy).
     pub fn matrix(&self, id: &TensorId) -> Result<Matrix, PluginError> {
-        let name = self.name_of(id);
+        self.matrix_named(&self.name_of(id))
+    }
+
+    /// A 2-D tensor by its file-format name (for tensors outside the [`Role`] table).
+    pub fn matrix_named(&self, name: &str) -> Result<Matrix, PluginError> {
         match &self.files {
             Files::Gguf(g) => {
                 let t = g
-                    .tensor(&name)
+                    .tensor(name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
                 if t.dims.len() != 2 {
                     return Err(PluginError::failed(format!(
@@ -523,7 +541,7 @@ impl Weights {
                         t.dims
                     )));
                 }
-                let wtype = gguf_wtype(&name, t.ggml_type.id())?;
+                let wtype = gguf_wtype(name, t.ggml_type.id())?;
                 let source: Arc<dyn ByteSource> = g.clone();
                 Matrix::new(
                     source,
@@ -536,14 +554,14 @@ impl Weights {
             }
             Files::Safetensors(_) => {
                 let (f, dtype, shape, start) = self
-                    .find_st(&name)
+                    .find_st(name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
                 if shape.len() != 2 {
                     return Err(PluginError::failed(format!(
                         "{name}: expected 2-D, got {shape:?}"
                     )));
                 }
-                let wtype = st_wtype(&name, &dtype)?;
+                let wtype = st_wtype(name, &dtype)?;
                 let source: Arc<dyn ByteSource> = f.clone();
                 Matrix::new(source, start, wtype, shape[0], shape[1])
                     .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
@@ -553,23 +571,27 @@ impl Weights {
 
     /// A tensor of any shape as f32 values (norm weights, biases).
     pub fn vector(&self, id: &TensorId) -> Result<Vec<f32>, PluginError> {
-        let name = self.name_of(id);
+        self.vector_named(&self.name_of(id))
+    }
+
+    /// A tensor of any shape as f32 values, by its file-format name.
+    pub fn vector_named(&self, name: &str) -> Result<Vec<f32>, PluginError> {
         let (wtype, bytes, n): (WeightType, &[u8], usize) = match &self.files {
             Files::Gguf(g) => {
                 let t = g
-                    .tensor(&name)
+                    .tensor(name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
                 (
-                    gguf_wtype(&name, t.ggml_type.id())?,
+                    gguf_wtype(name, t.ggml_type.id())?,
                     g.tensor_data(t),
                     t.n_elements() as usize,
                 )
             }
             Files::Safetensors(_) => {
                 let (f, dtype, shape, start) = self
-                    .find_st(&name)
+                    .find_st(name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
-                let wtype = st_wtype(&name, &dtype)?;
+                let wtype = st_wtype(name, &dtype)?;
                 let n: usize = shape.iter().product();
                 let len = wtype.row_bytes(n);
                 (wtype, &f.bytes()[start..start + len], n)
@@ -621,6 +643,62 @@ impl Weights {
             Files::Safetensors(_) => (0..n_experts).map(|e| self.matrix(&id.expert(e))).collect(),
         }
     }
+
+    /// Whether a tensor exists, by its file-format name.
+    pub fn has_named(&self, name: &str) -> bool {
+        match &self.files {
+            Files::Gguf(g) => g.tensor(name).is_some(),
+            Files::Safetensors(_) => self.find_st(name).is_some(),
+        }
+    }
+
+    /// The matrices of a 3-D tensor by name, split along its outermost dimension: safetensors
+    /// `[n, rows, cols]` or GGUF `[cols, rows, n]` (stacked experts).
+    pub fn stacked_named(&self, name: &str) -> Result<Vec<Matrix>, PluginError> {
+        let missing = || PluginError::failed(format!("missing tensor {name}"));
+        let not_3d = |dims: String| PluginError::failed(format!("{name}: expected 3-D, got {dims}"));
+        match &self.files {
+            Files::Gguf(g) => {
+                let t = g.tensor(name).ok_or_else(missing)?;
+                if t.dims.len() != 3 {
+                    return Err(not_3d(format!("{:?}", t.dims)));
+                }
+                let wtype = gguf_wtype(name, t.ggml_type.id())?;
+                let dims = [t.dims[2] as usize, t.dims[1] as usize, t.dims[0] as usize];
+                stack(name, g.clone(), t.offset as usize, wtype, dims)
+            }
+            Files::Safetensors(_) => {
+                let (f, dtype, shape, start) = self.find_st(name).ok_or_else(missing)?;
+                if shape.len() != 3 {
+                    return Err(not_3d(format!("{shape:?}")));
+                }
+                stack(
+                    name,
+                    f.clone(),
+                    start,
+                    st_wtype(name, &dtype)?,
+                    [shape[0], shape[1], shape[2]],
+                )
+            }
+        }
+    }
+}
+
+/// `n` consecutive `rows × cols` matrices of `wtype` from `start` (`dims = [n, rows, cols]`).
+fn stack(
+    name: &str,
+    source: Arc<dyn ByteSource>,
+    start: usize,
+    wtype: WeightType,
+    [n, rows, cols]: [usize; 3],
+) -> Result<Vec<Matrix>, PluginError> {
+    let per = rows * wtype.row_bytes(cols);
+    (0..n)
+        .map(|e| {
+            Matrix::new(source.clone(), start + e * per, wtype, rows, cols)
+                .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
+        })
+        .collect()
 }
 
 fn gguf_wtype(name: &str, id: u32) -> Result<WeightType, PluginError> {
@@ -701,5 +779,14 @@ mod tests {
         let mut out = [0.0; 3];
         m.dequantize_row(1, &mut out);
         assert_eq!(out, [4.0, 5.0, 6.0]);
+    }
+
+    #[test]
+    fn slice_rows_shares_the_bytes() {
+        let m = Matrix::from_f32(3, 2, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let s = m.slice_rows(1, 2);
+        let mut out = [0.0; 2];
+        s.dequantize_row(1, &mut out);
+        assert_eq!((s.rows, out), (2, [5.0, 6.0]));
     }
 }
