@@ -7,3 +7,5 @@ pub mod cli;
 pub mod models;
 pub mod packs;
 pub mod plugins;
+pub mod template;
+pub mod tokenizer;
