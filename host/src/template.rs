@@ -243,46 +243,81 @@ fn strftime_now(format: String) -> Result<String, Error> {
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// `tojson(indent=None, sort_keys=False)`: JSON as Python's `json.dumps(..., ensure_ascii=False)`
-/// writes it (`", "` and `": "` separators, non-ASCII kept), with key order preserved.
+/// `tojson(indent=None, separators=None, sort_keys=False)`: JSON as Python's
+/// `json.dumps(..., ensure_ascii=False)` writes it (`", "` and `": "` separators, non-ASCII
+/// kept), with key order preserved.
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
     let indent = match indent {
-        None => None,
-        Some(v) if v.is_none() || v.is_undefined() => None,
-        Some(v) => match v.as_i64() {
-            Some(n) => Some(" ".repeat(n.max(0) as usize)),
-            None => Some(v.to_string()),
-        },
+        Some(v) if !(v.is_none() || v.is_undefined()) => Some(match v.as_i64() {
+            Some(n) => " ".repeat(n.max(0) as usize),
+            None => v.to_string(),
+        }),
+        _ => None,
     };
+    let mut style = PyJsonStyle {
+        item_sep: if indent.is_some() { ",".into() } else { ", ".into() },
+        key_sep: ": ".into(),
+        indent,
+        sort_keys: sort_keys.unwrap_or(false),
+    };
+    if let Some(seps) = separators.filter(|v| !(v.is_none() || v.is_undefined())) {
+        let pair: Vec<String> = seps.try_iter()?.map(|v| v.to_string()).collect();
+        let [item, key] = <[String; 2]>::try_from(pair).map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair of strings",
+            )
+        })?;
+        style.item_sep = item;
+        style.key_sep = key;
+    }
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
-    write_py_json(&mut out, &json, indent.as_deref(), sort_keys.unwrap_or(false), 0);
+    write_py_json(&mut out, &json, &style, 0);
     Ok(Value::from_safe_string(out))
 }
 
-/// Append `v` as Python's `json.dumps` would write it.
-pub fn write_py_json(
-    out: &mut String,
-    v: &serde_json::Value,
-    indent: Option<&str>,
-    sort: bool,
-    depth: usize,
-) {
+/// How [`write_py_json`] lays out JSON (the arguments of Python's `json.dumps`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PyJsonStyle {
+    /// Indent unit; `None` writes everything on one line.
+    pub indent: Option<String>,
+    /// Between items (`", "`, or `","` when indenting).
+    pub item_sep: String,
+    /// Between a key and its value (`": "`).
+    pub key_sep: String,
+    /// Whether object keys are sorted (otherwise kept in insertion order).
+    pub sort_keys: bool,
+}
+
+impl Default for PyJsonStyle {
+    fn default() -> Self {
+        PyJsonStyle {
+            indent: None,
+            item_sep: ", ".into(),
+            key_sep: ": ".into(),
+            sort_keys: false,
+        }
+    }
+}
+
+/// Append `v` as Python's `json.dumps(v, ensure_ascii=False, ...)` would write it.
+pub fn write_py_json(out: &mut String, v: &serde_json::Value, style: &PyJsonStyle, depth: usize) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {
-        if let Some(ind) = indent {
+        if let Some(ind) = &style.indent {
             out.push('\n');
             for _ in 0..depth {
                 out.push_str(ind);
             }
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
     match v {
         J::Null => out.push_str("null"),
         J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
@@ -293,10 +328,10 @@ pub fn write_py_json(
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(&style.item_sep);
                 }
                 newline(out, depth + 1);
-                write_py_json(out, item, indent, sort, depth + 1);
+                write_py_json(out, item, style, depth + 1);
             }
             newline(out, depth);
             out.push(']');
@@ -304,18 +339,18 @@ pub fn write_py_json(
         J::Object(map) if map.is_empty() => out.push_str("{}"),
         J::Object(map) => {
             let mut entries: Vec<_> = map.iter().collect();
-            if sort {
+            if style.sort_keys {
                 entries.sort_by(|a, b| a.0.cmp(b.0));
             }
             out.push('{');
             for (i, (k, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(&style.item_sep);
                 }
                 newline(out, depth + 1);
                 write_py_str(out, k);
-                out.push_str(": ");
-                write_py_json(out, item, indent, sort, depth + 1);
+                out.push_str(&style.key_sep);
+                write_py_json(out, item, style, depth + 1);
             }
             newline(out, depth);
             out.push('}');
@@ -486,6 +521,11 @@ mod tests {
             out,
             "{\"b\": [1, 2.5, null], \"a\": \"é\\\"<>&\\n\"}|{\n  \"b\": [\n    1,\n    2.5,\n    null\n  ],\n  \
              \"a\": \"é\\\"<>&\\n\"\n}|[]"
+        );
+        let compact = ChatTemplate::new("{{ y | tojson }}{{ x | tojson(separators=(',', ':')) }}").unwrap();
+        assert_eq!(
+            compact.render(&inp).unwrap(),
+            "[]{\"b\":[1,2.5,null],\"a\":\"é\\\"<>&\\n\"}"
         );
         let sorted = ChatTemplate::new("{{ x | tojson(sort_keys=true) }}").unwrap();
         assert_eq!(
