@@ -55,7 +55,10 @@ const SPM_SPACE: char = '\u{2581}';
 
 /// An error building or using a tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenizerError(pub String);
+pub struct TokenizerError(
+    /// What went wrong.
+    pub String,
+);
 
 impl fmt::Display for TokenizerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
