@@ -1,10 +1,12 @@
 //! The Berth host: everything but the model. It finds and loads model-family plugins, keeps the
-//! model packs, and (in later layers) renders chat templates, parses model output, constrains
-//! and samples tokens, schedules requests and serves HTTP. The `berth` binary is a thin CLI over
-//! this library.
+//! model packs, tokenizes and renders chat templates, samples tokens and runs generation; later
+//! layers parse model output, constrain decoding, schedule requests and serve HTTP. The `berth`
+//! binary is a thin CLI over this library.
 
 pub mod cli;
 pub mod models;
 pub mod packs;
 pub mod plugins;
 pub mod sampling;
+pub mod template;
+pub mod tokenizer;
