@@ -61,6 +61,46 @@ pub enum Command {
         #[arg(long)]
         family: Option<String>,
     },
+    /// Run a model: answer one prompt, or chat interactively without one.
+    Run {
+        /// Pack reference, `name[:tag]`.
+        name: String,
+        /// The prompt; without it, an interactive chat starts.
+        prompt: Option<String>,
+        /// Complete the prompt as raw text, without the chat template.
+        #[arg(long)]
+        raw: bool,
+        /// Print timings and token rates after each answer.
+        #[arg(long)]
+        verbose: bool,
+        /// Sampling temperature; 0 is greedy.
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f32,
+        /// Keep only the k most likely tokens (0 = all).
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        /// Nucleus sampling threshold.
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        /// Drop tokens below min_p times the most likely one.
+        #[arg(long, default_value_t = 0.05)]
+        min_p: f32,
+        /// Seed for reproducible sampling.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Most tokens per answer.
+        #[arg(long, default_value_t = 1024)]
+        max_tokens: usize,
+        /// Thinking on or off, for models that think.
+        #[arg(long, value_parser = ["on", "off"])]
+        think: Option<String>,
+        /// A system message.
+        #[arg(long)]
+        system: Option<String>,
+        /// Compute threads (default: all cores, or BERTH_THREADS).
+        #[arg(long, env = "BERTH_THREADS")]
+        threads: Option<u32>,
+    },
     /// Copy a pack under a new reference (files are hard-linked).
     Cp {
         /// Source reference.
@@ -134,6 +174,38 @@ pub fn run(cli: Cli) -> Result<()> {
             )?;
             println!("imported '{}' into {}", entry.reference, entry.dir.display());
             Ok(())
+        }
+        Command::Run {
+            name,
+            prompt,
+            raw,
+            verbose,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed,
+            max_tokens,
+            think,
+            system,
+            threads,
+        } => {
+            let opts = crate::run::RunOptions {
+                raw,
+                verbose,
+                sampling: crate::sampling::SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed,
+                },
+                max_tokens,
+                think: think.map(|t| t == "on"),
+                system,
+                threads,
+            };
+            crate::run::run(&store, &home, &name, prompt, opts)
         }
         Command::Cp { source, destination } => {
             store.copy(&source, &destination)?;

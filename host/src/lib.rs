@@ -4,9 +4,11 @@
 //! binary is a thin CLI over this library.
 
 pub mod cli;
+pub mod generate;
 pub mod models;
 pub mod packs;
 pub mod plugins;
+pub mod run;
 pub mod sampling;
 pub mod template;
 pub mod tokenizer;

@@ -35,21 +35,47 @@ pub fn berth_ok(home: &Path, plugin_path: Option<&Path>, args: &[&str]) -> Strin
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The scripted plugin's shared library, built by cargo next to the test binary.
-pub fn scripted_library() -> PathBuf {
+/// A workspace plugin's shared library (`libberth_<name>.so`), built by cargo next to the test
+/// binary (the plugins are dev-dependencies of the host, so `cargo test` builds them).
+pub fn plugin_library(name: &str) -> PathBuf {
     let dir = berth_exe().parent().unwrap().to_path_buf();
-    for candidate in [
-        dir.join("libberth_scripted.so"),
-        dir.join("deps/libberth_scripted.so"),
-    ] {
+    let file = format!("libberth_{name}.so");
+    for candidate in [dir.join(&file), dir.join("deps").join(&file)] {
         if candidate.is_file() {
             return candidate;
         }
     }
     panic!(
-        "libberth_scripted.so not found next to {}; run `cargo build --workspace` first",
+        "{file} not found next to {}; run `cargo build --workspace` first",
         dir.display()
     );
+}
+
+/// The scripted plugin's shared library.
+pub fn scripted_library() -> PathBuf {
+    plugin_library("scripted")
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Path of a real model, fetched (or found in the cache) by the repo's own script.
+pub fn real_model(name: &str) -> PathBuf {
+    let out = Command::new(repo_root().join("scripts/fetch-models"))
+        .arg(name)
+        .output()
+        .expect("fetch-models runs");
+    assert!(
+        out.status.success(),
+        "fetch-models {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// Hex sha256 of a file.

@@ -1,0 +1,235 @@
+//! One model opened for generation (`berth run`): plugin instance, tokenizer and chat template,
+//! with a decode loop that reuses the KV cache of the previous turn's common prefix.
+
+use crate::models::LoadedModel;
+use crate::packs;
+use crate::plugins::PluginSet;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::template::ChatTemplate;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use anyhow::{anyhow, bail, Context, Result};
+use berth_plugin_api::BatchView;
+use berth_registry::gguf::GgufFile;
+use berth_registry::pack::PackFormat;
+use berth_registry::store::{PackEntry, Store};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Rows fed to the plugin per decode call while processing a prompt.
+const PREFILL_CHUNK: usize = 256;
+
+/// The sequence id `berth run` uses (it runs one conversation).
+const SEQ: i32 = 0;
+
+/// Timings and counts of one generation, as `ollama run --verbose` reports them.
+#[derive(Clone, Debug, Default)]
+pub struct GenerationStats {
+    /// Prompt tokens the model processed (after prefix reuse).
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the previous turn's cache.
+    pub cached_tokens: usize,
+    /// Time spent on the prompt.
+    pub prompt_duration: Duration,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Time spent generating.
+    pub generation_duration: Duration,
+    /// Why generation ended: `stop` or `length`.
+    pub finish_reason: &'static str,
+}
+
+impl GenerationStats {
+    /// Prompt tokens per second.
+    pub fn prompt_rate(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_duration.as_secs_f64().max(1e-9)
+    }
+
+    /// Generated tokens per second.
+    pub fn generation_rate(&self) -> f64 {
+        self.generated_tokens as f64 / self.generation_duration.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A pack opened for generation.
+pub struct Session {
+    /// The pack's reference, `name:tag`.
+    pub reference: String,
+    /// The plugin-backed model.
+    pub model: LoadedModel,
+    /// The tokenizer (from `tokenizer.json` or the GGUF vocabulary).
+    pub tokenizer: Tokenizer,
+    /// The chat template, if the pack has one.
+    pub template: Option<ChatTemplate>,
+    /// Time it took to open the pack and create the model.
+    pub load_duration: Duration,
+    stop_tokens: HashSet<u32>,
+    /// Tokens currently held in the model's cache for [`SEQ`].
+    cached: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl Session {
+    /// Opens a pack from the store with the best plugin on the search path.
+    pub fn open(store: &Store, berth_home: &Path, reference: &str, threads: Option<u32>) -> Result<Session> {
+        let start = Instant::now();
+        let entry = store.get(reference)?;
+        let m = entry
+            .manifest
+            .as_ref()
+            .ok_or_else(|| anyhow!("{}: {}", entry.reference, entry.problems.join("; ")))?;
+        if !entry.problems.is_empty() {
+            bail!("{} is broken: {}", entry.reference, entry.problems.join("; "));
+        }
+        let plugins = PluginSet::discover_default(berth_home);
+        let (record, plugin) = plugins.best_for(&packs::probe_config(m)).ok_or_else(|| {
+            anyhow!(
+                "no installed plugin serves {} (family '{}', architecture '{}'); see `berth plugins`",
+                entry.reference,
+                m.family,
+                m.architecture
+            )
+        })?;
+        let mut config = packs::load_config(&entry, m);
+        config.threads = threads;
+        config.max_sequences = Some(1);
+        let model = LoadedModel::load(plugin, &config)
+            .with_context(|| format!("plugin '{}' could not load {}", record.name(), entry.reference))?;
+        let (tokenizer, template) = load_text_side(&entry)?;
+        let mut stop_tokens: HashSet<u32> = model
+            .description()
+            .stop_tokens
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        stop_tokens.extend(tokenizer.stop_ids().iter().copied());
+        let vocab = model.description().vocab_size as usize;
+        Ok(Session {
+            reference: entry.reference.clone(),
+            model,
+            tokenizer,
+            template,
+            load_duration: start.elapsed(),
+            stop_tokens,
+            cached: Vec::new(),
+            logits: vec![0.0; vocab],
+        })
+    }
+
+    /// Forgets the cached conversation.
+    pub fn clear(&mut self) -> Result<()> {
+        self.model.instance()?.seq_truncate(SEQ, 0)?;
+        self.cached.clear();
+        Ok(())
+    }
+
+    /// Feeds `tokens` (after reusing the longest cached prefix) and generates until a stop
+    /// token or `max_tokens`, calling `on_text` with each complete piece of text.
+    pub fn generate(
+        &mut self,
+        tokens: &[u32],
+        params: &SamplingParams,
+        max_tokens: usize,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<GenerationStats> {
+        if tokens.is_empty() {
+            bail!("empty prompt");
+        }
+        let context = self.model.description().context_length as usize;
+        if tokens.len() >= context {
+            bail!("prompt is {} tokens; the context holds {context}", tokens.len());
+        }
+        let mut stats = GenerationStats::default();
+        let start = Instant::now();
+        // Keep the common prefix, but always re-feed at least the last prompt token for logits.
+        let mut keep = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        keep = keep.min(tokens.len() - 1);
+        if keep < self.cached.len() {
+            self.model.instance()?.seq_truncate(SEQ, keep as u32)?;
+            self.cached.truncate(keep);
+        }
+        stats.cached_tokens = keep;
+        let rest = &tokens[keep..];
+        for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
+            let last = (i + 1) * PREFILL_CHUNK >= rest.len();
+            self.feed(chunk, last)?;
+        }
+        stats.prompt_tokens = rest.len();
+        stats.prompt_duration = start.elapsed();
+
+        let start = Instant::now();
+        let mut sampler = Sampler::new(params.clone());
+        let mut decoder: IncrementalDecoder = self.tokenizer.incremental_decoder(true);
+        stats.finish_reason = "length";
+        let budget = max_tokens.min(context.saturating_sub(self.cached.len()));
+        for _ in 0..budget {
+            let token = sampler.sample(&self.logits);
+            if self.stop_tokens.contains(&token) {
+                stats.finish_reason = "stop";
+                break;
+            }
+            stats.generated_tokens += 1;
+            let piece = decoder.push(token);
+            if !piece.is_empty() {
+                on_text(&piece);
+            }
+            self.feed(&[token], true)?;
+        }
+        let tail = decoder.finish();
+        if !tail.is_empty() {
+            on_text(&tail);
+        }
+        stats.generation_duration = start.elapsed();
+        Ok(stats)
+    }
+
+    /// Feeds tokens at the end of the cached sequence; the last row's logits land in
+    /// `self.logits` when `want_last` is set.
+    fn feed(&mut self, tokens: &[u32], want_last: bool) -> Result<()> {
+        let start = self.cached.len() as i32;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let positions: Vec<i32> = (0..ids.len() as i32).map(|i| start + i).collect();
+        let seq_ids = vec![SEQ; ids.len()];
+        let mut want = vec![0u8; ids.len()];
+        if want_last {
+            *want.last_mut().expect("non-empty chunk") = 1;
+        }
+        let batch = BatchView {
+            tokens: &ids,
+            positions: &positions,
+            seq_ids: &seq_ids,
+            want_logits: &want,
+        };
+        if let Err(e) = self.model.decode(&batch, &mut self.logits) {
+            // A failed (or poisoned) step leaves the cache in an unknown state: start over.
+            self.cached.clear();
+            return Err(e.into());
+        }
+        self.cached.extend_from_slice(tokens);
+        Ok(())
+    }
+}
+
+/// The tokenizer and chat template of a pack: `tokenizer.json` / `chat_template.jinja` from the
+/// pack when present, else from the GGUF.
+pub fn load_text_side(entry: &PackEntry) -> Result<(Tokenizer, Option<ChatTemplate>)> {
+    let m = entry
+        .manifest
+        .as_ref()
+        .ok_or_else(|| anyhow!("{} has no manifest", entry.reference))?;
+    let gguf = match m.format {
+        PackFormat::Gguf => {
+            let w = m
+                .weights()
+                .next()
+                .ok_or_else(|| anyhow!("{} lists no weights", entry.reference))?;
+            Some(GgufFile::open(entry.dir.join(&w.path))?)
+        }
+        _ => None,
+    };
+    let tokenizer = Tokenizer::from_pack_dir_or_gguf(&entry.dir, gguf.as_ref())
+        .with_context(|| format!("loading the tokenizer of {}", entry.reference))?;
+    let template = ChatTemplate::from_pack_or_gguf(&entry.dir, gguf.as_ref())
+        .with_context(|| format!("loading the chat template of {}", entry.reference))?;
+    Ok((tokenizer, template))
+}

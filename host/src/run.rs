@@ -1,0 +1,205 @@
+//! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
+
+use crate::generate::{GenerationStats, Session};
+use crate::sampling::SamplingParams;
+use crate::template::RenderInput;
+use anyhow::{bail, Result};
+use berth_registry::store::Store;
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+/// Options of `berth run`.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Complete the prompt as raw text, without the chat template.
+    pub raw: bool,
+    /// Print timings and rates after each answer.
+    pub verbose: bool,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Most tokens per answer.
+    pub max_tokens: usize,
+    /// Ask for thinking on or off; `None` leaves it to the template.
+    pub think: Option<bool>,
+    /// A system message to start the conversation with.
+    pub system: Option<String>,
+    /// Compute threads.
+    pub threads: Option<u32>,
+}
+
+/// Runs `berth run`.
+pub fn run(
+    store: &Store,
+    home: &Path,
+    reference: &str,
+    prompt: Option<String>,
+    opts: RunOptions,
+) -> Result<()> {
+    let mut session = Session::open(store, home, reference, opts.threads)?;
+    if !opts.raw && session.template.is_none() {
+        bail!(
+            "{} has no chat template (a base model?); complete text with `berth run --raw {} PROMPT`, \
+             or re-import it with `--template FILE`",
+            session.reference,
+            session.reference
+        );
+    }
+    let mut chat = Chat {
+        think: opts.think,
+        history: Vec::new(),
+        opts,
+    };
+    if let Some(s) = &chat.opts.system {
+        chat.history
+            .push(serde_json::json!({"role": "system", "content": s}));
+    }
+    match prompt {
+        Some(p) => chat.turn(&mut session, &p),
+        None => chat.interactive(&mut session),
+    }
+}
+
+struct Chat {
+    opts: RunOptions,
+    think: Option<bool>,
+    history: Vec<serde_json::Value>,
+}
+
+impl Chat {
+    /// Renders the prompt for a new user message (or the raw text), generates and prints.
+    fn turn(&mut self, session: &mut Session, text: &str) -> Result<()> {
+        let tokens = if self.opts.raw {
+            session.tokenizer.encode(text, true)
+        } else {
+            self.history
+                .push(serde_json::json!({"role": "user", "content": text}));
+            let mut extra = serde_json::Map::new();
+            if let Some(t) = self.think {
+                extra.insert("enable_thinking".into(), t.into());
+            }
+            let template = session.template.as_ref().expect("checked at start");
+            let prompt = template.render(&RenderInput {
+                messages: self.history.clone(),
+                tools: None,
+                add_generation_prompt: true,
+                extra,
+                bos_token: token_text(&session.tokenizer, session.tokenizer.bos_id()),
+                eos_token: token_text(&session.tokenizer, session.tokenizer.eos_id()),
+            })?;
+            session.tokenizer.encode(&prompt, false)
+        };
+        let mut out = std::io::stdout().lock();
+        let mut answer = String::new();
+        let stats = session.generate(&tokens, &self.opts.sampling, self.opts.max_tokens, |piece| {
+            answer.push_str(piece);
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        })?;
+        let _ = writeln!(out);
+        drop(out);
+        if !self.opts.raw {
+            self.history
+                .push(serde_json::json!({"role": "assistant", "content": answer}));
+        }
+        if self.opts.verbose {
+            print_stats(session, &stats);
+        }
+        Ok(())
+    }
+
+    fn interactive(&mut self, session: &mut Session) -> Result<()> {
+        let stdin = std::io::stdin();
+        let mut lines = stdin.lock().lines();
+        loop {
+            eprint!(">>> ");
+            let _ = std::io::stderr().flush();
+            let Some(line) = lines.next() else {
+                eprintln!();
+                return Ok(());
+            };
+            let line = line?;
+            let input = line.trim();
+            if input.is_empty() {
+                continue;
+            }
+            if let Some(cmd) = input.strip_prefix('/') {
+                if self.command(session, cmd)? {
+                    return Ok(());
+                }
+                continue;
+            }
+            if let Err(e) = self.turn(session, input) {
+                eprintln!("error: {e:#}");
+            }
+        }
+    }
+
+    /// Handles a `/command`; returns true to quit.
+    fn command(&mut self, session: &mut Session, cmd: &str) -> Result<bool> {
+        let words: Vec<&str> = cmd.split_whitespace().collect();
+        match words.as_slice() {
+            ["bye"] | ["exit"] | ["quit"] => return Ok(true),
+            ["clear"] => {
+                self.history.retain(|m| m["role"] == "system");
+                session.clear()?;
+                eprintln!("Cleared session context");
+            }
+            ["set", "think"] | ["set", "think", "on"] => {
+                self.think = Some(true);
+                eprintln!("Set 'think' mode.");
+            }
+            ["set", "nothink"] | ["set", "think", "off"] => {
+                self.think = Some(false);
+                eprintln!("Set 'nothink' mode.");
+            }
+            ["set", "verbose"] => self.opts.verbose = true,
+            ["set", "quiet"] => self.opts.verbose = false,
+            ["show", "info"] => show_info(session),
+            ["?"] | ["help"] => {
+                eprintln!("Available commands:");
+                eprintln!("  /set think on|off   Enable or disable thinking");
+                eprintln!("  /set verbose|quiet  Show or hide generation statistics");
+                eprintln!("  /show info          Show details for this model");
+                eprintln!("  /clear              Clear session context");
+                eprintln!("  /bye                Exit");
+            }
+            _ => eprintln!("Unknown command '/{cmd}'. Type /? for help"),
+        }
+        Ok(false)
+    }
+}
+
+fn show_info(session: &Session) {
+    let d = session.model.description();
+    eprintln!("  Model");
+    eprintln!("    name              {}", session.reference);
+    if let Some(a) = d.extra.get("architecture").and_then(|v| v.as_str()) {
+        eprintln!("    architecture      {a}");
+    }
+    eprintln!("    context length    {}", d.context_length);
+    eprintln!("    vocabulary        {}", d.vocab_size);
+    eprintln!(
+        "    chat template     {}",
+        if session.template.is_some() { "yes" } else { "none" }
+    );
+}
+
+fn print_stats(session: &Session, s: &GenerationStats) {
+    let total = session.load_duration + s.prompt_duration + s.generation_duration;
+    eprintln!("total duration:       {:?}", total);
+    eprintln!("load duration:        {:?}", session.load_duration);
+    eprintln!(
+        "prompt eval count:    {} token(s) ({} cached)",
+        s.prompt_tokens, s.cached_tokens
+    );
+    eprintln!("prompt eval duration: {:?}", s.prompt_duration);
+    eprintln!("prompt eval rate:     {:.2} tokens/s", s.prompt_rate());
+    eprintln!("eval count:           {} token(s)", s.generated_tokens);
+    eprintln!("eval duration:        {:?}", s.generation_duration);
+    eprintln!("eval rate:            {:.2} tokens/s", s.generation_rate());
+}
+
+/// The text of a special token, or "" when the model has none.
+fn token_text(tokenizer: &crate::tokenizer::Tokenizer, id: Option<u32>) -> String {
+    id.map(|i| tokenizer.token_to_piece(i)).unwrap_or_default()
+}
