@@ -127,24 +127,68 @@ fn paris_is_the_greedy_next_token() {
     assert!(out.iter().all(|&t| (0..151936).contains(&t)));
 }
 
-#[test]
-#[ignore = "needs tests/fixtures/llamacpp/qwen2.5-coder-0.5b.json (being recorded; un-ignore when merged)"]
-fn greedy_tokens_match_llama_cpp() {
+/// The cases of `tests/fixtures/llamacpp/qwen2.5-coder-0.5b.json` (recorded by
+/// `scripts/llamacpp-reference`): name, prompt ids, llama.cpp's greedy ids (ending with the
+/// end-of-generation token when it stopped), and the top-1/top-2 logit margin at each step.
+fn llama_cpp_cases() -> Vec<(String, Vec<i32>, Vec<i32>, Vec<f64>)> {
     let path = repo_root().join("tests/fixtures/llamacpp/qwen2.5-coder-0.5b.json");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |k: &str| -> Vec<i32> {
-        j[k].as_array()
-            .unwrap_or_else(|| panic!("{k} in {}", path.display()))
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let ints = |v: &serde_json::Value| {
+        v.as_array()
+            .unwrap()
             .iter()
-            .map(|v| v.as_i64().unwrap() as i32)
+            .map(|x| x.as_i64().unwrap() as i32)
             .collect()
     };
-    let prompt = ids("prompt_tokens");
-    let want = ids("greedy_tokens");
+    let floats = |v: &serde_json::Value| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    j["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let name = c["name"].as_str().unwrap().to_string();
+            (
+                name,
+                ints(&c["prompt_ids"]),
+                ints(&c["generated_ids"]),
+                floats(&c["step_top1_top2_margin"]),
+            )
+        })
+        .collect()
+}
+
+/// Steps whose top-2 logits are closer than this are near-ties: they flip under tiny numeric
+/// differences (even between llama.cpp's own batched and unbatched evaluation).
+const NEAR_TIE: f64 = 0.01;
+
+#[test]
+fn greedy_tokens_match_llama_cpp() {
     let mut m = load(2);
-    let got = greedy(&mut m, &prompt, 32);
-    assert_eq!(got, want[..32]);
+    let mut full_matches = 0;
+    for (name, prompt, want, margins) in llama_cpp_cases() {
+        let n = want.len().min(32);
+        let got = greedy(&mut m, &prompt, n);
+        m.seq_truncate(0, 0).unwrap();
+        let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        // Identical until llama.cpp itself was at a near-tie; after a flip the texts differ.
+        let first_tie = margins.iter().position(|&d| d < NEAR_TIE).unwrap_or(usize::MAX);
+        eprintln!("{name}: {same} of {n} tokens equal (first near-tie at step {first_tie})");
+        assert!(
+            same >= n.min(first_tie),
+            "{name}: differs at step {same}\n got {got:?}\nwant {want:?}"
+        );
+        if same == n {
+            full_matches += 1;
+        }
+    }
+    // The France answer (stops at <|im_end|>) and the quicksort completion have no near-tie.
+    assert!(full_matches >= 2, "{full_matches} cases matched fully");
 }
 
 /// CPU seconds used by this process so far (user + system), from `/proc/self/stat`.
