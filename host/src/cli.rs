@@ -101,6 +101,30 @@ pub enum Command {
         #[arg(long, env = "BERTH_THREADS")]
         threads: Option<u32>,
     },
+    /// Measure prompt processing (ppN) and generation (tgN) tokens/s, as llama-bench does.
+    Bench {
+        /// Pack references.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Prompt tokens for the pp test (0 skips it).
+        #[arg(short = 'p', long, default_value_t = 512)]
+        prompt: usize,
+        /// Generated tokens for the tg test (0 skips it).
+        #[arg(short = 'n', long, default_value_t = 128)]
+        generate: usize,
+        /// Thread counts, comma-separated.
+        #[arg(short = 't', long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<u32>,
+        /// Repetitions per test.
+        #[arg(short = 'r', long, default_value_t = 3)]
+        repetitions: usize,
+        /// Rows per decode call while processing the prompt.
+        #[arg(short = 'b', long, default_value_t = 512)]
+        batch: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy a pack under a new reference (files are hard-linked).
     Cp {
         /// Source reference.
@@ -206,6 +230,47 @@ pub fn run(cli: Cli) -> Result<()> {
                 threads,
             };
             crate::run::run(&store, &home, &name, prompt, opts)
+        }
+        Command::Bench {
+            names,
+            prompt,
+            generate,
+            threads,
+            repetitions,
+            batch,
+            json,
+        } => {
+            let opts = crate::bench::BenchOptions {
+                prompt,
+                generate,
+                threads,
+                repetitions,
+                batch: batch.max(1),
+            };
+            let mut all = Vec::new();
+            for n in &names {
+                let results = crate::bench::bench_pack(&store, &home, n, &opts)?;
+                for r in results.iter().filter(|_| !json) {
+                    eprintln!(
+                        "{} {} t={}: {:.2} ± {:.2} tokens/s",
+                        r.model, r.test, r.threads, r.tokens_per_second, r.stddev
+                    );
+                }
+                all.extend(results);
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all)?);
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = all
+                .iter()
+                .map(|r| {
+                    let tps = format!("{:.2} ± {:.2}", r.tokens_per_second, r.stddev);
+                    vec![r.model.clone(), r.test.clone(), r.threads.to_string(), tps]
+                })
+                .collect();
+            print_table(&["MODEL", "TEST", "THREADS", "TOKENS/S"], &rows);
+            Ok(())
         }
         Command::Cp { source, destination } => {
             store.copy(&source, &destination)?;

@@ -3,6 +3,7 @@
 //! layers parse model output, constrain decoding, schedule requests and serve HTTP. The `berth`
 //! binary is a thin CLI over this library.
 
+pub mod bench;
 pub mod cli;
 pub mod generate;
 pub mod models;
