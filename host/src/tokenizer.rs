@@ -1158,4 +1158,53 @@ mod tests {
         assert_eq!(table[b'\n' as usize], 'Ċ');
         assert_eq!(table[b'a' as usize], 'a');
     }
+
+    /// llama.cpp's own tokenizations (`tests/fixtures/llamacpp/tokenize.json`, recorded by
+    /// `scripts/llamacpp-reference` with `special=true`, no BOS): (text, ids) per case.
+    fn llama_cpp_tokenizations(model: &str) -> Vec<(String, Vec<u32>)> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/llamacpp/tokenize.json");
+        let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        j["models"][model]["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let ids = c["ids"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect();
+                (c["text"].as_str().unwrap().to_string(), ids)
+            })
+            .collect()
+    }
+
+    fn compare_with_llama_cpp(model: &str, t: &Tokenizer) -> Vec<String> {
+        let mut differ = Vec::new();
+        for (text, want) in llama_cpp_tokenizations(model) {
+            let got = t.encode(&text, false);
+            if got != want {
+                differ.push(format!("{text:?}: ours {got:?}, llama.cpp {want:?}"));
+            }
+            assert_eq!(
+                t.decode(&want, false),
+                text,
+                "decoding llama.cpp's ids of {text:?}"
+            );
+        }
+        differ
+    }
+
+    #[test]
+    fn qwen_tokenizes_like_llama_cpp() {
+        let differ = compare_with_llama_cpp("qwen2.5-coder-0.5b", qwen());
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
+    }
+
+    #[test]
+    fn gemma_tokenizes_like_llama_cpp() {
+        let differ = compare_with_llama_cpp("gemma3-270m", gemma());
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
+    }
 }
