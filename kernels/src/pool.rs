@@ -150,6 +150,35 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// Calls `f(i, piece)` for each consecutive `piece_len`-long piece `i` of `data` (the last
+    /// may be shorter), spread over the pool like [`ThreadPool::parallel_for`].
+    pub fn parallel_chunks_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+        &self,
+        data: &mut [T],
+        piece_len: usize,
+        f: F,
+    ) {
+        assert!(piece_len > 0, "pieces must be non-empty");
+        let len = data.len();
+        let n = len.div_ceil(piece_len);
+        struct Base<T>(*mut T);
+        // SAFETY: pieces are disjoint ranges of `data`, which stays mutably borrowed for the
+        // whole call; each index (hence each piece) is handed to exactly one call of `f`.
+        unsafe impl<T: Send> Sync for Base<T> {}
+        let base = Base(data.as_mut_ptr());
+        self.parallel_for(n, |i| {
+            let base = &base;
+            let start = i * piece_len;
+            let end = (start + piece_len).min(len);
+            // SAFETY: start < end <= len, so the range lies inside `data`; it is disjoint from
+            // every other piece and no other reference to it exists during this call.
+            let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), end - start) };
+            f(i, piece);
+        });
+    }
+}
+
 /// One step of a spin-wait; yields the CPU now and then in case cores are oversubscribed.
 #[inline]
 fn spin_pause(i: usize) {
@@ -297,6 +326,17 @@ mod tests {
             done.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(done.load(Ordering::Relaxed), 200);
+    }
+
+    #[test]
+    fn chunks_mut_cover_the_slice() {
+        let pool = ThreadPool::new(3);
+        let mut v = vec![0usize; 103];
+        pool.parallel_chunks_mut(&mut v, 10, |i, piece| {
+            assert!(piece.len() == 10 || (i == 10 && piece.len() == 3));
+            piece.iter_mut().enumerate().for_each(|(j, x)| *x = i * 10 + j);
+        });
+        assert!(v.iter().enumerate().all(|(i, &x)| i == x));
     }
 
     #[test]

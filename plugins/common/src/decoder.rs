@@ -4,7 +4,7 @@
 //! want logits.
 
 use crate::kv::KvCache;
-use crate::linear::{matmul, par_units, MatmulScratch};
+use crate::linear::{matmul, matmul_shared, par_units, MatmulScratch};
 use crate::ops::{gelu_tanh, rms_norm, rms_norm_heads, silu, softcap, softmax, Rope};
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_kernels::dot::dot_f32;
@@ -497,9 +497,8 @@ impl Decoder {
             let q = grow(&mut s.q, n * qd);
             let k = grow(&mut s.k, n * kvd);
             let v = grow(&mut s.v, n * kvd);
-            matmul(&lw.wq, xn, n, q, &mut s.mm, threads);
-            matmul(&lw.wk, xn, n, k, &mut s.mm, threads);
-            matmul(&lw.wv, xn, n, v, &mut s.mm, threads);
+            let mut qkv = [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)];
+            matmul_shared(xn, n, &mut qkv, &mut s.mm, threads);
             for i in 0..n {
                 let (qr, kr, vr) = (
                     &mut q[i * qd..(i + 1) * qd],
@@ -692,8 +691,7 @@ fn gated_ffn(
     let d = f.gate.rows;
     let g = grow(gate, n * d);
     let u = grow(up, n * d);
-    matmul(&f.gate, x, n, g, mm, threads);
-    matmul(&f.up, x, n, u, mm, threads);
+    matmul_shared(x, n, &mut [(&f.gate, &mut *g), (&f.up, &mut *u)], mm, threads);
     g.iter_mut()
         .zip(u.iter())
         .for_each(|(a, b)| *a = act.apply(*a) * b);
