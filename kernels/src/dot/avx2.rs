@@ -362,6 +362,68 @@ fn rows_0<const R: usize>(wtype: WeightType, w: &[u8], a: &[&[u8]; R], n: usize)
     acc.map(|v| hsum_ps(v))
 }
 
+/// `W` Q4_0/Q5_0/Q8_0 weight rows (block decoder `dec`) against `R` Q8_0 activation rows:
+/// each weight block is decoded once and each activation block loaded once per step, with
+/// `W × R` independent accumulators; `out[wi * R + r]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_0<const W: usize, const R: usize, D: Fn(&[u8]) -> (f32, __m256i)>(
+    xb: usize,
+    w: &[&[u8]; W],
+    a: &[&[u8]; R],
+    n: usize,
+    out: &mut [f32],
+    dec: D,
+) {
+    let nb = n / QK;
+    assert!(n.is_multiple_of(QK) && out.len() >= W * R);
+    assert!(w.iter().all(|x| x.len() >= nb * xb) && a.iter().all(|y| y.len() >= nb * Q8_0_BYTES));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); R]; W];
+    for i in 0..nb {
+        let mut dy = [0.0f32; R];
+        let mut qy = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let y = &a[r][i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
+            dy[r] = f16c(y, 0);
+            // SAFETY: y is a 34-byte block.
+            qy[r] = unsafe { load256(y.as_ptr().add(2)) };
+        }
+        for wi in 0..W {
+            let (dx, qx) = dec(&w[wi][i * xb..(i + 1) * xb]);
+            let ax = _mm256_sign_epi8(qx, qx);
+            for r in 0..R {
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qy[r], qx)), ones);
+                let d = _mm256_set1_ps(dx * dy[r]);
+                acc[wi][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[wi][r]);
+            }
+        }
+    }
+    for wi in 0..W {
+        for r in 0..R {
+            out[wi * R + r] = hsum_ps(acc[wi][r]);
+        }
+    }
+}
+
+/// Runs [`tile_0`] for one `_0` weight type with its decoder inlined.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_0_typed<const W: usize, const R: usize>(
+    wtype: WeightType,
+    w: &[&[u8]; W],
+    a: &[&[u8]; R],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    match wtype {
+        WeightType::Q4_0 => tile_0(Q4_0_BYTES, w, a, n, out, |x| decode_0(WeightType::Q4_0, x)),
+        WeightType::Q5_0 => tile_0(Q5_0_BYTES, w, a, n, out, |x| decode_0(WeightType::Q5_0, x)),
+        WeightType::Q8_0 => tile_0(Q8_0_BYTES, w, a, n, out, |x| decode_0(WeightType::Q8_0, x)),
+        _ => return false,
+    }
+    true
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     let nb = n / QK_K;
@@ -487,6 +549,18 @@ pub(crate) fn dot4(wtype: WeightType, w: &[u8], a: &[&[u8]; 4], n: usize) -> Opt
             WeightType::Q5_K => Some(rows_k45(true, w, a, n)),
             WeightType::Q6_K => Some(rows_q6_k(w, a, n)),
             _ => None,
+        }
+    }
+}
+
+/// Several weight rows × several quantized activation rows (`out[wi * acts + r]`); false
+/// when no tile kernel covers this type and shape.
+pub(crate) fn tile(wtype: WeightType, w: &[&[u8]], a: &[&[u8]], n: usize, out: &mut [f32]) -> bool {
+    // SAFETY: only installed in the dispatch table after AVX2+FMA+F16C were detected.
+    unsafe {
+        match (w, a) {
+            ([w0, w1], [a0, a1, a2, a3]) => tile_0_typed::<2, 4>(wtype, &[w0, w1], &[a0, a1, a2, a3], n, out),
+            _ => false,
         }
     }
 }

@@ -148,3 +148,32 @@ fn dot4_matches_single_row() {
         }
     }
 }
+
+#[test]
+fn tiles_match_single_rows() {
+    let mut rng = XorShift::new(21);
+    let best = DotTable::best();
+    let n = 256;
+    for wtype in WeightType::ALL {
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(&mut rng, wtype, n)).collect();
+        let x = rng.vec(4 * n);
+        let mut q = QuantizedActivations::new();
+        q.quantize_into(wtype, &x, n);
+        for (nw, na) in [(4, 1), (2, 4), (3, 2)] {
+            let w: Vec<&[u8]> = rows[..nw].iter().map(|r| r.as_slice()).collect();
+            let acts: Vec<ActRow<'_>> = (0..na).map(|i| q.row(i)).collect();
+            let mut out = vec![0.0; nw * na];
+            best.vec_dot_tile(wtype, &w, &acts, n, &mut out);
+            for wi in 0..nw {
+                for r in 0..na {
+                    let e = DotTable::scalar().vec_dot(wtype, w[wi], acts[r], n);
+                    let g = out[wi * na + r];
+                    assert!(
+                        (g - e).abs() <= 1e-3 * (1.0 + e.abs()),
+                        "{wtype:?} {nw}x{na}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
