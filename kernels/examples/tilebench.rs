@@ -1,4 +1,4 @@
-//! Single-thread throughput of the dot kernels per shape (in-cache, best of 7 runs, so other
+//! Single-thread throughput of the dot kernels per shape (in-cache, best of `TB_TRIALS` (7) runs of `TB_REPS` (100), so other
 //! load on the machine matters less):
 //! `cargo run --release -p berth-kernels --example tilebench`.
 
@@ -22,12 +22,19 @@ fn main() {
         let mut q = QuantizedActivations::new();
         q.quantize_into(wtype, &x, k);
         let acts: Vec<ActRow<'_>> = (0..4).map(|i| q.row(i)).collect();
-        let reps = 100;
+        let reps: usize = std::env::var("TB_REPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100);
+        let trials: usize = std::env::var("TB_TRIALS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(7);
         let mut sink = 0.0f32;
         let mut out = [0.0f32; 8];
         let mut run = |name: &str, f: &mut dyn FnMut(&mut f32)| {
             let mut s = f64::MAX;
-            for _ in 0..7 {
+            for _ in 0..trials {
                 let t0 = std::time::Instant::now();
                 for _ in 0..reps {
                     f(&mut sink);

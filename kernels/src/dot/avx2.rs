@@ -68,85 +68,126 @@ unsafe fn load256(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
-/// Scaled i8 dot product of one 32-element block pair, as eight f32 partial sums.
+/// Reads the little-endian f16 at `p` and converts it with F16C.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn block_q4_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
-    assert!(x.len() >= Q4_0_BYTES && y.len() >= Q8_0_BYTES);
-    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
-    // SAFETY: lengths asserted above (18-byte and 34-byte blocks).
-    let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
-    let qx = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
-    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16c_at(p: *const u8) -> f32 {
+    // SAFETY: caller guarantees 2 readable bytes at p; unaligned read.
+    let h = unsafe { (p as *const u16).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
-/// Q5_0 counterpart of [`block_q4_0`].
+/// Q5_0 block at `x` to 32 signed values in -16..=15.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn block_q5_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
-    assert!(x.len() >= Q5_0_BYTES && y.len() >= Q8_0_BYTES);
+#[target_feature(enable = "avx2")]
+unsafe fn q5_0_values(x: *const u8) -> __m256i {
     let shuf = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
     );
     let bitmask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let sixteen = _mm256_set1_epi8(16);
-    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
-    let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+    // SAFETY: caller guarantees a 22-byte block at x (qh at 2..6, nibbles at 6..22).
+    let (qh, q) = unsafe { ((x.add(2) as *const u32).read_unaligned(), nibbles_32(x.add(6))) };
     let hb = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), shuf);
     let hb = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bitmask), bitmask);
-    // SAFETY: lengths asserted above (22-byte and 34-byte blocks).
-    let (qx, qy) = unsafe { (nibbles_32(x.as_ptr().add(6)), load256(y.as_ptr().add(2))) };
     // q - 16 = nibble - 16 where the fifth bit is clear, nibble where it is set.
-    let qx = _mm256_sub_epi8(qx, _mm256_andnot_si256(hb, sixteen));
-    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
+    _mm256_sub_epi8(q, _mm256_andnot_si256(hb, _mm256_set1_epi8(16)))
 }
 
-/// Q8_0 counterpart of [`block_q4_0`].
+/// Scaled i8 dot product of one 32-element block pair at `x` (weights) and `y` (Q8_0), as
+/// (scale, eight f32 partial sums).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block_q8_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
-    assert!(x.len() >= Q8_0_BYTES && y.len() >= Q8_0_BYTES);
-    let d = _mm256_set1_ps(f16c(x, 0) * f16c(y, 0));
-    // SAFETY: lengths asserted above (34-byte blocks).
-    let (qx, qy) = unsafe { (load256(x.as_ptr().add(2)), load256(y.as_ptr().add(2))) };
-    (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
+unsafe fn block_q4_0(x: *const u8, y: *const u8) -> (__m256, __m256) {
+    // SAFETY: caller guarantees an 18-byte block at x and a 34-byte block at y.
+    unsafe {
+        let d = _mm256_set1_ps(f16c_at(x) * f16c_at(y));
+        let qx = _mm256_sub_epi8(nibbles_32(x.add(2)), _mm256_set1_epi8(8));
+        (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, load256(y.add(2)))))
+    }
 }
 
-/// Runs a 32-element block kernel over a row with two independent accumulators.
+/// Q5_0 counterpart of [`block_q4_0`] (22-byte blocks at `x`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn row_0<F: Fn(&[u8], &[u8]) -> (__m256, __m256)>(w: &[u8], a: &[u8], n: usize, xb: usize, block: F) -> f32 {
+unsafe fn block_q5_0(x: *const u8, y: *const u8) -> (__m256, __m256) {
+    // SAFETY: caller guarantees a 22-byte block at x and a 34-byte block at y.
+    unsafe {
+        let d = _mm256_set1_ps(f16c_at(x) * f16c_at(y));
+        (
+            d,
+            _mm256_cvtepi32_ps(dot_i8_epi32(q5_0_values(x), load256(y.add(2)))),
+        )
+    }
+}
+
+/// Q8_0 counterpart of [`block_q4_0`] (34-byte blocks at `x`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_q8_0(x: *const u8, y: *const u8) -> (__m256, __m256) {
+    // SAFETY: caller guarantees 34-byte blocks at x and y.
+    unsafe {
+        let d = _mm256_set1_ps(f16c_at(x) * f16c_at(y));
+        (
+            d,
+            _mm256_cvtepi32_ps(dot_i8_epi32(load256(x.add(2)), load256(y.add(2)))),
+        )
+    }
+}
+
+/// Prefetch distance (bytes) ahead of the weight pointer in the single-row `_0` kernels.
+const PREFETCH: usize = 4096;
+
+/// Runs a 32-element block kernel (`block(weight block, activation block)`, `xb`-byte weight
+/// blocks) over a row with two independent accumulators, walking raw pointers after one
+/// length check.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn row_0<F: Fn(*const u8, *const u8) -> (__m256, __m256)>(
+    w: &[u8],
+    a: &[u8],
+    n: usize,
+    xb: usize,
+    block: F,
+) -> f32 {
     let nb = n / QK;
     assert!(w.len() >= nb * xb && a.len() >= nb * Q8_0_BYTES);
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 2 <= nb {
-        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
-        let (d1, p1) = block(&w[(i + 1) * xb..], &a[(i + 1) * Q8_0_BYTES..]);
+    let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
+    let mut left = nb;
+    // SAFETY (pointer steps): each step stays within the `nb` blocks asserted above.
+    while left >= 2 {
+        // Weights stream from memory in decode: ask for the bytes a row ahead.
+        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
+        let (d0, p0) = block(wp, ap);
+        let (d1, p1) = block(unsafe { wp.add(xb) }, unsafe { ap.add(Q8_0_BYTES) });
         acc0 = _mm256_fmadd_ps(d0, p0, acc0);
         acc1 = _mm256_fmadd_ps(d1, p1, acc1);
-        i += 2;
+        wp = unsafe { wp.add(2 * xb) };
+        ap = unsafe { ap.add(2 * Q8_0_BYTES) };
+        left -= 2;
     }
-    if i < nb {
-        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
+    if left == 1 {
+        let (d0, p0) = block(wp, ap);
         acc0 = _mm256_fmadd_ps(d0, p0, acc0);
     }
     hsum_ps(_mm256_add_ps(acc0, acc1))
 }
 
+// SAFETY (the three closures below): `row_0` only passes pointers to whole blocks inside the
+// rows it length-checked.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    row_0(w, a, n, Q4_0_BYTES, |x, y| block_q4_0(x, y))
+    row_0(w, a, n, Q4_0_BYTES, |x, y| unsafe { block_q4_0(x, y) })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q5_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    row_0(w, a, n, Q5_0_BYTES, |x, y| block_q5_0(x, y))
+    row_0(w, a, n, Q5_0_BYTES, |x, y| unsafe { block_q5_0(x, y) })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
-    row_0(w, a, n, Q8_0_BYTES, |x, y| block_q8_0(x, y))
+    row_0(w, a, n, Q8_0_BYTES, |x, y| unsafe { block_q8_0(x, y) })
 }
 
 /// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])`.
