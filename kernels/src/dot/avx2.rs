@@ -408,7 +408,7 @@ fn rows_0<const R: usize>(wtype: WeightType, w: &[u8], a: &[&[u8]; R], n: usize)
 /// `W × R` independent accumulators; `out[wi * R + r]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_0<const W: usize, const R: usize, D: Fn(&[u8]) -> (f32, __m256i)>(
+fn tile_0<const W: usize, const R: usize, D: Fn(*const u8) -> (f32, __m256i)>(
     xb: usize,
     w: &[&[u8]; W],
     a: &[&[u8]; R],
@@ -421,22 +421,27 @@ fn tile_0<const W: usize, const R: usize, D: Fn(&[u8]) -> (f32, __m256i)>(
     assert!(w.iter().all(|x| x.len() >= nb * xb) && a.iter().all(|y| y.len() >= nb * Q8_0_BYTES));
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); R]; W];
+    let wp = w.map(|x| x.as_ptr());
+    let ap = a.map(|y| y.as_ptr());
     for i in 0..nb {
-        let mut dy = [0.0f32; R];
+        let mut dy = [_mm256_setzero_ps(); R];
         let mut qy = [_mm256_setzero_si256(); R];
         for r in 0..R {
-            let y = &a[r][i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
-            dy[r] = f16c(y, 0);
-            // SAFETY: y is a 34-byte block.
-            qy[r] = unsafe { load256(y.as_ptr().add(2)) };
+            // SAFETY: block i < nb of a row holding nb 34-byte blocks (asserted above).
+            unsafe {
+                let y = ap[r].add(i * Q8_0_BYTES);
+                dy[r] = _mm256_set1_ps(f16c_at(y));
+                qy[r] = load256(y.add(2));
+            }
         }
         for wi in 0..W {
-            let (dx, qx) = dec(&w[wi][i * xb..(i + 1) * xb]);
+            // SAFETY: block i < nb of a row holding nb `xb`-byte blocks (asserted above).
+            let (dx, qx) = dec(unsafe { wp[wi].add(i * xb) });
+            let dx = _mm256_set1_ps(dx);
             let ax = _mm256_sign_epi8(qx, qx);
             for r in 0..R {
                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qy[r], qx)), ones);
-                let d = _mm256_set1_ps(dx * dy[r]);
-                acc[wi][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[wi][r]);
+                acc[wi][r] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy[r]), _mm256_cvtepi32_ps(p), acc[wi][r]);
             }
         }
     }
@@ -457,9 +462,12 @@ fn tile_0_typed<const W: usize, const R: usize>(
     out: &mut [f32],
 ) -> bool {
     match wtype {
-        WeightType::Q4_0 => tile_0(Q4_0_BYTES, w, a, n, out, |x| decode_0(WeightType::Q4_0, x)),
-        WeightType::Q5_0 => tile_0(Q5_0_BYTES, w, a, n, out, |x| decode_0(WeightType::Q5_0, x)),
-        WeightType::Q8_0 => tile_0(Q8_0_BYTES, w, a, n, out, |x| decode_0(WeightType::Q8_0, x)),
+        // SAFETY (closures): `tile_0` passes pointers to whole blocks inside checked rows.
+        WeightType::Q4_0 => tile_0(Q4_0_BYTES, w, a, n, out, |x| unsafe {
+            (f16c_at(x), _mm256_sub_epi8(nibbles_32(x.add(2)), _mm256_set1_epi8(8)))
+        }),
+        WeightType::Q5_0 => tile_0(Q5_0_BYTES, w, a, n, out, |x| unsafe { (f16c_at(x), q5_0_values(x)) }),
+        WeightType::Q8_0 => tile_0(Q8_0_BYTES, w, a, n, out, |x| unsafe { (f16c_at(x), load256(x.add(2))) }),
         _ => return false,
     }
     true
