@@ -464,10 +464,17 @@ fn tile_0_typed<const W: usize, const R: usize>(
     match wtype {
         // SAFETY (closures): `tile_0` passes pointers to whole blocks inside checked rows.
         WeightType::Q4_0 => tile_0(Q4_0_BYTES, w, a, n, out, |x| unsafe {
-            (f16c_at(x), _mm256_sub_epi8(nibbles_32(x.add(2)), _mm256_set1_epi8(8)))
+            (
+                f16c_at(x),
+                _mm256_sub_epi8(nibbles_32(x.add(2)), _mm256_set1_epi8(8)),
+            )
         }),
-        WeightType::Q5_0 => tile_0(Q5_0_BYTES, w, a, n, out, |x| unsafe { (f16c_at(x), q5_0_values(x)) }),
-        WeightType::Q8_0 => tile_0(Q8_0_BYTES, w, a, n, out, |x| unsafe { (f16c_at(x), load256(x.add(2))) }),
+        WeightType::Q5_0 => tile_0(Q5_0_BYTES, w, a, n, out, |x| unsafe {
+            (f16c_at(x), q5_0_values(x))
+        }),
+        WeightType::Q8_0 => tile_0(Q8_0_BYTES, w, a, n, out, |x| unsafe {
+            (f16c_at(x), load256(x.add(2)))
+        }),
         _ => return false,
     }
     true
@@ -705,6 +712,117 @@ unsafe fn bf16_f32_impl(w: &[u8], x: &[f32], n: usize) -> f32 {
     s
 }
 
+// ---------------------------------------------------------------------------
+// Activation quantizers (bit-identical to the scalar references in `quant`).
+// ---------------------------------------------------------------------------
+
+/// Largest |x| over `n` floats at `p` (`n` a multiple of 8).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn abs_max(p: *const f32, n: usize) -> f32 {
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_setzero_ps();
+    for j in (0..n).step_by(8) {
+        // SAFETY: caller guarantees n readable floats at p.
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(p.add(j)) }));
+    }
+    let s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Packs four vectors of i32 (each in -128..=127) into 32 i8 in order at `dst`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store_i8x32(v: [__m256i; 4], dst: *mut u8) {
+    let a = _mm256_packs_epi32(v[0], v[1]);
+    let b = _mm256_packs_epi32(v[2], v[3]);
+    let q = _mm256_packs_epi16(a, b);
+    // Undo the per-lane interleave of the two packs.
+    let q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: caller guarantees 32 writable bytes at dst.
+    unsafe { _mm256_storeu_si256(dst as *mut __m256i, q) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8_0_impl(x: &[f32], dst: &mut [u8]) {
+    let nb = x.len() / QK;
+    assert!(x.len().is_multiple_of(QK) && dst.len() >= nb * Q8_0_BYTES);
+    let sign = _mm256_set1_ps(-0.0);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    for i in 0..nb {
+        // SAFETY: block i < nb lies inside x (32 floats) and dst (34 bytes), checked above.
+        unsafe {
+            let xp = x.as_ptr().add(i * QK);
+            let b = dst.as_mut_ptr().add(i * Q8_0_BYTES);
+            let d = abs_max(xp, QK) / 127.0;
+            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+            (b as *mut u16).write_unaligned(crate::quant::f32_to_f16(d));
+            let mut q = [_mm256_setzero_si256(); 4];
+            for (j, qj) in q.iter_mut().enumerate() {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(xp.add(8 * j)), id);
+                // Round half away from zero, like f32::round.
+                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+                let up = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(v, t)), half);
+                let step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(v, sign)));
+                *qj = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+            }
+            store_i8x32(q, b.add(2));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8_k_impl(x: &[f32], dst: &mut [u8]) {
+    let nb = x.len() / QK_K;
+    assert!(x.len().is_multiple_of(QK_K) && dst.len() >= nb * Q8_K_BYTES);
+    for i in 0..nb {
+        let xb = &x[i * QK_K..(i + 1) * QK_K];
+        let b = &mut dst[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
+        // SAFETY: xb holds 256 floats.
+        let amax = unsafe { abs_max(xb.as_ptr(), QK_K) };
+        if amax == 0.0 {
+            b.fill(0);
+            continue;
+        }
+        // The first element of largest magnitude, with its sign (as the reference picks it).
+        let max = *xb.iter().find(|v| v.abs() == amax).expect("amax comes from xb");
+        let iscale = -127.0 / max;
+        let s = _mm256_set1_ps(iscale);
+        let hi = _mm256_set1_epi32(127);
+        let ones = _mm256_set1_epi16(1);
+        for g in 0..8 {
+            let mut q = [_mm256_setzero_si256(); 4];
+            for (j, qj) in q.iter_mut().enumerate() {
+                // SAFETY: 32 * g + 8 * j + 8 <= 256 floats of xb.
+                let v = unsafe { _mm256_loadu_ps(xb.as_ptr().add(32 * g + 8 * j)) };
+                // cvtps rounds to nearest even in the default MXCSR mode, like round_ties_even.
+                *qj = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, s)), hi);
+            }
+            // SAFETY: bytes 4 + 32g .. 4 + 32g + 32 lie inside the 292-byte block.
+            unsafe { store_i8x32(q, b.as_mut_ptr().add(4 + 32 * g)) };
+            // Sums of each 16 values (two per group of 32) for the bsums.
+            // SAFETY: as above.
+            let v = unsafe { load256(b.as_ptr().add(4 + 32 * g)) };
+            let w = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), ones);
+            let s0 = _mm_add_epi32(
+                _mm256_castsi256_si128(w),
+                _mm_shuffle_epi32(_mm256_castsi256_si128(w), 0b01_00_11_10),
+            );
+            let s1 = _mm_add_epi32(
+                _mm256_extracti128_si256(w, 1),
+                _mm_shuffle_epi32(_mm256_extracti128_si256(w, 1), 0b01_00_11_10),
+            );
+            let lo = _mm_cvtsi128_si32(s0) + _mm_extract_epi32(s0, 1);
+            let hi_ = _mm_cvtsi128_si32(s1) + _mm_extract_epi32(s1, 1);
+            b[260 + 4 * g..262 + 4 * g].copy_from_slice(&(lo as i16).to_le_bytes());
+            b[262 + 4 * g..264 + 4 * g].copy_from_slice(&(hi_ as i16).to_le_bytes());
+        }
+        b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
 // Safe wrappers. SAFETY for all: these are only reachable through the dispatch table,
 // which installs them only after `is_x86_feature_detected!` confirmed avx2, fma and f16c.
 
@@ -759,4 +877,14 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     // SAFETY: see the note above the wrappers; n is within both slices.
     unsafe { dot_f32_ptr(a.as_ptr(), b.as_ptr(), n) }
+}
+/// AVX2 Q8_0 activation quantizer (only call when AVX2+FMA+F16C are present).
+pub(crate) fn quantize_q8_0(x: &[f32], dst: &mut [u8]) {
+    // SAFETY: see the note above the wrappers.
+    unsafe { quantize_q8_0_impl(x, dst) }
+}
+/// AVX2 Q8_K activation quantizer (only call when AVX2+FMA+F16C are present).
+pub(crate) fn quantize_q8_k(x: &[f32], dst: &mut [u8]) {
+    // SAFETY: see the note above the wrappers.
+    unsafe { quantize_q8_k_impl(x, dst) }
 }

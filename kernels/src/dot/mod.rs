@@ -287,11 +287,7 @@ impl QuantizedActivations {
                 let rb = format.row_bytes(n);
                 self.bytes.resize(rb * rows, 0);
                 for (xr, br) in x.chunks_exact(n).zip(self.bytes.chunks_exact_mut(rb)) {
-                    if format == ActFormat::Q8_0 {
-                        quantize_row_q8_0_into(xr, br);
-                    } else {
-                        quantize_row_q8_k_into(xr, br);
-                    }
+                    quantize_act_row(format, xr, br);
                 }
             }
         }
@@ -330,12 +326,7 @@ impl QuantizedActivations {
             // [i*rb, (i+1)*rb) is touched by this chunk only, while `self.bytes` is
             // mutably borrowed for the whole parallel_for.
             let br = unsafe { std::slice::from_raw_parts_mut(dst.0.add(i * rb), rb) };
-            let xr = &x[i * n..(i + 1) * n];
-            if format == ActFormat::Q8_0 {
-                quantize_row_q8_0_into(xr, br);
-            } else {
-                quantize_row_q8_k_into(xr, br);
-            }
+            quantize_act_row(format, &x[i * n..(i + 1) * n], br);
         });
     }
 
@@ -370,6 +361,24 @@ impl QuantizedActivations {
                 }
             }
         }
+    }
+}
+
+/// Quantizes one activation row `x` to Q8_0 or Q8_K bytes in `dst` with the fastest
+/// quantizer for this CPU; the result is bit-identical to the scalar reference quantizers.
+pub fn quantize_act_row(format: ActFormat, x: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        match format {
+            ActFormat::Q8_0 => return avx2::quantize_q8_0(x, dst),
+            ActFormat::Q8_K => return avx2::quantize_q8_k(x, dst),
+            ActFormat::F32 => {}
+        }
+    }
+    match format {
+        ActFormat::Q8_0 => quantize_row_q8_0_into(x, dst),
+        ActFormat::Q8_K => quantize_row_q8_k_into(x, dst),
+        ActFormat::F32 => panic!("f32 activations are not quantized"),
     }
 }
 

@@ -177,3 +177,37 @@ fn tiles_match_single_rows() {
         }
     }
 }
+
+#[test]
+fn simd_activation_quantizers_match_the_references() {
+    let mut rng = XorShift::new(5);
+    let n = 512;
+    for case in 0..6 {
+        let mut x = rng.vec(n);
+        match case {
+            // Exact halves after scaling (ties), zeros, a zero block, a negative extreme first.
+            1 => x
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = (i % 255) as f32 - 127.0 + 0.5 * (i % 2) as f32),
+            2 => x[..256].fill(0.0),
+            3 => {
+                x[3] = -9.0;
+                x[100] = 9.0;
+            }
+            4 => x.iter_mut().for_each(|v| *v *= 1e-6),
+            _ => {}
+        }
+        for (format, reference) in [
+            (
+                ActFormat::Q8_0,
+                crate::quant::quantize_row_q8_0 as fn(&[f32]) -> Vec<u8>,
+            ),
+            (ActFormat::Q8_K, crate::quant::quantize_row_q8_k),
+        ] {
+            let mut got = vec![0u8; format.row_bytes(n)];
+            quantize_act_row(format, &x, &mut got);
+            assert_eq!(got, reference(&x), "{format:?} case {case}");
+        }
+    }
+}
