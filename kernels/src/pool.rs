@@ -115,7 +115,6 @@ impl ThreadPool {
         let job = JobPtr(unsafe { std::mem::transmute::<*const JobFn<'_>, *const JobFn<'static>>(fref) });
         s.next_chunk.store(0, Ordering::Relaxed);
         s.n_chunks.store(n_chunks, Ordering::Relaxed);
-        s.active.store(self.workers.len(), Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
         {
             let mut slot = s.slot.lock().unwrap_or_else(|e| e.into_inner());
@@ -128,7 +127,9 @@ impl ThreadPool {
         IN_WORKER.with(|w| w.set(true));
         let mine = catch_unwind(AssertUnwindSafe(|| run_chunks(s, &f, 0)));
         IN_WORKER.with(|w| w.set(false));
-        // Wait for every worker to finish with the job.
+        // Every chunk is claimed: close the job so workers that have not picked it up yet
+        // (descheduled on a busy machine) skip it, then wait only for those that joined.
+        s.slot.lock().unwrap_or_else(|e| e.into_inner()).job = None;
         let mut spins = 0;
         while s.active.load(Ordering::Acquire) != 0 && spins < SPIN {
             spin_pause(spins);
@@ -140,7 +141,6 @@ impl ThreadPool {
                 g = s.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
         }
-        s.slot.lock().unwrap_or_else(|e| e.into_inner()).job = None;
         if let Err(p) = mine {
             resume_unwind(p);
         }
@@ -218,10 +218,19 @@ fn worker_loop(s: &Shared, index: usize) {
                 return;
             }
             seen = s.generation.load(Ordering::Acquire);
-            slot.job.expect("job published with generation")
+            // Join under the slot lock, so the caller (which closes the job under the same
+            // lock) waits for exactly the workers that joined.
+            match slot.job {
+                Some(job) => {
+                    s.active.fetch_add(1, Ordering::AcqRel);
+                    job
+                }
+                None => continue,
+            }
         };
-        // SAFETY: the caller of parallel_for keeps the closure alive until `active`
-        // reaches zero, which happens only after this worker's decrement below.
+        // SAFETY: this worker joined (incremented `active`) while the job was open, and the
+        // caller of parallel_for keeps the closure alive until `active` is back to zero,
+        // which happens only after this worker's decrement below.
         let f = unsafe { &*job.0 };
         if catch_unwind(AssertUnwindSafe(|| run_chunks(s, f, index))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
