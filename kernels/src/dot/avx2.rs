@@ -134,8 +134,18 @@ unsafe fn block_q8_0(x: *const u8, y: *const u8) -> (__m256, __m256) {
     }
 }
 
-/// Prefetch distance (bytes) ahead of the weight pointer in the single-row `_0` kernels.
+/// Prefetch distance (bytes) ahead of the weight pointer in the single-row kernels (decode
+/// streams the weights from memory; 4 KiB measured best for the Q8_0 LM head).
 const PREFETCH: usize = 4096;
+
+/// Prefetches the cache lines `PREFETCH` bytes past a `len`-byte weight block at `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_block(p: *const u8, len: usize) {
+    for off in (0..len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + off) as *const i8);
+    }
+}
 
 /// Runs a 32-element block kernel (`block(weight block, activation block)`, `xb`-byte weight
 /// blocks) over a row with two independent accumulators, walking raw pointers after one
@@ -209,6 +219,7 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut accm = 0.0f32;
     for i in 0..nb {
         let x = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
+        prefetch_block(x.as_ptr(), Q4_K_BYTES);
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let yd = rd_f32(y, 0);
         let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
@@ -248,6 +259,7 @@ unsafe fn q5_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut accm = 0.0f32;
     for i in 0..nb {
         let x = &w[i * Q5_K_BYTES..(i + 1) * Q5_K_BYTES];
+        prefetch_block(x.as_ptr(), Q5_K_BYTES);
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let yd = rd_f32(y, 0);
         let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
@@ -292,6 +304,7 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut sum = 0.0f32;
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
+        prefetch_block(x.as_ptr(), Q6_K_BYTES);
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let sc = &x[192..208];
         let mut off = 0i32;
@@ -544,6 +557,7 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     let mut sum = [0.0f32; R];
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
+        prefetch_block(x.as_ptr(), Q6_K_BYTES);
         let sc = &x[192..208];
         let mut sumi = [_mm256_setzero_si256(); R];
         for n2 in 0..2 {
