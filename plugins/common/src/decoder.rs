@@ -714,8 +714,12 @@ fn attention(
     let window = cfg.sliding_window.get(layer).copied().flatten();
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
+    thread_local! {
+        // Per-thread score buffer kept between calls: a warm decode step does not allocate.
+        static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    }
     par_units(threads, out, hd, |units, dst| {
-        let mut scores = Vec::new();
+        let mut scores = SCORES.take();
         for (u, o) in units.zip(dst.chunks_exact_mut(hd)) {
             let (row, head) = (u / nh, u % nh);
             let (seq, pos) = rows[row];
@@ -735,5 +739,6 @@ fn attention(
                 o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
             }
         }
+        SCORES.set(scores);
     });
 }
