@@ -3,8 +3,8 @@
 
 use crate::quant::WeightType;
 use crate::quant::{
-    rd_f16, rd_f32, rd_i16, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
-    Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+    rd_f16, rd_f32, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES,
+    Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
 };
 use std::arch::x86_64::*;
 
@@ -200,14 +200,33 @@ fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     row_0(w, a, n, Q8_0_BYTES, |x, y| unsafe { block_q8_0(x, y) })
 }
 
-/// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])`.
+/// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])` (`y`: a Q8_K block).
 #[inline]
+#[target_feature(enable = "avx2")]
 fn k_min_sum(y: &[u8], m: &[u8; 8]) -> i32 {
-    let mut s = 0i32;
-    for (j, &mj) in m.iter().enumerate() {
-        s += mj as i32 * (rd_i16(y, 260 + 4 * j) as i32 + rd_i16(y, 262 + 4 * j) as i32);
-    }
-    s
+    assert!(y.len() >= Q8_K_BYTES);
+    // SAFETY: the 16 i16 bsums lie at 260..292 of the asserted 292-byte block.
+    let b = unsafe { load256(y.as_ptr().add(260)) };
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let m8 = _mm_cvtsi64_si128(i64::from_le_bytes(*m));
+    let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(m8, dup));
+    hsum_epi32(_mm256_madd_epi16(b, mins))
+}
+
+/// Eight i32 lanes summing to `Σ_is scales[is] · bsums[is]` over the 16 sub-blocks of a Q6_K
+/// block (`sc`: its 16 i8 scales) against a Q8_K block `y`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6_k_offsets(sc: &[u8], y: &[u8]) -> __m256i {
+    assert!(sc.len() >= 16 && y.len() >= Q8_K_BYTES);
+    // SAFETY: 16 scale bytes and the 32 bsum bytes at 260..292 are inside the asserted slices.
+    let (s, b) = unsafe {
+        (
+            _mm_loadu_si128(sc.as_ptr() as *const __m128i),
+            load256(y.as_ptr().add(260)),
+        )
+    };
+    _mm256_madd_epi16(_mm256_cvtepi8_epi16(s), b)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -307,11 +326,7 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         prefetch_block(x.as_ptr(), Q6_K_BYTES);
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let sc = &x[192..208];
-        let mut off = 0i32;
-        for (is, &s) in sc.iter().enumerate() {
-            off += s as i8 as i32 * rd_i16(y, 260 + 2 * is) as i32;
-        }
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(q6_k_offsets(sc, y), 5));
         for n2 in 0..2 {
             // SAFETY: x has 210 bytes (ql 0..128, qh 128..192); y qs at 4..260.
             let (ql0, ql1, qh) = unsafe {
@@ -349,8 +364,7 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
                 sumi = _mm256_add_epi32(sumi, p);
             }
         }
-        let total = hsum_epi32(sumi) - 32 * off;
-        sum += f16c(x, 208) * rd_f32(y, 0) * total as f32;
+        sum += f16c(x, 208) * rd_f32(y, 0) * hsum_epi32(sumi) as f32;
     }
     sum
 }
@@ -557,7 +571,6 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     let mut sum = [0.0f32; R];
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
-        prefetch_block(x.as_ptr(), Q6_K_BYTES);
         let sc = &x[192..208];
         let mut sumi = [_mm256_setzero_si256(); R];
         for n2 in 0..2 {
@@ -599,11 +612,8 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
         let d = f16c(x, 208);
         for r in 0..R {
             let y = &a[r][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
-            let mut off = 0i32;
-            for (is, &s) in sc.iter().enumerate() {
-                off += s as i8 as i32 * rd_i16(y, 260 + 2 * is) as i32;
-            }
-            sum[r] += d * rd_f32(y, 0) * (hsum_epi32(sumi[r]) - 32 * off) as f32;
+            let off = _mm256_slli_epi32(q6_k_offsets(sc, y), 5);
+            sum[r] += d * rd_f32(y, 0) * hsum_epi32(_mm256_sub_epi32(sumi[r], off)) as f32;
         }
     }
     sum
