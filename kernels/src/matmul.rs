@@ -54,23 +54,37 @@ pub fn matmul_quantized(
         let r0 = c * per;
         let r1 = (r0 + per).min(rows);
         let outp = &outp;
+        let wrow = |r: usize| &w[r * rb..(r + 1) * rb];
+        let mut tile = [0.0f32; 8];
         for i0 in (0..m).step_by(M_TILE) {
             let i1 = (i0 + M_TILE).min(m);
-            for r in r0..r1 {
-                let wr = &w[r * rb..(r + 1) * rb];
-                let mut i = i0;
-                while i + 4 <= i1 {
-                    let acts = [act.row(i), act.row(i + 1), act.row(i + 2), act.row(i + 3)];
-                    let v = table.vec_dot4(wtype, wr, acts, k);
-                    for (di, vi) in v.into_iter().enumerate() {
-                        // SAFETY: i + di < m and r < rows, so the index is < out.len()
-                        // (asserted); chunk c is the only writer of rows r0..r1.
-                        unsafe { *outp.0.add((i + di) * rows + r) = vi };
+            let mut i = i0;
+            // Four activation rows at a time against pairs of weight rows.
+            while i + 4 <= i1 {
+                let acts = [act.row(i), act.row(i + 1), act.row(i + 2), act.row(i + 3)];
+                let mut r = r0;
+                while r < r1 {
+                    let nw = (r1 - r).min(2);
+                    let wr = [wrow(r), wrow((r + 1).min(r1 - 1))];
+                    table.vec_dot_tile(wtype, &wr[..nw], &acts, k, &mut tile);
+                    for wi in 0..nw {
+                        for (di, &v) in tile[wi * 4..wi * 4 + 4].iter().enumerate() {
+                            // SAFETY: i + di < m and r + wi < rows, so the index is
+                            // < out.len() (asserted); chunk c is the only writer of rows r0..r1.
+                            unsafe { *outp.0.add((i + di) * rows + r + wi) = v };
+                        }
                     }
-                    i += 4;
+                    r += nw;
                 }
-                for i in i..i1 {
-                    let v = table.vec_dot(wtype, wr, act.row(i), k);
+                i += 4;
+            }
+            // Remaining activation rows one weight row at a time: in decode the weights stream
+            // from memory, and one sequential stream per thread measured faster than a tile of
+            // four weight rows (Qwen2.5 0.5B: 11 vs 8 tokens per CPU-second).
+            for i in i..i1 {
+                let a = act.row(i);
+                for r in r0..r1 {
+                    let v = table.vec_dot(wtype, wrow(r), a, k);
                     // SAFETY: as above.
                     unsafe { *outp.0.add(i * rows + r) = v };
                 }

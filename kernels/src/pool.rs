@@ -115,7 +115,6 @@ impl ThreadPool {
         let job = JobPtr(unsafe { std::mem::transmute::<*const JobFn<'_>, *const JobFn<'static>>(fref) });
         s.next_chunk.store(0, Ordering::Relaxed);
         s.n_chunks.store(n_chunks, Ordering::Relaxed);
-        s.active.store(self.workers.len(), Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
         {
             let mut slot = s.slot.lock().unwrap_or_else(|e| e.into_inner());
@@ -128,7 +127,9 @@ impl ThreadPool {
         IN_WORKER.with(|w| w.set(true));
         let mine = catch_unwind(AssertUnwindSafe(|| run_chunks(s, &f, 0)));
         IN_WORKER.with(|w| w.set(false));
-        // Wait for every worker to finish with the job.
+        // Every chunk is claimed: close the job so workers that have not picked it up yet
+        // (descheduled on a busy machine) skip it, then wait only for those that joined.
+        s.slot.lock().unwrap_or_else(|e| e.into_inner()).job = None;
         let mut spins = 0;
         while s.active.load(Ordering::Acquire) != 0 && spins < SPIN {
             spin_pause(spins);
@@ -140,13 +141,41 @@ impl ThreadPool {
                 g = s.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
         }
-        s.slot.lock().unwrap_or_else(|e| e.into_inner()).job = None;
         if let Err(p) = mine {
             resume_unwind(p);
         }
         if s.panicked.load(Ordering::Relaxed) {
             panic!("a parallel_for job panicked on a worker thread");
         }
+    }
+}
+
+impl ThreadPool {
+    /// Calls `f(i, piece)` for each consecutive `piece_len`-long piece `i` of `data` (the last
+    /// may be shorter), spread over the pool like [`ThreadPool::parallel_for`].
+    pub fn parallel_chunks_mut<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+        &self,
+        data: &mut [T],
+        piece_len: usize,
+        f: F,
+    ) {
+        assert!(piece_len > 0, "pieces must be non-empty");
+        let len = data.len();
+        let n = len.div_ceil(piece_len);
+        struct Base<T>(*mut T);
+        // SAFETY: pieces are disjoint ranges of `data`, which stays mutably borrowed for the
+        // whole call; each index (hence each piece) is handed to exactly one call of `f`.
+        unsafe impl<T: Send> Sync for Base<T> {}
+        let base = Base(data.as_mut_ptr());
+        self.parallel_for(n, |i| {
+            let base = &base;
+            let start = i * piece_len;
+            let end = (start + piece_len).min(len);
+            // SAFETY: start < end <= len, so the range lies inside `data`; it is disjoint from
+            // every other piece and no other reference to it exists during this call.
+            let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), end - start) };
+            f(i, piece);
+        });
     }
 }
 
@@ -189,10 +218,19 @@ fn worker_loop(s: &Shared, index: usize) {
                 return;
             }
             seen = s.generation.load(Ordering::Acquire);
-            slot.job.expect("job published with generation")
+            // Join under the slot lock, so the caller (which closes the job under the same
+            // lock) waits for exactly the workers that joined.
+            match slot.job {
+                Some(job) => {
+                    s.active.fetch_add(1, Ordering::AcqRel);
+                    job
+                }
+                None => continue,
+            }
         };
-        // SAFETY: the caller of parallel_for keeps the closure alive until `active`
-        // reaches zero, which happens only after this worker's decrement below.
+        // SAFETY: this worker joined (incremented `active`) while the job was open, and the
+        // caller of parallel_for keeps the closure alive until `active` is back to zero,
+        // which happens only after this worker's decrement below.
         let f = unsafe { &*job.0 };
         if catch_unwind(AssertUnwindSafe(|| run_chunks(s, f, index))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
@@ -297,6 +335,17 @@ mod tests {
             done.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(done.load(Ordering::Relaxed), 200);
+    }
+
+    #[test]
+    fn chunks_mut_cover_the_slice() {
+        let pool = ThreadPool::new(3);
+        let mut v = vec![0usize; 103];
+        pool.parallel_chunks_mut(&mut v, 10, |i, piece| {
+            assert!(piece.len() == 10 || (i == 10 && piece.len() == 3));
+            piece.iter_mut().enumerate().for_each(|(j, x)| *x = i * 10 + j);
+        });
+        assert!(v.iter().enumerate().all(|(i, &x)| i == x));
     }
 
     #[test]

@@ -44,7 +44,14 @@ pub struct DotTable {
     /// Optional kernel for one quantized weight row against four activation rows
     /// (quantized-activation byte rows); returns None for types it does not cover.
     pub dot4: Option<Dot4Fn>,
+    /// Optional kernel for several weight rows against several activation rows; returns
+    /// false for types and shapes it does not cover.
+    pub tile: Option<TileFn>,
 }
+
+/// Weight rows × quantized activation rows into `out[wi * acts.len() + r]`:
+/// `(wtype, rows, acts, n, out)`.
+pub type TileFn = fn(WeightType, &[&[u8]], &[&[u8]], usize, &mut [f32]) -> bool;
 
 /// One weight row · four quantized activation rows: `(wtype, row, acts, n)`.
 pub type Dot4Fn = fn(WeightType, &[u8], &[&[u8]; 4], usize) -> Option<[f32; 4]>;
@@ -65,6 +72,7 @@ impl DotTable {
             bf16: scalar::bf16_f32,
             dot_f32: scalar::dot_f32,
             dot4: None,
+            tile: None,
         }
     }
 
@@ -87,6 +95,7 @@ impl DotTable {
                     bf16: avx2::bf16_f32,
                     dot_f32: avx2::dot_f32,
                     dot4: Some(avx2::dot4),
+                    tile: Some(avx2::tile),
                 };
             }
             DotTable::scalar()
@@ -111,6 +120,44 @@ impl DotTable {
             }
         }
         acts.map(|a| self.vec_dot(wtype, row, a, n))
+    }
+
+    /// Dot products of every weight row in `rows` with every activation row in `acts` (at
+    /// most 4) into `out[wi * acts.len() + r]`, using a tile kernel where one exists
+    /// (2 rows × 4 activation rows of a `_0` type), else the 4-row or 1-row kernels.
+    pub fn vec_dot_tile(
+        &self,
+        wtype: WeightType,
+        rows: &[&[u8]],
+        acts: &[ActRow<'_>],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let na = acts.len();
+        assert!(na <= 4 && out.len() >= rows.len() * na, "tile output too short");
+        if let Some(f) = self.tile {
+            let mut b: [&[u8]; 4] = [&[]; 4];
+            let mut ok = true;
+            for (d, a) in b.iter_mut().zip(acts) {
+                match a {
+                    ActRow::Q8_0(x) | ActRow::Q8_K(x) if a.format() == wtype.act_format() => *d = x,
+                    _ => ok = false,
+                }
+            }
+            if ok && f(wtype, rows, &b[..na], n, out) {
+                return;
+            }
+        }
+        for (wi, row) in rows.iter().enumerate() {
+            if let [a0, a1, a2, a3] = acts {
+                let v = self.vec_dot4(wtype, row, [*a0, *a1, *a2, *a3], n);
+                out[wi * 4..wi * 4 + 4].copy_from_slice(&v);
+                continue;
+            }
+            for (r, a) in acts.iter().enumerate() {
+                out[wi * na + r] = self.vec_dot(wtype, row, *a, n);
+            }
+        }
     }
 
     /// Dot product of a weight row with one activation row using this table.
@@ -240,11 +287,7 @@ impl QuantizedActivations {
                 let rb = format.row_bytes(n);
                 self.bytes.resize(rb * rows, 0);
                 for (xr, br) in x.chunks_exact(n).zip(self.bytes.chunks_exact_mut(rb)) {
-                    if format == ActFormat::Q8_0 {
-                        quantize_row_q8_0_into(xr, br);
-                    } else {
-                        quantize_row_q8_k_into(xr, br);
-                    }
+                    quantize_act_row(format, xr, br);
                 }
             }
         }
@@ -283,12 +326,7 @@ impl QuantizedActivations {
             // [i*rb, (i+1)*rb) is touched by this chunk only, while `self.bytes` is
             // mutably borrowed for the whole parallel_for.
             let br = unsafe { std::slice::from_raw_parts_mut(dst.0.add(i * rb), rb) };
-            let xr = &x[i * n..(i + 1) * n];
-            if format == ActFormat::Q8_0 {
-                quantize_row_q8_0_into(xr, br);
-            } else {
-                quantize_row_q8_k_into(xr, br);
-            }
+            quantize_act_row(format, &x[i * n..(i + 1) * n], br);
         });
     }
 
@@ -323,6 +361,24 @@ impl QuantizedActivations {
                 }
             }
         }
+    }
+}
+
+/// Quantizes one activation row `x` to Q8_0 or Q8_K bytes in `dst` with the fastest
+/// quantizer for this CPU; the result is bit-identical to the scalar reference quantizers.
+pub fn quantize_act_row(format: ActFormat, x: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        match format {
+            ActFormat::Q8_0 => return avx2::quantize_q8_0(x, dst),
+            ActFormat::Q8_K => return avx2::quantize_q8_k(x, dst),
+            ActFormat::F32 => {}
+        }
+    }
+    match format {
+        ActFormat::Q8_0 => quantize_row_q8_0_into(x, dst),
+        ActFormat::Q8_K => quantize_row_q8_k_into(x, dst),
+        ActFormat::F32 => panic!("f32 activations are not quantized"),
     }
 }
 

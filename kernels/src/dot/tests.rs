@@ -148,3 +148,66 @@ fn dot4_matches_single_row() {
         }
     }
 }
+
+#[test]
+fn tiles_match_single_rows() {
+    let mut rng = XorShift::new(21);
+    let best = DotTable::best();
+    let n = 256;
+    for wtype in WeightType::ALL {
+        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(&mut rng, wtype, n)).collect();
+        let x = rng.vec(4 * n);
+        let mut q = QuantizedActivations::new();
+        q.quantize_into(wtype, &x, n);
+        for (nw, na) in [(4, 1), (2, 4), (3, 2)] {
+            let w: Vec<&[u8]> = rows[..nw].iter().map(|r| r.as_slice()).collect();
+            let acts: Vec<ActRow<'_>> = (0..na).map(|i| q.row(i)).collect();
+            let mut out = vec![0.0; nw * na];
+            best.vec_dot_tile(wtype, &w, &acts, n, &mut out);
+            for wi in 0..nw {
+                for r in 0..na {
+                    let e = DotTable::scalar().vec_dot(wtype, w[wi], acts[r], n);
+                    let g = out[wi * na + r];
+                    assert!(
+                        (g - e).abs() <= 1e-3 * (1.0 + e.abs()),
+                        "{wtype:?} {nw}x{na}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_activation_quantizers_match_the_references() {
+    let mut rng = XorShift::new(5);
+    let n = 512;
+    for case in 0..6 {
+        let mut x = rng.vec(n);
+        match case {
+            // Exact halves after scaling (ties), zeros, a zero block, a negative extreme first.
+            1 => x
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = (i % 255) as f32 - 127.0 + 0.5 * (i % 2) as f32),
+            2 => x[..256].fill(0.0),
+            3 => {
+                x[3] = -9.0;
+                x[100] = 9.0;
+            }
+            4 => x.iter_mut().for_each(|v| *v *= 1e-6),
+            _ => {}
+        }
+        for (format, reference) in [
+            (
+                ActFormat::Q8_0,
+                crate::quant::quantize_row_q8_0 as fn(&[f32]) -> Vec<u8>,
+            ),
+            (ActFormat::Q8_K, crate::quant::quantize_row_q8_k),
+        ] {
+            let mut got = vec![0u8; format.row_bytes(n)];
+            quantize_act_row(format, &x, &mut got);
+            assert_eq!(got, reference(&x), "{format:?} case {case}");
+        }
+    }
+}

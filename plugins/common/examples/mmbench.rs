@@ -1,4 +1,4 @@
-//! Single-thread matmul throughput per weight type on a real GGUF: `cargo run --release -p berth-plugin-common --example mmbench -- MODEL.gguf`.
+//! Matmul throughput (`MM_THREADS` threads, default 1) per weight type on a real GGUF: `cargo run --release -p berth-plugin-common --example mmbench -- MODEL.gguf`.
 
 use berth_plugin_common::linear::{matmul, MatmulScratch};
 use berth_plugin_common::{Role, TensorId, Weights};
@@ -10,16 +10,27 @@ fn cpu() -> f64 {
 }
 fn main() {
     let w = Weights::open_gguf(std::env::args().nth(1).unwrap()).unwrap();
-    for role in [Role::FfnGate, Role::FfnDown, Role::AttnQ] {
-        let m = w.matrix(&TensorId::layer(role, 0)).unwrap();
+    let threads: usize = std::env::var("MM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let ids = [
+        TensorId::layer(Role::FfnGate, 0),
+        TensorId::layer(Role::FfnDown, 0),
+        TensorId::layer(Role::AttnQ, 0),
+        TensorId::global(Role::Output),
+    ];
+    for id in ids {
+        let role = id.role;
+        let m = w.matrix(&id).unwrap();
         for n in [1usize, 32] {
             let x = vec![0.5f32; n * m.cols];
             let mut out = vec![0.0; n * m.rows];
             let mut s = MatmulScratch::new();
-            let iters = 200 / n;
+            let iters = if role == Role::Output { 64 / n } else { 200 / n };
             let (t, c) = (Instant::now(), cpu());
             for _ in 0..iters {
-                matmul(&m, &x, n, &mut out, &mut s, 1);
+                matmul(&m, &x, n, &mut out, &mut s, threads);
             }
             let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu() - c);
             let macs = (iters * n * m.rows * m.cols) as f64;

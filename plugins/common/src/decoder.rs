@@ -4,7 +4,7 @@
 //! want logits.
 
 use crate::kv::KvCache;
-use crate::linear::{matmul, par_units, MatmulScratch};
+use crate::linear::{matmul, matmul_shared, par_units, MatmulScratch};
 use crate::ops::{gelu_tanh, rms_norm, rms_norm_heads, silu, softcap, softmax, Rope};
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_kernels::dot::dot_f32;
@@ -511,9 +511,8 @@ impl Decoder {
             let q = grow(&mut s.q, n * qd);
             let k = grow(&mut s.k, n * kvd);
             let v = grow(&mut s.v, n * kvd);
-            matmul(&lw.wq, xn, n, q, &mut s.mm, threads);
-            matmul(&lw.wk, xn, n, k, &mut s.mm, threads);
-            matmul(&lw.wv, xn, n, v, &mut s.mm, threads);
+            let mut qkv = [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)];
+            matmul_shared(xn, n, &mut qkv, &mut s.mm, threads);
             for i in 0..n {
                 let (qr, kr, vr) = (
                     &mut q[i * qd..(i + 1) * qd],
@@ -706,8 +705,7 @@ fn gated_ffn(
     let d = f.gate.rows;
     let g = grow(gate, n * d);
     let u = grow(up, n * d);
-    matmul(&f.gate, x, n, g, mm, threads);
-    matmul(&f.up, x, n, u, mm, threads);
+    matmul_shared(x, n, &mut [(&f.gate, &mut *g), (&f.up, &mut *u)], mm, threads);
     g.iter_mut()
         .zip(u.iter())
         .for_each(|(a, b)| *a = act.apply(*a) * b);
@@ -730,8 +728,12 @@ fn attention(
     let window = cfg.sliding_window.get(layer).copied().flatten();
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
+    thread_local! {
+        // Per-thread score buffer kept between calls: a warm decode step does not allocate.
+        static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    }
     par_units(threads, out, hd, |units, dst| {
-        let mut scores = Vec::new();
+        let mut scores = SCORES.take();
         for (u, o) in units.zip(dst.chunks_exact_mut(hd)) {
             let (row, head) = (u / nh, u % nh);
             let (seq, pos) = rows[row];
@@ -754,5 +756,6 @@ fn attention(
                 o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
             }
         }
+        SCORES.set(scores);
     });
 }

@@ -1,11 +1,13 @@
-//! Linear layers over a batch of rows, parallel over output rows, and thread-count resolution.
-//!
-//! The kernels crate's thread pool and matmul are not on this branch yet; this module uses scoped
-//! threads with the kernels' dot products and can switch to the pool once it lands.
+//! Linear layers over a batch of rows on the kernels' persistent thread pool and tiled matmul,
+//! and thread-count resolution.
 
 use crate::weights::Matrix;
-use berth_kernels::dot::{DotTable, QuantizedActivations};
+use berth_kernels::dot::QuantizedActivations;
+use berth_kernels::matmul::matmul_quantized;
+use berth_kernels::pool::ThreadPool;
+use berth_kernels::quant::ActFormat;
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// The compute thread count: `requested` (from the load config) if set, else `BERTH_THREADS`,
 /// else the machine's available parallelism.
@@ -38,43 +40,45 @@ pub fn split_range(n: usize, parts: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Runs `f` over `data` split into `threads` pieces of whole units (`unit` floats each): `f` gets
-/// the unit range and its slice. The calling thread takes the first piece.
+/// The persistent pool of `threads` threads (the caller counts as one); one pool per distinct
+/// count is created on first use and lives for the rest of the process.
+pub fn pool(threads: usize) -> &'static ThreadPool {
+    static POOLS: Mutex<Vec<&'static ThreadPool>> = Mutex::new(Vec::new());
+    let threads = threads.max(1);
+    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = pools.iter().find(|p| p.n_threads() == threads) {
+        return p;
+    }
+    let p: &'static ThreadPool = Box::leak(Box::new(ThreadPool::new(threads)));
+    pools.push(p);
+    p
+}
+
+/// Runs `f` over `data` split into pieces of whole units (`unit` floats each) on the pool of
+/// `threads` threads: `f` gets each piece's unit range and its slice. Pieces are claimed
+/// dynamically (several per thread), so uneven work per unit still balances.
 pub fn par_units<F>(threads: usize, data: &mut [f32], unit: usize, f: F)
 where
     F: Fn(Range<usize>, &mut [f32]) + Sync,
 {
     let n_units = data.len().checked_div(unit).unwrap_or(0);
-    let ranges = split_range(n_units, threads);
-    if ranges.len() <= 1 {
-        f(0..n_units, &mut data[..n_units * unit]);
+    let data = &mut data[..n_units * unit];
+    if threads <= 1 || n_units <= 1 {
+        f(0..n_units, data);
         return;
     }
-    std::thread::scope(|s| {
-        let mut rest = &mut data[..n_units * unit];
-        let mut first = None;
-        for (i, r) in ranges.iter().enumerate() {
-            let (head, tail) = rest.split_at_mut(r.len() * unit);
-            rest = tail;
-            if i == 0 {
-                first = Some((r.clone(), head));
-            } else {
-                let f = &f;
-                let r = r.clone();
-                s.spawn(move || f(r, head));
-            }
-        }
-        if let Some((r, head)) = first {
-            f(r, head);
-        }
+    let per = n_units.div_ceil(threads * 4);
+    pool(threads).parallel_chunks_mut(data, per * unit, |i, piece| {
+        let start = i * per;
+        f(start..start + piece.len() / unit, piece)
     });
 }
 
-/// Reusable buffers for [`matmul`].
+/// Reusable buffers for [`matmul`] and [`matmul_shared`]: one quantized copy of the input per
+/// activation format, so a warm decode step allocates nothing.
 #[derive(Default)]
 pub struct MatmulScratch {
-    act: QuantizedActivations,
-    parts: Vec<Vec<f32>>,
+    acts: [QuantizedActivations; 3],
 }
 
 impl MatmulScratch {
@@ -84,29 +88,16 @@ impl MatmulScratch {
     }
 }
 
-/// Computes weight rows `rows` against every activation row: `dst[b * stride + (r - rows.start)]`.
-fn rows_into(
-    w: &Matrix,
-    act: &QuantizedActivations,
-    rows: Range<usize>,
-    n: usize,
-    dst: &mut [f32],
-    stride: usize,
-) {
-    let table = DotTable::best();
-    let start = rows.start;
-    for r in rows {
-        let wr = w.row(r);
-        for b in 0..n {
-            dst[b * stride + (r - start)] = table.vec_dot(w.wtype, wr, act.row(b), w.cols);
-        }
+fn slot(f: ActFormat) -> usize {
+    match f {
+        ActFormat::F32 => 0,
+        ActFormat::Q8_0 => 1,
+        ActFormat::Q8_K => 2,
     }
 }
 
-/// `out[b][r] = Σ_c w[r][c] · x[b][c]` for `n` rows of `x` (`n × w.cols`) into `out`
-/// (`n × w.rows`). Activations are quantized once for the weight type; output rows are split
-/// over `threads`.
-pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32], scratch: &mut MatmulScratch, threads: usize) {
+/// Checks shapes and picks the pool: small products run on the calling thread alone.
+fn prepare(w: &Matrix, x: &[f32], n: usize, out: &[f32], threads: usize) -> &'static ThreadPool {
     let (rows, cols) = (w.rows, w.cols);
     assert!(
         x.len() >= n * cols,
@@ -118,43 +109,40 @@ pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32], scratch: &mut Ma
         "matmul output holds {} floats, {n}x{rows} needed",
         out.len()
     );
+    // Enough work per thread to repay waking the pool.
+    pool(if rows * n * cols < (1 << 15) { 1 } else { threads })
+}
+
+/// `out[b][r] = Σ_c w[r][c] · x[b][c]` for `n` rows of `x` (`n × w.cols`) into `out`
+/// (`n × w.rows`). Activations are quantized once for the weight type; output rows are split
+/// over the pool of `threads` threads.
+pub fn matmul(w: &Matrix, x: &[f32], n: usize, out: &mut [f32], scratch: &mut MatmulScratch, threads: usize) {
+    matmul_shared(x, n, &mut [(w, out)], scratch, threads);
+}
+
+/// [`matmul`] of several matrices with the same input (q/k/v, gate/up): `x` is quantized once
+/// per activation format rather than once per matrix.
+pub fn matmul_shared(
+    x: &[f32],
+    n: usize,
+    outs: &mut [(&Matrix, &mut [f32])],
+    scratch: &mut MatmulScratch,
+    threads: usize,
+) {
     if n == 0 {
         return;
     }
-    scratch.act.quantize_into(w.wtype, &x[..n * cols], cols);
-    let act = &scratch.act;
-    // Enough work per thread to repay a thread start.
-    let threads = threads.min((rows * n * cols / (1 << 16)).max(1));
-    if threads <= 1 {
-        rows_into(w, act, 0..rows, n, out, rows);
-        return;
-    }
-    if n == 1 {
-        par_units(threads, &mut out[..rows], 1, |r, dst| {
-            rows_into(w, act, r, 1, dst, 0)
-        });
-        return;
-    }
-    let ranges = split_range(rows, threads);
-    let parts = &mut scratch.parts;
-    if parts.len() < ranges.len() {
-        parts.resize_with(ranges.len(), Vec::new);
-    }
-    std::thread::scope(|s| {
-        let mut it = ranges.iter().zip(parts.iter_mut());
-        let (r0, p0) = it.next().expect("at least one range");
-        for (r, p) in it {
-            p.resize(r.len() * n, 0.0);
-            let r = r.clone();
-            s.spawn(move || rows_into(w, act, r.clone(), n, p, r.len()));
+    let mut done = [false; 3];
+    for (w, out) in outs.iter_mut() {
+        let pool = prepare(w, x, n, out, threads);
+        let (rows, cols) = (w.rows, w.cols);
+        let f = slot(w.wtype.act_format());
+        let act = &mut scratch.acts[f];
+        if !done[f] || act.n() != cols {
+            act.quantize_into_par(w.wtype, &x[..n * cols], cols, pool);
+            done[f] = true;
         }
-        p0.resize(r0.len() * n, 0.0);
-        rows_into(w, act, r0.clone(), n, p0, r0.len());
-    });
-    for (r, p) in ranges.iter().zip(parts.iter()) {
-        for b in 0..n {
-            out[b * rows + r.start..b * rows + r.end].copy_from_slice(&p[b * r.len()..(b + 1) * r.len()]);
-        }
+        matmul_quantized(w.wtype, w.bytes(), rows, cols, act, &mut out[..n * rows], pool);
     }
 }
 
@@ -203,5 +191,47 @@ mod tests {
         assert_eq!(r, vec![0..4, 4..7, 7..10]);
         assert_eq!(split_range(2, 8).len(), 2);
         assert_eq!(split_range(0, 4), vec![0..0]);
+    }
+
+    #[test]
+    fn shared_matmul_matches_separate_ones_and_par_units_covers_all() {
+        let mut rng = XorShift::new(11);
+        let (cols, n) = (256, 3);
+        let x: Vec<f32> = rng.vec(n * cols);
+        let mats: Vec<Matrix> = [WeightType::Q8_0, WeightType::F32, WeightType::Q8_0]
+            .into_iter()
+            .zip([64usize, 40, 96])
+            .map(|(t, rows)| {
+                let w: Vec<f32> = rng.vec(rows * cols);
+                if t == WeightType::F32 {
+                    Matrix::from_f32(rows, cols, &w)
+                } else {
+                    let b: Vec<u8> = w.chunks(cols).flat_map(quantize_row_q8_0).collect();
+                    Matrix::new(Arc::new(b), 0, t, rows, cols).unwrap()
+                }
+            })
+            .collect();
+        let mut want: Vec<Vec<f32>> = mats.iter().map(|m| vec![0.0; n * m.rows]).collect();
+        for (m, o) in mats.iter().zip(want.iter_mut()) {
+            matmul(m, &x, n, o, &mut MatmulScratch::new(), 1);
+        }
+        let mut got: Vec<Vec<f32>> = mats.iter().map(|m| vec![0.0; n * m.rows]).collect();
+        let mut s = MatmulScratch::new();
+        for threads in [1, 2] {
+            let mut outs: Vec<(&Matrix, &mut [f32])> = mats
+                .iter()
+                .zip(got.iter_mut())
+                .map(|(m, o)| (m, o.as_mut_slice()))
+                .collect();
+            matmul_shared(&x, n, &mut outs, &mut s, threads);
+            assert_eq!(got, want);
+        }
+        let mut data = vec![0.0f32; 3 * 37];
+        par_units(2, &mut data, 3, |r, d| {
+            for (u, c) in r.zip(d.chunks_exact_mut(3)) {
+                c.fill(u as f32);
+            }
+        });
+        assert!(data.iter().enumerate().all(|(i, &v)| v == (i / 3) as f32));
     }
 }
