@@ -112,26 +112,20 @@ fn block_q8_0(x: &[u8], y: &[u8]) -> (__m256, __m256) {
     (d, _mm256_cvtepi32_ps(dot_i8_epi32(qx, qy)))
 }
 
-/// Runs a 32-element block kernel over a row with two independent accumulators.
+/// Runs a 32-element block kernel over a row. One accumulator, blocks in order: the float
+/// rounding of ggml-cpu's AVX2 `ggml_vec_dot_q*_0_q8_0` (and of [`rows_0`]), so that results
+/// are bit-identical to llama.cpp's.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn row_0<F: Fn(&[u8], &[u8]) -> (__m256, __m256)>(w: &[u8], a: &[u8], n: usize, xb: usize, block: F) -> f32 {
     let nb = n / QK;
     assert!(w.len() >= nb * xb && a.len() >= nb * Q8_0_BYTES);
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    while i + 2 <= nb {
-        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
-        let (d1, p1) = block(&w[(i + 1) * xb..], &a[(i + 1) * Q8_0_BYTES..]);
-        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, p1, acc1);
-        i += 2;
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let (d, p) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
+        acc = _mm256_fmadd_ps(d, p, acc);
     }
-    if i < nb {
-        let (d0, p0) = block(&w[i * xb..], &a[i * Q8_0_BYTES..]);
-        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
-    }
-    hsum_ps(_mm256_add_ps(acc0, acc1))
+    hsum_ps(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
