@@ -504,12 +504,13 @@ pub fn quantize_row_q8_0_into(x: &[f32], dst: &mut [u8]) {
     for i in 0..nb {
         let xb = &x[i * QK..(i + 1) * QK];
         let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        // As ggml-cpu (x86): multiplier 127 / amax (not 1 / d), ties to even.
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let b = &mut dst[i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
         b[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
         for j in 0..QK {
-            b[2 + j] = (xb[j] * id).round() as i8 as u8;
+            b[2 + j] = (xb[j] * id).round_ties_even() as i8 as u8;
         }
     }
 }

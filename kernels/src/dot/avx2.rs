@@ -161,26 +161,19 @@ fn row_0<F: Fn(*const u8, *const u8) -> (__m256, __m256)>(
 ) -> f32 {
     let nb = n / QK;
     assert!(w.len() >= nb * xb && a.len() >= nb * Q8_0_BYTES);
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    // One accumulator, blocks in order: the float rounding of ggml-cpu's AVX2
+    // `ggml_vec_dot_q*_0_q8_0` (and of `rows_0`), so results are bit-identical to llama.cpp's.
+    let mut acc = _mm256_setzero_ps();
     let (mut wp, mut ap) = (w.as_ptr(), a.as_ptr());
-    let mut left = nb;
-    // SAFETY (pointer steps): each step stays within the `nb` blocks asserted above.
-    while left >= 2 {
+    for _ in 0..nb {
         // Weights stream from memory in decode: ask for the bytes a row ahead.
         _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
-        let (d0, p0) = block(wp, ap);
-        let (d1, p1) = block(unsafe { wp.add(xb) }, unsafe { ap.add(Q8_0_BYTES) });
-        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, p1, acc1);
-        wp = unsafe { wp.add(2 * xb) };
-        ap = unsafe { ap.add(2 * Q8_0_BYTES) };
-        left -= 2;
+        let (d, p) = block(wp, ap);
+        acc = _mm256_fmadd_ps(d, p, acc);
+        // SAFETY: each step stays within the `nb` blocks asserted above.
+        (wp, ap) = unsafe { (wp.add(xb), ap.add(Q8_0_BYTES)) };
     }
-    if left == 1 {
-        let (d0, p0) = block(wp, ap);
-        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
-    }
-    hsum_ps(_mm256_add_ps(acc0, acc1))
+    hsum_ps(acc)
 }
 
 // SAFETY (the three closures below): `row_0` only passes pointers to whole blocks inside the
@@ -772,25 +765,20 @@ unsafe fn store_i8x32(v: [__m256i; 4], dst: *mut u8) {
 fn quantize_q8_0_impl(x: &[f32], dst: &mut [u8]) {
     let nb = x.len() / QK;
     assert!(x.len().is_multiple_of(QK) && dst.len() >= nb * Q8_0_BYTES);
-    let sign = _mm256_set1_ps(-0.0);
-    let half = _mm256_set1_ps(0.5);
-    let one = _mm256_set1_ps(1.0);
     for i in 0..nb {
         // SAFETY: block i < nb lies inside x (32 floats) and dst (34 bytes), checked above.
         unsafe {
             let xp = x.as_ptr().add(i * QK);
             let b = dst.as_mut_ptr().add(i * Q8_0_BYTES);
-            let d = abs_max(xp, QK) / 127.0;
-            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-            (b as *mut u16).write_unaligned(crate::quant::f32_to_f16(d));
+            let amax = abs_max(xp, QK);
+            // As ggml-cpu (x86) and the scalar reference: multiplier 127 / amax, ties to even.
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            (b as *mut u16).write_unaligned(crate::quant::f32_to_f16(amax / 127.0));
             let mut q = [_mm256_setzero_si256(); 4];
             for (j, qj) in q.iter_mut().enumerate() {
                 let v = _mm256_mul_ps(_mm256_loadu_ps(xp.add(8 * j)), id);
-                // Round half away from zero, like f32::round.
-                let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
-                let up = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_andnot_ps(sign, _mm256_sub_ps(v, t)), half);
-                let step = _mm256_and_ps(up, _mm256_or_ps(one, _mm256_and_ps(v, sign)));
-                *qj = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                *qj = _mm256_cvtps_epi32(r);
             }
             store_i8x32(q, b.add(2));
         }

@@ -3,9 +3,12 @@
 //! attention per row against its own sequence's KV cache, and the LM head only for rows that
 //! want logits.
 
+use crate::ggml::{dot_f16, softmax_ggml, F16DotOrder};
 use crate::kv::KvCache;
 use crate::linear::{matmul, matmul_shared, par_units, MatmulScratch};
-use crate::ops::{gelu_tanh, rms_norm, rms_norm_heads, silu, softcap, softmax, Rope};
+use crate::ops::{
+    gelu_tanh, gelu_tanh_f16, rms_norm, rms_norm_heads, round_f16, silu, softcap, softmax, Rope,
+};
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_kernels::dot::dot_f32;
 use berth_plugin_api::{BatchView, LogitsOut, PluginError};
@@ -17,6 +20,8 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (GeGLU): Gemma.
     GeluTanh,
+    /// GELU with the tanh approximation through ggml-cpu's f16 table ([`gelu_tanh_f16`]).
+    GeluTanhF16,
 }
 
 impl Activation {
@@ -26,6 +31,7 @@ impl Activation {
         match self {
             Activation::Silu => silu(x),
             Activation::GeluTanh => gelu_tanh(x),
+            Activation::GeluTanhF16 => gelu_tanh_f16(x),
         }
     }
 }
@@ -88,6 +94,15 @@ pub struct DecoderConfig {
     pub tie_embeddings: bool,
     /// Mixture-of-experts FFN in every layer.
     pub moe: Option<MoeConfig>,
+    /// llama.cpp's default F16 KV cache and non-flash attention: keys and values are rounded to
+    /// f16 when stored, and queries and attention probabilities are rounded to f16 before their
+    /// products (f32 accumulation). Set for GGUF models so that greedy decoding follows llama.cpp.
+    pub kv_f16: bool,
+    /// With `kv_f16`: the attention scale multiplies the queries before their f16 rounding
+    /// (llama.cpp's Gemma graphs) rather than the scores (its default `kq_scale`).
+    pub q_prescale: bool,
+    /// ggml-cpu's RoPE angles: f32 running products and `cosf`/`sinf` ([`Rope::new_ggml`]).
+    pub rope_f32: bool,
 }
 
 impl DecoderConfig {
@@ -116,6 +131,9 @@ impl DecoderConfig {
             rope_scale: vec![1.0; n_layers],
             tie_embeddings: false,
             moe: None,
+            kv_f16: false,
+            q_prescale: false,
+            rope_f32: false,
         }
     }
 
@@ -358,8 +376,11 @@ impl Decoder {
             .iter()
             .enumerate()
             .map(|(l, &b)| {
-                let mut r = Rope::new(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox);
                 let f = cfg.rope_scale.get(l).copied().unwrap_or(1.0);
+                if cfg.rope_f32 {
+                    return Rope::new_ggml(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox, 1.0 / f);
+                }
+                let mut r = Rope::new(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox);
                 if f != 1.0 {
                     r.inv_freq.iter_mut().for_each(|v| *v /= f);
                 }
@@ -532,6 +553,11 @@ impl Decoder {
                 self.ropes[l].angles(pos, &mut s.cs);
                 self.ropes[l].apply(qr, &s.cs);
                 self.ropes[l].apply(kr, &s.cs);
+                if cfg.kv_f16 {
+                    kr.iter_mut()
+                        .chain(vr.iter_mut())
+                        .for_each(|x| *x = round_f16(*x));
+                }
                 kv.write(seq, l, pos, kr, vr);
             }
             let att = grow(&mut s.att, n * qd);
@@ -728,6 +754,9 @@ fn attention(
     let window = cfg.sliding_window.get(layer).copied().flatten();
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
+    if cfg.kv_f16 {
+        return attention_f16(cfg, kv, layer, rows, q, out, threads);
+    }
     thread_local! {
         // Per-thread score buffer kept between calls: a warm decode step does not allocate.
         static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
@@ -757,5 +786,79 @@ fn attention(
             }
         }
         SCORES.set(scores);
+    });
+}
+
+/// [`attention`] as llama.cpp computes it over its F16 KV cache without flash attention (see
+/// [`crate::ggml`]): the cache holds f16 values (rounded in [`Decoder::decode`]), the query is
+/// rounded to f16 (after the scale when `cfg.q_prescale`), scores and the probability-weighted
+/// values are f16 dot products summed in ggml's lane order (which depends on whether the batch
+/// has one row or more), the softmax is ggml's, and the probabilities are rounded to f16.
+fn attention_f16(
+    cfg: &DecoderConfig,
+    kv: &KvCache,
+    layer: usize,
+    rows: &[(usize, usize)],
+    q: &[f32],
+    out: &mut [f32],
+    threads: usize,
+) {
+    let (hd, nh, kvd) = (cfg.head_dim, cfg.n_heads, cfg.kv_dim());
+    let group = nh / cfg.n_kv_heads;
+    let window = cfg.sliding_window.get(layer).copied().flatten();
+    let order = F16DotOrder::for_rows(rows.len());
+    par_units(threads, out, hd, |units, dst| {
+        let mut scores = Vec::new();
+        let mut q16 = vec![0.0f32; hd];
+        let mut acc = vec![[0.0f32; 32]; hd];
+        for (u, o) in units.zip(dst.chunks_exact_mut(hd)) {
+            let (row, head) = (u / nh, u % nh);
+            let (seq, pos) = rows[row];
+            let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let (ks, vs) = kv.layer(seq, layer, pos + 1);
+            let kh = head / group;
+            let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
+            let (pre, post) = if cfg.q_prescale {
+                (cfg.attn_scale, 1.0)
+            } else {
+                (1.0, cfg.attn_scale)
+            };
+            q16.iter_mut().zip(qh).for_each(|(a, &b)| *a = round_f16(b * pre));
+            scores.clear();
+            scores.extend((start..=pos).map(|t| {
+                let s = dot_f16(order, &q16, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]);
+                if post == 1.0 {
+                    s
+                } else {
+                    s * post
+                }
+            }));
+            if let Some(cap) = cfg.attn_softcap {
+                softcap(&mut scores, cap);
+            }
+            softmax_ggml(&mut scores, start);
+            // The value rows are dotted with the probabilities along the cells (ggml multiplies
+            // the transposed V cache by the f16 probabilities).
+            acc.iter_mut().for_each(|a| *a = [0.0; 32]);
+            let n_cells = (pos + 1).next_multiple_of(256);
+            let nv = order.vector_len(n_cells);
+            let mut tail = vec![0.0f64; if nv <= pos { hd } else { 0 }];
+            for (t, &p) in (start..=pos).zip(&scores) {
+                let p = round_f16(p);
+                if p == 0.0 {
+                    continue;
+                }
+                let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
+                if t < nv {
+                    let slot = order.slot(t);
+                    acc.iter_mut().zip(vr).for_each(|(a, &v)| a[slot] += p * v);
+                } else {
+                    tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
+                }
+            }
+            for (i, (oi, a)) in o.iter_mut().zip(&acc).enumerate() {
+                *oi = order.reduce(a, tail.get(i).copied().unwrap_or(0.0));
+            }
+        }
     });
 }

@@ -7,10 +7,12 @@
 //! - [`kv`]: the per-sequence KV cache.
 //! - [`decoder`]: a generic pre-norm transformer decoder running multi-sequence batches.
 //! - [`npy`]: a float32 `.npy` reader for reference comparisons.
+//! - [`ggml`]: emulation of llama.cpp's (ggml-cpu's) f16 attention arithmetic.
 
 #![warn(missing_docs)]
 
 pub mod decoder;
+pub mod ggml;
 pub mod kv;
 pub mod linear;
 pub mod npy;

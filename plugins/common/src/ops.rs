@@ -1,10 +1,14 @@
 //! Simple, correct f32 element-wise operations: RMS norm, activations, softmax, RoPE, softcap.
 //! (The kernels crate may provide SIMD versions later.)
 
+use berth_kernels::quant::{f16_to_f32, f32_to_f16};
+use std::sync::OnceLock;
+
 /// RMS norm of `x` into `out`: `x / sqrt(mean(x²) + eps)`, times `w` (or `1 + w` when `add_one`).
 pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, add_one: bool, out: &mut [f32]) {
+    // Squares summed in f64, like ggml (`ggml_float`), so both engines see the same scale.
     let n = x.len();
-    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / n as f32;
+    let ss = (x.iter().map(|v| (v * v) as f64).sum::<f64>() / n as f64) as f32;
     let scale = 1.0 / (ss + eps).sqrt();
     match w {
         Some(w) => {
@@ -45,18 +49,51 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
 }
 
-/// Softmax in place.
+/// Softmax in place (the sum of exponentials in f64, like ggml).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+    let mut sum = 0.0f64;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
-        sum += *v;
+        sum += *v as f64;
     }
-    let inv = 1.0 / sum;
+    let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
     }
+}
+
+/// ggml-cpu's GELU (tanh approximation) as its GEGLU uses it: the input rounded to f16 and looked
+/// up in a table of f16 results computed in f32 (`GGML_GELU_FP16`); 0 below -10, identity above 10.
+#[inline]
+pub fn gelu_tanh_f16(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        gelu_f16_table()[f32_to_f16(x) as usize]
+    }
+}
+
+fn gelu_f16_table() -> &'static [f32] {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const C: f32 = 0.797_884_6; // sqrt(2/pi)
+        (0..=u16::MAX)
+            .map(|h| {
+                let x = f16_to_f32(h);
+                let y = 0.5 * x * (1.0 + (C * x * (1.0 + 0.044715 * x * x)).tanh());
+                f16_to_f32(f32_to_f16(y))
+            })
+            .collect()
+    })
+}
+
+/// Rounds to the nearest f16 and back.
+#[inline]
+pub fn round_f16(x: f32) -> f32 {
+    f16_to_f32(f32_to_f16(x))
 }
 
 /// Soft-capping: `cap · tanh(x / cap)` in place.
@@ -75,6 +112,18 @@ pub struct Rope {
     pub head_dim: usize,
     /// NeoX / rotate_half layout.
     pub neox: bool,
+    /// ggml's f32 angles: `theta_j = pos · base^(-2/rot_dim)^j` as a running f32 product, then
+    /// `cosf`/`sinf` (instead of f64 angles from `inv_freq`).
+    pub ggml: Option<GgmlRope>,
+}
+
+/// The f32 quantities ggml-cpu computes RoPE angles from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GgmlRope {
+    /// `powf(base, -2 / rot_dim)`.
+    pub theta_scale: f32,
+    /// Frequency scale (1 / linear scaling factor).
+    pub freq_scale: f32,
 }
 
 impl Rope {
@@ -87,12 +136,34 @@ impl Rope {
             inv_freq,
             head_dim,
             neox,
+            ggml: None,
         }
+    }
+
+    /// RoPE with ggml-cpu's f32 angle computation (see [`Rope::ggml`]); `freq_scale` is
+    /// 1 / the linear scaling factor.
+    pub fn new_ggml(base: f32, head_dim: usize, rot_dim: usize, neox: bool, freq_scale: f32) -> Rope {
+        let mut r = Rope::new(base, head_dim, rot_dim, neox);
+        r.inv_freq.iter_mut().for_each(|f| *f *= freq_scale);
+        r.ggml = Some(GgmlRope {
+            theta_scale: base.powf(-2.0 / rot_dim as f32),
+            freq_scale,
+        });
+        r
     }
 
     /// Fills `cs` with `(cos, sin)` of each pair's angle at `pos`.
     pub fn angles(&self, pos: usize, cs: &mut Vec<(f32, f32)>) {
         cs.clear();
+        if let Some(g) = self.ggml {
+            let mut theta = pos as f32;
+            for _ in 0..self.inv_freq.len() {
+                let t = g.freq_scale * theta;
+                cs.push((t.cos(), t.sin()));
+                theta *= g.theta_scale;
+            }
+            return;
+        }
         cs.extend(self.inv_freq.iter().map(|&f| {
             let a = pos as f64 * f as f64;
             (a.cos() as f32, a.sin() as f32)
@@ -111,8 +182,14 @@ impl Rope {
                     (2 * j, 2 * j + 1)
                 };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x1 * c + x0 * s;
+                if self.ggml.is_some() {
+                    // As GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
+                    head[a] = x0.mul_add(c, -(x1 * s));
+                    head[b] = x0.mul_add(s, x1 * c);
+                } else {
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x1 * c + x0 * s;
+                }
             }
         }
     }

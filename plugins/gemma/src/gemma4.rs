@@ -734,5 +734,6 @@ pub fn proportional_rope(base: f32, head_dim: usize, partial: f32, factor: f32) 
         inv_freq,
         head_dim,
         neox: true,
+        ggml: None,
     }
 }

@@ -108,8 +108,14 @@ impl Family for GemmaFamily {
             load_gguf(config)?
         };
         if config.options.get("dequantize").and_then(Value::as_bool) == Some(true) {
-            if let LoadedWeights::Common(_, w) = &mut loaded.weights {
+            if let LoadedWeights::Common(cfg, w) = &mut loaded.weights {
                 dequantize_common(w);
+                // An f32 reference run: no emulation of llama.cpp's f16 steps.
+                cfg.kv_f16 = false;
+                cfg.rope_f32 = false;
+                if cfg.activation == Activation::GeluTanhF16 {
+                    cfg.activation = Activation::GeluTanh;
+                }
             }
         }
         GemmaModel::new(loaded, config)
@@ -254,6 +260,13 @@ fn load_gguf(config: &LoadConfig) -> Result<Loaded, PluginError> {
     let head_dim = get("attention.key_length").unwrap_or(hidden / heads);
     let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
     gemma3_switches(&mut cfg, true);
+    // Follow llama.cpp's numerics on its own files (ggml-cpu, default context: F16 KV cache, no
+    // flash attention; the Gemma graph scales queries before attention; GEGLU through ggml's f16
+    // GELU table).
+    cfg.kv_f16 = true;
+    cfg.q_prescale = true;
+    cfg.rope_f32 = true;
+    cfg.activation = Activation::GeluTanhF16;
     cfg.eps = g
         .get_f32(&key("attention.layer_norm_rms_epsilon"))
         .unwrap_or(1e-6);

@@ -373,3 +373,70 @@ fn greedy_tokens_match_llama_cpp() {
     }
     assert!(full_matches >= 1, "{full_matches} cases matched fully");
 }
+
+/// Distance of this engine's logits from llama.cpp's full logits on the same tokens (teacher
+/// forcing). `BERTH_LLAMACPP_LOGITS` names an `.npy` of llama.cpp's last-row logits per step
+/// (steps × vocab), next to a `.json` with `prompt` and `tokens` (llama.cpp's greedy tokens); both
+/// are written by a small llama-cpp-python script (see `scripts/llamacpp_reference.py`). Run with
+/// `cargo test -p berth-plugin-gemma --test real -- --ignored --nocapture llama_cpp_logit_distance`.
+#[test]
+#[ignore = "needs llama.cpp logits from BERTH_LLAMACPP_LOGITS"]
+fn llama_cpp_logit_distance() {
+    let Ok(npy) = std::env::var("BERTH_LLAMACPP_LOGITS") else {
+        eprintln!("BERTH_LLAMACPP_LOGITS not set");
+        return;
+    };
+    let lc = read_npy_f32(&npy).unwrap();
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(format!("{npy}.json")).unwrap()).unwrap();
+    let prompt = ids(&meta["prompt"]);
+    let toks = ids(&meta["tokens"]);
+    let mut m = load(2);
+    let v = m.describe().vocab_size as usize;
+    let mut logits = vec![0.0; v];
+    let (mut worst, mut sum_max, mut sum_mean) = (0.0f32, 0.0f32, 0.0f32);
+    for step in 0..toks.len() {
+        if step == 0 {
+            let pos: Vec<i32> = (0..prompt.len() as i32).collect();
+            let mut want = vec![0u8; prompt.len()];
+            *want.last_mut().unwrap() = 1;
+            let b = BatchView {
+                tokens: &prompt,
+                positions: &pos,
+                seq_ids: &vec![0; prompt.len()],
+                want_logits: &want,
+            };
+            m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
+        } else {
+            let b = BatchView {
+                tokens: &[toks[step - 1]],
+                positions: &[(prompt.len() + step - 1) as i32],
+                seq_ids: &[0],
+                want_logits: &[1],
+            };
+            m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
+        }
+        let r = lc.row(step);
+        let max = logits
+            .iter()
+            .zip(r)
+            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+        let mean = logits.iter().zip(r).map(|(x, y)| (x - y).abs()).sum::<f32>() / v as f32;
+        let t = toks[step] as usize;
+        // Our margin of llama.cpp's token over the best other one (negative: we pick another).
+        let other = (0..v)
+            .filter(|&i| i != t)
+            .fold(f32::NEG_INFINITY, |a, i| a.max(logits[i]));
+        let margin = logits[t] - other;
+        worst = worst.max(max);
+        sum_max += max;
+        sum_mean += mean;
+        eprintln!(
+            "step {step:2}: max|diff| {max:.5} mean {mean:.5}; llama.cpp token {t}, our margin {margin:+.4}"
+        );
+    }
+    eprintln!(
+        "worst max|diff| {worst:.5}; mean over steps: max|diff| {:.5}, mean|diff| {:.5}",
+        sum_max / toks.len() as f32,
+        sum_mean / toks.len() as f32
+    );
+}

@@ -127,10 +127,13 @@ fn paris_is_the_greedy_next_token() {
     assert!(out.iter().all(|&t| (0..151936).contains(&t)));
 }
 
+/// Name, prompt ids, llama.cpp's greedy ids and its top-1/top-2 margins.
+type LlamaCppCase = (String, Vec<i32>, Vec<i32>, Vec<f64>);
+
 /// The cases of `tests/fixtures/llamacpp/qwen2.5-coder-0.5b.json` (recorded by
 /// `scripts/llamacpp-reference`): name, prompt ids, llama.cpp's greedy ids (ending with the
 /// end-of-generation token when it stopped), and the top-1/top-2 logit margin at each step.
-fn llama_cpp_cases() -> Vec<(String, Vec<i32>, Vec<i32>, Vec<f64>)> {
+fn llama_cpp_cases() -> Vec<LlamaCppCase> {
     let path = repo_root().join("tests/fixtures/llamacpp/qwen2.5-coder-0.5b.json");
     let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let ints = |v: &serde_json::Value| {
