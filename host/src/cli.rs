@@ -141,6 +141,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Parse model output from stdin into the OpenAI message (or its stream deltas).
+    Parse {
+        /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, content_only.
+        #[arg(long)]
+        format: crate::chat::ChatFormat,
+        /// A JSON file with the request's `tools` list (tool markup is content without it).
+        #[arg(long)]
+        tools: Option<PathBuf>,
+        /// Print one delta JSON per line (one flush per input line) instead of the message.
+        #[arg(long)]
+        stream: bool,
+        /// The prompt opened a reasoning block (`<think>\n`): output starts inside it.
+        #[arg(long)]
+        in_reasoning: bool,
+    },
 }
 
 /// Plugin subcommands.
@@ -272,6 +287,34 @@ pub fn run(cli: Cli) -> Result<()> {
             print_table(&["MODEL", "TEST", "THREADS", "TOKENS/S"], &rows);
             Ok(())
         }
+        Command::Parse {
+            format,
+            tools,
+            stream,
+            in_reasoning,
+        } => {
+            let tools: Option<Vec<serde_json::Value>> = match tools {
+                Some(f) => {
+                    let text =
+                        std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+                    Some(
+                        serde_json::from_str(&text)
+                            .with_context(|| format!("{}: not a JSON list of tools", f.display()))?,
+                    )
+                }
+                None => None,
+            };
+            let mut input = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)?;
+            let start = if in_reasoning {
+                crate::chat::ParseStart::Reasoning
+            } else {
+                crate::chat::ParseStart::Content
+            };
+            let out = parse_output(format, start, tools.as_deref(), stream, &input);
+            std::io::stdout().write_all(out.as_bytes())?;
+            Ok(())
+        }
         Command::Cp { source, destination } => {
             store.copy(&source, &destination)?;
             println!("copied '{source}' to '{destination}'");
@@ -302,6 +345,31 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 /// Prints rows as left-aligned columns separated by three spaces, as `ollama list` does.
+/// `berth parse`: the message JSON, or with `stream` one delta JSON per line (a flush per input line).
+fn parse_output(
+    format: crate::chat::ChatFormat,
+    start: crate::chat::ParseStart,
+    tools: Option<&[serde_json::Value]>,
+    stream: bool,
+    input: &str,
+) -> String {
+    if !stream {
+        let msg = crate::chat::parse(format, start, input, tools, false);
+        return format!("{}\n", msg.to_openai());
+    }
+    let mut p = crate::chat::StreamParser::new(format, start, tools);
+    let mut out = String::new();
+    for line in input.split_inclusive('\n') {
+        if let Some(d) = p.push(line) {
+            out.push_str(&format!("{d}\n"));
+        }
+    }
+    if let Some(d) = p.finish().0 {
+        out.push_str(&format!("{d}\n"));
+    }
+    out
+}
+
 fn print_table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
@@ -577,4 +645,36 @@ fn list_plugins(home: &Path, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{ChatFormat, ParseStart};
+
+    #[test]
+    fn chat_parse_command_prints_the_message_or_its_deltas() {
+        let tools = vec![serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        let input = "Hi\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n";
+        let msg = parse_output(
+            ChatFormat::HermesJson,
+            ParseStart::Content,
+            Some(&tools),
+            false,
+            input,
+        );
+        assert_eq!(
+            msg,
+            "{\"role\":\"assistant\",\"content\":\"Hi\",\"tool_calls\":[{\"id\":\"call_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}\n"
+        );
+        let deltas = parse_output(
+            ChatFormat::HermesJson,
+            ParseStart::Content,
+            Some(&tools),
+            true,
+            input,
+        );
+        assert_eq!(deltas.lines().next(), Some("{\"content\":\"Hi\"}"));
+        assert!(deltas.contains("\"id\":\"call_0\""));
+    }
 }

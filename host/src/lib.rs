@@ -4,6 +4,7 @@
 //! binary is a thin CLI over this library.
 
 pub mod bench;
+pub mod chat;
 pub mod cli;
 pub mod generate;
 pub mod models;

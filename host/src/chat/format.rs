@@ -1,0 +1,329 @@
+//! Chat formats, their detection from a template and a vocabulary, and the prefill: what the
+//! rendered generation prompt already opened.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How a model family writes reasoning and tool calls (`../shared/specs/model-families.md` §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChatFormat {
+    /// `<tool_call>{"name": .., "arguments": ..}</tool_call>` (Qwen2.5, Qwen3).
+    HermesJson,
+    /// `<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>` (Qwen3.5, Qwen3-Coder).
+    QwenXml,
+    /// `<|tool_call>call:NAME{k:<|"|>v<|"|>}<tool_call|>` and `<|channel>thought` (Gemma 4).
+    Gemma4,
+    /// `<|tool_call_start|>[f(a=1)]<|tool_call_end|>` (LFM2, LFM2.5).
+    Lfm2Pythonic,
+    /// OpenAI harmony channels and recipients (gpt-oss).
+    Harmony,
+    /// No tool markup: everything is content (Gemma 2/3).
+    ContentOnly,
+}
+
+impl ChatFormat {
+    /// Every format, in detection order.
+    pub const ALL: [ChatFormat; 6] = [
+        ChatFormat::Harmony,
+        ChatFormat::Gemma4,
+        ChatFormat::Lfm2Pythonic,
+        ChatFormat::QwenXml,
+        ChatFormat::HermesJson,
+        ChatFormat::ContentOnly,
+    ];
+
+    /// The format's name as written in logs and on the command line (`qwen_xml`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ChatFormat::HermesJson => "hermes_json",
+            ChatFormat::QwenXml => "qwen_xml",
+            ChatFormat::Gemma4 => "gemma4",
+            ChatFormat::Lfm2Pythonic => "lfm2_pythonic",
+            ChatFormat::Harmony => "harmony",
+            ChatFormat::ContentOnly => "content_only",
+        }
+    }
+}
+
+impl fmt::Display for ChatFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ChatFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ChatFormat, String> {
+        ChatFormat::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = ChatFormat::ALL.iter().map(|f| f.name()).collect();
+                format!("unknown chat format '{s}' (one of {})", names.join(", "))
+            })
+    }
+}
+
+/// How the model marks its reasoning, decided independently of the tool format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reasoning {
+    /// `<think>` ... `</think>`.
+    ThinkTags,
+    /// Gemma 4's `<|channel>thought\n` ... `<channel|>`.
+    Gemma4Thought,
+    /// Harmony's `analysis` channel.
+    HarmonyAnalysis,
+}
+
+impl fmt::Display for Reasoning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reasoning::ThinkTags => "<think>",
+            Reasoning::Gemma4Thought => "<|channel>thought",
+            Reasoning::HarmonyAnalysis => "analysis channel",
+        })
+    }
+}
+
+/// The result of [`detect`]; its `Display` is the load-time log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Detected {
+    /// The tool-call format.
+    pub format: ChatFormat,
+    /// The reasoning markup, if the model has one.
+    pub reasoning: Option<Reasoning>,
+}
+
+impl fmt::Display for Detected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "chat format: {}, reasoning: ", self.format)?;
+        match self.reasoning {
+            Some(r) => write!(f, "{r}"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+/// Detect the chat format from the template text, falling back on the vocabulary (spec §2.2).
+/// Harmony's `<|channel|>` is tested first and whole: Gemma 4's `<|channel>` differs by one pipe.
+pub fn detect(template_text: Option<&str>, vocab_has: impl Fn(&str) -> bool) -> Detected {
+    let t = template_text.unwrap_or("");
+    let has = |s: &str| t.contains(s);
+    let from_template = if has("<|channel|>") && has("<|start|>") {
+        Some(ChatFormat::Harmony)
+    } else if has("<|tool_call>call:") || (has("<|turn>") && has("<turn|>")) {
+        Some(ChatFormat::Gemma4)
+    } else if (has("<|tool_list_start|>") && has("<|tool_list_end|>"))
+        || has("List of tools: [")
+        || has("<|tool_call_start|>")
+    {
+        Some(ChatFormat::Lfm2Pythonic)
+    } else if has("<tool_call>") && has("<function=") && has("<parameter=") {
+        Some(ChatFormat::QwenXml)
+    } else if has("<tool_call>") {
+        Some(ChatFormat::HermesJson)
+    } else {
+        None
+    };
+    // The vocabulary cannot tell qwen_xml from hermes_json: that takes the template text.
+    let format = from_template.unwrap_or_else(|| {
+        if vocab_has("<|channel|>") && vocab_has("<|message|>") {
+            ChatFormat::Harmony
+        } else if vocab_has("<|tool_call>") && vocab_has("<tool_call|>") {
+            ChatFormat::Gemma4
+        } else if vocab_has("<|tool_call_start|>") {
+            ChatFormat::Lfm2Pythonic
+        } else if vocab_has("<tool_call>") {
+            ChatFormat::HermesJson
+        } else {
+            ChatFormat::ContentOnly
+        }
+    });
+    let reasoning = match format {
+        ChatFormat::Harmony => Some(Reasoning::HarmonyAnalysis),
+        ChatFormat::Gemma4 => Some(Reasoning::Gemma4Thought),
+        _ if has("<think>") || vocab_has("<think>") => Some(Reasoning::ThinkTags),
+        _ => None,
+    };
+    Detected { format, reasoning }
+}
+
+/// Where parsing starts: what the rendered generation prompt already opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ParseStart {
+    /// Nothing opened: the model may open its own reasoning block.
+    #[default]
+    Content,
+    /// The prompt opened a reasoning block (`<think>\n`, `<|channel>thought\n`): output starts in it.
+    Reasoning,
+    /// The prompt holds an empty, closed reasoning block (thinking off): output is the answer.
+    ReasoningClosed,
+    /// Harmony: the prompt ends with `<|start|>assistant`, so output starts with a message header.
+    AssistantHeader,
+}
+
+/// Derive the parse start from the rendered prompt (with its generation prompt).
+pub fn prefill(format: ChatFormat, rendered_prompt: &str) -> ParseStart {
+    let p = rendered_prompt;
+    match format {
+        ChatFormat::Harmony => {
+            if p.ends_with("<|channel|>analysis<|message|>") {
+                ParseStart::Reasoning
+            } else if p.ends_with("<|start|>assistant") {
+                ParseStart::AssistantHeader
+            } else {
+                ParseStart::Content
+            }
+        }
+        ChatFormat::Gemma4 => {
+            let p = p.trim_end();
+            if p.ends_with("<|channel>thought\n<channel|>") || p.ends_with("<|channel>thought<channel|>") {
+                ParseStart::ReasoningClosed
+            } else if p.ends_with("<|channel>thought") {
+                ParseStart::Reasoning
+            } else {
+                ParseStart::Content
+            }
+        }
+        _ => {
+            let p = p.trim_end();
+            if p.ends_with("</think>") {
+                ParseStart::ReasoningClosed
+            } else if p.ends_with("<think>") {
+                ParseStart::Reasoning
+            } else {
+                ParseStart::Content
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CI lays shared/ beside the clone; sessions have it at /work/shared.
+    fn templates_dir() -> std::path::PathBuf {
+        let beside = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/templates");
+        if beside.is_dir() {
+            beside
+        } else {
+            "/work/shared/fixtures/templates".into()
+        }
+    }
+
+    fn fixture(name: &str) -> String {
+        std::fs::read_to_string(templates_dir().join(name)).expect("template fixture")
+    }
+
+    fn detect_fixture(name: &str) -> Detected {
+        detect(Some(&fixture(name)), |_| false)
+    }
+
+    #[test]
+    fn every_fixture_template_is_detected_as_its_format() {
+        use ChatFormat::*;
+        use Reasoning::*;
+        let expected: &[(&str, ChatFormat, Option<Reasoning>)] = &[
+            ("Qwen2.5-Coder-0.5B-Instruct.jinja", HermesJson, None),
+            ("Qwen-Qwen3-0.6B.jinja", HermesJson, Some(ThinkTags)),
+            ("Qwen3-Coder.jinja", QwenXml, None),
+            ("Qwen3.5-4B.jinja", QwenXml, Some(ThinkTags)),
+            ("gemma3-it.jinja", ContentOnly, None),
+            ("google-gemma-2-2b-it.jinja", ContentOnly, None),
+            ("gemma4-small.jinja", Gemma4, Some(Gemma4Thought)),
+            ("google-gemma-4-31B-it.jinja", Gemma4, Some(Gemma4Thought)),
+            (
+                "google-gemma-4-31B-it-interleaved.jinja",
+                Gemma4,
+                Some(Gemma4Thought),
+            ),
+            ("openai-gpt-oss-120b.jinja", Harmony, Some(HarmonyAnalysis)),
+            ("LFM2-8B-A1B.jinja", Lfm2Pythonic, None),
+            ("LFM2.5-8B-A1B.jinja", Lfm2Pythonic, Some(ThinkTags)),
+            ("LFM2.5-Instruct.jinja", Lfm2Pythonic, None),
+            // MiniCPM5's `<function name=..><param name=..>` markup has no format of its own yet.
+            ("openbmb-MiniCPM5-1B.jinja", ContentOnly, Some(ThinkTags)),
+        ];
+        let on_disk = std::fs::read_dir(templates_dir()).expect("fixtures dir").count();
+        assert_eq!(on_disk, expected.len(), "a fixture template has no expectation");
+        for (name, format, reasoning) in expected {
+            let d = detect_fixture(name);
+            assert_eq!((d.format, d.reasoning), (*format, *reasoning), "{name}");
+        }
+    }
+
+    #[test]
+    fn qwen25_coder_gguf_template_is_hermes_json() {
+        let d = detect_fixture("Qwen2.5-Coder-0.5B-Instruct.jinja");
+        assert_eq!(d.to_string(), "chat format: hermes_json, reasoning: none");
+    }
+
+    #[test]
+    fn log_line_names_format_and_reasoning() {
+        let d = detect_fixture("Qwen3.5-4B.jinja");
+        assert_eq!(d.to_string(), "chat format: qwen_xml, reasoning: <think>");
+    }
+
+    #[test]
+    fn gemma4_channel_is_never_taken_for_harmony() {
+        let d = detect(Some("<|turn>model\n<|channel>thought\n<channel|><turn|>"), |_| {
+            false
+        });
+        assert_eq!(d.format, ChatFormat::Gemma4);
+        let d = detect(None, |t| {
+            ["<|channel>", "<|tool_call>", "<tool_call|>"].contains(&t)
+        });
+        assert_eq!(d.format, ChatFormat::Gemma4);
+    }
+
+    #[test]
+    fn vocabulary_decides_when_there_is_no_template() {
+        let vocab = |toks: &'static [&'static str]| move |t: &str| toks.contains(&t);
+        let d = detect(None, vocab(&["<|channel|>", "<|message|>"]));
+        assert_eq!(d.format, ChatFormat::Harmony);
+        let d = detect(None, vocab(&["<tool_call>", "<think>"]));
+        assert_eq!(
+            (d.format, d.reasoning),
+            (ChatFormat::HermesJson, Some(Reasoning::ThinkTags))
+        );
+        let d = detect(None, vocab(&["<|tool_call_start|>"]));
+        assert_eq!(d.format, ChatFormat::Lfm2Pythonic);
+        assert_eq!(detect(None, |_| false).format, ChatFormat::ContentOnly);
+    }
+
+    #[test]
+    fn format_names_round_trip() {
+        for f in ChatFormat::ALL {
+            assert_eq!(f.name().parse::<ChatFormat>(), Ok(f));
+        }
+        assert!("hermes".parse::<ChatFormat>().is_err());
+    }
+
+    #[test]
+    fn prefill_reads_what_the_generation_prompt_opened() {
+        use ChatFormat::*;
+        let im = "<|im_start|>assistant\n";
+        assert_eq!(prefill(QwenXml, &format!("{im}<think>\n")), ParseStart::Reasoning);
+        assert_eq!(
+            prefill(QwenXml, &format!("{im}<think>\n\n</think>\n\n")),
+            ParseStart::ReasoningClosed
+        );
+        assert_eq!(prefill(HermesJson, im), ParseStart::Content);
+        let turn = "<|turn>model\n";
+        assert_eq!(
+            prefill(Gemma4, &format!("{turn}<|channel>thought\n<channel|>")),
+            ParseStart::ReasoningClosed
+        );
+        assert_eq!(
+            prefill(Gemma4, &format!("{turn}<|channel>thought\n")),
+            ParseStart::Reasoning
+        );
+        assert_eq!(prefill(Gemma4, turn), ParseStart::Content);
+        assert_eq!(
+            prefill(Harmony, "<|start|>user<|message|>hi<|end|><|start|>assistant"),
+            ParseStart::AssistantHeader
+        );
+    }
+}

@@ -1,0 +1,1581 @@
+//! Model output -> reasoning, content and tool calls, for every chat format, in one pass.
+//!
+//! Never an error: markup that is not understood stays content. With `is_partial` the text is a
+//! prefix of the output so far, and the parse holds back whatever may still change (a marker cut
+//! short, an unfinished name or value), so each field of a partial parse is a prefix of the same
+//! field of every later parse. Tool markup counts as a call only when the request has tools.
+
+use serde_json::Value;
+
+use super::format::{ChatFormat, ParseStart};
+use super::message::{ParsedMessage, ToolCall};
+use super::values::{self, Dialect};
+
+/// Parse model output in the given format, starting in the state the prompt left it in.
+pub fn parse(
+    format: ChatFormat,
+    start: ParseStart,
+    text: &str,
+    tools: Option<&[Value]>,
+    is_partial: bool,
+) -> ParsedMessage {
+    let tools = tools.unwrap_or(&[]);
+    let mut out = Out {
+        partial: is_partial,
+        tools,
+        ..Out::default()
+    };
+    match format {
+        ChatFormat::HermesJson => {
+            if let Some(pos) = think_block(&mut out, text, start, Some(hermes_opens_call)) {
+                hermes(&mut out, text, pos);
+            }
+        }
+        ChatFormat::QwenXml => {
+            if let Some(pos) = think_block(&mut out, text, start, Some(xml_opens_call)) {
+                qwen_xml(&mut out, text, pos);
+            }
+        }
+        ChatFormat::Gemma4 => gemma4(&mut out, text, start),
+        ChatFormat::Lfm2Pythonic => {
+            if let Some(pos) = think_block(&mut out, text, start, None) {
+                lfm2(&mut out, text, pos);
+            }
+        }
+        ChatFormat::Harmony => harmony(&mut out, text, start),
+        ChatFormat::ContentOnly => {
+            if let Some(pos) = think_block(&mut out, text, start, None) {
+                out.content_tail(text, pos, &[]);
+            }
+        }
+    }
+    out.finish()
+}
+
+/// The parse under construction: raw field text, trimmed at the end.
+#[derive(Default)]
+struct Out<'a> {
+    partial: bool,
+    tools: &'a [Value],
+    reasoning: String,
+    content: String,
+    calls: Vec<(String, String)>,
+}
+
+impl Out<'_> {
+    fn has_tools(&self) -> bool {
+        !self.tools.is_empty()
+    }
+
+    /// Content from `pos` to the end, less (when partial) a suffix that may begin a marker.
+    fn content_tail(&mut self, text: &str, pos: usize, markers: &[&str]) {
+        let end = self.safe_end(text, pos, markers);
+        self.content.push_str(&text[pos..end]);
+    }
+
+    fn safe_end(&self, text: &str, pos: usize, markers: &[&str]) -> usize {
+        if self.partial {
+            text.len() - held_suffix(&text[pos..], markers)
+        } else {
+            text.len()
+        }
+    }
+
+    fn finish(self) -> ParsedMessage {
+        let reasoning = self.reasoning.trim();
+        let content = self.content.trim();
+        let tool_calls: Vec<ToolCall> = self
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, arguments))| ToolCall {
+                id: format!("call_{i}"),
+                name,
+                arguments,
+            })
+            .collect();
+        ParsedMessage {
+            reasoning_content: (!reasoning.is_empty()).then(|| reasoning.to_string()),
+            content: (!content.is_empty() || tool_calls.is_empty()).then(|| content.to_string()),
+            tool_calls,
+        }
+    }
+}
+
+/// The length of the longest suffix of `s` that is a proper prefix of one of `markers`.
+fn held_suffix(s: &str, markers: &[&str]) -> usize {
+    let mut best = 0;
+    for m in markers {
+        for k in (best + 1..m.len().min(s.len() + 1)).rev() {
+            if s.is_char_boundary(s.len() - k) && m.as_bytes().starts_with(&s.as_bytes()[s.len() - k..]) {
+                best = k;
+                break;
+            }
+        }
+    }
+    best
+}
+
+/// The earliest of `markers` in `s` at or after `from` (the longest one on a tie).
+fn find_first<'m>(s: &str, from: usize, markers: &[&'m str]) -> Option<(usize, &'m str)> {
+    let mut best: Option<(usize, &str)> = None;
+    for &m in markers {
+        if let Some(i) = s[from..].find(m) {
+            let i = from + i;
+            if best.is_none_or(|(b, bm)| i < b || (i == b && m.len() > bm.len())) {
+                best = Some((i, m));
+            }
+        }
+    }
+    best
+}
+
+fn skip_ws(s: &str, mut i: usize) -> usize {
+    let b = s.as_bytes();
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    i
+}
+
+/// Whether what follows a marker makes it what it claims to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    Yes,
+    No,
+    /// The text ends before it can tell.
+    Maybe,
+}
+
+/// `rest` (after skipping whitespace) starts with `want`, may still, or cannot.
+fn looks_like(rest: &str, want: &str, partial: bool) -> Look {
+    let r = rest.trim_start();
+    if r.starts_with(want) {
+        Look::Yes
+    } else if partial && want.starts_with(r) {
+        Look::Maybe
+    } else {
+        Look::No
+    }
+}
+
+fn hermes_opens_call(rest: &str, partial: bool) -> Look {
+    looks_like(rest, "{", partial)
+}
+
+fn xml_opens_call(rest: &str, partial: bool) -> Look {
+    match looks_like(rest, "<function=", partial) {
+        Look::No => looks_like(rest, "{", partial),
+        l => l,
+    }
+}
+
+const THINK: &str = "<think>";
+const END_THINK: &str = "</think>";
+const TOOL_CALL: &str = "<tool_call>";
+const END_TOOL_CALL: &str = "</tool_call>";
+
+/// A `<think>` block at the start (opened by the model or by the prompt). Returns where the
+/// answer starts, or `None` when the text so far ends inside the reasoning. With tools, a
+/// `<tool_call>` that really opens a call also ends the reasoning (models call from inside it).
+fn think_block(
+    out: &mut Out,
+    text: &str,
+    start: ParseStart,
+    opens_call: Option<fn(&str, bool) -> Look>,
+) -> Option<usize> {
+    let mut pos = match start {
+        ParseStart::Reasoning => 0,
+        ParseStart::ReasoningClosed => return Some(0),
+        ParseStart::Content | ParseStart::AssistantHeader => {
+            let t = skip_ws(text, 0);
+            let rest = &text[t..];
+            if rest.starts_with(THINK) {
+                t + THINK.len()
+            } else if out.partial && THINK.starts_with(rest) {
+                return None;
+            } else {
+                return Some(0);
+            }
+        }
+    };
+    let opens_call = opens_call.filter(|_| out.has_tools());
+    let ends: &[&str] = if opens_call.is_some() {
+        &[END_THINK, TOOL_CALL]
+    } else {
+        &[END_THINK]
+    };
+    let begin = pos;
+    loop {
+        match find_first(text, pos, ends) {
+            None => {
+                let end = out.safe_end(text, pos, ends);
+                out.reasoning.push_str(&text[begin..end]);
+                return if out.partial { None } else { Some(text.len()) };
+            }
+            Some((i, END_THINK)) => {
+                out.reasoning.push_str(&text[begin..i]);
+                return Some(i + END_THINK.len());
+            }
+            Some((i, _)) => {
+                match opens_call.map_or(Look::No, |f| f(&text[i + TOOL_CALL.len()..], out.partial)) {
+                    Look::Yes => {
+                        out.reasoning.push_str(&text[begin..i]);
+                        return Some(i);
+                    }
+                    Look::Maybe => {
+                        out.reasoning.push_str(&text[begin..i]);
+                        return None;
+                    }
+                    Look::No => pos = i + TOOL_CALL.len(),
+                }
+            }
+        }
+    }
+}
+
+/// What became of a region that looked like a call.
+enum Region {
+    /// Calls were read; scanning goes on from here.
+    Done(usize),
+    /// Not a call: the opening marker is content and scanning goes on after it.
+    NotCall,
+    /// The text so far ends inside it: stop here.
+    Stop,
+}
+
+/// Openers of a hermes call, with the wrappers models use instead of `<tool_call>`.
+const HERMES_OPENERS: &[&str] = &[
+    TOOL_CALL,
+    "<function_call>",
+    "<tools>",
+    "<response>",
+    "<json>",
+    "<xml>",
+    "<JSON>",
+    "```json",
+    "```xml",
+    "<function=",
+    "<function name=\"",
+];
+
+fn hermes(out: &mut Out, text: &str, mut pos: usize) {
+    let openers: &[&str] = if out.has_tools() { HERMES_OPENERS } else { &[] };
+    loop {
+        let Some((i, op)) = find_first(text, pos, openers) else {
+            return out.content_tail(text, pos, openers);
+        };
+        out.content.push_str(&text[pos..i]);
+        match hermes_region(out, text, i, op) {
+            Region::Done(next) => pos = next,
+            Region::NotCall => {
+                out.content.push_str(op);
+                pos = i + op.len();
+            }
+            Region::Stop => return,
+        }
+    }
+}
+
+fn closer_of(op: &str) -> &'static str {
+    match op {
+        TOOL_CALL => END_TOOL_CALL,
+        "<function_call>" => "</function_call>",
+        "<tools>" => "</tools>",
+        "<response>" => "</response>",
+        "<json>" => "</json>",
+        "<xml>" => "</xml>",
+        "<JSON>" => "</JSON>",
+        "```json" | "```xml" => "```",
+        _ => "</function>",
+    }
+}
+
+/// A plausible function name: no spaces, quotes or markup.
+fn is_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && !s.contains(|c: char| c.is_whitespace() || "<>\"'{}()[],".contains(c))
+}
+
+/// One wrapper of JSON call objects (or `<function=NAME>{args}</function>`).
+fn hermes_region(out: &mut Out, text: &str, i: usize, op: &str) -> Region {
+    let closer = closer_of(op);
+    let mut body = i + op.len();
+    let mut fixed_name = None;
+    if op == "<function=" || op == "<function name=\"" {
+        let stop = if op == "<function=" { ">" } else { "\"" };
+        let Some(n) = text[body..].find(stop) else {
+            return if out.partial {
+                Region::Stop
+            } else {
+                Region::NotCall
+            };
+        };
+        let name = text[body..body + n].trim();
+        if !is_name(name) {
+            return Region::NotCall;
+        }
+        fixed_name = Some(name.to_string());
+        body += n + stop.len();
+        if op != "<function=" {
+            match text[body..].find('>') {
+                Some(g) if text[body..body + g].trim().is_empty() => body += g + 1,
+                Some(_) => return Region::NotCall,
+                None => {
+                    return if out.partial {
+                        Region::Stop
+                    } else {
+                        Region::NotCall
+                    }
+                }
+            }
+        }
+    }
+    let (end, next, closed) = match text[body..].find(closer) {
+        Some(n) => (body + n, body + n + closer.len(), true),
+        None => (text.len(), text.len(), false),
+    };
+    let region = &text[..end];
+    let mut found = 0;
+    let mut k = body;
+    while let Some(o) = region[k..].find('{') {
+        let o = k + o;
+        let obj = if let Some(name) = &fixed_name {
+            let args = match json_end(region, o, !out.partial || closed) {
+                Some(e) => Some(region[o..e].to_string()),
+                None => Some(region[o..].trim_end().to_string()),
+            };
+            let end = json_end(region, o, false);
+            CallObject {
+                name: Some(name.clone()),
+                args,
+                end,
+            }
+        } else {
+            scan_call_object(region, o, !out.partial || closed)
+        };
+        if let Some(name) = obj.name {
+            let args = obj.args.unwrap_or_else(|| {
+                if out.partial && !closed {
+                    String::new()
+                } else {
+                    "{}".into()
+                }
+            });
+            out.calls.push((name, args));
+            found += 1;
+        }
+        match obj.end {
+            Some(e) if fixed_name.is_none() => k = e,
+            _ => break,
+        }
+    }
+    if found > 0 {
+        if !closed && out.partial {
+            Region::Stop
+        } else {
+            Region::Done(next)
+        }
+    } else if !closed && out.partial {
+        Region::Stop
+    } else if let (Some(name), true) = (fixed_name, closed) {
+        // `<function=NAME></function>`: a call without arguments.
+        out.calls.push((name, "{}".into()));
+        Region::Done(next)
+    } else {
+        Region::NotCall
+    }
+}
+
+/// What a JSON call object yielded.
+struct CallObject {
+    name: Option<String>,
+    /// The arguments as JSON text (partial when the object is).
+    args: Option<String>,
+    /// The index after the object's closing brace.
+    end: Option<usize>,
+}
+
+/// Read `{"name": .., "arguments": ..}` at `o`, trusting only its top-level keys.
+fn scan_call_object(s: &str, o: usize, at_end_complete: bool) -> CallObject {
+    let b = s.as_bytes();
+    let mut obj = CallObject {
+        name: None,
+        args: None,
+        end: None,
+    };
+    let mut i = o + 1;
+    loop {
+        i = skip_ws(s, i);
+        match b.get(i) {
+            None => return obj,
+            Some(b'}') => {
+                obj.end = Some(i + 1);
+                return obj;
+            }
+            Some(b'"') => {}
+            Some(_) => break,
+        }
+        let Some(ke) = json_end(s, i, false) else {
+            return obj;
+        };
+        let key: String = serde_json::from_str(&s[i..ke]).unwrap_or_default();
+        let c = skip_ws(s, ke);
+        match b.get(c) {
+            None => return obj,
+            Some(b':') => {}
+            Some(_) => break,
+        }
+        let v = skip_ws(s, c + 1);
+        if v >= s.len() {
+            return obj;
+        }
+        let ve = json_end(s, v, at_end_complete);
+        match key.as_str() {
+            "name" => {
+                if let Some(Value::String(n)) = ve.and_then(|e| serde_json::from_str(&s[v..e]).ok()) {
+                    if obj.name.is_none() && is_name(&n) {
+                        obj.name = Some(n);
+                    }
+                }
+            }
+            "arguments" | "parameters" if obj.args.is_none() => {
+                obj.args = match (b[v], ve) {
+                    (b'{' | b'[', Some(e)) => Some(s[v..e].to_string()),
+                    (b'{' | b'[', None) => Some(s[v..].trim_end().to_string()),
+                    // Arguments sent as a JSON string holding JSON: decode it once.
+                    (b'"', Some(e)) => match serde_json::from_str::<Value>(&s[v..e]) {
+                        Ok(Value::String(inner)) => Some(inner),
+                        _ => Some(s[v..e].to_string()),
+                    },
+                    (_, Some(_)) => Some("{}".into()),
+                    (_, None) => None,
+                };
+            }
+            _ => {}
+        }
+        let Some(e) = ve else {
+            return obj;
+        };
+        i = skip_ws(s, e);
+        match b.get(i) {
+            None => return obj,
+            Some(b',') => i += 1,
+            Some(b'}') => {
+                obj.end = Some(i + 1);
+                return obj;
+            }
+            Some(_) => break,
+        }
+    }
+    // Stray text inside the object: find its end by brace matching.
+    obj.end = json_end(s, o, false);
+    obj
+}
+
+/// The index after the JSON value at `i`, by bracket matching that skips strings; `None` when
+/// the text ends first (a bare scalar at the end counts when `at_end_complete`).
+fn json_end(s: &str, i: usize, at_end_complete: bool) -> Option<usize> {
+    let b = s.as_bytes();
+    match b.get(i)? {
+        b'"' => {
+            let mut j = i + 1;
+            while j < b.len() {
+                match b[j] {
+                    b'\\' => j += 2,
+                    b'"' => return Some(j + 1),
+                    _ => j += 1,
+                }
+            }
+            None
+        }
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => {
+                        j = json_end(s, j, false)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            None
+        }
+        _ => {
+            let n = s[i..].find(|c: char| c == ',' || c == '}' || c == ']' || c.is_whitespace());
+            match n {
+                Some(n) => Some(i + n),
+                None if at_end_complete => Some(s.len()),
+                None => None,
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// qwen_xml
+
+const FUNCTION_EQ: &str = "<function=";
+const PARAMETER_EQ: &str = "<parameter=";
+const END_PARAMETER: &str = "</parameter>";
+const END_FUNCTION: &str = "</function>";
+
+fn tool_names(tools: &[Value]) -> Vec<String> {
+    tools
+        .iter()
+        .filter_map(|t| {
+            t.get("function")
+                .unwrap_or(t)
+                .get("name")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn qwen_xml(out: &mut Out, text: &str, mut pos: usize) {
+    // Without `<tool_call>`, `<function=NAME>` opens a call only for a declared name.
+    let bare: Vec<String> = tool_names(out.tools)
+        .iter()
+        .map(|n| format!("{FUNCTION_EQ}{n}>"))
+        .collect();
+    let mut openers: Vec<&str> = Vec::new();
+    if out.has_tools() {
+        openers.push(TOOL_CALL);
+        openers.extend(bare.iter().map(String::as_str));
+    }
+    let mut held = openers.clone();
+    if out.has_tools() {
+        held.push(END_TOOL_CALL);
+    }
+    loop {
+        let Some((i, op)) = find_first(text, pos, &openers) else {
+            return out.content_tail(text, pos, &held);
+        };
+        out.content.push_str(&text[pos..i]);
+        let region = if op == TOOL_CALL {
+            let j = skip_ws(text, i + TOOL_CALL.len());
+            match xml_opens_call(&text[i + TOOL_CALL.len()..], out.partial) {
+                Look::Yes if text[j..].starts_with('{') => hermes_region(out, text, i, TOOL_CALL),
+                Look::Yes => xml_call(out, text, j),
+                Look::Maybe => Region::Stop,
+                Look::No => Region::NotCall,
+            }
+        } else {
+            xml_call(out, text, i)
+        };
+        match region {
+            Region::Done(next) => {
+                // A closing `</tool_call>` (absent when the opener was omitted).
+                let j = skip_ws(text, next);
+                pos = if text[j..].starts_with(END_TOOL_CALL) {
+                    j + END_TOOL_CALL.len()
+                } else {
+                    next
+                };
+            }
+            Region::NotCall => {
+                out.content.push_str(op);
+                pos = i + op.len();
+            }
+            Region::Stop => return,
+        }
+    }
+}
+
+/// `<function=NAME>` at `f`, its parameters, up to `</function>`.
+fn xml_call(out: &mut Out, text: &str, f: usize) -> Region {
+    let name_start = f + FUNCTION_EQ.len();
+    let Some(n) = text[name_start..].find('>') else {
+        return if out.partial {
+            Region::Stop
+        } else {
+            Region::NotCall
+        };
+    };
+    let name = text[name_start..name_start + n].trim().to_string();
+    if !is_name(&name) {
+        return Region::NotCall;
+    }
+    let mut pairs = Vec::new();
+    let mut p = name_start + n + 1;
+    let mut end = None;
+    loop {
+        p = skip_ws(text, p);
+        let rest = &text[p..];
+        if rest.starts_with(PARAMETER_EQ) {
+            let k = p + PARAMETER_EQ.len();
+            let Some(kn) = text[k..].find('>') else {
+                break;
+            };
+            let key = text[k..k + kn].trim().to_string();
+            let vs = k + kn + 1;
+            let vs = if text[vs..].starts_with('\n') { vs + 1 } else { vs };
+            let Some((ve, next)) = xml_value_end(text, vs, out.partial) else {
+                break;
+            };
+            let raw = &text[vs..ve];
+            let raw = raw.strip_suffix('\n').unwrap_or(raw);
+            pairs.push((key.clone(), typed_value(out.tools, &name, &key, raw)));
+            p = next;
+        } else if rest.starts_with(END_FUNCTION) {
+            end = Some(p + END_FUNCTION.len());
+            break;
+        } else if rest.starts_with(END_TOOL_CALL) {
+            end = Some(p);
+            break;
+        } else if rest.is_empty()
+            || (out.partial
+                && [PARAMETER_EQ, END_FUNCTION, END_TOOL_CALL]
+                    .iter()
+                    .any(|m| m.starts_with(rest)))
+        {
+            break;
+        } else {
+            // Text that is no parameter ends the call; it is content.
+            end = Some(p);
+            break;
+        }
+    }
+    let open = out.partial && end.is_none();
+    out.calls.push((name, values::args_json(&pairs, open)));
+    match end {
+        Some(e) => Region::Done(e),
+        None if out.partial => Region::Stop,
+        None => Region::Done(text.len()),
+    }
+}
+
+/// Where a parameter value starting at `vs` ends, and where scanning resumes: at
+/// `</parameter>`, else at the next `<parameter=`, else at a `</function>` that really ends the
+/// call (only whitespace and `</tool_call>` or the end after it).
+fn xml_value_end(text: &str, vs: usize, partial: bool) -> Option<(usize, usize)> {
+    let close = text[vs..].find(END_PARAMETER).map(|n| vs + n);
+    let next = text[vs..].find(PARAMETER_EQ).map(|n| vs + n);
+    match (close, next) {
+        (Some(c), n) if n.is_none_or(|n| c < n) => return Some((c, c + END_PARAMETER.len())),
+        (_, Some(n)) => return Some((n, n)),
+        _ => {}
+    }
+    let mut from = vs;
+    while let Some(n) = text[from..].find(END_FUNCTION) {
+        let e = from + n;
+        let after = text[e + END_FUNCTION.len()..].trim_start();
+        if after.starts_with(END_TOOL_CALL) || (!partial && after.is_empty()) {
+            return Some((e, e));
+        }
+        from = e + END_FUNCTION.len();
+    }
+    (!partial).then_some((text.len(), text.len()))
+}
+
+/// The JSON schema `type` names of a tool's parameter, if the request declares it.
+fn param_types(tools: &[Value], func: &str, param: &str) -> Option<Vec<String>> {
+    let tool = tools
+        .iter()
+        .find(|t| t.get("function").unwrap_or(t).get("name").and_then(Value::as_str) == Some(func))?;
+    let schema = tool
+        .get("function")
+        .unwrap_or(tool)
+        .get("parameters")?
+        .get("properties")?
+        .get(param)?;
+    let names = |v: &Value| -> Vec<String> {
+        match v {
+            Value::String(s) => vec![s.to_ascii_lowercase()],
+            Value::Array(a) => a
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_ascii_lowercase)
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut types = schema.get("type").map(names).unwrap_or_default();
+    for alt in ["anyOf", "oneOf"] {
+        for s in schema.get(alt).and_then(Value::as_array).into_iter().flatten() {
+            types.extend(s.get("type").map(names).unwrap_or_default());
+        }
+    }
+    if schema.get("nullable") == Some(&Value::Bool(true)) {
+        types.push("null".into());
+    }
+    Some(types)
+}
+
+/// An XML parameter's text typed by the tool's schema (a parameter not in it stays a string).
+fn typed_value(tools: &[Value], func: &str, param: &str, raw: &str) -> Value {
+    let Some(types) = param_types(tools, func, param) else {
+        return Value::String(raw.to_string());
+    };
+    let is = |pred: &dyn Fn(&str) -> bool| types.iter().any(|t| pred(t));
+    let stringy = is(&|t| t == "string" || t == "str" || t == "text");
+    let t = raw.trim();
+    if (t.eq_ignore_ascii_case("null") || t.eq_ignore_ascii_case("none"))
+        && (!stringy || is(&|t| t == "null"))
+    {
+        return Value::Null;
+    }
+    if stringy || types.is_empty() {
+        return Value::String(raw.to_string());
+    }
+    if is(&|t| t.starts_with("int") || t.starts_with("uint") || ["long", "short", "unsigned"].contains(&t)) {
+        if let Ok(v) = t.parse::<i64>() {
+            return v.into();
+        }
+    }
+    if is(&|t| t.starts_with("int") || t.starts_with("num") || t.starts_with("float") || t == "double") {
+        if let Ok(v) = t.parse::<f64>() {
+            if v.fract() == 0.0 && v.abs() < 9.0e15 {
+                return (v as i64).into();
+            }
+            if let Some(n) = serde_json::Number::from_f64(v) {
+                return Value::Number(n);
+            }
+        }
+    }
+    if is(&|t| t.starts_with("bool")) {
+        return Value::Bool(t.eq_ignore_ascii_case("true"));
+    }
+    if is(&|t| t == "object" || t == "array" || t.starts_with("dict") || t.starts_with("list")) {
+        match serde_json::from_str::<Value>(t) {
+            Ok(Value::String(s)) => return values::python_literal(&s).unwrap_or(Value::String(s)),
+            Ok(v) => return v,
+            Err(_) => {
+                if let Some(v) = values::python_literal(t) {
+                    return v;
+                }
+            }
+        }
+    }
+    Value::String(raw.to_string())
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemma4
+
+const G_CHANNEL: &str = "<|channel>";
+const G_END_CHANNEL: &str = "<channel|>";
+const G_TOOL_CALL: &str = "<|tool_call>";
+const G_END_TOOL_CALL: &str = "<tool_call|>";
+const G_TURN_MODEL: &str = "<|turn>model\n";
+const G_STOPS: [&str; 3] = ["<turn|>", "<eos>", "<|tool_response>"];
+const G_THOUGHT: &str = "thought";
+
+fn gemma4(out: &mut Out, text: &str, start: ParseStart) {
+    let mut pos = 0;
+    if text.starts_with(G_TURN_MODEL) {
+        pos = G_TURN_MODEL.len();
+    } else if out.partial && G_TURN_MODEL.starts_with(text) {
+        return;
+    }
+    if start == ParseStart::Reasoning {
+        match gemma_thought(out, text, pos) {
+            Some(p) => pos = p,
+            None => return,
+        }
+    } else {
+        // A spurious `thought\n` label with thinking off.
+        let rest = &text[pos..];
+        if rest.starts_with("thought\n") {
+            pos += "thought\n".len();
+        } else if out.partial && "thought\n".starts_with(rest) {
+            return;
+        }
+    }
+    let mut markers = vec![G_CHANNEL, G_END_CHANNEL];
+    markers.extend(G_STOPS);
+    if out.has_tools() {
+        markers.extend([G_TOOL_CALL, G_END_TOOL_CALL]);
+    }
+    loop {
+        let Some((i, m)) = find_first(text, pos, &markers) else {
+            return out.content_tail(text, pos, &markers);
+        };
+        out.content.push_str(&text[pos..i]);
+        let after = i + m.len();
+        match m {
+            G_CHANNEL => {
+                let rest = &text[after..];
+                if rest.starts_with(G_THOUGHT) {
+                    match gemma_thought(out, text, after + G_THOUGHT.len()) {
+                        Some(p) => pos = p,
+                        None => return,
+                    }
+                } else if out.partial && G_THOUGHT.starts_with(rest) {
+                    return;
+                } else {
+                    // Another channel: skipped whole.
+                    match text[after..].find(G_END_CHANNEL) {
+                        Some(n) => pos = after + n + G_END_CHANNEL.len(),
+                        None => return,
+                    }
+                }
+            }
+            G_END_CHANNEL | G_END_TOOL_CALL => pos = after,
+            G_TOOL_CALL => match gemma_call(out, text, i) {
+                Region::Done(next) => pos = next,
+                Region::NotCall => {
+                    out.content.push_str(m);
+                    pos = after;
+                }
+                Region::Stop => return,
+            },
+            _ => return, // a stop marker: what follows is not part of the reply
+        }
+    }
+}
+
+/// Reasoning from `from` (just after `thought`) to `<channel|>`; `None` when the text ends first.
+fn gemma_thought(out: &mut Out, text: &str, from: usize) -> Option<usize> {
+    match text[from..].find(G_END_CHANNEL) {
+        Some(n) => {
+            out.reasoning.push_str(&text[from..from + n]);
+            Some(from + n + G_END_CHANNEL.len())
+        }
+        None => {
+            let end = out.safe_end(text, from, &[G_END_CHANNEL]);
+            out.reasoning.push_str(&text[from..end]);
+            None
+        }
+    }
+}
+
+/// `<|tool_call>call:NAME{k:v,..}` at `i`, ended by `<tool_call|>`, `<turn|>`, `<eos>` or the end.
+fn gemma_call(out: &mut Out, text: &str, i: usize) -> Region {
+    let after = i + G_TOOL_CALL.len();
+    let rest = &text[after..];
+    if !rest.starts_with("call:") {
+        return if out.partial && "call:".starts_with(rest) {
+            Region::Stop
+        } else {
+            Region::NotCall
+        };
+    }
+    let ns = after + "call:".len();
+    let n = text[ns..]
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-' || c == '.'))
+        .unwrap_or(text.len() - ns);
+    let brace = ns + n;
+    match text.as_bytes().get(brace) {
+        None if out.partial => return Region::Stop,
+        Some(b'{') if n > 0 => {}
+        _ => return Region::NotCall,
+    }
+    let name = text[ns..brace].to_string();
+    let kw = values::read_kwargs(text, brace + 1, b':', b'}', Dialect::Gemma, !out.partial);
+    let resume = match kw.closed_at {
+        Some(e) => {
+            let j = skip_ws(text, e);
+            Some(if text[j..].starts_with(G_END_TOOL_CALL) {
+                j + G_END_TOOL_CALL.len()
+            } else {
+                e
+            })
+        }
+        None if kw.invalid => text[brace..]
+            .find(G_END_TOOL_CALL)
+            .map(|n| brace + n + G_END_TOOL_CALL.len()),
+        None => None,
+    };
+    let open = out.partial && resume.is_none();
+    out.calls.push((name, values::args_json(&kw.pairs, open)));
+    match resume {
+        Some(p) => Region::Done(p),
+        None if out.partial => Region::Stop,
+        None => Region::Done(text.len()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// lfm2_pythonic
+
+const L_START: &str = "<|tool_call_start|>";
+const L_END: &str = "<|tool_call_end|>";
+
+fn lfm2(out: &mut Out, text: &str, mut pos: usize) {
+    let markers: &[&str] = if out.has_tools() { &[L_START, L_END] } else { &[] };
+    loop {
+        let Some((i, m)) = find_first(text, pos, markers) else {
+            return out.content_tail(text, pos, markers);
+        };
+        out.content.push_str(&text[pos..i]);
+        if m == L_END {
+            pos = i + L_END.len(); // a stray end marker
+            continue;
+        }
+        match lfm2_calls(out, text, i + L_START.len()) {
+            Region::Done(next) => match strip_echo(text, next, out.partial) {
+                Some(p) => pos = p,
+                None => return,
+            },
+            Region::NotCall => {
+                out.content.push_str(m);
+                pos = i + m.len();
+            }
+            Region::Stop => return,
+        }
+    }
+}
+
+/// LFM2 often repeats the call list after `<|tool_call_end|>`, capped by a second end marker:
+/// drop it. `None` while a possible echo (text opening with `[`) is still unresolved.
+fn strip_echo(text: &str, from: usize, partial: bool) -> Option<usize> {
+    let rest = &text[from..];
+    if !rest.trim_start().starts_with('[') {
+        return Some(from);
+    }
+    let limit = rest.find(L_START).unwrap_or(rest.len());
+    match rest[..limit].rfind(L_END) {
+        Some(e) => Some(from + e + L_END.len()),
+        None if partial => None,
+        None => Some(from),
+    }
+}
+
+/// A Python (or JSON) list of calls after `<|tool_call_start|>`.
+fn lfm2_calls(out: &mut Out, text: &str, b: usize) -> Region {
+    let bytes = text.as_bytes();
+    let mut k = skip_ws(text, b);
+    let listed = bytes.get(k) == Some(&b'[');
+    if listed {
+        k = skip_ws(text, k + 1);
+    }
+    let first = out.calls.len();
+    let mut invalid = false;
+    let mut closed = None;
+    loop {
+        match bytes.get(k) {
+            None => break,
+            Some(b']') if listed => {
+                closed = Some(k + 1);
+                break;
+            }
+            Some(b'{') => {
+                let obj = scan_call_object(text, k, !out.partial);
+                if let Some(name) = obj.name {
+                    let done = obj.end.is_some();
+                    let args = obj.args.unwrap_or_default();
+                    let args = if args.is_empty() && (done || !out.partial) {
+                        "{}".into()
+                    } else {
+                        args
+                    };
+                    out.calls.push((name, args));
+                }
+                match obj.end {
+                    Some(e) => k = e,
+                    None => break,
+                }
+            }
+            Some(_) => {
+                let rest = &text[k..];
+                let n = rest
+                    .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '-'))
+                    .unwrap_or(rest.len());
+                match bytes.get(k + n) {
+                    None => break,
+                    Some(b'(') if n > 0 => {}
+                    _ => {
+                        invalid = true;
+                        break;
+                    }
+                }
+                let kw = values::read_kwargs(text, k + n + 1, b'=', b')', Dialect::Python, !out.partial);
+                let open = out.partial && kw.closed_at.is_none();
+                out.calls
+                    .push((rest[..n].to_string(), values::args_json(&kw.pairs, open)));
+                match kw.closed_at {
+                    Some(e) => k = e,
+                    None => {
+                        invalid = kw.invalid;
+                        break;
+                    }
+                }
+            }
+        }
+        k = skip_ws(text, k);
+        match bytes.get(k) {
+            Some(b',') => k = skip_ws(text, k + 1),
+            Some(b']') if listed => {}
+            None => break,
+            Some(_) if !listed => {
+                closed = Some(k);
+                break;
+            }
+            Some(_) => {
+                invalid = true;
+                break;
+            }
+        }
+    }
+    let found = out.calls.len() > first;
+    let from = closed.unwrap_or(k);
+    let end_marker = text[from..].find(L_END).map(|n| from + n);
+    if let Some(c) = closed {
+        let j = skip_ws(text, c);
+        if text[j..].starts_with(L_END) {
+            return Region::Done(j + L_END.len());
+        }
+        if out.partial && L_END.starts_with(&text[j..]) {
+            return Region::Stop;
+        }
+        return if found || listed {
+            Region::Done(c)
+        } else {
+            Region::NotCall
+        };
+    }
+    if invalid {
+        // A broken list: keep the calls read, drop the rest of it.
+        return match end_marker {
+            Some(e) if found || listed => Region::Done(e + L_END.len()),
+            None if out.partial => Region::Stop,
+            _ if found => Region::Done(text.len()),
+            _ => Region::NotCall,
+        };
+    }
+    // The text ended inside the list.
+    if out.partial {
+        Region::Stop
+    } else if found {
+        Region::Done(text.len())
+    } else {
+        Region::NotCall
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// harmony
+
+const H_START: &str = "<|start|>";
+const H_CHANNEL: &str = "<|channel|>";
+const H_MESSAGE: &str = "<|message|>";
+const H_CONSTRAIN: &str = "<|constrain|>";
+const H_ENDS: [&str; 6] = [
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    H_START,
+    H_CHANNEL,
+    "<|endoftext|>",
+];
+
+fn harmony(out: &mut Out, text: &str, start: ParseStart) {
+    let mut pos = 0;
+    let mut first = true;
+    loop {
+        let rest = &text[pos..];
+        if rest.is_empty() {
+            return;
+        }
+        let header = if first && start == ParseStart::Reasoning {
+            Some((String::new(), "analysis".to_string(), pos))
+        } else if rest.starts_with(H_START) || rest.starts_with(H_CHANNEL) {
+            let Some(m) = rest.find(H_MESSAGE) else {
+                return; // an unfinished header (or a broken one at the end): nothing to show
+            };
+            let h = &rest[..m];
+            let (role, chan) = match h.rfind(H_CHANNEL) {
+                Some(c) => (&h[..c], &h[c + H_CHANNEL.len()..]),
+                None => (h, ""),
+            };
+            let role = role.split(H_CHANNEL).next().unwrap_or("");
+            let role = role.strip_prefix(H_START).unwrap_or(role);
+            let chan = chan.replace(H_CONSTRAIN, &format!(" {H_CONSTRAIN}"));
+            let channel = chan
+                .split(|c: char| c.is_whitespace() || c == '<')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            let recipient = role
+                .split_whitespace()
+                .chain(chan.split_whitespace())
+                .find_map(|t| t.strip_prefix("to="))
+                .unwrap_or("")
+                .to_string();
+            Some((recipient, channel, pos + m + H_MESSAGE.len()))
+        } else if out.partial && (H_START.starts_with(rest) || H_CHANNEL.starts_with(rest)) {
+            return;
+        } else {
+            None
+        };
+        first = false;
+        let Some((recipient, channel, body)) = header else {
+            // Text outside any message (a model ignoring the format): content.
+            let bare = [H_START, H_CHANNEL];
+            match find_first(text, pos, &H_ENDS) {
+                Some((i, m)) => {
+                    out.content.push_str(&text[pos..i]);
+                    pos = if bare.contains(&m) { i } else { i + m.len() };
+                }
+                None => return out.content_tail(text, pos, &H_ENDS),
+            }
+            continue;
+        };
+        let (body_end, next) = match find_first(text, body, &H_ENDS) {
+            Some((i, m)) if m == H_START || m == H_CHANNEL => (i, Some(i)),
+            Some((i, m)) => (i, Some(i + m.len())),
+            None => (out.safe_end(text, body, &H_ENDS), None),
+        };
+        let body_text = &text[body..body_end];
+        if let Some(name) = recipient.strip_prefix("functions.").filter(|_| out.has_tools()) {
+            let args = if next.is_some() || !out.partial {
+                body_text.trim()
+            } else {
+                body_text.trim_end()
+            };
+            out.calls.push((name.to_string(), args.trim_start().to_string()));
+        } else if recipient.is_empty() || recipient.starts_with("functions.") {
+            let field = if channel == "analysis" {
+                &mut out.reasoning
+            } else {
+                &mut out.content
+            };
+            if !field.trim().is_empty() {
+                field.push('\n');
+            }
+            field.push_str(body_text);
+        }
+        // Any other recipient (browser.*, python, assistant) is a built-in call: dropped.
+        match next {
+            Some(p) => pos = p,
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Tools used by the tests: a string `zip` that reads like a number, an integer `days`.
+    pub(crate) fn tools() -> Vec<Value> {
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+                "location": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"},
+                "date": {"type": "string"}, "metric": {"type": "boolean"}, "opts": {"type": "object"}, "ratio": {"type": "number"}}}}}),
+            json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}),
+        ]
+    }
+
+    fn run(format: ChatFormat, start: ParseStart, text: &str, with_tools: bool) -> Value {
+        let t = tools();
+        parse(format, start, text, with_tools.then_some(&t[..]), false).to_openai()
+    }
+
+    fn msg(reasoning: Option<&str>, content: Option<&str>, calls: &[(&str, &str)]) -> Value {
+        let m = ParsedMessage {
+            reasoning_content: reasoning.map(str::to_string),
+            content: content.map(str::to_string),
+            tool_calls: calls
+                .iter()
+                .enumerate()
+                .map(|(i, (n, a))| ToolCall {
+                    id: format!("call_{i}"),
+                    name: n.to_string(),
+                    arguments: a.to_string(),
+                })
+                .collect(),
+        };
+        m.to_openai()
+    }
+
+    use ChatFormat::*;
+    use ParseStart as S;
+
+    #[test]
+    fn hermes_reasoning_content_and_call() {
+        let out = "<think>\nIt is Paris.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n</tool_call>";
+        assert_eq!(
+            run(HermesJson, S::Content, out, true),
+            msg(
+                Some("It is Paris."),
+                Some("Let me check."),
+                &[("get_weather", r#"{"location": "Paris"}"#)]
+            )
+        );
+    }
+
+    #[test]
+    fn hermes_only_calls_have_null_content_and_several_calls_parse() {
+        let out = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n</tool_call>";
+        assert_eq!(
+            run(HermesJson, S::Content, out, true),
+            msg(
+                None,
+                None,
+                &[("get_weather", "{}"), ("get_time", r#"{"tz": "CET"}"#)]
+            )
+        );
+    }
+
+    #[test]
+    fn hermes_missing_close_runs_to_the_end() {
+        let out = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}";
+        assert_eq!(
+            run(HermesJson, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)])
+        );
+    }
+
+    #[test]
+    fn hermes_tolerates_stray_text_and_an_extra_marker() {
+        let out = "<tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"}\"}, oops}\n</tool_call>";
+        assert_eq!(
+            run(HermesJson, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz": "}"}"#)])
+        );
+    }
+
+    #[test]
+    fn hermes_accepts_alternative_wrappers() {
+        for (open, close) in [
+            ("<function_call>", "</function_call>"),
+            ("<tools>", "</tools>"),
+            ("<json>", "</json>"),
+            ("```json\n", "\n```"),
+        ] {
+            let out = format!("{open}{{\"name\": \"get_time\", \"arguments\": {{\"tz\": \"CET\"}}}}{close}");
+            assert_eq!(
+                run(HermesJson, S::Content, &out, true),
+                msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)]),
+                "{open}"
+            );
+        }
+        let out = "<function=get_time>{\"tz\": \"CET\"}</function>";
+        assert_eq!(
+            run(HermesJson, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)])
+        );
+        let out = "<function name=\"get_time\">{\"tz\": \"CET\"}</function>";
+        assert_eq!(
+            run(HermesJson, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)])
+        );
+    }
+
+    #[test]
+    fn hermes_arguments_as_a_json_string_are_decoded() {
+        let out = r#"<tool_call>{"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}</tool_call>"#;
+        assert_eq!(
+            run(HermesJson, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)])
+        );
+    }
+
+    #[test]
+    fn tool_markup_without_tools_stays_content() {
+        let out = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(run(HermesJson, S::Content, out, false), msg(None, Some(out), &[]));
+        let out = "<|tool_call>call:get_time{}<tool_call|>";
+        assert_eq!(run(Gemma4, S::Content, out, false), msg(None, Some(out), &[]));
+    }
+
+    #[test]
+    fn unparseable_markup_stays_content() {
+        let out = "Use <tool_call> tags like this </tool_call> ok";
+        assert_eq!(run(HermesJson, S::Content, out, true), msg(None, Some(out), &[]));
+        let out = "<|tool_call_start|>not a call<|tool_call_end|>";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true)["tool_calls"],
+            Value::Null
+        );
+    }
+
+    #[test]
+    fn hermes_call_inside_unclosed_think_ends_the_reasoning() {
+        let out = "I should call it.\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(
+            run(HermesJson, S::Reasoning, out, true),
+            msg(Some("I should call it."), None, &[("get_time", "{}")])
+        );
+    }
+
+    #[test]
+    fn truncated_reasoning_is_all_reasoning_and_thinking_off_is_all_content() {
+        assert_eq!(
+            run(HermesJson, S::Reasoning, "still thinking", true),
+            msg(Some("still thinking"), Some(""), &[])
+        );
+        assert_eq!(
+            run(HermesJson, S::ReasoningClosed, "the answer", true),
+            msg(None, Some("the answer"), &[])
+        );
+        assert_eq!(
+            run(ContentOnly, S::Content, "<think>hm</think>Hi", false),
+            msg(Some("hm"), Some("Hi"), &[])
+        );
+    }
+
+    #[test]
+    fn qwen_xml_parameters_are_typed_by_the_schema() {
+        let out = "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=zip>\n17\n</parameter>\n<parameter=date>\n2025-01-02\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=opts>\n{'a': None}\n</parameter>\n<parameter=ratio>\n2.0\n</parameter>\n<parameter=extra>\n5\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(
+            run(QwenXml, S::ReasoningClosed, out, true),
+            msg(
+                None,
+                Some("Checking."),
+                &[(
+                    "get_weather",
+                    r#"{"location":"Paris","days":3,"zip":"17","date":"2025-01-02","metric":true,"opts":{"a":null},"ratio":2,"extra":"5"}"#
+                )]
+            )
+        );
+    }
+
+    #[test]
+    fn qwen_xml_call_inside_reasoning_ends_it() {
+        let out = "Need weather.\n<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(
+            run(QwenXml, S::Reasoning, out, true),
+            msg(Some("Need weather."), None, &[("get_time", r#"{"tz":"CET"}"#)])
+        );
+    }
+
+    #[test]
+    fn qwen_xml_tolerates_missing_markers() {
+        // No `<tool_call>` (declared name only), no `</parameter>`, no `</tool_call>`.
+        let out = "<function=get_weather>\n<parameter=location>\nParis\n<parameter=days>\n2\n</function>";
+        assert_eq!(
+            run(QwenXml, S::Content, out, true),
+            msg(None, None, &[("get_weather", r#"{"location":"Paris","days":2}"#)])
+        );
+        let out = "#include <functional>\n<function=unknown>";
+        assert_eq!(run(QwenXml, S::Content, out, true), msg(None, Some(out), &[]));
+        // A literal `</function>` inside a value.
+        let out = "<tool_call>\n<function=get_time>\n<parameter=tz>\na</function>b\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(
+            run(QwenXml, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz":"a</function>b"}"#)])
+        );
+        // An unclosed call at the end.
+        let out = "<tool_call>\n<function=get_time>\n<parameter=tz>\nCET";
+        assert_eq!(
+            run(QwenXml, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz":"CET"}"#)])
+        );
+    }
+
+    #[test]
+    fn gemma4_thought_content_and_call() {
+        let out = "<|channel>thought\nUser wants weather.<channel|>Sure.<|tool_call>call:get_weather{location:<|\"|>Paris<|\"|>,days:3,zip:<|\"|>17<|\"|>}<tool_call|><|tool_response>";
+        assert_eq!(
+            run(Gemma4, S::Content, out, true),
+            msg(
+                Some("User wants weather."),
+                Some("Sure."),
+                &[("get_weather", r#"{"location":"Paris","days":3,"zip":"17"}"#)]
+            )
+        );
+    }
+
+    #[test]
+    fn gemma4_tolerates_irregular_forms() {
+        // `<turn|>` as terminator, quoted keys, `none`, dotted/dashed names, two calls.
+        let out = "<|tool_call>call:get-time.v2{<|\"|>tz<|\"|>:none}<turn|>";
+        assert_eq!(
+            run(Gemma4, S::Content, out, true),
+            msg(None, None, &[("get-time.v2", r#"{"tz":null}"#)])
+        );
+        let out = "<|tool_call>call:get_time{tz:<|\"|>CET<|\"|>}<|tool_call>call:get_time{}<eos>";
+        assert_eq!(
+            run(Gemma4, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz":"CET"}"#), ("get_time", "{}")])
+        );
+        // A spurious `thought\n` label with thinking off; an empty trailing thought; a stray `<channel|>`.
+        let out = "thought\nHello<|channel>thought\n<channel|><channel|>";
+        assert_eq!(
+            run(Gemma4, S::ReasoningClosed, out, true),
+            msg(None, Some("Hello"), &[])
+        );
+        // An unterminated string takes the rest.
+        let out = "<|tool_call>call:get_time{tz:<|\"|>CET";
+        assert_eq!(
+            run(Gemma4, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz":"CET"}"#)])
+        );
+        // Non-thought channels are skipped; `<|turn>model\n` at the start is dropped.
+        let out = "<|turn>model\n<|channel>other<channel|>Hi";
+        assert_eq!(run(Gemma4, S::Content, out, true), msg(None, Some("Hi"), &[]));
+    }
+
+    #[test]
+    fn gemma4_prefilled_thought_starts_in_reasoning() {
+        assert_eq!(
+            run(Gemma4, S::Reasoning, "hmm<channel|>Hi", true),
+            msg(Some("hmm"), Some("Hi"), &[])
+        );
+    }
+
+    #[test]
+    fn lfm2_python_calls_become_json() {
+        let out = "<|tool_call_start|>[get_weather(location=\"Paris\", days=3, metric=True), get_time(tz='CET')]<|tool_call_end|>Checking.";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(
+                None,
+                Some("Checking."),
+                &[
+                    ("get_weather", r#"{"location":"Paris","days":3,"metric":true}"#),
+                    ("get_time", r#"{"tz":"CET"}"#)
+                ]
+            )
+        );
+    }
+
+    #[test]
+    fn lfm2_tolerates_irregular_forms() {
+        // The echo after the end marker, capped by a second end marker.
+        let out = "<|tool_call_start|>[get_time(tz='CET')]<|tool_call_end|>[get_time(tz='CET')]<|tool_call_end|>Done.";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(None, Some("Done."), &[("get_time", r#"{"tz":"CET"}"#)])
+        );
+        // Missing end marker; leading zeros; a keyword as name; inner quotes.
+        let out = "<|tool_call_start|>[get_weather(month=07, from=1, command='sed -n '1,9p' f.py')]";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(
+                None,
+                None,
+                &[(
+                    "get_weather",
+                    r#"{"month":7,"from":1,"command":"sed -n '1,9p' f.py"}"#
+                )]
+            )
+        );
+        // The JSON list form; an empty list reports no calls.
+        let out = "<|tool_call_start|>[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}]<|tool_call_end|>";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)])
+        );
+        let out = "<|tool_call_start|>[]<|tool_call_end|>Nothing to call.";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(None, Some("Nothing to call."), &[])
+        );
+        let out = "<think>plan</think>Ok";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(Some("plan"), Some("Ok"), &[])
+        );
+    }
+
+    #[test]
+    fn harmony_channels_and_recipients() {
+        let out = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"SF\"}<|call|>";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(
+                Some("Need weather."),
+                None,
+                &[("get_weather", r#"{"location":"SF"}"#)]
+            )
+        );
+        let out = "<|channel|>analysis<|message|>2+2<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(Some("2+2"), Some("4"), &[])
+        );
+    }
+
+    #[test]
+    fn harmony_tolerates_irregular_forms() {
+        // Recipient in the role part, no `<|constrain|>`, bare `json`.
+        let out = "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{\"tz\":\"CET\"}<|call|>";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(None, None, &[("get_time", r#"{"tz":"CET"}"#)])
+        );
+        // A stray commentary prefix; a built-in call dropped; a commentary preamble is content.
+        let out = "<|channel|>commentary<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>analysis to=browser.search<|message|>{}<|call|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|>";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(Some("hm"), Some("Looking."), &[])
+        );
+        // A call on the analysis channel, `to=X<|constrain|>json` without a space.
+        let out = "<|channel|>analysis to=functions.get_time<|constrain|>json<|message|>{}<|call|>";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(None, None, &[("get_time", "{}")])
+        );
+    }
+
+    /// A corpus of outputs for every format: (format, start, text).
+    pub(crate) fn corpus() -> Vec<(ChatFormat, ParseStart, &'static str)> {
+        vec![
+            (HermesJson, S::Content, "<think>\nIt is Paris.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\", \"days\": -12}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": 1}\"}"),
+            (HermesJson, S::Content, "Use <tool_call> like </tool_call> then ```json\n{\"name\": \"get_time\", \"arguments\": {}}\n``` and <function=get_time>{\"tz\": \"x\"}</function> bye <"),
+            (HermesJson, S::Reasoning, "hm <tool_call> no\n</think>\n\nok <tool_call>{\"arguments\": {\"a\": [1, {\"b\": \"}\"}]}, \"name\": \"get_time\"} stray}</tool_call> end"),
+            (QwenXml, S::Reasoning, "Need it.\n<tool_call>\n<function=get_weather>\n<parameter=location>\nNew York\n</parameter>\n<parameter=days>\n12\n</parameter>\n<parameter=zip>\n017\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\na</function>b\n</parameter>\n</function>\n</tool_call>"),
+            (QwenXml, S::ReasoningClosed, "#include <functional>\nText <function=get_time>\n<parameter=tz>\nCET\n<parameter=x>\n1.5\n</function>\nafter"),
+            (Gemma4, S::Content, "<|channel>thought\nUser wants weather.<channel|>Sure.<|tool_call>call:get_weather{location:<|\"|>Paris<|\"|>,days:31,opts:{a:[true,null]}}<tool_call|><|tool_call>call:get_time{tz:<|\"|>CET<|\"|>}<turn|>"),
+            (Gemma4, S::ReasoningClosed, "thought\nHello <|channel>other<channel|>there<|channel>thought\n<channel|><|tool_call>call:get_time{<|\"|>tz<|\"|>:nil,n:-0.5}<eos>"),
+            (Lfm2Pythonic, S::Content, "<think>plan</think>Ok <|tool_call_start|>[get_weather(location=\"Paris\", days=07, metric=True), get_time(tz='sed -n '1,9p' f.py')]<|tool_call_end|>[get_time(tz='CET')]<|tool_call_end|>Done."),
+            (Lfm2Pythonic, S::Content, "A <|tool_call_start|>[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}]<|tool_call_end|> B <|tool_call_start|>[]<|tool_call_end|> C [not echo"),
+            (Harmony, S::AssistantHeader, "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"SF\"}<|call|><|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>"),
+            (Harmony, S::AssistantHeader, "<|channel|>commentary<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=browser.search<|channel|>analysis<|message|>{}<|call|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|>plain <|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{\"tz\": 12"),
+            (ContentOnly, S::Content, "<think>hm</think>Hi <tool_call> there é\n"),
+        ]
+    }
+
+    #[test]
+    fn output_cut_at_every_byte_never_panics_and_partials_only_grow() {
+        let t = tools();
+        for (format, start, text) in corpus() {
+            for with_tools in [true, false] {
+                let tools = with_tools.then_some(&t[..]);
+                let full = parse(format, start, text, tools, false);
+                let mut prev = ParsedMessage::default();
+                for cut in 0..=text.len() {
+                    let lossy = String::from_utf8_lossy(&text.as_bytes()[..cut]).into_owned();
+                    let _ = parse(format, start, &lossy, tools, true);
+                    let _ = parse(format, start, &lossy, tools, false);
+                    if !text.is_char_boundary(cut) {
+                        continue;
+                    }
+                    let part = parse(format, start, &text[..cut], tools, true);
+                    assert_grows(&prev, &part, &format!("{format} cut {cut} of {text:?}"));
+                    assert_grows(&part, &full, &format!("{format} cut {cut} vs final of {text:?}"));
+                    prev = part;
+                }
+            }
+        }
+    }
+
+    /// Every field of `a` is a prefix of the same field of `b`.
+    pub(crate) fn assert_grows(a: &ParsedMessage, b: &ParsedMessage, what: &str) {
+        let s = |o: &Option<String>| o.clone().unwrap_or_default();
+        assert!(
+            s(&b.reasoning_content).starts_with(&s(&a.reasoning_content)),
+            "reasoning shrank: {what}\n{a:?}\n{b:?}"
+        );
+        assert!(
+            s(&b.content).starts_with(&s(&a.content)),
+            "content shrank: {what}\n{a:?}\n{b:?}"
+        );
+        assert!(
+            b.tool_calls.len() >= a.tool_calls.len(),
+            "calls vanished: {what}\n{a:?}\n{b:?}"
+        );
+        for (x, y) in a.tool_calls.iter().zip(&b.tool_calls) {
+            assert_eq!((&x.id, &x.name), (&y.id, &y.name), "call changed: {what}");
+            assert!(
+                y.arguments.starts_with(&x.arguments),
+                "arguments shrank: {what}\n{a:?}\n{b:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Streamed parsing: reparse the accumulated output on every flush and emit only what grew, as
+//! OpenAI chat-completion deltas. The parse holds back whatever may still change, so every field
+//! only grows and the deltas concatenate to the non-streamed message.
+
+use serde_json::{json, Map, Value};
+
+use super::format::{ChatFormat, ParseStart};
+use super::message::ParsedMessage;
+use super::parse::parse;
+
+/// Turns model output, flush by flush, into OpenAI deltas.
+#[derive(Debug, Clone)]
+pub struct StreamParser {
+    format: ChatFormat,
+    start: ParseStart,
+    tools: Option<Vec<Value>>,
+    text: String,
+    sent_reasoning: String,
+    sent_content: String,
+    /// Per call sent so far: its name and the arguments text.
+    sent_calls: Vec<(String, String)>,
+}
+
+impl StreamParser {
+    /// A parser for one reply in `format`, starting where the prompt left off.
+    pub fn new(format: ChatFormat, start: ParseStart, tools: Option<&[Value]>) -> StreamParser {
+        StreamParser {
+            format,
+            start,
+            tools: tools.map(<[Value]>::to_vec),
+            text: String::new(),
+            sent_reasoning: String::new(),
+            sent_content: String::new(),
+            sent_calls: Vec::new(),
+        }
+    }
+
+    /// The output so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Add decoded text; returns the delta (`{"content": ..}` and so on) if anything grew.
+    pub fn push(&mut self, chunk: &str) -> Option<Value> {
+        self.text.push_str(chunk);
+        let msg = parse(self.format, self.start, &self.text, self.tools.as_deref(), true);
+        self.diff(&msg)
+    }
+
+    /// The output is complete: the last delta, if any, and the final message (equal to what the
+    /// deltas add up to).
+    pub fn finish(&mut self) -> (Option<Value>, ParsedMessage) {
+        let msg = parse(self.format, self.start, &self.text, self.tools.as_deref(), false);
+        (self.diff(&msg), msg)
+    }
+
+    fn diff(&mut self, msg: &ParsedMessage) -> Option<Value> {
+        let mut delta = Map::new();
+        let reasoning = msg.reasoning_content.as_deref().unwrap_or("");
+        if let Some(grown) = growth(&mut self.sent_reasoning, reasoning) {
+            delta.insert("reasoning_content".into(), grown.into());
+        }
+        let content = msg.content.as_deref().unwrap_or("");
+        if let Some(grown) = growth(&mut self.sent_content, content) {
+            delta.insert("content".into(), grown.into());
+        }
+        let mut calls = Vec::new();
+        for (index, call) in msg.tool_calls.iter().enumerate() {
+            if index == self.sent_calls.len() {
+                self.sent_calls.push((call.name.clone(), call.arguments.clone()));
+                calls.push(json!({
+                    "index": index,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }));
+                continue;
+            }
+            let (_, sent_args) = &mut self.sent_calls[index];
+            if let Some(grown) = growth(sent_args, &call.arguments) {
+                calls.push(json!({"index": index, "function": {"arguments": grown}}));
+            }
+        }
+        if !calls.is_empty() {
+            delta.insert("tool_calls".into(), calls.into());
+        }
+        (!delta.is_empty()).then_some(Value::Object(delta))
+    }
+}
+
+/// What `now` adds to `sent`, recorded as sent; `None` when nothing grew. A value that does not
+/// extend what was sent (the parser changed its mind) is not sent.
+fn growth(sent: &mut String, now: &str) -> Option<String> {
+    if now.len() > sent.len() && now.starts_with(sent.as_str()) {
+        let grown = now[sent.len()..].to_string();
+        sent.push_str(&grown);
+        Some(grown)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::parse::tests::{corpus, tools};
+    use proptest::prelude::*;
+
+    /// What the deltas add up to: (reasoning, content, calls as (id, name, arguments)).
+    type Sum = (String, String, Vec<(String, String, String)>);
+
+    fn add(sum: &mut Sum, delta: &Value) {
+        if let Some(r) = delta["reasoning_content"].as_str() {
+            sum.0.push_str(r);
+        }
+        if let Some(c) = delta["content"].as_str() {
+            sum.1.push_str(c);
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"]
+                .as_u64()
+                .expect("every tool-call delta has an index") as usize;
+            if index == sum.2.len() {
+                assert_eq!(call["type"], "function", "first delta of a call has its type");
+                let id = call["id"].as_str().expect("first delta of a call has its id");
+                let name = call["function"]["name"]
+                    .as_str()
+                    .expect("first delta has the name");
+                sum.2.push((id.into(), name.into(), String::new()));
+            } else {
+                assert!(call.get("id").is_none() && call["function"].get("name").is_none());
+            }
+            sum.2[index]
+                .2
+                .push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+
+    /// Stream `text` in the given pieces; assert the deltas add up to the final message.
+    fn check(format: ChatFormat, start: ParseStart, pieces: &[&str], tools: Option<&[Value]>) {
+        let mut p = StreamParser::new(format, start, tools);
+        let mut sum = Sum::default();
+        for piece in pieces {
+            if let Some(d) = p.push(piece) {
+                add(&mut sum, &d);
+            }
+        }
+        let (last, msg) = p.finish();
+        if let Some(d) = last {
+            add(&mut sum, &d);
+        }
+        let text: String = pieces.concat();
+        assert_eq!(msg, parse(format, start, &text, tools, false));
+        assert_eq!(
+            sum.0,
+            msg.reasoning_content.clone().unwrap_or_default(),
+            "reasoning of {text:?}"
+        );
+        assert_eq!(
+            sum.1,
+            msg.content.clone().unwrap_or_default(),
+            "content of {text:?}"
+        );
+        let calls: Vec<_> = msg
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.clone(), c.name.clone(), c.arguments.clone()))
+            .collect();
+        assert_eq!(sum.2, calls, "tool calls of {text:?}");
+    }
+
+    fn split_at(text: &str, cuts: &[usize]) -> Vec<String> {
+        let mut points: Vec<usize> = cuts
+            .iter()
+            .map(|c| c % (text.len() + 1))
+            .filter(|&c| text.is_char_boundary(c))
+            .collect();
+        points.sort_unstable();
+        points.dedup();
+        let mut out = Vec::new();
+        let mut prev = 0;
+        for p in points.into_iter().chain([text.len()]) {
+            out.push(text[prev..p].to_string());
+            prev = p;
+        }
+        out
+    }
+
+    #[test]
+    fn streamed_deltas_concatenate_to_final_message_one_char_at_a_time() {
+        let t = tools();
+        for (format, start, text) in corpus() {
+            let pieces: Vec<String> = text.chars().map(String::from).collect();
+            let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            check(format, start, &pieces, Some(&t));
+            check(format, start, &pieces, None);
+        }
+    }
+
+    #[test]
+    fn tool_call_deltas_carry_index_and_the_first_carries_id_type_and_name() {
+        let t = tools();
+        let mut p = StreamParser::new(ChatFormat::QwenXml, ParseStart::ReasoningClosed, Some(&t));
+        let first = p.push("<tool_call>\n<function=get_time>\n").expect("a delta");
+        assert_eq!(
+            first,
+            json!({"tool_calls": [{"index": 0, "id": "call_0", "type": "function", "function": {"name": "get_time", "arguments": "{"}}]})
+        );
+        let next = p.push("<parameter=tz>\nCET\n</parameter>\n").expect("a delta");
+        assert_eq!(
+            next,
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"tz\":\"CET\""}}]})
+        );
+        let (last, _) = p.finish();
+        assert_eq!(
+            last,
+            Some(json!({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}))
+        );
+    }
+
+    #[test]
+    fn partial_markers_and_bare_values_are_held_back() {
+        let t = tools();
+        let mut p = StreamParser::new(ChatFormat::HermesJson, ParseStart::Content, Some(&t));
+        assert_eq!(p.push("Hi <tool_"), Some(json!({"content": "Hi"})));
+        let mut p = StreamParser::new(ChatFormat::Gemma4, ParseStart::Content, Some(&t));
+        let d = p
+            .push("<|tool_call>call:get_weather{days:1")
+            .expect("the call opens");
+        assert_eq!(d["tool_calls"][0]["function"]["arguments"], "{");
+        assert_eq!(p.push("2"), None, "a bare number may still continue");
+        let d = p.push(",").expect("the value is finished");
+        assert_eq!(d["tool_calls"][0]["function"]["arguments"], "\"days\":12");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn streamed_deltas_concatenate_to_final_message_for_random_flushes(
+            cuts in proptest::collection::vec(0usize..4096, 0..40),
+            which in 0usize..64,
+            with_tools in any::<bool>(),
+        ) {
+            let t = tools();
+            let corpus = corpus();
+            let (format, start, text) = corpus[which % corpus.len()];
+            let pieces = split_at(text, &cuts);
+            let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            check(format, start, &pieces, with_tools.then_some(&t[..]));
+        }
+    }
+}
