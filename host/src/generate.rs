@@ -63,6 +63,8 @@ pub struct Session {
     pub template: Option<ChatTemplate>,
     /// Time it took to open the pack and create the model.
     pub load_duration: Duration,
+    /// The chat format and reasoning markup detected from the template and vocabulary.
+    pub chat_format: crate::chat::Detected,
     stop_tokens: HashSet<u32>,
     /// Tokens currently held in the model's cache for [`SEQ`].
     cached: Vec<u32>,
@@ -104,7 +106,11 @@ impl Session {
             .collect();
         stop_tokens.extend(tokenizer.stop_ids().iter().copied());
         let vocab = model.description().vocab_size as usize;
+        let chat_format = crate::chat::detect(template.as_ref().map(|t| t.source()), |tok| {
+            tokenizer.token_id(tok).is_some()
+        });
         Ok(Session {
+            chat_format,
             reference: entry.reference.clone(),
             model,
             tokenizer,

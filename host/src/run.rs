@@ -36,6 +36,9 @@ pub fn run(
     opts: RunOptions,
 ) -> Result<()> {
     let mut session = Session::open(store, home, reference, opts.threads)?;
+    if opts.verbose {
+        eprintln!("{}", session.chat_format);
+    }
     if !opts.raw && session.template.is_none() {
         bail!(
             "{} has no chat template (a base model?); complete text with `berth run --raw {} PROMPT`, \
