@@ -260,6 +260,38 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     acc - accm
 }
 
+/// The horizontal sums of four vectors of eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum4_epi32(v: [__m256i; 4]) -> [i32; 4] {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    let mut out = [0i32; 4];
+    // SAFETY: `out` holds four i32 (16 bytes); unaligned store.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s) };
+    out
+}
+
+/// `mins[2j] · (bsums[4j] + bsums[4j+1]) + mins[2j+1] · (bsums[4j+2] + bsums[4j+3])` for each
+/// pair of sub-blocks `j` of a Q8_K block `y` (64 values each).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k_min_sums_64(y: &[u8], m: &[u8; 8]) -> [i32; 4] {
+    assert!(y.len() >= Q8_K_BYTES);
+    // SAFETY: the 16 i16 bsums lie at 260..292 of the asserted 292-byte block.
+    let b = unsafe { load256(y.as_ptr().add(260)) };
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let m8 = _mm_cvtsi64_si128(i64::from_le_bytes(*m));
+    let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(m8, dup));
+    // Lane l: sub-block l's mins · bsums; pairs of lanes added, then the low halves gathered.
+    let p = _mm256_madd_epi16(b, mins);
+    let h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(p, p), 0b00_00_10_00);
+    let mut out = [0i32; 4];
+    // SAFETY: `out` holds four i32 (16 bytes); unaligned store.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(h)) };
+    out
+}
+
 /// One Q4_K block's contribution in ggml-cpu's float order (x86 AVX2 repacked Q4_K, the
 /// `q4_K_8x8_q8_K` gemv and gemm): the block's whole integer sums `isum` (scaled quants) and
 /// `msum` (mins · bsums) each enter one fused multiply-add with `d · yd` and `dmin · yd`; the
@@ -536,7 +568,7 @@ fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [
             _mm256_setzero_si256()
         };
         let mut sumi = [_mm256_setzero_si256(); R];
-        let mut isum = [[0i32; 4]; R];
+        let mut isum = [[_mm256_setzero_si256(); 4]; R];
         for j in 0..4 {
             // SAFETY: qs_off + 32*j + 32 <= block size.
             let q = unsafe { load256(x.as_ptr().add(qs_off + 32 * j)) };
@@ -561,7 +593,7 @@ fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [
                 if five {
                     sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
                 } else {
-                    isum[r][j] = hsum_epi32(_mm256_add_epi32(p0, p1));
+                    isum[r][j] = _mm256_add_epi32(p0, p1);
                 }
             }
         }
@@ -574,11 +606,9 @@ fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [
             } else {
                 // ggml-cpu's 4-row repacked Q4_K gemm (`ggml_gemm_q4_K_8x8_q8_K`) accumulates
                 // every pair of sub-blocks (64 values) separately, not whole blocks.
-                let bs = |k: usize| i16::from_le_bytes([y[260 + 2 * k], y[261 + 2 * k]]) as i32;
-                for (j, &isj) in isum[r].iter().enumerate() {
-                    let msum = m[2 * j] as i32 * (bs(4 * j) + bs(4 * j + 1))
-                        + m[2 * j + 1] as i32 * (bs(4 * j + 2) + bs(4 * j + 3));
-                    (acc4[r], accm[r]) = q4_k_block_acc(acc4[r], accm[r], isj, msum, d, dmin, yd);
+                let (is, ms) = (hsum4_epi32(isum[r]), k_min_sums_64(y, &m));
+                for j in 0..4 {
+                    (acc4[r], accm[r]) = q4_k_block_acc(acc4[r], accm[r], is[j], ms[j], d, dmin, yd);
                 }
             }
         }
