@@ -227,7 +227,7 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     let nb = n / QK_K;
     assert!(w.len() >= nb * Q4_K_BYTES && a.len() >= nb * Q8_K_BYTES);
     let m4 = _mm256_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = 0.0f32;
     let mut accm = 0.0f32;
     for i in 0..nb {
         let x = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
@@ -235,7 +235,6 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
         let yd = rd_f32(y, 0);
         let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
-        accm += f16c(x, 2) * yd * k_min_sum(y, &m) as f32;
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
             // SAFETY: x has 144 bytes (qs at 16..144), y has 292 (qs at 4..260).
@@ -255,10 +254,55 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
             );
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        let d = _mm256_set1_ps(f16c(x, 0) * yd);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        let (d, dmin) = (f16c(x, 0), f16c(x, 2));
+        (acc, accm) = q4_k_block_acc(acc, accm, hsum_epi32(sumi), k_min_sum(y, &m), d, dmin, yd);
     }
-    hsum_ps(acc) - accm
+    acc - accm
+}
+
+/// The horizontal sums of four vectors of eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum4_epi32(v: [__m256i; 4]) -> [i32; 4] {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    let mut out = [0i32; 4];
+    // SAFETY: `out` holds four i32 (16 bytes); unaligned store.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, s) };
+    out
+}
+
+/// `mins[2j] · (bsums[4j] + bsums[4j+1]) + mins[2j+1] · (bsums[4j+2] + bsums[4j+3])` for each
+/// pair of sub-blocks `j` of a Q8_K block `y` (64 values each).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k_min_sums_64(y: &[u8], m: &[u8; 8]) -> [i32; 4] {
+    assert!(y.len() >= Q8_K_BYTES);
+    // SAFETY: the 16 i16 bsums lie at 260..292 of the asserted 292-byte block.
+    let b = unsafe { load256(y.as_ptr().add(260)) };
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let m8 = _mm_cvtsi64_si128(i64::from_le_bytes(*m));
+    let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(m8, dup));
+    // Lane l: sub-block l's mins · bsums; pairs of lanes added, then the low halves gathered.
+    let p = _mm256_madd_epi16(b, mins);
+    let h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(p, p), 0b00_00_10_00);
+    let mut out = [0i32; 4];
+    // SAFETY: `out` holds four i32 (16 bytes); unaligned store.
+    unsafe { _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(h)) };
+    out
+}
+
+/// One Q4_K block's contribution in ggml-cpu's float order (x86 AVX2 repacked Q4_K, the
+/// `q4_K_8x8_q8_K` gemv and gemm): the block's whole integer sums `isum` (scaled quants) and
+/// `msum` (mins · bsums) each enter one fused multiply-add with `d · yd` and `dmin · yd`; the
+/// result is `acc - accm` after the last block.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn q4_k_block_acc(acc: f32, accm: f32, isum: i32, msum: i32, d: f32, dmin: f32, yd: f32) -> (f32, f32) {
+    (
+        (isum as f32).mul_add(d * yd, acc),
+        (msum as f32).mul_add(dmin * yd, accm),
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -313,7 +357,7 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     assert!(w.len() >= nb * Q6_K_BYTES && a.len() >= nb * Q8_K_BYTES);
     let m4 = _mm256_set1_epi8(0x0f);
     let m3 = _mm256_set1_epi8(3);
-    let mut sum = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
         prefetch_block(x.as_ptr(), Q6_K_BYTES);
@@ -357,9 +401,11 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
                 sumi = _mm256_add_epi32(sumi, p);
             }
         }
-        sum += f16c(x, 208) * rd_f32(y, 0) * hsum_epi32(sumi) as f32;
+        // As ggml-cpu: eight f32 lanes, one fused multiply-add per block, summed at the end.
+        let d = _mm256_set1_ps(rd_f32(y, 0) * f16c(x, 208));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    sum
+    hsum_ps(acc)
 }
 
 // ---------------------------------------------------------------------------
@@ -509,6 +555,7 @@ fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [
     let m4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc4 = [0.0f32; R];
     let mut accm = [0.0f32; R];
     for i in 0..nb {
         let x = &w[i * xb..(i + 1) * xb];
@@ -521,6 +568,7 @@ fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [
             _mm256_setzero_si256()
         };
         let mut sumi = [_mm256_setzero_si256(); R];
+        let mut isum = [[_mm256_setzero_si256(); 4]; R];
         for j in 0..4 {
             // SAFETY: qs_off + 32*j + 32 <= block size.
             let q = unsafe { load256(x.as_ptr().add(qs_off + 32 * j)) };
@@ -542,17 +590,34 @@ fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [
                 let (y0, y1) = unsafe { (load256(y.add(4 + 64 * j)), load256(y.add(36 + 64 * j))) };
                 let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), s0);
                 let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), s1);
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
+                if five {
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
+                } else {
+                    isum[r][j] = _mm256_add_epi32(p0, p1);
+                }
             }
         }
         for r in 0..R {
             let y = &a[r][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
             let yd = rd_f32(y, 0);
-            accm[r] += dmin * yd * k_min_sum(y, &m) as f32;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            if five {
+                accm[r] += dmin * yd * k_min_sum(y, &m) as f32;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            } else {
+                // ggml-cpu's 4-row repacked Q4_K gemm (`ggml_gemm_q4_K_8x8_q8_K`) accumulates
+                // every pair of sub-blocks (64 values) separately, not whole blocks.
+                let (is, ms) = (hsum4_epi32(isum[r]), k_min_sums_64(y, &m));
+                for j in 0..4 {
+                    (acc4[r], accm[r]) = q4_k_block_acc(acc4[r], accm[r], is[j], ms[j], d, dmin, yd);
+                }
+            }
         }
     }
-    std::array::from_fn(|r| hsum_ps(acc[r]) - accm[r])
+    if five {
+        std::array::from_fn(|r| hsum_ps(acc[r]) - accm[r])
+    } else {
+        std::array::from_fn(|r| acc4[r] - accm[r])
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -561,7 +626,7 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     assert!(w.len() >= nb * Q6_K_BYTES && a.iter().all(|y| y.len() >= nb * Q8_K_BYTES));
     let m4 = _mm256_set1_epi8(0x0f);
     let m3 = _mm256_set1_epi8(3);
-    let mut sum = [0.0f32; R];
+    let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
         let sc = &x[192..208];
@@ -606,10 +671,11 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
         for r in 0..R {
             let y = &a[r][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
             let off = _mm256_slli_epi32(q6_k_offsets(sc, y), 5);
-            sum[r] += d * rd_f32(y, 0) * hsum_epi32(_mm256_sub_epi32(sumi[r], off)) as f32;
+            let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r], off));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(y, 0) * d), s, acc[r]);
         }
     }
-    sum
+    std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
 /// AVX2 dot of one quantized weight row against four activation rows (None for float types).

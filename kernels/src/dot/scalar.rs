@@ -64,7 +64,7 @@ fn bsum(y: &[u8], j: usize) -> i32 {
 
 /// Q4_K weights · Q8_K activations.
 pub fn q4_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
-    let mut sum = 0.0f32;
+    let (mut acc, mut accm) = (0.0f32, 0.0f32);
     for i in 0..n / QK_K {
         let x = &w[i * Q4_K_BYTES..(i + 1) * Q4_K_BYTES];
         let y = &a[i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
@@ -86,9 +86,12 @@ pub fn q4_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
         for (j, &mj) in m.iter().enumerate() {
             summ += mj as i32 * (bsum(y, 2 * j) + bsum(y, 2 * j + 1));
         }
-        sum += rd_f16(x, 0) * yd * sumi as f32 - rd_f16(x, 2) * yd * summ as f32;
+        // ggml-cpu's order (x86 repacked Q4_K): one fused multiply-add per block into each of
+        // two accumulators, subtracted at the end.
+        acc = (sumi as f32).mul_add(rd_f16(x, 0) * yd, acc);
+        accm = (summ as f32).mul_add(rd_f16(x, 2) * yd, accm);
     }
-    sum
+    acc - accm
 }
 
 /// Q5_K weights · Q8_K activations.

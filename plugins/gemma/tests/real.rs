@@ -284,7 +284,35 @@ fn batched_forked_and_truncated_sequences_agree() {
         want_logits: &[1, 1],
     };
     m.decode(&b, &mut LogitsOut::new(&mut two, v)).unwrap();
-    assert!(diff(&two[..v], &logits[2]) < 1e-3 && diff(&two[v..], &logits[2]) < 1e-3);
+    // Both forks compute the same thing in the same batch.
+    assert_eq!(two[..v], two[v..], "forks differ");
+    // Against the unbatched run the attention sums follow llama.cpp's batched order (tinyBLAS)
+    // instead of its one-row order, as llama.cpp's do; a last-bit difference there can move an
+    // 8-bit activation rounding, which shifts logits by up to ~0.2 here but not the choice.
+    let d = diff(&two[..v], &logits[2]);
+    assert!(d < 0.25, "forked row vs unbatched: {d}");
+    assert_eq!(
+        argmax(&two[..v]),
+        argmax(&logits[2]),
+        "forked row picks another token"
+    );
+    // One row at a time, each fork repeats the unbatched step exactly.
+    for seq in [0, 3] {
+        m.seq_truncate(seq, 11).unwrap();
+        let mut one = vec![0.0; v];
+        let b = BatchView {
+            tokens: &[alone[1]],
+            positions: &[11],
+            seq_ids: &[seq],
+            want_logits: &[1],
+        };
+        m.decode(&b, &mut LogitsOut::new(&mut one, v)).unwrap();
+        assert!(
+            diff(&one, &logits[2]) < 1e-3,
+            "fork {seq}: {}",
+            diff(&one, &logits[2])
+        );
+    }
 }
 
 /// Prompt-processing and generation speed; run with
@@ -336,9 +364,10 @@ fn speed() {
 const NEAR_TIE: f64 = 0.01;
 
 #[test]
-#[ignore = "diverges from llama.cpp at step 4 of `once` (margin 0.047): numerics parity work in progress"]
 fn greedy_tokens_match_llama_cpp() {
-    // Recorded by `scripts/llamacpp-reference` with llama.cpp on the same quantised file.
+    // Recorded by `scripts/llamacpp-reference` with llama.cpp on the same quantised file, on x86
+    // with AVX2 and no AVX-512; the AVX2 kernels reproduce that build's float order (repacked
+    // Q4_K gemv/gemm, Q6_K and Q*_0 vec_dot, F16 KV attention), so `once` matches bit for bit.
     let path = repo_root().join("tests/fixtures/llamacpp/gemma3-270m.json");
     let j: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let mut m = load(2);
