@@ -60,11 +60,25 @@ fn warm_decode_step_does_not_allocate() {
         for i in 0..16 {
             step(&mut d, i);
         }
-        d.seq_truncate(0, 8).unwrap();
-        let before = ALLOCS.load(Ordering::Relaxed);
-        for i in 8..12 {
-            step(&mut d, i);
+        // Steady state: a pool worker that first joins a job late (on a loaded machine the
+        // caller may claim every chunk during warm-up) may make a one-time per-thread
+        // allocation; a window of steps that allocates nothing shows the step itself does not.
+        let mut counts = Vec::new();
+        for _ in 0..3 {
+            d.seq_truncate(0, 8).unwrap();
+            let before = ALLOCS.load(Ordering::Relaxed);
+            for i in 8..12 {
+                step(&mut d, i);
+            }
+            counts.push(ALLOCS.load(Ordering::Relaxed) - before);
+            if counts.last() == Some(&0) {
+                break;
+            }
         }
-        assert_eq!(ALLOCS.load(Ordering::Relaxed) - before, 0, "{threads} threads");
+        assert_eq!(
+            counts.last(),
+            Some(&0),
+            "{threads} threads: allocations per window {counts:?}"
+        );
     }
 }
