@@ -152,8 +152,10 @@ impl ChatTemplate {
         for (k, v) in &input.extra {
             ctx.insert(k.clone(), v.clone());
         }
-        ctx.insert("messages".into(), input.messages.clone().into());
-        if let Some(tools) = &input.tools {
+        let messages: Vec<serde_json::Value> = input.messages.iter().map(prepare_message).collect();
+        ctx.insert("messages".into(), messages.into());
+        // An empty tool list is left out, as transformers does: templates test `if tools`.
+        if let Some(tools) = input.tools.as_ref().filter(|t| !t.is_empty()) {
             ctx.insert("tools".into(), tools.clone().into());
         }
         ctx.insert("add_generation_prompt".into(), input.add_generation_prompt.into());
@@ -167,6 +169,40 @@ impl ChatTemplate {
             .render(Value::from(Serde(ctx)))
             .map_err(|e| TemplateError::from_minijinja(&e, &self.source))
     }
+}
+
+/// A message as templates expect it: an assistant call's `function.arguments` (a JSON string in
+/// the API) becomes the object it encodes, in the string's key order (a string that is not a JSON
+/// object is passed as sent), and text content parts are flattened into one string.
+fn prepare_message(m: &serde_json::Value) -> serde_json::Value {
+    let mut m = m.clone();
+    if let Some(parts) = m.get("content").and_then(|c| c.as_array()) {
+        let all_text = parts
+            .iter()
+            .all(|p| p.get("type").and_then(|t| t.as_str()) == Some("text"));
+        if all_text {
+            let text: String = parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
+                .collect();
+            m["content"] = text.into();
+        }
+    }
+    if let Some(calls) = m.get_mut("tool_calls").and_then(|c| c.as_array_mut()) {
+        for call in calls {
+            let Some(args) = call.pointer_mut("/function/arguments") else {
+                continue;
+            };
+            if let Some(text) = args.as_str() {
+                if let Ok(obj @ serde_json::Value::Object(_)) =
+                    serde_json::from_str::<serde_json::Value>(text)
+                {
+                    *args = obj;
+                }
+            }
+        }
+    }
+    m
 }
 
 /// Turn transformers' `{% generation %}` ... `{% endgeneration %}` (which marks assistant text
@@ -604,5 +640,46 @@ mod tests {
             out.ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn assistant_call_arguments_reach_the_template_as_objects_in_key_order() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% for c in m.tool_calls %}{% if c.function.arguments is mapping %}{% for k, v in c.function.arguments|items %}{{ k }}={{ v }};{% endfor %}{% endif %}{{ c.function.arguments|tojson }}{% endfor %}{% endfor %}",
+        )
+        .unwrap();
+        let input = RenderInput {
+            messages: vec![
+                serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"type": "function", "function": {"name": "f", "arguments": "{\"zeta\": 1, \"alpha\": \"x\"}"}},
+                    {"type": "function", "function": {"name": "g", "arguments": "not json"}}
+                ]}),
+            ],
+            ..Default::default()
+        };
+        let out = t.render(&input).unwrap();
+        assert!(
+            out.starts_with("zeta=1;alpha=x;{\"zeta\": 1, \"alpha\": \"x\"}"),
+            "{out}"
+        );
+        assert!(
+            out.ends_with("\"not json\""),
+            "a non-object string is passed as sent: {out}"
+        );
+    }
+
+    #[test]
+    fn empty_tools_are_left_out_and_text_parts_are_flattened() {
+        let t =
+            ChatTemplate::new("{% if tools %}T{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
+                .unwrap();
+        let input = RenderInput {
+            messages: vec![serde_json::json!({"role": "user", "content": [
+                {"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}
+            ]})],
+            tools: Some(vec![]),
+            ..Default::default()
+        };
+        assert_eq!(t.render(&input).unwrap(), "Hello, world");
     }
 }
