@@ -76,6 +76,12 @@ pub fn parse_npy_f32(bytes: &[u8]) -> Result<NpyF32, String> {
     Ok(NpyF32 { shape, data })
 }
 
+/// The shared reference fixtures (`shared/fixtures`), which sessions and CI lay beside the
+/// checkout; tests find them from here instead of from a machine-specific absolute path.
+pub fn shared_fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

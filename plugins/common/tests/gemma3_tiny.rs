@@ -5,11 +5,10 @@
 use berth_plugin_api::{BatchView, LogitsOut};
 use berth_plugin_common::npy::read_npy_f32;
 use berth_plugin_common::{Activation, Decoder, DecoderConfig, DecoderWeights, HfNames, Weights};
-use std::path::PathBuf;
 
 #[test]
 fn gemma3_tiny_matches_reference_logits() {
-    let dir = PathBuf::from("/work/shared/fixtures/reference-tiny/gemma3");
+    let dir = berth_plugin_common::npy::shared_fixtures().join("reference-tiny/gemma3");
     let w = Weights::open_safetensors(&[dir.join("model.safetensors")])
         .unwrap()
         .with_hf_names(HfNames::Sandwich);

@@ -4,7 +4,6 @@
 use berth_plugin_api::{BatchView, LogitsOut};
 use berth_plugin_common::{Activation, Decoder, DecoderConfig, DecoderWeights, HfNames, Weights};
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 struct Counting;
@@ -33,7 +32,7 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn warm_decode_step_does_not_allocate() {
-    let dir = PathBuf::from("/work/shared/fixtures/reference-tiny/gemma3");
+    let dir = berth_plugin_common::npy::shared_fixtures().join("reference-tiny/gemma3");
     let w = Weights::open_safetensors(&[dir.join("model.safetensors")])
         .unwrap()
         .with_hf_names(HfNames::Sandwich);

@@ -9,11 +9,15 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-const FIXTURES: &str = "/work/shared/fixtures/gemma3-270m";
 /// "The Eiffel Tower is located in the city of" with BOS, from the GGUF vocabulary's pieces.
 const EIFFEL: [i32; 10] = [2, 818, 94648, 25822, 563, 5628, 528, 506, 3207, 529];
 /// "▁Paris".
 const PARIS: i32 = 9079;
+
+/// The real model's reference fixtures (transformers and llama.cpp on the same GGUF).
+fn fixtures() -> PathBuf {
+    berth_plugin_common::npy::shared_fixtures().join("gemma3-270m")
+}
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -71,7 +75,7 @@ fn argmax(row: &[f32]) -> i32 {
 }
 
 fn json(name: &str) -> Value {
-    let text = std::fs::read_to_string(format!("{FIXTURES}/{name}")).unwrap();
+    let text = std::fs::read_to_string(fixtures().join(name)).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -162,7 +166,7 @@ fn check_reference(dequantize: bool) {
     let lc = json("reference_llamacpp.json");
     let prompt = ids(&r["prompt_ids"]);
     let want = ids(&r["greedy_continuation_ids"]);
-    let ref_logits = read_npy_f32(format!("{FIXTURES}/reference_logits.npy")).unwrap();
+    let ref_logits = read_npy_f32(fixtures().join("reference_logits.npy")).unwrap();
     let mut m = load_with(2, dequantize);
     let (got, logits) = greedy(&mut m, 0, &prompt, want.len());
     assert_eq!(got, want);

@@ -8,7 +8,7 @@ use berth_qwen3::QwenFamily;
 use berth_registry::SafetensorsFile;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// One expert's slice of a stacked tensor: index, dims, bytes.
 type Expert = (usize, Vec<u64>, Vec<u8>);
@@ -118,7 +118,9 @@ fn convert(dir: &Path, out: &Path) {
 }
 
 fn check(name: &str) {
-    let dir = PathBuf::from("/work/shared/fixtures/reference-tiny").join(name);
+    let dir = berth_plugin_common::npy::shared_fixtures()
+        .join("reference-tiny")
+        .join(name);
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("model.gguf");
     convert(&dir, &path);

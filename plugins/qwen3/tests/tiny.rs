@@ -9,7 +9,9 @@ use std::path::PathBuf;
 const IDS: [i32; 8] = [1, 17, 42, 256, 100, 31, 7, 511];
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from("/work/shared/fixtures/reference-tiny").join(name)
+    berth_plugin_common::npy::shared_fixtures()
+        .join("reference-tiny")
+        .join(name)
 }
 
 fn load(name: &str) -> QwenModel {
