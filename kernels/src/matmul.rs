@@ -36,7 +36,26 @@ pub fn matmul_quantized(
     out: &mut [f32],
     pool: &ThreadPool,
 ) {
-    let m = act.rows();
+    matmul_quantized_split(wtype, w, rows, k, act, act.rows(), out, pool);
+}
+
+/// [`matmul_quantized`] where only the first `gemm_rows` activation rows are tiled as one
+/// matrix (exactly as if they were all there is); every later row gets bit for bit the result
+/// of a single-row product. Continuous batching puts one sequence's prompt rows first and other
+/// sequences' decode rows after them, and each must round as it would alone.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_quantized_split(
+    wtype: WeightType,
+    w: &[u8],
+    rows: usize,
+    k: usize,
+    act: &QuantizedActivations,
+    gemm_rows: usize,
+    out: &mut [f32],
+    pool: &ThreadPool,
+) {
+    let m_all = act.rows();
+    let m = gemm_rows.min(m_all);
     let rb = wtype.row_bytes(k);
     assert_eq!(act.n(), k, "activation row length must equal k");
     assert_eq!(
@@ -45,7 +64,7 @@ pub fn matmul_quantized(
         "activations quantized for another type"
     );
     assert!(w.len() >= rows * rb, "weight matrix too short");
-    assert!(out.len() >= m * rows, "output too short");
+    assert!(out.len() >= m_all * rows, "output too short");
     let table = DotTable::best();
     let per = rows_per_chunk(rows, pool.n_threads());
     let n_chunks = rows.div_ceil(per);
@@ -88,6 +107,28 @@ pub fn matmul_quantized(
                     // SAFETY: as above.
                     unsafe { *outp.0.add(i * rows + r) = v };
                 }
+            }
+        }
+        // Rows past `gemm_rows`: four at a time through the kernel that rounds as `vec_dot`.
+        let mut i = m;
+        while i + 4 <= m_all {
+            let acts = [act.row(i), act.row(i + 1), act.row(i + 2), act.row(i + 3)];
+            for r in r0..r1 {
+                let v = table.vec_dot4_single(wtype, wrow(r), acts, k);
+                for (di, &x) in v.iter().enumerate() {
+                    // SAFETY: i + di < m_all and r < rows, so the index is < out.len()
+                    // (asserted); chunk c is the only writer of rows r0..r1.
+                    unsafe { *outp.0.add((i + di) * rows + r) = x };
+                }
+            }
+            i += 4;
+        }
+        for i in i..m_all {
+            let a = act.row(i);
+            for r in r0..r1 {
+                let v = table.vec_dot(wtype, wrow(r), a, k);
+                // SAFETY: as above.
+                unsafe { *outp.0.add(i * rows + r) = v };
             }
         }
     });
@@ -155,6 +196,37 @@ mod tests {
             for (a, b) in o1.iter().zip(&out[..rows]) {
                 assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{wtype:?} matvec");
             }
+        }
+    }
+
+    #[test]
+    fn split_matmul_rows_equal_the_gemm_alone_and_single_rows_bit_for_bit() {
+        let mut rng = XorShift::new(10);
+        let pool = ThreadPool::new(2);
+        for wtype in WeightType::ALL {
+            let (rows, k, m, g) = (21, 512, 14, 5);
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
+            let x = rng.vec(m * k);
+            let mut act = QuantizedActivations::new();
+            act.quantize_into(wtype, &x, k);
+            let mut out = vec![0.0; m * rows];
+            matmul_quantized_split(wtype, &w, rows, k, &act, g, &mut out, &pool);
+            let mut want = vec![0.0; g * rows];
+            let mut a = QuantizedActivations::new();
+            a.quantize_into(wtype, &x[..g * k], k);
+            matmul_quantized(wtype, &w, rows, k, &a, &mut want, &pool);
+            for i in g..m {
+                let mut one = vec![0.0; rows];
+                a.quantize_into(wtype, &x[i * k..(i + 1) * k], k);
+                matmul_quantized(wtype, &w, rows, k, &a, &mut one, &pool);
+                want.extend(one);
+            }
+            let bad = out
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(bad, 0, "{wtype:?}");
         }
     }
 }

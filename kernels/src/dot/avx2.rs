@@ -547,7 +547,7 @@ fn tile_0_typed<const W: usize, const R: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
+fn rows_k45<const R: usize>(five: bool, gemv: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     let nb = n / QK_K;
     let xb = if five { Q5_K_BYTES } else { Q4_K_BYTES };
     assert!(w.len() >= nb * xb && a.iter().all(|y| y.len() >= nb * Q8_K_BYTES));
@@ -607,6 +607,12 @@ fn rows_k45<const R: usize>(five: bool, w: &[u8], a: &[&[u8]; R], n: usize) -> [
                 // ggml-cpu's 4-row repacked Q4_K gemm (`ggml_gemm_q4_K_8x8_q8_K`) accumulates
                 // every pair of sub-blocks (64 values) separately, not whole blocks.
                 let (is, ms) = (hsum4_epi32(isum[r]), k_min_sums_64(y, &m));
+                if gemv {
+                    // The single-row order (`q4_k_q8_k_impl`): whole-block integer sums.
+                    let (is, ms) = (is.iter().sum(), ms.iter().sum());
+                    (acc4[r], accm[r]) = q4_k_block_acc(acc4[r], accm[r], is, ms, d, dmin, yd);
+                    continue;
+                }
                 for j in 0..4 {
                     (acc4[r], accm[r]) = q4_k_block_acc(acc4[r], accm[r], is[j], ms[j], d, dmin, yd);
                 }
@@ -678,14 +684,24 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
+/// [`dot4`] with each row's result bit for bit that of the single-row kernel (`vec_dot`): the
+/// 4-row Q4_K kernel otherwise follows ggml's gemm order, which rounds differently.
+pub(crate) fn dot4_gemv(wtype: WeightType, w: &[u8], a: &[&[u8]; 4], n: usize) -> Option<[f32; 4]> {
+    match wtype {
+        // SAFETY: only installed in the dispatch table after AVX2+FMA+F16C were detected.
+        WeightType::Q4_K => Some(unsafe { rows_k45(false, true, w, a, n) }),
+        _ => dot4(wtype, w, a, n),
+    }
+}
+
 /// AVX2 dot of one quantized weight row against four activation rows (None for float types).
 pub(crate) fn dot4(wtype: WeightType, w: &[u8], a: &[&[u8]; 4], n: usize) -> Option<[f32; 4]> {
     // SAFETY: only installed in the dispatch table after AVX2+FMA+F16C were detected.
     unsafe {
         match wtype {
             WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => Some(rows_0(wtype, w, a, n)),
-            WeightType::Q4_K => Some(rows_k45(false, w, a, n)),
-            WeightType::Q5_K => Some(rows_k45(true, w, a, n)),
+            WeightType::Q4_K => Some(rows_k45(false, false, w, a, n)),
+            WeightType::Q5_K => Some(rows_k45(true, false, w, a, n)),
             WeightType::Q6_K => Some(rows_q6_k(w, a, n)),
             _ => None,
         }

@@ -44,6 +44,8 @@ pub struct DotTable {
     /// Optional kernel for one quantized weight row against four activation rows
     /// (quantized-activation byte rows); returns None for types it does not cover.
     pub dot4: Option<Dot4Fn>,
+    /// [`DotTable::dot4`] whose results equal [`DotTable::vec_dot`]'s bit for bit.
+    pub dot4_gemv: Option<Dot4Fn>,
     /// Optional kernel for several weight rows against several activation rows; returns
     /// false for types and shapes it does not cover.
     pub tile: Option<TileFn>,
@@ -72,6 +74,7 @@ impl DotTable {
             bf16: scalar::bf16_f32,
             dot_f32: scalar::dot_f32,
             dot4: None,
+            dot4_gemv: None,
             tile: None,
         }
     }
@@ -95,6 +98,7 @@ impl DotTable {
                     bf16: avx2::bf16_f32,
                     dot_f32: avx2::dot_f32,
                     dot4: Some(avx2::dot4),
+                    dot4_gemv: Some(avx2::dot4_gemv),
                     tile: Some(avx2::tile),
                 };
             }
@@ -107,6 +111,32 @@ impl DotTable {
     #[inline]
     pub fn vec_dot4(&self, wtype: WeightType, row: &[u8], acts: [ActRow<'_>; 4], n: usize) -> [f32; 4] {
         if let Some(f) = self.dot4 {
+            let bytes = acts.map(|a| match a {
+                ActRow::Q8_0(b) | ActRow::Q8_K(b) => Some(b),
+                ActRow::F32(_) => None,
+            });
+            if let [Some(a0), Some(a1), Some(a2), Some(a3)] = bytes {
+                if acts.iter().all(|a| a.format() == wtype.act_format()) {
+                    if let Some(r) = f(wtype, row, &[a0, a1, a2, a3], n) {
+                        return r;
+                    }
+                }
+            }
+        }
+        acts.map(|a| self.vec_dot(wtype, row, a, n))
+    }
+
+    /// [`DotTable::vec_dot4`] whose results equal four [`DotTable::vec_dot`] calls bit for bit
+    /// (batched rows of different sequences must round as each would alone).
+    #[inline]
+    pub fn vec_dot4_single(
+        &self,
+        wtype: WeightType,
+        row: &[u8],
+        acts: [ActRow<'_>; 4],
+        n: usize,
+    ) -> [f32; 4] {
+        if let Some(f) = self.dot4_gemv {
             let bytes = acts.map(|a| match a {
                 ActRow::Q8_0(b) | ActRow::Q8_K(b) => Some(b),
                 ActRow::F32(_) => None,

@@ -211,3 +211,25 @@ fn simd_activation_quantizers_match_the_references() {
         }
     }
 }
+
+#[test]
+fn single_order_four_row_kernels_equal_single_rows_bit_for_bit() {
+    let mut rng = XorShift::new(22);
+    let best = DotTable::best();
+    for n in [896, 4864] {
+        for wtype in WeightType::ALL {
+            if n % wtype.block_size() != 0 {
+                continue;
+            }
+            let row = random_row(&mut rng, wtype, n);
+            let x = rng.vec(4 * n);
+            let mut q = QuantizedActivations::new();
+            q.quantize_into(wtype, &x, n);
+            let got = best.vec_dot4_single(wtype, &row, [q.row(0), q.row(1), q.row(2), q.row(3)], n);
+            for (r, g) in got.iter().enumerate() {
+                let e = best.vec_dot(wtype, &row, q.row(r), n);
+                assert_eq!(g.to_bits(), e.to_bits(), "{wtype:?} n={n} row {r}: {g} vs {e}");
+            }
+        }
+    }
+}

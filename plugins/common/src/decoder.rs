@@ -339,6 +339,14 @@ struct Scratch {
     mm: MatmulScratch,
     seq_next: Vec<Option<usize>>,
     rows: Vec<(usize, usize)>,
+    // Batch arrangement (see `Decoder::decode`): rows per sequence, row order, rows reordered.
+    per_seq: Vec<usize>,
+    order: Vec<usize>,
+    rows_in: Vec<(usize, usize)>,
+    tokens: Vec<i32>,
+    want: Vec<u8>,
+    rank: Vec<usize>,
+    dest: Vec<usize>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -487,7 +495,56 @@ impl Decoder {
                 self.kv.reserve(seq, len);
             }
         }
-        self.forward(batch.tokens, batch.want_logits, logits);
+        // Continuous batching: the rows of sequences with several rows here (a prompt chunk) go
+        // first and are tiled as they would be alone; one-row sequences (decode steps) follow and
+        // round as single-row steps. Logits still come out in batch order.
+        s.per_seq.clear();
+        s.per_seq.resize(self.kv.max_sequences(), 0);
+        for &(seq, _) in &s.rows {
+            s.per_seq[seq] += 1;
+        }
+        let per_seq = &s.per_seq;
+        let several = per_seq.iter().filter(|&&c| c > 0).count() > 1;
+        s.order.clear();
+        s.order.extend(0..n);
+        if several {
+            let rows = &s.rows;
+            s.order.sort_by_key(|&i| per_seq[rows[i].0] == 1);
+        }
+        let gemm = s
+            .order
+            .iter()
+            .take_while(|&&i| !several || per_seq[s.rows[i].0] > 1)
+            .count();
+        s.tokens.clear();
+        s.tokens.extend(s.order.iter().map(|&i| batch.tokens[i]));
+        s.want.clear();
+        s.want.extend(s.order.iter().map(|&i| batch.want_logits[i]));
+        s.rows_in.clear();
+        s.rows_in.extend_from_slice(&s.rows);
+        s.rows.clear();
+        s.rows.extend(s.order.iter().map(|&i| s.rows_in[i]));
+        s.rank.clear();
+        let mut j = 0;
+        for &w in batch.want_logits {
+            s.rank.push(j);
+            j += usize::from(w != 0);
+        }
+        s.dest.clear();
+        s.dest.extend(
+            s.order
+                .iter()
+                .filter(|&&i| batch.want_logits[i] != 0)
+                .map(|&i| s.rank[i]),
+        );
+        let head_gemm = s.want[..gemm].iter().filter(|&&w| w != 0).count();
+        let (tokens, want, dest) = (
+            std::mem::take(&mut s.tokens),
+            std::mem::take(&mut s.want),
+            std::mem::take(&mut s.dest),
+        );
+        self.forward(&tokens, &want, (gemm, head_gemm), &dest, logits);
+        (self.s.tokens, self.s.want, self.s.dest) = (tokens, want, dest);
         let s = &mut self.s;
         for (seq, next) in s.seq_next.iter().enumerate() {
             if let Some(len) = *next {
@@ -498,7 +555,16 @@ impl Decoder {
     }
 
     /// The forward pass over validated rows (`self.s.rows` holds each row's sequence and position).
-    fn forward(&mut self, tokens: &[i32], want_logits: &[u8], logits: &mut LogitsOut<'_>) {
+    /// `gemm`: rows (all, then those wanting logits) tiled as one matrix, the rest rounding as
+    /// single rows; `dest`: the logits row of each row that wants logits.
+    fn forward(
+        &mut self,
+        tokens: &[i32],
+        want_logits: &[u8],
+        gemm: (usize, usize),
+        dest: &[usize],
+        logits: &mut LogitsOut<'_>,
+    ) {
         let cfg = &self.cfg;
         let w = &self.weights;
         let s = &mut self.s;
@@ -506,6 +572,7 @@ impl Decoder {
         let threads = self.threads;
         let n = tokens.len();
         let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+        s.mm.gemm_rows = Some(gemm.0);
 
         let x = grow(&mut s.x, n * h);
         for (i, &t) in tokens.iter().enumerate() {
@@ -561,7 +628,7 @@ impl Decoder {
                 kv.write(seq, l, pos, kr, vr);
             }
             let att = grow(&mut s.att, n * qd);
-            attention(cfg, kv, l, &s.rows, q, att, threads);
+            attention(cfg, kv, l, &s.rows, &s.per_seq, q, att, threads);
             let o = grow(&mut s.o, n * h);
             matmul(&lw.wo, att, n, o, &mut s.mm, threads);
             let x = &mut s.x[..n * h];
@@ -630,6 +697,8 @@ impl Decoder {
                         }
                     }
                     out.fill(0.0);
+                    // Experts see subsets of rows: tile them all (MoE batches are not split).
+                    s.mm.gemm_rows = None;
                     for (e, rows) in s.assign.iter().enumerate() {
                         if rows.is_empty() {
                             continue;
@@ -658,6 +727,7 @@ impl Decoder {
                                 .for_each(|(a, b)| *a += wgt * b);
                         }
                     }
+                    s.mm.gemm_rows = Some(gemm.0);
                 }
             }
             for i in 0..n {
@@ -696,13 +766,14 @@ impl Decoder {
         }
         let vocab = w.output.rows;
         let lg = grow(&mut s.logits, m * vocab);
+        s.mm.gemm_rows = Some(gemm.1);
         matmul(&w.output, hin, m, lg, &mut s.mm, threads);
         for j in 0..m {
             let src = &mut lg[j * vocab..(j + 1) * vocab];
             if let Some(cap) = cfg.final_softcap {
                 softcap(src, cap);
             }
-            let dst = logits.row_mut(j);
+            let dst = logits.row_mut(dest[j]);
             dst[..vocab].copy_from_slice(src);
             dst[vocab..].fill(f32::NEG_INFINITY);
         }
@@ -740,132 +811,170 @@ fn gated_ffn(
 
 /// Causal (optionally sliding-window) GQA attention of every row against its sequence's cache,
 /// parallel over (row, head) pairs.
+///
+/// Each row is computed as if its sequence were alone in the batch: the summation order (and
+/// whether ggml's order is followed at all) depends on how many rows *that sequence* has here, not
+/// on the batch size, so continuous batching of several sequences gives each one bit for bit the
+/// numbers of its single-sequence steps.
+#[allow(clippy::too_many_arguments)]
 fn attention(
     cfg: &DecoderConfig,
     kv: &KvCache,
     layer: usize,
     rows: &[(usize, usize)],
+    per_seq: &[usize],
     q: &[f32],
     out: &mut [f32],
     threads: usize,
 ) {
-    let (hd, nh, kvd) = (cfg.head_dim, cfg.n_heads, cfg.kv_dim());
-    let group = nh / cfg.n_kv_heads;
-    let window = cfg.sliding_window.get(layer).copied().flatten();
+    let (hd, nh) = (cfg.head_dim, cfg.n_heads);
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
     // ggml's exact summation order matters for token-for-token parity on short batches (decode
     // steps, short prompts); long prompts take the fast path over the same f16-rounded cache,
     // which halves pp512 time for Gemma 3 270M (llama.cpp's own batched and unbatched
     // evaluations differ in the last bits too).
-    if cfg.kv_f16 && rows.len() <= GGML_ORDER_MAX_ROWS {
-        return attention_f16(cfg, kv, layer, rows, q, out, threads);
-    }
+    let order = |seq: usize| {
+        let n = per_seq[seq];
+        (cfg.kv_f16 && n <= GGML_ORDER_MAX_ROWS).then(|| F16DotOrder::for_rows(n))
+    };
     thread_local! {
         // Per-thread score buffer kept between calls: a warm decode step does not allocate.
         static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+        static F16: std::cell::Cell<F16Scratch> = std::cell::Cell::new(F16Scratch::default());
     }
     par_units(threads, out, hd, |units, dst| {
         let mut scores = SCORES.take();
+        let mut f16 = F16.take();
         for (u, o) in units.zip(dst.chunks_exact_mut(hd)) {
             let (row, head) = (u / nh, u % nh);
             let (seq, pos) = rows[row];
-            let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let (ks, vs) = kv.layer(seq, layer, pos + 1);
-            let kh = head / group;
             let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
-            scores.clear();
-            scores.extend(
-                (start..=pos)
-                    .map(|t| dot_f32(qh, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]) * cfg.attn_scale),
-            );
-            if let Some(cap) = cfg.attn_softcap {
-                softcap(&mut scores, cap);
-            }
-            softmax(&mut scores);
-            o.fill(0.0);
-            for (t, &p) in (start..=pos).zip(&scores) {
-                let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
-                o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
+            match order(seq) {
+                Some(ord) => head_attention_f16(cfg, kv, layer, seq, pos, head, qh, ord, &mut f16, o),
+                None => head_attention(cfg, kv, layer, seq, pos, head, qh, &mut scores, o),
             }
         }
         SCORES.set(scores);
+        F16.set(f16);
     });
+}
+
+/// One head of one row of [`attention`] in f32 (the fast path).
+#[allow(clippy::too_many_arguments)]
+fn head_attention(
+    cfg: &DecoderConfig,
+    kv: &KvCache,
+    layer: usize,
+    seq: usize,
+    pos: usize,
+    head: usize,
+    qh: &[f32],
+    scores: &mut Vec<f32>,
+    o: &mut [f32],
+) {
+    let (hd, kvd) = (cfg.head_dim, cfg.kv_dim());
+    let group = cfg.n_heads / cfg.n_kv_heads;
+    let window = cfg.sliding_window.get(layer).copied().flatten();
+    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let (ks, vs) = kv.layer(seq, layer, pos + 1);
+    let kh = head / group;
+    scores.clear();
+    scores.extend(
+        (start..=pos).map(|t| dot_f32(qh, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]) * cfg.attn_scale),
+    );
+    if let Some(cap) = cfg.attn_softcap {
+        softcap(scores, cap);
+    }
+    softmax(scores);
+    o.fill(0.0);
+    for (t, &p) in (start..=pos).zip(scores.iter()) {
+        let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
+        o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
+    }
 }
 
 /// Largest batch whose attention follows ggml's summation order when `kv_f16` is set.
 const GGML_ORDER_MAX_ROWS: usize = 32;
 
-/// [`attention`] as llama.cpp computes it over its F16 KV cache without flash attention (see
-/// [`crate::ggml`]): the cache holds f16 values (rounded in [`Decoder::decode`]), the query is
-/// rounded to f16 (after the scale when `cfg.q_prescale`), scores and the probability-weighted
-/// values are f16 dot products summed in ggml's lane order (which depends on whether the batch
-/// has one row or more), the softmax is ggml's, and the probabilities are rounded to f16.
-fn attention_f16(
+/// Buffers of [`head_attention_f16`], reused across the heads one thread computes.
+#[derive(Default)]
+struct F16Scratch {
+    scores: Vec<f32>,
+    q16: Vec<f32>,
+    acc: Vec<[f32; 32]>,
+    tail: Vec<f64>,
+}
+
+/// One head of one row of [`attention`] as llama.cpp computes it over its F16 KV cache without
+/// flash attention (see [`crate::ggml`]): the cache holds f16 values (rounded in
+/// [`Decoder::decode`]), the query is rounded to f16 (after the scale when `cfg.q_prescale`),
+/// scores and the probability-weighted values are f16 dot products summed in ggml's lane order
+/// (`order`: whether the sequence has one row in the batch or more), the softmax is ggml's, and
+/// the probabilities are rounded to f16.
+#[allow(clippy::too_many_arguments)]
+fn head_attention_f16(
     cfg: &DecoderConfig,
     kv: &KvCache,
     layer: usize,
-    rows: &[(usize, usize)],
-    q: &[f32],
-    out: &mut [f32],
-    threads: usize,
+    seq: usize,
+    pos: usize,
+    head: usize,
+    qh: &[f32],
+    order: F16DotOrder,
+    f: &mut F16Scratch,
+    o: &mut [f32],
 ) {
-    let (hd, nh, kvd) = (cfg.head_dim, cfg.n_heads, cfg.kv_dim());
-    let group = nh / cfg.n_kv_heads;
+    let (hd, kvd) = (cfg.head_dim, cfg.kv_dim());
+    let group = cfg.n_heads / cfg.n_kv_heads;
     let window = cfg.sliding_window.get(layer).copied().flatten();
-    let order = F16DotOrder::for_rows(rows.len());
-    par_units(threads, out, hd, |units, dst| {
-        let mut scores = Vec::new();
-        let mut q16 = vec![0.0f32; hd];
-        let mut acc = vec![[0.0f32; 32]; hd];
-        for (u, o) in units.zip(dst.chunks_exact_mut(hd)) {
-            let (row, head) = (u / nh, u % nh);
-            let (seq, pos) = rows[row];
-            let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let (ks, vs) = kv.layer(seq, layer, pos + 1);
-            let kh = head / group;
-            let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
-            let (pre, post) = if cfg.q_prescale {
-                (cfg.attn_scale, 1.0)
-            } else {
-                (1.0, cfg.attn_scale)
-            };
-            q16.iter_mut().zip(qh).for_each(|(a, &b)| *a = round_f16(b * pre));
-            scores.clear();
-            scores.extend((start..=pos).map(|t| {
-                let s = dot_f16(order, &q16, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]);
-                if post == 1.0 {
-                    s
-                } else {
-                    s * post
-                }
-            }));
-            if let Some(cap) = cfg.attn_softcap {
-                softcap(&mut scores, cap);
-            }
-            softmax_ggml(&mut scores, start);
-            // The value rows are dotted with the probabilities along the cells (ggml multiplies
-            // the transposed V cache by the f16 probabilities).
-            acc.iter_mut().for_each(|a| *a = [0.0; 32]);
-            let n_cells = (pos + 1).next_multiple_of(256);
-            let nv = order.vector_len(n_cells);
-            let mut tail = vec![0.0f64; if nv <= pos { hd } else { 0 }];
-            for (t, &p) in (start..=pos).zip(&scores) {
-                let p = round_f16(p);
-                if p == 0.0 {
-                    continue;
-                }
-                let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
-                if t < nv {
-                    let slot = order.slot(t);
-                    acc.iter_mut().zip(vr).for_each(|(a, &v)| a[slot] += p * v);
-                } else {
-                    tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
-                }
-            }
-            for (i, (oi, a)) in o.iter_mut().zip(&acc).enumerate() {
-                *oi = order.reduce(a, tail.get(i).copied().unwrap_or(0.0));
-            }
+    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let (ks, vs) = kv.layer(seq, layer, pos + 1);
+    let kh = head / group;
+    let (pre, post) = if cfg.q_prescale {
+        (cfg.attn_scale, 1.0)
+    } else {
+        (1.0, cfg.attn_scale)
+    };
+    f.q16.clear();
+    f.q16.extend(qh.iter().map(|&b| round_f16(b * pre)));
+    let q16 = &f.q16;
+    f.scores.clear();
+    f.scores.extend((start..=pos).map(|t| {
+        let s = dot_f16(order, q16, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]);
+        if post == 1.0 {
+            s
+        } else {
+            s * post
         }
-    });
+    }));
+    if let Some(cap) = cfg.attn_softcap {
+        softcap(&mut f.scores, cap);
+    }
+    softmax_ggml(&mut f.scores, start);
+    // The value rows are dotted with the probabilities along the cells (ggml multiplies the
+    // transposed V cache by the f16 probabilities).
+    f.acc.clear();
+    f.acc.resize(hd, [0.0; 32]);
+    let n_cells = (pos + 1).next_multiple_of(256);
+    let nv = order.vector_len(n_cells);
+    f.tail.clear();
+    f.tail.resize(if nv <= pos { hd } else { 0 }, 0.0);
+    let tail = &mut f.tail;
+    for (t, &p) in (start..=pos).zip(&f.scores) {
+        let p = round_f16(p);
+        if p == 0.0 {
+            continue;
+        }
+        let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
+        if t < nv {
+            let slot = order.slot(t);
+            f.acc.iter_mut().zip(vr).for_each(|(a, &v)| a[slot] += p * v);
+        } else {
+            tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
+        }
+    }
+    for (i, (oi, a)) in o.iter_mut().zip(&f.acc).enumerate() {
+        *oi = order.reduce(a, f.tail.get(i).copied().unwrap_or(0.0));
+    }
 }

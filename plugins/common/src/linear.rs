@@ -3,7 +3,7 @@
 
 use crate::weights::Matrix;
 use berth_kernels::dot::QuantizedActivations;
-use berth_kernels::matmul::matmul_quantized;
+use berth_kernels::matmul::matmul_quantized_split;
 use berth_kernels::pool::ThreadPool;
 use berth_kernels::quant::ActFormat;
 use std::ops::Range;
@@ -79,6 +79,9 @@ where
 #[derive(Default)]
 pub struct MatmulScratch {
     acts: [QuantizedActivations; 3],
+    /// Rows tiled as one matrix; later rows round as single-row products (see
+    /// [`berth_kernels::matmul::matmul_quantized_split`]). `None`: all rows.
+    pub gemm_rows: Option<usize>,
 }
 
 impl MatmulScratch {
@@ -142,7 +145,8 @@ pub fn matmul_shared(
             act.quantize_into_par(w.wtype, &x[..n * cols], cols, pool);
             done[f] = true;
         }
-        matmul_quantized(w.wtype, w.bytes(), rows, cols, act, &mut out[..n * rows], pool);
+        let g = scratch.gemm_rows.unwrap_or(n);
+        matmul_quantized_split(w.wtype, w.bytes(), rows, cols, act, g, &mut out[..n * rows], pool);
     }
 }
 

@@ -249,3 +249,82 @@ fn speed() {
         );
     }
 }
+
+/// Feeds `tokens` to `seq` at positions from `start` as one batch; returns the last row's logits.
+fn feed(m: &mut QwenModel, seq: i32, start: usize, tokens: &[i32]) -> Vec<f32> {
+    let v = m.describe().vocab_size as usize;
+    let mut logits = vec![0.0; v];
+    let pos: Vec<i32> = (0..tokens.len()).map(|i| (start + i) as i32).collect();
+    let mut want = vec![0u8; tokens.len()];
+    *want.last_mut().unwrap() = 1;
+    let b = BatchView {
+        tokens,
+        positions: &pos,
+        seq_ids: &vec![seq; tokens.len()],
+        want_logits: &want,
+    };
+    m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
+    logits
+}
+
+/// Continuous batching must not change any sequence's numbers: a decode row of one sequence in a
+/// batch with other sequences' decode rows and another sequence's prompt chunk gives bit for bit
+/// the logits of the same step run alone (the server's greedy outputs equal single requests').
+#[test]
+fn batched_rows_of_different_sequences_equal_single_sequence_steps() {
+    let prompts: [&[i32]; 3] = [&PROMPT, &[40, 1079, 264, 1273, 315, 279, 3783], &[9707, 11, 1879]];
+    let next = [PARIS, 1879, 13];
+    let chunk: Vec<i32> = (0..40).map(|i| 100 + i * 7).collect();
+    let mut m = load(2);
+    // Alone: each sequence prefilled, then its decode step on its own.
+    let mut alone = Vec::new();
+    for (s, p) in prompts.iter().enumerate() {
+        feed(&mut m, s as i32, 0, p);
+        alone.push(feed(&mut m, s as i32, p.len(), &[next[s]]));
+    }
+    let alone_chunk = feed(&mut m, 3, 0, &chunk);
+    // Batched: the same prefills, then one batch with the three decode rows and seq 3's chunk.
+    for s in 0..4 {
+        m.seq_truncate(s, 0).unwrap();
+    }
+    for (s, p) in prompts.iter().enumerate() {
+        feed(&mut m, s as i32, 0, p);
+    }
+    let v = m.describe().vocab_size as usize;
+    let mut tokens = next.to_vec();
+    let mut pos: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
+    let mut seqs = vec![0, 1, 2];
+    tokens.extend(&chunk);
+    pos.extend(0..chunk.len() as i32);
+    seqs.extend(std::iter::repeat_n(3, chunk.len()));
+    let mut want = vec![1u8; 3];
+    want.extend(std::iter::repeat_n(0, chunk.len() - 1));
+    want.push(1);
+    let mut logits = vec![0.0; 4 * v];
+    let b = BatchView {
+        tokens: &tokens,
+        positions: &pos,
+        seq_ids: &seqs,
+        want_logits: &want,
+    };
+    m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
+    for s in 0..3 {
+        let row = &logits[s * v..(s + 1) * v];
+        let diff = row
+            .iter()
+            .zip(&alone[s])
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            diff, 0,
+            "sequence {s}: {diff} logits differ from the single-sequence step"
+        );
+    }
+    let row = &logits[3 * v..];
+    let diff = row
+        .iter()
+        .zip(&alone_chunk)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(diff, 0, "the prompt chunk's logits differ from the chunk alone");
+}
