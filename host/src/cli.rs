@@ -141,6 +141,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the OpenAI and Ollama APIs over the store's packs.
+    Serve(crate::server::config::ServeArgs),
+    /// List the models a running `berth serve` holds.
+    Ps {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Parse model output from stdin into the OpenAI message (or its stream deltas).
     Parse {
         /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, content_only.
@@ -190,6 +198,8 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::List { json } => list(&store, &home, json),
         Command::Show { name, json } => show(&store, &home, &name, json),
+        Command::Serve(args) => crate::server::serve(crate::server::config::resolve(args, &home)?),
+        Command::Ps { json } => crate::server::config::ps(json),
         Command::Rm { names } => {
             for n in names {
                 store.remove(&n)?;

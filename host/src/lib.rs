@@ -3,14 +3,17 @@
 //! layers parse model output, constrain decoding, schedule requests and serve HTTP. The `berth`
 //! binary is a thin CLI over this library.
 
+pub mod api;
 pub mod bench;
 pub mod chat;
 pub mod cli;
+pub mod engine;
 pub mod generate;
 pub mod models;
 pub mod packs;
 pub mod plugins;
 pub mod run;
 pub mod sampling;
+pub mod server;
 pub mod template;
 pub mod tokenizer;

@@ -1,0 +1,653 @@
+//! The OpenAI API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+
+use super::{parse_object, ApiError, Fields};
+use crate::chat::{self, StreamParser};
+use crate::engine::sequence::DecodeOptions;
+use crate::engine::{Event, Finish, Job, SubmitError};
+use crate::sampling::SamplingParams;
+use crate::server::models::{Model, ModelError};
+use crate::server::{RequestId, Shared};
+use crate::template::RenderInput;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "think",
+    "n",
+    "user",
+    "logprobs",
+    "top_logprobs",
+    "store",
+    "metadata",
+    "service_tier",
+    "modalities",
+    "keep_alive",
+    "verbosity",
+    "prediction",
+    "web_search_options",
+    "functions",
+    "function_call",
+];
+
+const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "max_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "n",
+    "user",
+    "echo",
+    "suffix",
+    "best_of",
+    "logprobs",
+    "keep_alive",
+];
+
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The request body, with axum's own rejections (413, ...) in OpenAI's shape.
+pub(crate) fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    b.map_err(|e| {
+        let status = e.status();
+        let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "the request body is too large".to_string()
+        } else {
+            e.body_text()
+        };
+        ApiError::new(status, msg)
+    })
+}
+
+/// Sampling and stopping fields shared by chat and completions (OpenAI names).
+pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeOptions, ApiError> {
+    let mut s = SamplingParams::default();
+    if let Some(t) = f.num("temperature", 0.0, 2.0)? {
+        s.temperature = t as f32;
+    }
+    if let Some(p) = f.num("top_p", 0.0, 1.0)? {
+        s.top_p = p as f32;
+    }
+    if let Some(k) = f.int("top_k", -1, 1 << 20)? {
+        s.top_k = k.max(0) as usize;
+    }
+    if let Some(p) = f.num("min_p", 0.0, 1.0)? {
+        s.min_p = p as f32;
+    }
+    if let Some(seed) = f.int("seed", i64::MIN, i64::MAX)? {
+        s.seed = Some(seed as u64);
+    }
+    // Validated now; applied once the sampler grows penalties and biases.
+    f.num("presence_penalty", -2.0, 2.0)?;
+    f.num("frequency_penalty", -2.0, 2.0)?;
+    f.num("repetition_penalty", 0.0, 10.0)?;
+    if let Some(bias) = f.object("logit_bias")? {
+        for (k, v) in bias {
+            if k.parse::<u32>().is_err() {
+                return Err(ApiError::param(
+                    "logit_bias",
+                    format!("'logit_bias' keys are token ids; got '{k}'"),
+                ));
+            }
+            if !v.as_f64().is_some_and(|x| (-100.0..=100.0).contains(&x)) {
+                return Err(ApiError::param(
+                    "logit_bias",
+                    "'logit_bias' values are numbers between -100 and 100",
+                ));
+            }
+        }
+    }
+    if let Some(n) = f.int("n", 1, 128)? {
+        if n != 1 {
+            return Err(ApiError::param("n", "only n = 1 is supported"));
+        }
+    }
+    let mut max_tokens = None;
+    for k in max_key {
+        if let Some(m) = f.int(k, 0, u32::MAX as i64)? {
+            max_tokens = Some(m as usize);
+        }
+    }
+    Ok(DecodeOptions {
+        sampling: s,
+        max_tokens,
+        stop: f.stop("stop", 4)?,
+    })
+}
+
+/// The loaded model named by the request (404 unknown, 503 loading).
+pub(crate) async fn model_for(
+    st: &Shared,
+    name: &str,
+    keep_alive: Option<Option<std::time::Duration>>,
+) -> Result<Arc<Model>, ApiError> {
+    match st.models.get(name, keep_alive).await {
+        Ok(m) => Ok(m),
+        Err(ModelError::NotFound) => Err(ApiError::model_not_found(name)),
+        Err(ModelError::Loading) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the model '{name}' is loading; retry shortly"),
+        )),
+        Err(ModelError::Failed(m)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)),
+    }
+}
+
+/// Queues a prompt on a model's engine; the receiver gets its events.
+pub(crate) fn submit(
+    model: &Model,
+    id: &str,
+    prompt: Vec<u32>,
+    decode: DecodeOptions,
+) -> Result<UnboundedReceiver<Event>, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::param("messages", "the prompt is empty"));
+    }
+    if prompt.len() >= model.context_length {
+        let mut e = ApiError::param(
+            "messages",
+            format!(
+                "This model's maximum context length is {} tokens; the prompt has {}.",
+                model.context_length,
+                prompt.len()
+            ),
+        );
+        e.code = Some("context_length_exceeded");
+        return Err(e);
+    }
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        id: id.to_string(),
+        prompt,
+        decode,
+        events: tx,
+        received: Instant::now(),
+    };
+    match model.engine.submit(job) {
+        Ok(()) => Ok(rx),
+        Err(SubmitError::QueueFull) => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "the server is busy: the request queue is full; retry shortly",
+        )),
+        Err(SubmitError::Closed) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model is being unloaded; retry shortly",
+        )),
+    }
+}
+
+/// The template variables of a chat request: `chat_template_kwargs`, `think`, `reasoning_effort`.
+pub(crate) fn template_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
+    let mut extra = f.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+    if let Some(effort) = f.str("reasoning_effort")? {
+        if !["none", "minimal", "low", "medium", "high"].contains(&effort) {
+            return Err(ApiError::param(
+                "reasoning_effort",
+                "'reasoning_effort' is one of none, minimal, low, medium, high",
+            ));
+        }
+        extra.insert("reasoning_effort".into(), effort.into());
+        extra
+            .entry("enable_thinking")
+            .or_insert((effort != "none").into());
+    }
+    match f.raw("think") {
+        None => {}
+        Some(Value::Bool(b)) => {
+            extra.insert("enable_thinking".into(), (*b).into());
+        }
+        Some(Value::String(s)) if ["low", "medium", "high"].contains(&s.as_str()) => {
+            extra.insert("reasoning_effort".into(), s.clone().into());
+            extra.insert("enable_thinking".into(), true.into());
+        }
+        Some(_) => {
+            return Err(ApiError::param(
+                "think",
+                "'think' is a boolean (or low, medium, high)",
+            ))
+        }
+    }
+    Ok(extra)
+}
+
+/// Checks the messages' shape (400 for anything malformed).
+pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::param("messages", "'messages' must not be empty"));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let p = format!("messages[{i}]");
+        let Some(o) = m.as_object() else {
+            return Err(ApiError::param(&p, format!("'{p}' must be an object")));
+        };
+        match o.get("role").and_then(Value::as_str) {
+            Some("system" | "developer" | "user" | "assistant" | "tool" | "function") => {}
+            Some(r) => {
+                return Err(ApiError::param(
+                    &format!("{p}.role"),
+                    format!("unknown role '{r}'"),
+                ))
+            }
+            None => {
+                return Err(ApiError::param(
+                    &format!("{p}.role"),
+                    format!("'{p}.role' is required"),
+                ))
+            }
+        }
+        match o.get("content") {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                for part in parts {
+                    let ok = part.get("type").and_then(Value::as_str).is_some_and(|t| {
+                        matches!(
+                            t,
+                            "text" | "image_url" | "input_audio" | "file" | "refusal" | "image"
+                        )
+                    });
+                    if !ok {
+                        return Err(ApiError::param(
+                            &format!("{p}.content"),
+                            "content parts are objects with a 'type' (text, image_url, ...)",
+                        ));
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::param(
+                    &format!("{p}.content"),
+                    format!("'{p}.content' must be a string or an array of parts"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Renders a conversation with the model's template; returns (rendered text, tokens).
+pub(crate) fn render(
+    model: &Model,
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    extra: Map<String, Value>,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let template = model.template.as_ref().ok_or_else(|| {
+        ApiError::param(
+            "model",
+            format!("{} has no chat template; use /v1/completions", model.reference),
+        )
+    })?;
+    let (bos, eos) = model.special_texts();
+    let text = template
+        .render(&RenderInput {
+            messages,
+            tools,
+            add_generation_prompt: true,
+            extra,
+            bos_token: bos,
+            eos_token: eos,
+        })
+        .map_err(|e| {
+            ApiError::param(
+                "messages",
+                format!("the chat template rejected the conversation: {e}"),
+            )
+        })?;
+    let tokens = model.tokenizer.encode(&text, false);
+    Ok((text, tokens))
+}
+
+fn usage(fin: &Finish) -> Value {
+    json!({
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+    })
+}
+
+/// Collects a whole generation: text and how it ended.
+pub(crate) async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String, Finish), ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(f) => return Ok((text, f)),
+            Event::Error(e) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e)),
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the model was unloaded during the request",
+    ))
+}
+
+/// A server-sent-events response over a stream of `data:` payloads.
+pub(crate) fn sse(
+    stream: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+) -> Response {
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn data(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(st): State<Shared>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body(b)?;
+    let obj = parse_object(&body)?;
+    let f = Fields::new(&obj, "");
+    f.only(CHAT_FIELDS)?;
+    let name = f.required_str("model")?;
+    let messages = f
+        .array("messages")?
+        .ok_or_else(|| ApiError::param("messages", "'messages' is required"))?
+        .clone();
+    check_messages(&messages)?;
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        Some(o) => Fields::new(o, "stream_options.")
+            .bool("include_usage")?
+            .unwrap_or(false),
+        None => false,
+    };
+    let decode = decode_options(&f, &["max_tokens", "max_completion_tokens"])?;
+    let tools = f.array("tools")?.cloned();
+    // Validated here; they become a grammar once constraints land.
+    f.bool("parallel_tool_calls")?;
+    if let Some(rf) = f.raw("response_format") {
+        let t = rf.get("type").and_then(Value::as_str);
+        if !matches!(t, Some("text" | "json_object" | "json_schema")) {
+            return Err(ApiError::param(
+                "response_format",
+                "'response_format.type' is text, json_object or json_schema",
+            ));
+        }
+    }
+    if f.bool("logprobs")? == Some(true) {
+        return Err(ApiError::param("logprobs", "logprobs are not supported"));
+    }
+    let extra = template_extra(&f)?;
+    let tool_choice_none = f.raw("tool_choice").and_then(Value::as_str) == Some("none");
+    let render_tools = if tool_choice_none {
+        None
+    } else {
+        tools.clone().filter(|t| !t.is_empty())
+    };
+    let model = model_for(&st, name, None).await?;
+    let (rendered, prompt) = render(&model, messages, render_tools.clone(), extra)?;
+    let start = chat::prefill(model.detected.format, &rendered);
+    let parser = StreamParser::new(model.detected.format, start, render_tools.as_deref());
+    let rx = submit(&model, &id, prompt, decode)?;
+    let cid = format!("chatcmpl-{}", id.trim_start_matches("req-"));
+    let created = now_secs();
+    let model_name = model.reference.clone();
+    if !stream {
+        let (text, fin) = collect(rx).await?;
+        let mut parser = parser;
+        parser.push(&text);
+        let (_, msg) = parser.finish();
+        let reason = if msg.tool_calls.is_empty() {
+            fin.reason.as_str()
+        } else {
+            "tool_calls"
+        };
+        let body = json!({
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model_name,
+            "choices": [{"index": 0, "message": msg.to_openai(), "logprobs": null, "finish_reason": reason}],
+            "usage": usage(&fin),
+        });
+        return Ok(axum::Json(body).into_response());
+    }
+    let chunk = move |delta: Value, finish: Option<&str>| {
+        let mut c = json!({
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model_name,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    };
+    struct S<C> {
+        rx: UnboundedReceiver<Event>,
+        parser: StreamParser,
+        chunk: C,
+        started: bool,
+        done: bool,
+        calls: bool,
+    }
+    let state = S {
+        rx,
+        parser,
+        chunk,
+        started: false,
+        done: false,
+        calls: false,
+    };
+    let stream = futures_util::stream::unfold(state, move |mut s| async move {
+        if s.done {
+            return None;
+        }
+        if !s.started {
+            s.started = true;
+            let first = (s.chunk)(json!({"role": "assistant", "content": ""}), None);
+            return Some((Ok(data(&first)), s));
+        }
+        loop {
+            match s.rx.recv().await {
+                Some(Event::Text(t)) => {
+                    if let Some(d) = s.parser.push(&t) {
+                        s.calls |= d.get("tool_calls").is_some();
+                        return Some((Ok(data(&(s.chunk)(d, None))), s));
+                    }
+                }
+                Some(Event::Done(fin)) => {
+                    let (d, msg) = s.parser.finish();
+                    let mut out = String::new();
+                    if let Some(d) = d {
+                        out.push_str(&format!("data: {}\n\n", (s.chunk)(d, None)));
+                    }
+                    let reason = if msg.tool_calls.is_empty() && !s.calls {
+                        fin.reason.as_str()
+                    } else {
+                        "tool_calls"
+                    };
+                    out.push_str(&format!("data: {}\n\n", (s.chunk)(json!({}), Some(reason))));
+                    if include_usage {
+                        let mut u = (s.chunk)(json!({}), None);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage(&fin);
+                        out.push_str(&format!("data: {u}\n\n"));
+                    }
+                    out.push_str("data: [DONE]\n\n");
+                    s.done = true;
+                    return Some((Ok(Bytes::from(out)), s));
+                }
+                Some(Event::Error(e)) => {
+                    s.done = true;
+                    let err =
+                        json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                    return Some((Ok(data(&err)), s));
+                }
+                None => return None,
+            }
+        }
+    });
+    Ok(sse(stream))
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(st): State<Shared>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body(b)?;
+    let obj = parse_object(&body)?;
+    let f = Fields::new(&obj, "");
+    f.only(COMPLETION_FIELDS)?;
+    let name = f.required_str("model")?;
+    let prompt = match f.raw("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or("").to_string(),
+        Some(_) => return Err(ApiError::param("prompt", "'prompt' must be a string")),
+        None => return Err(ApiError::param("prompt", "'prompt' is required")),
+    };
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        Some(o) => Fields::new(o, "stream_options.")
+            .bool("include_usage")?
+            .unwrap_or(false),
+        None => false,
+    };
+    let mut decode = decode_options(&f, &["max_tokens"])?;
+    if decode.max_tokens.is_none() {
+        decode.max_tokens = Some(16);
+    }
+    let model = model_for(&st, name, None).await?;
+    let tokens = model.tokenizer.encode(&prompt, true);
+    let rx = submit(&model, &id, tokens, decode)?;
+    let cid = format!("cmpl-{}", id.trim_start_matches("req-"));
+    let created = now_secs();
+    let model_name = model.reference.clone();
+    let chunk = move |text: &str, finish: Option<&str>| {
+        let mut c = json!({
+            "id": cid, "object": "text_completion", "created": created, "model": model_name,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+        });
+        if include_usage && stream {
+            c["usage"] = Value::Null;
+        }
+        c
+    };
+    if !stream {
+        let (text, fin) = collect(rx).await?;
+        let mut c = chunk(&text, Some(fin.reason.as_str()));
+        c["usage"] = usage(&fin);
+        return Ok(axum::Json(c).into_response());
+    }
+    let stream = futures_util::stream::unfold((rx, chunk, false), move |(mut rx, chunk, done)| async move {
+        if done {
+            return None;
+        }
+        match rx.recv().await {
+            Some(Event::Text(t)) => Some((Ok(data(&chunk(&t, None))), (rx, chunk, false))),
+            Some(Event::Done(fin)) => {
+                let mut out = format!("data: {}\n\n", chunk("", Some(fin.reason.as_str())));
+                if include_usage {
+                    let mut u = chunk("", None);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage(&fin);
+                    out.push_str(&format!("data: {u}\n\n"));
+                }
+                out.push_str("data: [DONE]\n\n");
+                Some((Ok(Bytes::from(out)), (rx, chunk, true)))
+            }
+            Some(Event::Error(e)) => {
+                let err =
+                    json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                Some((Ok(data(&err)), (rx, chunk, true)))
+            }
+            None => None,
+        }
+    });
+    Ok(sse(stream))
+}
+
+/// One `/v1/models` entry.
+fn model_object(e: &berth_registry::store::PackEntry) -> Value {
+    let created = e.modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let caps = e
+        .manifest
+        .as_ref()
+        .map(|m| m.capabilities.clone())
+        .unwrap_or_default();
+    json!({
+        "id": e.reference,
+        "object": "model",
+        "created": created,
+        "owned_by": "berth",
+        "capabilities": caps,
+    })
+}
+
+/// `GET /v1/models`.
+pub async fn list_models(State(st): State<Shared>) -> Response {
+    let data: Vec<Value> = st
+        .models
+        .catalog()
+        .iter()
+        .filter(|e| e.manifest.is_some() && e.problems.is_empty())
+        .map(model_object)
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = id.trim_start_matches('/');
+    match st.models.store().get(id) {
+        Ok(e) if e.manifest.is_some() => Ok(axum::Json(model_object(&e)).into_response()),
+        _ => Err(ApiError::model_not_found(id)),
+    }
+}

@@ -1,0 +1,148 @@
+//! Server-wide counters and gauges, written by the engines and the HTTP layer and rendered in
+//! Prometheus' text format for `GET /metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the time-to-first-token histogram buckets.
+const TTFT_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
+
+/// Everything `/metrics` reports.
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Prompt tokens processed (after prefix reuse).
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens reused from a slot's cache.
+    pub cached_tokens: AtomicU64,
+    /// Tokens generated.
+    pub generated_tokens: AtomicU64,
+    /// Requests waiting for a slot, over all models.
+    pub queue_depth: AtomicI64,
+    /// Sequences holding a slot, over all models.
+    pub active_sequences: AtomicI64,
+    /// Models loaded.
+    pub loaded_models: AtomicI64,
+    /// Decode steps run.
+    pub decode_steps: AtomicU64,
+    /// Microseconds spent in plugin decode calls.
+    pub decode_micros: AtomicU64,
+    ttft: Mutex<Histogram>,
+}
+
+#[derive(Default)]
+struct Histogram {
+    buckets: [u64; TTFT_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Metrics {
+    /// Counts one finished HTTP request by route and status.
+    pub fn request(&self, route: &str, status: u16) {
+        let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((route.to_string(), status)).or_default() += 1;
+    }
+
+    /// Records one time to first token.
+    pub fn ttft(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let mut h = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
+        for (b, &le) in h.buckets.iter_mut().zip(&TTFT_BUCKETS) {
+            if s <= le {
+                *b += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += s;
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        o.push_str("# HELP berth_requests_total HTTP requests by route and status.\n# TYPE berth_requests_total counter\n");
+        for ((route, status), n) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(
+                o,
+                "berth_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+            );
+        }
+        let counter = |o: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        let gauge = |o: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        counter(
+            &mut o,
+            "berth_prompt_tokens_total",
+            "Prompt tokens processed.",
+            self.prompt_tokens.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "berth_cached_prompt_tokens_total",
+            "Prompt tokens reused from the KV cache.",
+            self.cached_tokens.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "berth_generated_tokens_total",
+            "Tokens generated.",
+            self.generated_tokens.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "berth_decode_steps_total",
+            "Batched plugin decode steps.",
+            self.decode_steps.load(Relaxed),
+        );
+        let secs = self.decode_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(o, "# HELP berth_decode_seconds_total Time in plugin decode calls.\n# TYPE berth_decode_seconds_total counter\nberth_decode_seconds_total {secs}");
+        let rate = if secs > 0.0 {
+            self.generated_tokens.load(Relaxed) as f64 / secs
+        } else {
+            0.0
+        };
+        gauge(
+            &mut o,
+            "berth_tokens_per_second",
+            "Generated tokens per second of decode time.",
+            rate,
+        );
+        gauge(
+            &mut o,
+            "berth_queue_depth",
+            "Requests waiting for a sequence slot.",
+            self.queue_depth.load(Relaxed) as f64,
+        );
+        gauge(
+            &mut o,
+            "berth_active_sequences",
+            "Sequences being decoded.",
+            self.active_sequences.load(Relaxed) as f64,
+        );
+        gauge(
+            &mut o,
+            "berth_loaded_models",
+            "Models loaded.",
+            self.loaded_models.load(Relaxed) as f64,
+        );
+        let h = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
+        o.push_str("# HELP berth_time_to_first_token_seconds Time from request to first token.\n# TYPE berth_time_to_first_token_seconds histogram\n");
+        for (b, le) in h.buckets.iter().zip(TTFT_BUCKETS) {
+            let _ = writeln!(o, "berth_time_to_first_token_seconds_bucket{{le=\"{le}\"}} {b}");
+        }
+        let _ = writeln!(
+            o,
+            "berth_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(o, "berth_time_to_first_token_seconds_sum {}", h.sum);
+        let _ = writeln!(o, "berth_time_to_first_token_seconds_count {}", h.count);
+        o
+    }
+}

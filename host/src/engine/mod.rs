@@ -1,0 +1,489 @@
+//! The engine: one scheduler thread per loaded model that owns the plugin instance and runs
+//! continuous batching. Each step is one plugin `decode` over the next token of every generating
+//! sequence plus one chunk of one waiting prompt, so running streams keep going while a new
+//! prompt is processed. Requests wait in a bounded queue; each sequence holds a KV slot, and a
+//! new request takes the free slot whose cache shares the longest prefix with its prompt.
+//!
+//! Prompt chunks are aligned to absolute positions (multiples of [`PREFILL_CHUNK`]) and a reused
+//! prefix is cut back to a chunk boundary of the previous prompt, so every position is computed
+//! by the same rows whether a request runs alone, next to others, or after another request in the
+//! same slot: with the plugins' per-sequence rounding, greedy outputs do not depend on load.
+
+pub mod metrics;
+pub mod sequence;
+
+use crate::models::LoadedModel;
+use metrics::Metrics;
+use sequence::{DecodeOptions, FinishReason, SequenceDecoder};
+
+use crate::tokenizer::Tokenizer;
+use berth_plugin_api::BatchView;
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Rows of a prompt fed per step (chunks start at multiples of this position).
+pub const PREFILL_CHUNK: usize = 64;
+
+/// Engine sizing.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Sequences decoded at once (KV slots).
+    pub slots: usize,
+    /// Requests that may wait for a slot before new ones get 429.
+    pub queue: usize,
+}
+
+/// One generation request for the engine.
+pub struct Job {
+    /// Request id (for logs).
+    pub id: String,
+    /// Prompt tokens.
+    pub prompt: Vec<u32>,
+    /// How to decode.
+    pub decode: DecodeOptions,
+    /// Where text and the end go; a closed receiver cancels the sequence.
+    pub events: UnboundedSender<Event>,
+    /// When the HTTP request arrived.
+    pub received: Instant,
+}
+
+/// What the engine tells a request.
+#[derive(Debug)]
+pub enum Event {
+    /// Generated text.
+    Text(String),
+    /// The sequence ended.
+    Done(Finish),
+    /// The sequence failed (plugin error).
+    Error(String),
+}
+
+/// How a sequence ended, with its counts.
+#[derive(Clone, Debug)]
+pub struct Finish {
+    /// Stop or length.
+    pub reason: FinishReason,
+    /// Prompt tokens (all of them, cached included).
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the slot's cache.
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Time from receipt to the end of the prompt.
+    pub prompt_duration: Duration,
+    /// Time spent generating.
+    pub generation_duration: Duration,
+}
+
+/// Why a job was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The queue is full (HTTP 429).
+    QueueFull,
+    /// The engine is shutting down or was unloaded (HTTP 503).
+    Closed,
+}
+
+/// The text side the scheduler needs: detokenizing and stop tokens.
+#[derive(Clone)]
+pub struct TextSide {
+    /// The model's tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Tokens that end generation.
+    pub stop_tokens: HashSet<u32>,
+}
+
+struct State {
+    pending: VecDeque<Job>,
+    active: usize,
+    closing: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    cfg: EngineConfig,
+    metrics: Arc<Metrics>,
+}
+
+/// A running scheduler; dropping it finishes running and queued work, then stops the thread.
+pub struct Engine {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Context length of the model.
+    pub context_length: usize,
+}
+
+impl Engine {
+    /// Starts the scheduler thread for a loaded model.
+    pub fn start(
+        model: LoadedModel,
+        text: TextSide,
+        cfg: EngineConfig,
+        metrics: Arc<Metrics>,
+        name: &str,
+    ) -> Engine {
+        let context_length = model.description().context_length as usize;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                pending: VecDeque::new(),
+                active: 0,
+                closing: false,
+            }),
+            wake: Condvar::new(),
+            cfg,
+            metrics,
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("engine {name}"))
+            .spawn(move || Scheduler::new(model, text, s2).run())
+            .expect("spawn the scheduler thread");
+        Engine {
+            shared,
+            thread: Mutex::new(Some(thread)),
+            context_length,
+        }
+    }
+
+    /// Queues a job; fails when the queue is full or the engine is closing.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.closing {
+            return Err(SubmitError::Closed);
+        }
+        if st.pending.len() >= self.shared.cfg.queue {
+            return Err(SubmitError::QueueFull);
+        }
+        st.pending.push_back(job);
+        self.shared.metrics.queue_depth.fetch_add(1, Relaxed);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Requests queued and sequences running.
+    pub fn load(&self) -> (usize, usize) {
+        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        (st.pending.len(), st.active)
+    }
+
+    /// Stops accepting jobs, lets queued and running ones finish, and waits for the thread.
+    pub fn drain(&self) {
+        {
+            let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.closing = true;
+            self.shared.wake.notify_all();
+        }
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.drain();
+    }
+}
+
+/// A sequence holding a slot.
+struct Running {
+    job: Job,
+    dec: SequenceDecoder,
+    /// Prompt tokens already in the cache.
+    fed: usize,
+    /// The picked token to feed next (generating) or None (still in the prompt).
+    next: Option<u32>,
+    cached_tokens: usize,
+    admitted: u64,
+    prompt_done: Option<Instant>,
+}
+
+struct Slot {
+    /// Tokens in the plugin's cache for this slot's sequence id.
+    cached: Vec<u32>,
+    /// Leading cached tokens computed as whole aligned prompt chunks (safe to reuse exactly).
+    exact: usize,
+    run: Option<Running>,
+    last_used: u64,
+}
+
+struct Scheduler {
+    model: LoadedModel,
+    text: TextSide,
+    shared: Arc<Shared>,
+    slots: Vec<Slot>,
+    logits: Vec<f32>,
+    tick: u64,
+}
+
+impl Scheduler {
+    fn new(model: LoadedModel, text: TextSide, shared: Arc<Shared>) -> Scheduler {
+        let n = shared
+            .cfg
+            .slots
+            .min(model.description().max_sequences as usize)
+            .max(1);
+        let slots = (0..n)
+            .map(|_| Slot {
+                cached: Vec::new(),
+                exact: 0,
+                run: None,
+                last_used: 0,
+            })
+            .collect();
+        Scheduler {
+            model,
+            text,
+            shared,
+            slots,
+            logits: Vec::new(),
+            tick: 0,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            if !self.admit() {
+                return;
+            }
+            self.drop_cancelled();
+            if self.slots.iter().any(|s| s.run.is_some()) {
+                self.step();
+            }
+        }
+    }
+
+    /// Moves queued jobs into free slots; waits while there is nothing to do. False: exit.
+    fn admit(&mut self) -> bool {
+        let shared = self.shared.clone();
+        let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            while self.slots.iter().any(|s| s.run.is_none()) {
+                let Some(job) = st.pending.pop_front() else { break };
+                shared.metrics.queue_depth.fetch_sub(1, Relaxed);
+                if job.events.is_closed() {
+                    continue;
+                }
+                self.place(job);
+            }
+            st.active = self.slots.iter().filter(|s| s.run.is_some()).count();
+            if st.active > 0 {
+                return true;
+            }
+            if st.closing && st.pending.is_empty() {
+                return false;
+            }
+            st = shared
+                .wake
+                .wait_timeout(st, Duration::from_millis(500))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Puts a job in the free slot sharing the longest reusable prefix (else the least recently
+    /// used one) and cuts that slot's cache back to the reusable part.
+    fn place(&mut self, job: Job) {
+        self.tick += 1;
+        let prompt = &job.prompt;
+        let reusable = |s: &Slot| {
+            let lcp = s.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+            let keep = lcp.min(s.exact).min(prompt.len().saturating_sub(1));
+            keep - keep % PREFILL_CHUNK
+        };
+        let i = (0..self.slots.len())
+            .filter(|&i| self.slots[i].run.is_none())
+            .max_by_key(|&i| (reusable(&self.slots[i]), u64::MAX - self.slots[i].last_used))
+            .expect("a free slot");
+        let keep = reusable(&self.slots[i]);
+        let context_left = (self.model.description().context_length as usize).saturating_sub(prompt.len());
+        let dec = SequenceDecoder::new(
+            job.decode.clone(),
+            &self.text.tokenizer,
+            &self.text.stop_tokens,
+            context_left,
+        );
+        let slot = &mut self.slots[i];
+        if keep < slot.cached.len() {
+            let truncated = self
+                .model
+                .instance()
+                .and_then(|m| m.seq_truncate(i as i32, keep as u32));
+            if truncated.is_err() {
+                slot.cached.clear();
+                slot.exact = 0;
+            }
+        }
+        let keep = keep.min(slot.cached.len());
+        slot.cached.truncate(keep);
+        slot.exact = slot.exact.min(keep);
+        slot.last_used = self.tick;
+        self.shared.metrics.active_sequences.fetch_add(1, Relaxed);
+        self.shared.metrics.cached_tokens.fetch_add(keep as u64, Relaxed);
+        tracing::debug!(request = %job.id, slot = i, prompt = prompt.len(), cached = keep, "sequence admitted");
+        slot.run = Some(Running {
+            job,
+            dec,
+            fed: keep,
+            next: None,
+            cached_tokens: keep,
+            admitted: self.tick,
+            prompt_done: None,
+        });
+    }
+
+    /// Frees the slots of requests whose client went away.
+    fn drop_cancelled(&mut self) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if slot.run.as_ref().is_some_and(|r| r.job.events.is_closed()) {
+                let r = slot.run.take().expect("checked");
+                tracing::info!(request = %r.job.id, slot = i, "client gone; sequence freed");
+                self.shared.metrics.active_sequences.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
+    /// One batched decode: every generating sequence's next token plus one prompt chunk.
+    fn step(&mut self) {
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut seqs = Vec::new();
+        let mut want = Vec::new();
+        // (slot, is prompt chunk, tokens fed) per slot in the batch, in row order.
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(r) = &mut slot.run {
+                if let Some(t) = r.next {
+                    r.dec.prepare();
+                    tokens.push(t as i32);
+                    positions.push(slot.cached.len() as i32);
+                    seqs.push(i as i32);
+                    want.push(1u8);
+                    plan.push((i, 1));
+                }
+            }
+        }
+        // The prompt admitted first gets this step's chunk, up to the next aligned boundary.
+        let prefill = (0..self.slots.len())
+            .filter(|&i| self.slots[i].run.as_ref().is_some_and(|r| r.next.is_none()))
+            .min_by_key(|&i| self.slots[i].run.as_ref().map(|r| r.admitted));
+        if let Some(i) = prefill {
+            let slot = &self.slots[i];
+            let r = slot.run.as_ref().expect("running");
+            let start = r.fed;
+            let end = ((start / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(r.job.prompt.len());
+            for (k, &t) in r.job.prompt[start..end].iter().enumerate() {
+                tokens.push(t as i32);
+                positions.push((slot.cached.len() + k) as i32);
+                seqs.push(i as i32);
+                want.push(u8::from(start + k + 1 == r.job.prompt.len()));
+            }
+            plan.push((i, end - start));
+        }
+        if tokens.is_empty() {
+            return;
+        }
+        let vocab = self.model.description().vocab_size as usize;
+        let rows = want.iter().filter(|&&w| w != 0).count();
+        self.logits.resize(rows.max(1) * vocab, 0.0);
+        let batch = BatchView {
+            tokens: &tokens,
+            positions: &positions,
+            seq_ids: &seqs,
+            want_logits: &want,
+        };
+        let t0 = Instant::now();
+        let result = self.model.decode(&batch, &mut self.logits);
+        let m = &self.shared.metrics;
+        m.decode_steps.fetch_add(1, Relaxed);
+        m.decode_micros
+            .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
+        if let Err(e) = result {
+            tracing::error!(error = %e.message, "decode failed; failing the running sequences");
+            for slot in &mut self.slots {
+                slot.cached.clear();
+                slot.exact = 0;
+                if let Some(r) = slot.run.take() {
+                    let _ = r
+                        .job
+                        .events
+                        .send(Event::Error(format!("model error: {}", e.message)));
+                    m.active_sequences.fetch_sub(1, Relaxed);
+                }
+            }
+            return;
+        }
+        let mut row = 0;
+        let mut k = 0;
+        for &(i, n) in &plan {
+            let slot = &mut self.slots[i];
+            let r = slot.run.as_mut().expect("running");
+            let fed: Vec<u32> = tokens[k..k + n].iter().map(|&t| t as u32).collect();
+            let wants = want[k..k + n].iter().any(|&w| w != 0);
+            k += n;
+            slot.cached.extend_from_slice(&fed);
+            if r.next.is_none() {
+                r.fed += n;
+                m.prompt_tokens.fetch_add(n as u64, Relaxed);
+                // Whole aligned chunks (the prefix a later prompt can reuse exactly).
+                if r.fed.is_multiple_of(PREFILL_CHUNK) && slot.exact + n == r.fed {
+                    slot.exact = r.fed;
+                }
+            }
+            if !wants {
+                continue;
+            }
+            let logits = &self.logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            if r.prompt_done.is_none() {
+                r.prompt_done = Some(Instant::now());
+                m.ttft(r.job.received.elapsed());
+            }
+            let done = if r.dec.exhausted() {
+                Some(FinishReason::Length)
+            } else {
+                let tok = r.dec.pick(logits);
+                let s = r.dec.accept(tok);
+                if s.finished.is_none() {
+                    // Fed on the next step.
+                    r.next = Some(tok);
+                }
+                if !self.text.stop_tokens.contains(&tok) {
+                    m.generated_tokens.fetch_add(1, Relaxed);
+                }
+                if !s.text.is_empty() {
+                    let _ = r.job.events.send(Event::Text(s.text));
+                }
+                s.finished
+            };
+            if let Some(reason) = done {
+                let r = slot.run.take().expect("running");
+                m.active_sequences.fetch_sub(1, Relaxed);
+                let prompt_done = r.prompt_done.unwrap_or_else(Instant::now);
+                let fin = Finish {
+                    reason,
+                    prompt_tokens: r.job.prompt.len(),
+                    cached_tokens: r.cached_tokens,
+                    completion_tokens: r.dec.generated(),
+                    prompt_duration: prompt_done.duration_since(r.job.received),
+                    generation_duration: prompt_done.elapsed(),
+                };
+                tracing::info!(
+                    request = %r.job.id,
+                    slot = i,
+                    prompt = fin.prompt_tokens,
+                    cached = fin.cached_tokens,
+                    generated = fin.completion_tokens,
+                    reason = reason.as_str(),
+                    "sequence finished"
+                );
+                let _ = r.job.events.send(Event::Done(fin));
+            }
+        }
+    }
+}

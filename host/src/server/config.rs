@@ -1,0 +1,191 @@
+//! `berth serve` and `berth ps` options: flags, then `BERTH_*` environment variables, then an
+//! optional `berth.toml` (`--config`, else `$BERTH_HOME/berth.toml`), then defaults.
+
+use super::models::ModelsConfig;
+use super::ServeConfig;
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default address: loopback only.
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+/// Default port (Ollama's 11434 plus one, so both can run side by side).
+pub const DEFAULT_PORT: u16 = 11435;
+
+/// Flags of `berth serve`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// Address to bind (default 127.0.0.1).
+    #[arg(long, env = "BERTH_HOST")]
+    pub host: Option<String>,
+    /// Port to bind (default 11435; 0 picks a free one and prints it).
+    #[arg(long, env = "BERTH_PORT")]
+    pub port: Option<u16>,
+    /// Require `Authorization: Bearer KEY` on every API route.
+    #[arg(long, env = "BERTH_API_KEY")]
+    pub api_key: Option<String>,
+    /// Sequences decoded at once per model (default 8).
+    #[arg(long, env = "BERTH_PARALLEL")]
+    pub parallel: Option<usize>,
+    /// Requests that may wait per model before 429 (default 64).
+    #[arg(long, env = "BERTH_QUEUE")]
+    pub queue: Option<usize>,
+    /// How long an idle model stays loaded: 5m, 30s, 1h, -1 (forever), 0 (unload at once).
+    #[arg(long, env = "BERTH_KEEP_ALIVE")]
+    pub keep_alive: Option<String>,
+    /// Most models loaded at once; the least recently used is unloaded (default 2).
+    #[arg(long, env = "BERTH_MAX_LOADED_MODELS")]
+    pub max_loaded_models: Option<usize>,
+    /// Context length per sequence, capped by the model's (default 8192).
+    #[arg(long, env = "BERTH_CONTEXT")]
+    pub context: Option<u32>,
+    /// Compute threads per model (default: all cores, or BERTH_THREADS).
+    #[arg(long, env = "BERTH_THREADS")]
+    pub threads: Option<u32>,
+    /// Largest request body in bytes (default 32 MiB).
+    #[arg(long, env = "BERTH_MAX_BODY")]
+    pub max_body: Option<usize>,
+    /// Log format: text or json.
+    #[arg(long, env = "BERTH_LOG_FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
+    /// A berth.toml (default `$BERTH_HOME/berth.toml` when it exists).
+    #[arg(long, env = "BERTH_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// `berth.toml`: the same settings as the flags.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    host: Option<String>,
+    port: Option<u16>,
+    api_key: Option<String>,
+    parallel: Option<usize>,
+    queue: Option<usize>,
+    keep_alive: Option<toml::Value>,
+    max_loaded_models: Option<usize>,
+    context: Option<u32>,
+    threads: Option<u32>,
+    max_body: Option<usize>,
+    log_format: Option<String>,
+}
+
+/// Parses a keep-alive: a duration (`30s`, `5m`, `1h`, bare seconds), negative = forever.
+pub fn parse_keep_alive(s: &str) -> Result<Option<Duration>> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let x: f64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("bad keep-alive '{s}'"))?;
+    if x < 0.0 {
+        return Ok(None);
+    }
+    let secs = match unit {
+        "ms" => x / 1000.0,
+        "s" => x,
+        "m" => x * 60.0,
+        "h" => x * 3600.0,
+        _ => bail!("bad keep-alive unit in '{s}' (ms, s, m, h)"),
+    };
+    Ok(Some(Duration::from_secs_f64(secs)))
+}
+
+/// The full server configuration from flags, env, file and defaults.
+pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
+    let path = args
+        .config
+        .clone()
+        .or_else(|| Some(home.join("berth.toml")).filter(|p| p.is_file()));
+    let file: FileConfig = match &path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let keep_alive = match (args.keep_alive, file.keep_alive) {
+        (Some(s), _) => parse_keep_alive(&s)?,
+        (None, Some(toml::Value::String(s))) => parse_keep_alive(&s)?,
+        (None, Some(toml::Value::Integer(i))) => parse_keep_alive(&i.to_string())?,
+        (None, Some(v)) => bail!("keep_alive in berth.toml must be a string or a number, not {v}"),
+        (None, None) => Some(Duration::from_secs(300)),
+    };
+    let log_format = args
+        .log_format
+        .or(file.log_format)
+        .unwrap_or_else(|| "text".into());
+    Ok(ServeConfig {
+        host: args.host.or(file.host).unwrap_or_else(|| DEFAULT_HOST.into()),
+        port: args.port.or(file.port).unwrap_or(DEFAULT_PORT),
+        home: home.to_path_buf(),
+        api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+        max_body: args.max_body.or(file.max_body).unwrap_or(32 << 20),
+        log_json: log_format == "json",
+        models: ModelsConfig {
+            home: home.to_path_buf(),
+            slots: args.parallel.or(file.parallel).unwrap_or(8).max(1),
+            queue: args.queue.or(file.queue).unwrap_or(64),
+            keep_alive,
+            max_loaded: args
+                .max_loaded_models
+                .or(file.max_loaded_models)
+                .unwrap_or(2)
+                .max(1),
+            context: args.context.or(file.context).unwrap_or(8192).max(16),
+            threads: args.threads.or(file.threads),
+        },
+    })
+}
+
+/// `berth ps`: the models a running server holds (asks `GET /api/ps`).
+pub fn ps(json: bool) -> Result<()> {
+    let host = std::env::var("BERTH_HOST").unwrap_or_else(|_| DEFAULT_HOST.into());
+    let port = std::env::var("BERTH_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(DEFAULT_PORT);
+    let host = if host == "0.0.0.0" {
+        DEFAULT_HOST.to_string()
+    } else {
+        host
+    };
+    let mut s = std::net::TcpStream::connect((host.as_str(), port))
+        .with_context(|| format!("no berth server at {host}:{port} (start one with `berth serve`)"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut req = format!("GET /api/ps HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    if let Ok(k) = std::env::var("BERTH_API_KEY") {
+        req.push_str(&format!("Authorization: Bearer {k}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    let v: serde_json::Value =
+        serde_json::from_str(body.trim()).context("the server's /api/ps answer is not JSON")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<32} {:>10} {:>8} {:>8}  UNTIL",
+        "NAME", "SIZE", "QUEUED", "ACTIVE"
+    );
+    for m in v["models"].as_array().into_iter().flatten() {
+        println!(
+            "{:<32} {:>10} {:>8} {:>8}  {}",
+            m["name"].as_str().unwrap_or(""),
+            berth_registry::format::human_size(m["size"].as_u64().unwrap_or(0)),
+            m["queued"].as_u64().unwrap_or(0),
+            m["active"].as_u64().unwrap_or(0),
+            m["expires_at"].as_str().unwrap_or("forever"),
+        );
+    }
+    Ok(())
+}

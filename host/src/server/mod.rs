@@ -1,0 +1,238 @@
+//! `berth serve`: configuration, the HTTP router (OpenAI and Ollama APIs, `/health`,
+//! `/metrics`), bearer-token auth, request ids, the store watcher and graceful shutdown.
+
+pub mod config;
+pub mod models;
+
+use crate::api::{self, ApiError};
+use crate::engine::metrics::Metrics;
+use anyhow::{Context, Result};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use models::{Models, ModelsConfig};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Everything `berth serve` is configured with (flags, env vars, `berth.toml`).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Address to bind.
+    pub host: String,
+    /// Port to bind.
+    pub port: u16,
+    /// Berth home.
+    pub home: PathBuf,
+    /// Bearer token required on every API route, if set.
+    pub api_key: Option<String>,
+    /// Model loading and scheduling.
+    pub models: ModelsConfig,
+    /// Largest request body in bytes.
+    pub max_body: usize,
+    /// Logs as JSON lines.
+    pub log_json: bool,
+}
+
+/// Shared state of the handlers.
+pub struct AppState {
+    /// The models.
+    pub models: Arc<Models>,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Bearer token, if required.
+    pub api_key: Option<String>,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    /// A fresh request id.
+    pub fn request_id(&self) -> String {
+        format!("req-{:x}", self.next_id.fetch_add(1, Relaxed))
+    }
+}
+
+/// Shared state as handlers take it.
+pub type Shared = Arc<AppState>;
+
+/// The router over a state.
+pub fn router(state: Shared, max_body: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(api::openai::list_models))
+        .route("/v1/models/{*id}", get(api::openai::get_model))
+        .route("/v1/chat/completions", post(api::openai::chat_completions))
+        .route("/v1/completions", post(api::openai::completions))
+        .route("/api/chat", post(api::ollama::chat))
+        .route("/api/generate", post(api::ollama::generate))
+        .route("/api/tags", get(api::ollama::tags))
+        .route("/api/show", post(api::ollama::show))
+        .route("/api/ps", get(api::ollama::ps))
+        .route("/api/version", get(api::ollama::version))
+        .route("/api/delete", axum::routing::delete(api::ollama::delete))
+        .route("/api/copy", post(api::ollama::copy))
+        .route("/api/pull", post(api::ollama::pull))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such route")
+}
+
+/// Auth, request ids in logs, and per-route status counts.
+async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let id = st.request_id();
+    let open = matches!(path.as_str(), "/health" | "/metrics");
+    if let (Some(key), false) = (&st.api_key, open) {
+        let ok = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|k| k == key);
+        if !ok {
+            st.metrics.request(&route_label(&path), 401);
+            let mut e = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "a valid API key is required (Authorization: Bearer ...)",
+            );
+            e.code = Some("invalid_api_key");
+            return e.into_response();
+        }
+    }
+    let method = req.method().clone();
+    let mut req = req;
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let span = tracing::info_span!("request", id = %id, %method, path = %path);
+    let started = std::time::Instant::now();
+    let mut resp = {
+        let _g = span.enter();
+        tracing::debug!("received");
+        drop(_g);
+        next.run(req).await
+    };
+    let status = resp.status().as_u16();
+    st.metrics.request(&route_label(&path), status);
+    tracing::info!(parent: &span, status, ms = started.elapsed().as_millis() as u64, "answered");
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// The request id, as handlers see it.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+fn route_label(path: &str) -> String {
+    if path.starts_with("/v1/models/") {
+        "/v1/models/{id}".into()
+    } else {
+        path.to_string()
+    }
+}
+
+async fn health(State(st): State<Shared>) -> Response {
+    let body = if st.models.is_loading() {
+        serde_json::json!({"status": "loading"})
+    } else {
+        serde_json::json!({"status": "ok"})
+    };
+    axum::Json(body).into_response()
+}
+
+async fn metrics(State(st): State<Shared>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Runs the server until SIGTERM or Ctrl-C; running streams finish first.
+pub fn serve(cfg: ServeConfig) -> Result<()> {
+    init_logs(cfg.log_json);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let metrics = Arc::new(Metrics::default());
+        let models = Arc::new(Models::new(cfg.models.clone(), metrics.clone()));
+        let state = Arc::new(AppState {
+            models: models.clone(),
+            metrics,
+            api_key: cfg.api_key.clone(),
+            next_id: AtomicU64::new(1),
+        });
+        let addr = format!("{}:{}", cfg.host, cfg.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        tracing::info!(address = %local, home = %cfg.home.display(), "berth serve listening");
+        // Printed for scripts and tests that bind port 0.
+        println!("berth serve listening on http://{local}");
+        let watcher = {
+            let models = models.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let m = models.clone();
+                    let _ = tokio::task::spawn_blocking(move || m.tick()).await;
+                }
+            })
+        };
+        axum::serve(listener, router(state, cfg.max_body))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving")?;
+        watcher.abort();
+        tracing::info!("shutting down: waiting for running requests");
+        let m = models.clone();
+        let _ = tokio::task::spawn_blocking(move || m.shutdown()).await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("signal received: finishing running streams");
+}
+
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    let _ = if json { b.json().try_init() } else { b.try_init() };
+}

@@ -1,0 +1,390 @@
+//! The models a server holds: loaded on first request, unloaded after their keep-alive, capped
+//! with least-recently-used eviction, and kept in step with the store (a pack imported while the
+//! server runs becomes servable; a removed one is drained, then unloaded).
+
+use crate::chat::{self, Detected};
+use crate::engine::metrics::Metrics;
+use crate::engine::{Engine, EngineConfig, TextSide};
+use crate::generate::load_text_side;
+use crate::models::LoadedModel;
+use crate::packs;
+use crate::plugins::PluginSet;
+use crate::template::ChatTemplate;
+use crate::tokenizer::Tokenizer;
+use anyhow::{anyhow, bail, Context, Result};
+use berth_registry::store::{PackEntry, Store};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How a server loads models.
+#[derive(Clone, Debug)]
+pub struct ModelsConfig {
+    /// Berth home (store and plugins).
+    pub home: PathBuf,
+    /// Sequences per model.
+    pub slots: usize,
+    /// Queue length per model.
+    pub queue: usize,
+    /// Default keep-alive; `None` keeps models forever.
+    pub keep_alive: Option<Duration>,
+    /// Most models loaded at once.
+    pub max_loaded: usize,
+    /// Context length cap per sequence.
+    pub context: u32,
+    /// Compute threads per model (None: the plugin decides).
+    pub threads: Option<u32>,
+}
+
+/// A loaded model: engine plus everything needed to turn requests into prompts.
+pub struct Model {
+    /// `name:tag`.
+    pub reference: String,
+    /// The scheduler.
+    pub engine: Engine,
+    /// Tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Chat template, if any.
+    pub template: Option<ChatTemplate>,
+    /// Chat format detected from the template and vocabulary.
+    pub detected: Detected,
+    /// Capabilities from the pack (`completion`, `tools`, `thinking`, ...).
+    pub capabilities: Vec<String>,
+    /// Family of the pack.
+    pub family: String,
+    /// Size of the pack on disk.
+    pub size: u64,
+    /// When it was loaded.
+    pub loaded_at: SystemTime,
+    /// Context length per sequence.
+    pub context_length: usize,
+    usage: Mutex<Usage>,
+}
+
+struct Usage {
+    last_used: Instant,
+    keep_alive: Option<Duration>,
+}
+
+impl Model {
+    /// Marks a use now; `keep_alive` (when given) replaces the model's keep-alive.
+    pub fn touch(&self, keep_alive: Option<Option<Duration>>) {
+        let mut u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        u.last_used = Instant::now();
+        if let Some(k) = keep_alive {
+            u.keep_alive = k;
+        }
+    }
+
+    /// When the model will be unloaded if unused (`None`: never).
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        let u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        u.keep_alive
+            .map(|k| SystemTime::now() + (u.last_used + k).saturating_duration_since(Instant::now()))
+    }
+
+    fn expired(&self) -> bool {
+        let u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        u.keep_alive.is_some_and(|k| u.last_used.elapsed() >= k)
+    }
+
+    fn last_used(&self) -> Instant {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).last_used
+    }
+
+    /// The BOS / EOS token texts for templates.
+    pub fn special_texts(&self) -> (String, String) {
+        let t = |id: Option<u32>| id.map(|i| self.tokenizer.token_to_piece(i)).unwrap_or_default();
+        (t(self.tokenizer.bos_id()), t(self.tokenizer.eos_id()))
+    }
+}
+
+/// Why a model is not available for a request.
+#[derive(Debug)]
+pub enum ModelError {
+    /// No such pack (404).
+    NotFound,
+    /// It is loading for another request (503).
+    Loading,
+    /// It could not be loaded (the message says why).
+    Failed(String),
+}
+
+/// A pack the store lists, as the APIs show it.
+#[derive(Clone, Debug)]
+pub struct PackInfo {
+    /// The store's view.
+    pub entry: PackEntry,
+}
+
+/// All models of a server.
+pub struct Models {
+    cfg: ModelsConfig,
+    store: Store,
+    metrics: Arc<Metrics>,
+    loaded: Mutex<HashMap<String, Arc<Model>>>,
+    loading: Mutex<HashSet<String>>,
+    catalog: Mutex<Vec<PackEntry>>,
+}
+
+impl Models {
+    /// A manager over the store in `cfg.home`.
+    pub fn new(cfg: ModelsConfig, metrics: Arc<Metrics>) -> Models {
+        let store = Store::new(cfg.home.clone());
+        let catalog = store.list();
+        Models {
+            cfg,
+            store,
+            metrics,
+            loaded: Mutex::new(HashMap::new()),
+            loading: Mutex::new(HashSet::new()),
+            catalog: Mutex::new(catalog),
+        }
+    }
+
+    /// Packs in the store (as of the last scan).
+    pub fn catalog(&self) -> Vec<PackEntry> {
+        self.catalog.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Loaded models.
+    pub fn loaded(&self) -> Vec<Arc<Model>> {
+        let mut v: Vec<_> = self
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.reference.cmp(&b.reference));
+        v
+    }
+
+    /// Whether some model is loading now.
+    pub fn is_loading(&self) -> bool {
+        !self.loading.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// The canonical reference of `name` in the store (a bare name means its only or `latest` tag).
+    pub fn resolve(&self, name: &str) -> Option<String> {
+        if let Some(m) = self.loaded.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Some(m.reference.clone());
+        }
+        self.store
+            .get(name)
+            .ok()
+            .filter(|e| e.manifest.is_some())
+            .map(|e| e.reference)
+    }
+
+    /// The loaded model for `name`, loading it first (on a blocking thread) when needed.
+    pub async fn get(
+        self: &Arc<Self>,
+        name: &str,
+        keep_alive: Option<Option<Duration>>,
+    ) -> Result<Arc<Model>, ModelError> {
+        let reference = self.resolve(name).ok_or(ModelError::NotFound)?;
+        if let Some(m) = self
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&reference)
+        {
+            m.touch(keep_alive);
+            return Ok(m.clone());
+        }
+        if !self
+            .loading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(reference.clone())
+        {
+            return Err(ModelError::Loading);
+        }
+        let me = self.clone();
+        let r2 = reference.clone();
+        let res = tokio::task::spawn_blocking(move || me.load(&r2)).await;
+        self.loading
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&reference);
+        let model = match res {
+            Ok(Ok(m)) => Arc::new(m),
+            Ok(Err(e)) => return Err(ModelError::Failed(format!("{e:#}"))),
+            Err(e) => return Err(ModelError::Failed(format!("loading {reference} panicked: {e}"))),
+        };
+        model.touch(keep_alive);
+        let evicted = {
+            let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            loaded.insert(reference.clone(), model.clone());
+            let mut evicted = Vec::new();
+            while loaded.len() > self.cfg.max_loaded.max(1) {
+                let lru = loaded
+                    .values()
+                    .filter(|m| m.reference != reference)
+                    .min_by_key(|m| m.last_used())
+                    .map(|m| m.reference.clone());
+                match lru.and_then(|r| loaded.remove(&r)) {
+                    Some(m) => evicted.push(m),
+                    None => break,
+                }
+            }
+            evicted
+        };
+        self.metrics.loaded_models.fetch_add(1, Relaxed);
+        for m in evicted {
+            tracing::info!(model = %m.reference, "evicting the least recently used model");
+            self.unload_in_background(m);
+        }
+        Ok(model)
+    }
+
+    fn load(&self, reference: &str) -> Result<Model> {
+        let start = Instant::now();
+        let entry = self.store.get(reference)?;
+        let m = entry
+            .manifest
+            .as_ref()
+            .ok_or_else(|| anyhow!("{}: {}", entry.reference, entry.problems.join("; ")))?;
+        if !entry.problems.is_empty() {
+            bail!("{} is broken: {}", entry.reference, entry.problems.join("; "));
+        }
+        // Discovered afresh on every load: plugin files added while serving become usable.
+        let plugins = PluginSet::discover_default(&self.cfg.home);
+        let (record, plugin) = plugins.best_for(&packs::probe_config(m)).ok_or_else(|| {
+            anyhow!(
+                "no installed plugin serves {} (family '{}', architecture '{}')",
+                entry.reference,
+                m.family,
+                m.architecture
+            )
+        })?;
+        let mut config = packs::load_config(&entry, m);
+        config.threads = self.cfg.threads;
+        config.max_sequences = Some(self.cfg.slots as u32);
+        let ctx = m
+            .context_length
+            .map_or(self.cfg.context, |c| (c as u32).min(self.cfg.context));
+        config.context_length = Some(ctx);
+        let model = LoadedModel::load(plugin, &config)
+            .with_context(|| format!("plugin '{}' could not load {}", record.name(), entry.reference))?;
+        let (tokenizer, template) = load_text_side(&entry)?;
+        let mut stop_tokens: HashSet<u32> = model
+            .description()
+            .stop_tokens
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        stop_tokens.extend(tokenizer.stop_ids().iter().copied());
+        let detected = chat::detect(template.as_ref().map(|t| t.source()), |tok| {
+            tokenizer.token_id(tok).is_some()
+        });
+        let context_length = model.description().context_length as usize;
+        let engine = Engine::start(
+            model,
+            TextSide {
+                tokenizer: tokenizer.clone(),
+                stop_tokens,
+            },
+            EngineConfig {
+                slots: self.cfg.slots,
+                queue: self.cfg.queue,
+            },
+            self.metrics.clone(),
+            reference,
+        );
+        tracing::info!(model = %entry.reference, plugin = %record.name(), seconds = start.elapsed().as_secs_f64(), "model loaded");
+        Ok(Model {
+            reference: entry.reference.clone(),
+            engine,
+            tokenizer,
+            template,
+            detected,
+            capabilities: m.capabilities.clone(),
+            family: m.family.clone(),
+            size: entry.size,
+            loaded_at: SystemTime::now(),
+            context_length,
+            usage: Mutex::new(Usage {
+                last_used: Instant::now(),
+                keep_alive: self.cfg.keep_alive,
+            }),
+        })
+    }
+
+    /// Unloads a model now (after its running requests finish). False if it was not loaded.
+    pub fn unload(&self, reference: &str) -> bool {
+        let m = self
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(reference);
+        match m {
+            Some(m) => {
+                self.unload_in_background(m);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn unload_in_background(&self, m: Arc<Model>) {
+        let metrics = self.metrics.clone();
+        std::thread::spawn(move || {
+            m.engine.drain();
+            metrics.loaded_models.fetch_sub(1, Relaxed);
+            tracing::info!(model = %m.reference, "model unloaded");
+        });
+    }
+
+    /// One housekeeping pass: rescan the store, drop removed packs, unload expired models.
+    pub fn tick(&self) {
+        let list = self.store.list();
+        let present: HashSet<String> = list.iter().map(|e| e.reference.clone()).collect();
+        {
+            let mut c = self.catalog.lock().unwrap_or_else(|e| e.into_inner());
+            let before: HashSet<String> = c.iter().map(|e| e.reference.clone()).collect();
+            for added in present.difference(&before) {
+                tracing::info!(model = %added, "pack appeared in the store");
+            }
+            for removed in before.difference(&present) {
+                tracing::info!(model = %removed, "pack left the store");
+            }
+            *c = list;
+        }
+        let gone: Vec<Arc<Model>> = {
+            let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            let drop: Vec<String> = loaded
+                .values()
+                .filter(|m| !present.contains(&m.reference) || (m.expired() && m.engine.load() == (0, 0)))
+                .map(|m| m.reference.clone())
+                .collect();
+            drop.iter().filter_map(|r| loaded.remove(r)).collect()
+        };
+        for m in gone {
+            tracing::info!(model = %m.reference, "unloading (removed from the store or keep-alive expired)");
+            self.unload_in_background(m);
+        }
+    }
+
+    /// Unloads everything, waiting for running requests.
+    pub fn shutdown(&self) {
+        let all: Vec<Arc<Model>> = self
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, m)| m)
+            .collect();
+        for m in all {
+            m.engine.drain();
+        }
+    }
+}
