@@ -1,49 +1,607 @@
-//! The Ollama API: `/api/chat`, `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`,
+//! The Ollama API: `/api/chat` and `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`,
 //! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`.
 
-use super::ApiError;
-use crate::server::Shared;
+use super::openai::{body, check_messages, collect, model_for, render, submit};
+use super::{parse_object, ApiError, Fields};
+use crate::chat::{self, StreamParser};
+use crate::engine::sequence::DecodeOptions;
+use crate::engine::{Event, Finish};
+use crate::sampling::SamplingParams;
+use crate::server::config::parse_keep_alive;
+use crate::server::models::Model;
+use crate::server::{RequestId, Shared};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use berth_registry::store::PackEntry;
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::UnboundedReceiver;
 
-fn todo_route() -> ApiError {
-    ApiError::new(StatusCode::NOT_IMPLEMENTED, "not implemented yet").for_ollama()
+/// RFC 3339 UTC time, as Ollama writes it.
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
+fn oerr(e: ApiError) -> ApiError {
+    e.for_ollama()
+}
+
+/// `keep_alive`: seconds (number) or a duration string; negative = forever. Outer None = unset.
+fn keep_alive(f: &Fields<'_>) -> Result<Option<Option<Duration>>, ApiError> {
+    match f.raw("keep_alive") {
+        None => Ok(None),
+        Some(Value::Number(n)) => Ok(Some(
+            parse_keep_alive(&n.to_string()).map_err(|e| ApiError::param("keep_alive", e.to_string()))?,
+        )),
+        Some(Value::String(s)) => Ok(Some(
+            parse_keep_alive(s).map_err(|e| ApiError::param("keep_alive", e.to_string()))?,
+        )),
+        Some(_) => Err(ApiError::param(
+            "keep_alive",
+            "'keep_alive' is a duration string or seconds",
+        )),
+    }
+}
+
+/// Ollama `options` (and the top-level `format`/`think`) as decode options.
+fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
+    let mut s = SamplingParams::default();
+    let Some(o) = f.object("options")? else {
+        return Ok(DecodeOptions {
+            sampling: s,
+            ..Default::default()
+        });
+    };
+    let o = Fields::new(o, "options.");
+    if let Some(t) = o.num("temperature", 0.0, 100.0)? {
+        s.temperature = t as f32;
+    }
+    if let Some(p) = o.num("top_p", 0.0, 1.0)? {
+        s.top_p = p as f32;
+    }
+    if let Some(k) = o.int("top_k", -1, 1 << 20)? {
+        s.top_k = k.max(0) as usize;
+    }
+    if let Some(p) = o.num("min_p", 0.0, 1.0)? {
+        s.min_p = p as f32;
+    }
+    if let Some(seed) = o.int("seed", i64::MIN, i64::MAX)? {
+        s.seed = Some(seed as u64);
+    }
+    o.num("repeat_penalty", 0.0, 100.0)?;
+    o.num("presence_penalty", -100.0, 100.0)?;
+    o.num("frequency_penalty", -100.0, 100.0)?;
+    let max_tokens = o
+        .int("num_predict", -2, u32::MAX as i64)?
+        .filter(|&n| n >= 0)
+        .map(|n| n as usize);
+    Ok(DecodeOptions {
+        sampling: s,
+        max_tokens,
+        stop: o.stop("stop", 16)?,
+    })
+}
+
+fn ndjson(stream: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static) -> Response {
+    Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn line(v: &Value) -> Bytes {
+    Bytes::from(format!("{v}\n"))
+}
+
+fn final_stats(fin: &Finish, started: Instant) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("done".into(), true.into());
+    m.insert("done_reason".into(), fin.reason.as_str().into());
+    m.insert(
+        "total_duration".into(),
+        (started.elapsed().as_nanos() as u64).into(),
+    );
+    m.insert("load_duration".into(), 0.into());
+    m.insert("prompt_eval_count".into(), fin.prompt_tokens.into());
+    m.insert(
+        "prompt_eval_duration".into(),
+        (fin.prompt_duration.as_nanos() as u64).into(),
+    );
+    m.insert("eval_count".into(), fin.completion_tokens.into());
+    m.insert(
+        "eval_duration".into(),
+        (fin.generation_duration.as_nanos() as u64).into(),
+    );
+    m
+}
+
+/// An OpenAI delta or message in Ollama's message shape.
+fn ollama_message(content: &str, thinking: &str, calls: &[Value]) -> Value {
+    let mut m = json!({"role": "assistant", "content": content});
+    if !thinking.is_empty() {
+        m["thinking"] = thinking.into();
+    }
+    if !calls.is_empty() {
+        m["tool_calls"] = calls.to_vec().into();
+    }
+    m
+}
+
+fn ollama_call(name: &str, arguments: &str) -> Value {
+    let args: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
+    json!({"function": {"name": name, "arguments": args}})
+}
+
+/// Ollama messages as the OpenAI-style messages the template takes.
+fn to_template_messages(messages: &[Value]) -> Vec<Value> {
+    messages
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(o) = m.as_object_mut() {
+                o.remove("images");
+                o.remove("thinking");
+                if let Some(Value::Array(calls)) = o.get_mut("tool_calls") {
+                    for c in calls.iter_mut() {
+                        if c.get("type").is_none() {
+                            c["type"] = "function".into();
+                        }
+                    }
+                }
+            }
+            m
+        })
+        .collect()
+}
+
+/// The prompt's template variables: `think`.
+fn think_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
+    let mut extra = Map::new();
+    match f.raw("think") {
+        None => {}
+        Some(Value::Bool(b)) => {
+            extra.insert("enable_thinking".into(), (*b).into());
+        }
+        Some(Value::String(s)) if ["low", "medium", "high"].contains(&s.as_str()) => {
+            extra.insert("enable_thinking".into(), true.into());
+            extra.insert("reasoning_effort".into(), s.clone().into());
+        }
+        Some(_) => {
+            return Err(ApiError::param(
+                "think",
+                "'think' is a boolean (or low, medium, high)",
+            ))
+        }
+    }
+    Ok(extra)
+}
+
+fn check_format(f: &Fields<'_>) -> Result<(), ApiError> {
+    match f.raw("format") {
+        None => Ok(()),
+        Some(Value::String(s)) if s == "json" || s.is_empty() => Ok(()),
+        Some(Value::Object(_)) => Ok(()),
+        Some(_) => Err(ApiError::param("format", "'format' is \"json\" or a JSON schema")),
+    }
+}
+
+struct Gen {
+    model: Arc<Model>,
+    rx: UnboundedReceiver<Event>,
+    parser: StreamParser,
+    started: Instant,
+    stream: bool,
 }
 
 /// `POST /api/chat`.
-pub async fn chat(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+pub async fn chat(
+    State(st): State<Shared>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    chat_inner(st, id, b).await.map_err(oerr)
 }
+
+async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let obj = parse_object(&body(b)?)?;
+    let f = Fields::new(&obj, "");
+    let name = f.required_str("model")?;
+    let messages = f.array("messages")?.cloned().unwrap_or_default();
+    let ka = keep_alive(&f)?;
+    let decode = options(&f)?;
+    check_format(&f)?;
+    let tools = f.array("tools")?.cloned().filter(|t| !t.is_empty());
+    let extra = think_extra(&f)?;
+    let stream = f.bool("stream")?.unwrap_or(true);
+    let model = model_for(&st, name, ka).await?;
+    if messages.is_empty() {
+        // Ollama's way to load (or, with keep_alive 0, unload) a model.
+        if ka == Some(Some(Duration::ZERO)) {
+            st.models.unload(&model.reference);
+        }
+        let v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
+            "message": {"role": "assistant", "content": ""}, "done_reason": "load", "done": true});
+        return Ok(axum::Json(v).into_response());
+    }
+    check_messages(&messages)?;
+    let (rendered, prompt) = render(&model, to_template_messages(&messages), tools.clone(), extra)?;
+    let start = chat::prefill(model.detected.format, &rendered);
+    let parser = StreamParser::new(model.detected.format, start, tools.as_deref());
+    let rx = submit(&model, &id, prompt, decode)?;
+    respond(
+        Gen {
+            model,
+            rx,
+            parser,
+            started,
+            stream,
+        },
+        true,
+    )
+    .await
+}
+
+/// Streams (or collects) a generation as Ollama chat messages or generate responses.
+async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
+    let reference = g.model.reference.clone();
+    let shape = move |delta: Option<&Value>, done: Option<Map<String, Value>>| -> Value {
+        let d = delta.cloned().unwrap_or_else(|| json!({}));
+        let content = d["content"].as_str().unwrap_or("");
+        let thinking = d["reasoning_content"].as_str().unwrap_or("");
+        let calls: Vec<Value> = d["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                let name = c["function"]["name"].as_str()?;
+                Some(ollama_call(
+                    name,
+                    c["function"]["arguments"].as_str().unwrap_or("{}"),
+                ))
+            })
+            .collect();
+        let mut v = json!({"model": reference, "created_at": rfc3339(SystemTime::now())});
+        if chat {
+            v["message"] = ollama_message(content, thinking, &calls);
+        } else {
+            v["response"] = content.into();
+            if !thinking.is_empty() {
+                v["thinking"] = thinking.into();
+            }
+        }
+        match done {
+            Some(stats) => {
+                for (k, x) in stats {
+                    v[k] = x;
+                }
+            }
+            None => v["done"] = false.into(),
+        }
+        v
+    };
+    let Gen {
+        rx,
+        mut parser,
+        started,
+        stream,
+        ..
+    } = g;
+    if !stream {
+        let (text, fin) = collect(rx).await?;
+        parser.push(&text);
+        let (_, msg) = parser.finish();
+        let mut whole = json!({
+            "content": msg.content.clone().unwrap_or_default(),
+            "reasoning_content": msg.reasoning_content.clone().unwrap_or_default(),
+        });
+        if !msg.tool_calls.is_empty() {
+            whole["tool_calls"] = msg
+                .tool_calls
+                .iter()
+                .map(|c| c.to_openai())
+                .collect::<Vec<_>>()
+                .into();
+        }
+        let mut stats = final_stats(&fin, started);
+        if !msg.tool_calls.is_empty() {
+            stats.insert("done_reason".into(), "stop".into());
+        }
+        return Ok(axum::Json(shape(Some(&whole), Some(stats))).into_response());
+    }
+    let s = futures_util::stream::unfold(
+        (rx, parser, shape, false),
+        move |(mut rx, mut parser, shape, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                match rx.recv().await {
+                    Some(Event::Text(t)) => {
+                        if let Some(d) = parser.push(&t) {
+                            let v = shape(Some(&d), None);
+                            return Some((Ok(line(&v)), (rx, parser, shape, false)));
+                        }
+                    }
+                    Some(Event::Done(fin)) => {
+                        let (d, _) = parser.finish();
+                        let mut out = String::new();
+                        if let Some(d) = d {
+                            out.push_str(&format!("{}\n", shape(Some(&d), None)));
+                        }
+                        out.push_str(&format!("{}\n", shape(None, Some(final_stats(&fin, started)))));
+                        return Some((Ok(Bytes::from(out)), (rx, parser, shape, true)));
+                    }
+                    Some(Event::Error(e)) => {
+                        return Some((Ok(line(&json!({"error": e}))), (rx, parser, shape, true)));
+                    }
+                    None => return None,
+                }
+            }
+        },
+    );
+    Ok(ndjson(s))
+}
+
 /// `POST /api/generate`.
-pub async fn generate(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+pub async fn generate(
+    State(st): State<Shared>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    generate_inner(st, id, b).await.map_err(oerr)
 }
+
+async fn generate_inner(
+    st: Shared,
+    id: String,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let obj = parse_object(&body(b)?)?;
+    let f = Fields::new(&obj, "");
+    let name = f.required_str("model")?;
+    let prompt = f.str("prompt")?.unwrap_or("");
+    let system = f.str("system")?;
+    let raw = f.bool("raw")?.unwrap_or(false);
+    f.array("images")?;
+    let ka = keep_alive(&f)?;
+    let decode = options(&f)?;
+    check_format(&f)?;
+    let extra = think_extra(&f)?;
+    let stream = f.bool("stream")?.unwrap_or(true);
+    let model = model_for(&st, name, ka).await?;
+    if prompt.is_empty() {
+        if ka == Some(Some(Duration::ZERO)) {
+            st.models.unload(&model.reference);
+        }
+        let v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
+            "response": "", "done_reason": "load", "done": true});
+        return Ok(axum::Json(v).into_response());
+    }
+    let (parser, tokens) = if raw || model.template.is_none() {
+        let p = StreamParser::new(chat::ChatFormat::ContentOnly, chat::ParseStart::Content, None);
+        (p, model.tokenizer.encode(prompt, true))
+    } else {
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        let (rendered, tokens) = render(&model, messages, None, extra)?;
+        let start = chat::prefill(model.detected.format, &rendered);
+        (StreamParser::new(model.detected.format, start, None), tokens)
+    };
+    let rx = submit(&model, &id, tokens, decode)?;
+    respond(
+        Gen {
+            model,
+            rx,
+            parser,
+            started,
+            stream,
+        },
+        false,
+    )
+    .await
+}
+
+fn details(e: &PackEntry) -> Value {
+    let m = e.manifest.as_ref();
+    let family = m.map(|m| m.family.clone()).unwrap_or_default();
+    json!({
+        "parent_model": "",
+        "format": m.map(|m| m.format.as_str()).unwrap_or(""),
+        "family": family,
+        "families": [family],
+        "parameter_size": m.and_then(|m| m.parameters).map(berth_registry::format::human_params).unwrap_or_default(),
+        "quantization_level": m.and_then(|m| m.quantization.clone()).unwrap_or_default(),
+    })
+}
+
+fn digest(e: &PackEntry) -> String {
+    e.manifest
+        .as_ref()
+        .and_then(|m| m.weights().next().and_then(|w| w.sha256.clone()))
+        .unwrap_or_default()
+}
+
 /// `GET /api/tags`.
-pub async fn tags(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+pub async fn tags(State(st): State<Shared>) -> Response {
+    let models: Vec<Value> = st
+        .models
+        .catalog()
+        .iter()
+        .filter(|e| e.manifest.is_some())
+        .map(|e| {
+            json!({
+                "name": e.reference, "model": e.reference, "modified_at": rfc3339(e.modified),
+                "size": e.size, "digest": digest(e), "details": details(e),
+            })
+        })
+        .collect();
+    axum::Json(json!({"models": models})).into_response()
 }
+
 /// `POST /api/show`.
-pub async fn show(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
+    let f = Fields::new(&obj, "");
+    let name = match f.str("model").map_err(oerr)? {
+        Some(n) => n,
+        None => f.required_str("name").map_err(oerr)?,
+    };
+    let e = st
+        .models
+        .store()
+        .get(name)
+        .ok()
+        .filter(|e| e.manifest.is_some())
+        .ok_or_else(|| ApiError::model_not_found(name).for_ollama())?;
+    let m = e.manifest.as_ref().expect("filtered");
+    let template = crate::generate::load_text_side(&e)
+        .ok()
+        .and_then(|(_, t)| t.map(|t| t.source().to_string()))
+        .unwrap_or_default();
+    let mut info = Map::new();
+    info.insert("general.architecture".into(), m.architecture.clone().into());
+    if let Some(p) = m.parameters {
+        info.insert("general.parameter_count".into(), p.into());
+    }
+    if let Some(c) = m.context_length {
+        info.insert(format!("{}.context_length", m.architecture), c.into());
+    }
+    Ok(axum::Json(json!({
+        "modelfile": format!("FROM {}\n", e.dir.display()),
+        "parameters": "",
+        "template": template,
+        "details": details(&e),
+        "model_info": info,
+        "capabilities": m.capabilities,
+        "modified_at": rfc3339(e.modified),
+    }))
+    .into_response())
 }
-/// `GET /api/ps`.
-pub async fn ps(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+
+/// `GET /api/ps`: loaded models, with their queue and running sequences.
+pub async fn ps(State(st): State<Shared>) -> Response {
+    let catalog = st.models.catalog();
+    let models: Vec<Value> = st
+        .models
+        .loaded()
+        .iter()
+        .map(|m| {
+            let e = catalog.iter().find(|e| e.reference == m.reference);
+            let (queued, active) = m.engine.load();
+            json!({
+                "name": m.reference, "model": m.reference, "size": m.size,
+                "digest": e.map(digest).unwrap_or_default(),
+                "details": e.map(details).unwrap_or_else(|| json!({})),
+                "expires_at": m.expires_at().map(rfc3339).unwrap_or_else(|| "9999-12-31T23:59:59Z".into()),
+                "size_vram": 0, "context_length": m.context_length,
+                "queued": queued, "active": active,
+            })
+        })
+        .collect();
+    axum::Json(json!({"models": models})).into_response()
 }
+
 /// `GET /api/version`.
-pub async fn version() -> Result<Response, ApiError> {
-    Err(todo_route())
+pub async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
-/// `DELETE /api/delete`.
-pub async fn delete(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+
+/// `DELETE /api/delete`: removes a pack (a loaded one is drained and unloaded by the watcher).
+pub async fn delete(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
+    let f = Fields::new(&obj, "");
+    let name = match f.str("model").map_err(oerr)? {
+        Some(n) => n,
+        None => f.required_str("name").map_err(oerr)?,
+    };
+    let reference = st
+        .models
+        .resolve(name)
+        .ok_or_else(|| ApiError::model_not_found(name).for_ollama())?;
+    st.models
+        .store()
+        .remove(&reference)
+        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, e.to_string()).for_ollama())?;
+    st.models.unload(&reference);
+    st.models.tick();
+    Ok(StatusCode::OK.into_response())
 }
+
 /// `POST /api/copy`.
-pub async fn copy(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+pub async fn copy(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
+    let f = Fields::new(&obj, "");
+    let src = f.required_str("source").map_err(oerr)?;
+    let dst = f.required_str("destination").map_err(oerr)?;
+    if st.models.resolve(src).is_none() {
+        return Err(ApiError::model_not_found(src).for_ollama());
+    }
+    let store = st.models.store().clone();
+    let (src, dst) = (src.to_string(), dst.to_string());
+    tokio::task::spawn_blocking(move || store.copy(&src, &dst))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).for_ollama())?
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).for_ollama())?;
+    st.models.tick();
+    Ok(StatusCode::OK.into_response())
 }
-/// `POST /api/pull`.
-pub async fn pull(State(_st): State<Shared>) -> Result<Response, ApiError> {
-    Err(todo_route())
+
+/// `POST /api/pull`: there is no remote packs catalog yet; a pack already in the store answers
+/// `success`, anything else a 404 that says so.
+pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
+    let f = Fields::new(&obj, "");
+    let name = match f.str("model").map_err(oerr)? {
+        Some(n) => n,
+        None => f.required_str("name").map_err(oerr)?,
+    };
+    if st.models.resolve(name).is_some() {
+        let stream = f.bool("stream").map_err(oerr)?.unwrap_or(true);
+        let body = if stream {
+            "{\"status\":\"pulling manifest\"}\n{\"status\":\"success\"}\n".to_string()
+        } else {
+            "{\"status\":\"success\"}".to_string()
+        };
+        return Ok(([("content-type", "application/x-ndjson")], body).into_response());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "pull {name}: no packs catalog is configured on this server; import packs with `berth import`"
+        ),
+    )
+    .for_ollama())
 }
