@@ -78,16 +78,15 @@ TOOLS = [
 
 def check_tools():
     messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    r = client.chat.completions.create(
-        model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=48
-    )
+    # tool_choice "required" becomes a grammar with constrained decoding (issue 5); until then
+    # the 0.5B model answers with bare JSON, and the check still pins stream == non-stream.
+    kw = dict(tools=TOOLS, tool_choice="required", temperature=0, max_tokens=48)
+    r = client.chat.completions.create(model=MODEL, messages=messages, **kw)
     msg = r.choices[0].message
     calls = [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or []]
     # Reassemble the stream as SDK users do: by index, concatenating argument deltas.
     acc, content, finish = {}, "", None
-    for chunk in client.chat.completions.create(
-        model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=48, stream=True
-    ):
+    for chunk in client.chat.completions.create(model=MODEL, messages=messages, stream=True, **kw):
         for c in chunk.choices:
             finish = c.finish_reason or finish
             content += c.delta.content or ""

@@ -71,7 +71,8 @@ impl SequenceDecoder {
             stop: opts.stop.into_iter().filter(|s| !s.is_empty()).collect(),
             budget,
             generated: 0,
-            detok: tokenizer.incremental_decoder(true),
+            // Special tokens stay in the text: chat markup (`<tool_call>`, `<think>`) is what the parser reads.
+            detok: tokenizer.incremental_decoder(false),
             held: String::new(),
         }
     }

@@ -328,3 +328,44 @@ fn batched_rows_of_different_sequences_equal_single_sequence_steps() {
         .count();
     assert_eq!(diff, 0, "the prompt chunk's logits differ from the chunk alone");
 }
+
+/// Decode-step time of one sequence against eight batched sequences (printed; run with
+/// `--ignored --nocapture`).
+#[test]
+#[ignore = "a measurement"]
+fn batched_decode_speed() {
+    let mut m = load(2);
+    let v = m.describe().vocab_size as usize;
+    for s in 0..8 {
+        feed(&mut m, s, 0, &PROMPT);
+    }
+    let mut logits = vec![0.0; 8 * v];
+    for n in [1usize, 4, 8, 1, 8] {
+        let steps = 6;
+        let t0 = Instant::now();
+        for i in 0..steps {
+            let seqs: Vec<i32> = (0..n as i32).collect();
+            let pos: Vec<i32> = seqs.iter().map(|&s| m_len(&m, s, i)).collect();
+            let b = BatchView {
+                tokens: &vec![PARIS; n],
+                positions: &pos,
+                seq_ids: &seqs,
+                want_logits: &vec![1; n],
+            };
+            m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
+        }
+        let per = t0.elapsed().as_secs_f64() / steps as f64;
+        eprintln!(
+            "{n} sequences: {:.1} ms per step, {:.1} tokens/s",
+            per * 1e3,
+            n as f64 / per
+        );
+        for s in 0..8 {
+            m.seq_truncate(s, PROMPT.len() as u32).unwrap();
+        }
+    }
+}
+
+fn m_len(_m: &QwenModel, _seq: i32, step: usize) -> i32 {
+    (PROMPT.len() + step) as i32
+}
