@@ -200,7 +200,7 @@ fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
 fn eight_concurrent_greedy_streams_equal_their_single_outputs_and_beat_one_stream() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = Server::start(&home_with_qwen(MODEL), &["--parallel", "8"]);
-    openai_check(&server, "concurrency", &["24"]);
+    openai_check(&server, "concurrency", &["40"]);
 }
 
 /// Needs `response_format` json_schema as a grammar (the constraints of issue 5).
@@ -252,4 +252,56 @@ fn a_pack_imported_while_serving_is_listed_and_answers_and_rm_unloads_it() {
     }
     let (status, _) = server.http("POST", "/v1/chat/completions", Some(ask));
     assert_eq!(status, 404);
+}
+
+#[test]
+fn keep_alive_zero_unloads_and_sigterm_finishes_running_streams() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Server::start(&home_with_qwen(MODEL), &[]);
+    // Ollama's load / unload idiom: an empty generate, then one with keep_alive 0.
+    let (status, body) = server.http(
+        "POST",
+        "/api/generate",
+        Some(&format!("{{\"model\":\"{MODEL}\"}}")),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(server.http("GET", "/api/ps", None).1.contains(MODEL));
+    let unload = format!("{{\"model\":\"{MODEL}\",\"keep_alive\":0}}");
+    assert_eq!(server.http("POST", "/api/generate", Some(&unload)).0, 200);
+    let t0 = Instant::now();
+    while server.http("GET", "/api/ps", None).1.contains(MODEL) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "still loaded after keep_alive 0"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A stream running when SIGTERM arrives still ends with [DONE]; then the process exits 0.
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let req = format!(
+        "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Count to 20.\"}}],\"max_tokens\":12,\"temperature\":0,\"stream\":true}}"
+    );
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{req}",
+        req.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut rest = String::new();
+    let _ = reader.read_to_string(&mut rest);
+    assert!(rest.contains("data: [DONE]"), "stream cut by shutdown: {rest}");
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}");
 }

@@ -360,6 +360,21 @@ fn batched_decode_speed() {
             per * 1e3,
             n as f64 / per
         );
+        // The same rows as one sequence's prompt chunk (the tiled path), for comparison.
+        m.seq_truncate(0, PROMPT.len() as u32).unwrap();
+        let t0 = Instant::now();
+        let pos: Vec<i32> = (0..n as i32).map(|i| PROMPT.len() as i32 + i).collect();
+        let b = BatchView {
+            tokens: &vec![PARIS; n],
+            positions: &pos,
+            seq_ids: &vec![0; n],
+            want_logits: &vec![1; n],
+        };
+        m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
+        eprintln!(
+            "  {n} rows of one sequence: {:.1} ms",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
         for s in 0..8 {
             m.seq_truncate(s, PROMPT.len() as u32).unwrap();
         }
