@@ -6,6 +6,8 @@
 pub mod bench;
 pub mod chat;
 pub mod cli;
+pub mod constraint;
+pub mod decoding;
 pub mod generate;
 pub mod models;
 pub mod packs;
