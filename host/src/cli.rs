@@ -248,6 +248,7 @@ pub fn run(cli: Cli) -> Result<()> {
                     top_p,
                     min_p,
                     seed,
+                    ..Default::default()
                 },
                 max_tokens,
                 think: think.map(|t| t == "on"),

@@ -7,6 +7,8 @@ pub mod api;
 pub mod bench;
 pub mod chat;
 pub mod cli;
+pub mod constraint;
+pub mod decoding;
 pub mod engine;
 pub mod generate;
 pub mod models;

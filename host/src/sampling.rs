@@ -1,5 +1,9 @@
-//! Picks the next token from a row of logits: greedy, or temperature with top-k, top-p and min-p.
-//! The plugin's logits are only read; the sampler works on its own scratch copy.
+//! Picks the next token from a row of logits: greedy, or temperature with top-k, top-p and min-p,
+//! after repetition / presence / frequency penalties, logit bias and an optional allowed-token
+//! mask. The plugin's logits are only read; the sampler works on its own scratch copy (and only
+//! when a penalty, bias or mask asks for one: otherwise the row is read in place).
+
+use std::collections::HashMap;
 
 /// How to choose tokens. `temperature <= 0` means greedy.
 #[derive(Clone, Debug, PartialEq)]
@@ -14,6 +18,16 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Seed for reproducible sampling; `None` seeds from the clock.
     pub seed: Option<u64>,
+    /// OpenAI presence penalty: subtracted once from every token already generated.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty: subtracted once per earlier occurrence of a token.
+    pub frequency_penalty: f32,
+    /// llama.cpp / Ollama repeat penalty over the last `repeat_last_n` tokens; 1 is off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens `repeat_penalty` looks at; 0 is off.
+    pub repeat_last_n: usize,
+    /// Added to a token's logit before sampling (OpenAI `logit_bias`, -100..100).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -24,6 +38,11 @@ impl Default for SamplingParams {
             top_p: 0.95,
             min_p: 0.05,
             seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -41,6 +60,21 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
     }
+
+    /// Whether any penalty or bias changes the logits (so the sampler needs its own copy).
+    pub fn adjusts_logits(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || (self.repeat_penalty != 1.0 && self.repeat_last_n > 0)
+            || !self.logit_bias.is_empty()
+    }
+}
+
+/// Whether token `id` is allowed by a bitmask (bit `id % 32` of word `id / 32`); ids past the
+/// mask are not.
+pub fn mask_allows(mask: &[u32], id: u32) -> bool {
+    mask.get(id as usize / 32)
+        .is_some_and(|w| w >> (id % 32) & 1 == 1)
 }
 
 /// A small, fast, seedable generator (SplitMix64); quality is ample for sampling.
@@ -68,6 +102,12 @@ pub struct Sampler {
     params: SamplingParams,
     rng: SplitMix64,
     candidates: Vec<(f32, u32)>,
+    /// The fp32 copy of the row that penalties, bias and mask are applied to.
+    scratch: Vec<f32>,
+    /// Tokens accepted so far (for the repeat penalty's window).
+    history: Vec<u32>,
+    /// How often each accepted token occurred (presence and frequency penalties).
+    counts: HashMap<u32, u32>,
 }
 
 /// Index of the largest value (the first one on ties); 0 for an empty row.
@@ -94,6 +134,71 @@ impl Sampler {
             params,
             rng: SplitMix64(seed),
             candidates: Vec::new(),
+            scratch: Vec::new(),
+            history: Vec::new(),
+            counts: HashMap::new(),
+        }
+    }
+
+    /// Records a token that joined the sequence (sampled or forced), for the penalties.
+    pub fn accept(&mut self, token: u32) {
+        self.history.push(token);
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// Picks a token from one row of logits, after penalties and bias, among the tokens `mask`
+    /// allows (all when `None`). A mask that allows nothing falls back to the unmasked row.
+    pub fn sample_masked(&mut self, logits: &[f32], mask: Option<&[u32]>) -> u32 {
+        if !self.params.adjusts_logits() && mask.is_none() {
+            return self.sample(logits);
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.extend_from_slice(logits);
+        self.adjust(&mut scratch);
+        if let Some(mask) = mask {
+            if !apply_mask(&mut scratch, mask) {
+                scratch.clear();
+                scratch.extend_from_slice(logits);
+                self.adjust(&mut scratch);
+            }
+        }
+        let token = self.sample(&scratch);
+        self.scratch = scratch;
+        token
+    }
+
+    /// Applies penalties and logit bias in place.
+    fn adjust(&self, row: &mut [f32]) {
+        let p = &self.params;
+        if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
+            let from = self.history.len().saturating_sub(p.repeat_last_n);
+            let mut seen = std::collections::HashSet::new();
+            for &t in &self.history[from..] {
+                if !seen.insert(t) {
+                    continue;
+                }
+                if let Some(v) = row.get_mut(t as usize) {
+                    // llama.cpp's rule: shrink positive logits, grow negative ones.
+                    *v = if *v > 0.0 {
+                        *v / p.repeat_penalty
+                    } else {
+                        *v * p.repeat_penalty
+                    };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &n) in &self.counts {
+                if let Some(v) = row.get_mut(t as usize) {
+                    *v -= p.presence_penalty + p.frequency_penalty * n as f32;
+                }
+            }
+        }
+        for &(t, bias) in &p.logit_bias {
+            if let Some(v) = row.get_mut(t as usize) {
+                *v += bias;
+            }
         }
     }
 
@@ -165,6 +270,38 @@ impl Sampler {
     }
 }
 
+/// Sets every logit the mask does not allow to -inf; false (row untouched) when it allows none.
+fn apply_mask(row: &mut [f32], mask: &[u32]) -> bool {
+    let any = row
+        .chunks(32)
+        .zip(mask.iter().chain(std::iter::repeat(&0)))
+        .any(|(chunk, &w)| w & low_bits(chunk.len()) != 0);
+    if !any {
+        return false;
+    }
+    for (i, chunk) in row.chunks_mut(32).enumerate() {
+        let w = mask.get(i).copied().unwrap_or(0);
+        if w == u32::MAX {
+            continue;
+        }
+        for (j, v) in chunk.iter_mut().enumerate() {
+            if w >> j & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+    true
+}
+
+/// A word with the low `n` bits set (n <= 32).
+fn low_bits(n: usize) -> u32 {
+    if n >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << n) - 1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +321,7 @@ mod tests {
             top_p: 1.0,
             min_p: 0.0,
             seed: Some(42),
+            ..Default::default()
         };
         let run = |p: &SamplingParams| {
             let mut s = Sampler::new(p.clone());
@@ -206,6 +344,7 @@ mod tests {
             top_p: 1.0,
             min_p: 0.0,
             seed: Some(1),
+            ..Default::default()
         });
         for _ in 0..200 {
             assert!(s.sample(&logits) <= 1);
@@ -216,6 +355,7 @@ mod tests {
             top_p: 0.01,
             min_p: 0.0,
             seed: Some(1),
+            ..Default::default()
         });
         for _ in 0..50 {
             assert_eq!(s.sample(&logits), 0);
@@ -232,6 +372,7 @@ mod tests {
             top_p: 1.0,
             min_p: 0.0,
             seed: Some(7),
+            ..Default::default()
         });
         let n = 20_000;
         let zeros = (0..n).filter(|_| s.sample(&logits) == 0).count();
@@ -248,10 +389,103 @@ mod tests {
             top_p: 1.0,
             min_p: 0.5,
             seed: Some(3),
+            ..Default::default()
         });
         for _ in 0..200 {
             let t = s.sample(&logits);
             assert!(t == 0 || t == 3, "{t}");
+        }
+    }
+
+    fn uniform(n: usize) -> Vec<f32> {
+        vec![0.0; n]
+    }
+
+    #[test]
+    fn the_mask_restricts_sampling_to_allowed_tokens() {
+        let logits = uniform(70);
+        let mut mask = vec![0u32; 3];
+        for id in [3u32, 40, 69] {
+            mask[id as usize / 32] |= 1 << (id % 32);
+        }
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(5),
+            ..Default::default()
+        });
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..300 {
+            seen.insert(s.sample_masked(&logits, Some(&mask)));
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![3, 40, 69]);
+        let mut g = Sampler::new(SamplingParams::greedy());
+        let mut row = uniform(70);
+        row[5] = 9.0;
+        assert_eq!(g.sample_masked(&row, Some(&mask)), 3);
+        assert!(mask_allows(&mask, 40) && !mask_allows(&mask, 41) && !mask_allows(&mask, 500));
+    }
+
+    #[test]
+    fn an_empty_mask_falls_back_to_the_row() {
+        let mut row = uniform(40);
+        row[7] = 3.0;
+        let mut g = Sampler::new(SamplingParams::greedy());
+        assert_eq!(g.sample_masked(&row, Some(&[0, 0])), 7);
+    }
+
+    #[test]
+    fn logit_bias_and_penalties_move_the_choice() {
+        let mut row = uniform(10);
+        row[2] = 1.0;
+        let mut g = Sampler::new(SamplingParams {
+            logit_bias: vec![(4, 5.0)],
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(g.sample_masked(&row, None), 4);
+        let mut p = Sampler::new(SamplingParams {
+            presence_penalty: 2.0,
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(p.sample_masked(&row, None), 2);
+        p.accept(2);
+        assert_ne!(p.sample_masked(&row, None), 2);
+        let mut f = Sampler::new(SamplingParams {
+            frequency_penalty: 0.4,
+            ..SamplingParams::greedy()
+        });
+        f.accept(2);
+        f.accept(2);
+        assert_eq!(f.sample_masked(&row, None), 2, "0.8 < 1.0 still wins");
+        f.accept(2);
+        assert_ne!(f.sample_masked(&row, None), 2, "1.2 > 1.0 loses");
+        let mut r = Sampler::new(SamplingParams {
+            repeat_penalty: 2.0,
+            repeat_last_n: 4,
+            ..SamplingParams::greedy()
+        });
+        row[3] = 0.6;
+        r.accept(2);
+        assert_eq!(r.sample_masked(&row, None), 3, "1.0 / 2 < 0.6");
+        for _ in 0..4 {
+            r.accept(9);
+        }
+        assert_eq!(r.sample_masked(&row, None), 2, "out of the window again");
+    }
+
+    #[test]
+    fn the_unadjusted_path_reads_the_row_in_place() {
+        let row: Vec<f32> = (0..100).map(|i| ((i * 13) % 7) as f32).collect();
+        let params = SamplingParams {
+            seed: Some(9),
+            ..Default::default()
+        };
+        let mut a = Sampler::new(params.clone());
+        let mut b = Sampler::new(params);
+        for _ in 0..20 {
+            assert_eq!(a.sample(&row), b.sample_masked(&row, None));
         }
     }
 }

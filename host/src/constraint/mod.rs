@@ -1,0 +1,205 @@
+//! Constrained decoding: the request's `tool_choice`, `parallel_tool_calls` and `response_format`
+//! become a grammar in the model's own chat markup (see [`grammar`]), and an llguidance matcher
+//! turns it into an allowed-token mask before each step. llguidance stays behind the small types
+//! here: [`ConstraintFactory`] (once per model) and [`SequenceConstraint`] (once per sequence).
+
+pub mod grammar;
+mod request;
+mod tokenv;
+
+use std::fmt;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+
+pub use grammar::Markers;
+pub use request::{RequestConstraints, ResponseFormat, ToolChoice, ToolSpec};
+
+use crate::chat::{ChatFormat, Detected, ParseStart};
+use crate::tokenizer::Tokenizer;
+
+/// A client error in a request parameter: becomes HTTP 400 with an OpenAI error body naming `param`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamError {
+    /// The parameter at fault, as the client spelled it (`tool_choice`, `tools[0].function.name`).
+    pub param: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl fmt::Display for ParamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.param, self.message)
+    }
+}
+
+impl std::error::Error for ParamError {}
+
+/// Built once per loaded model (tokenizer trie, format markers checked to be single tokens).
+pub struct ConstraintFactory {
+    parsers: ParserFactory,
+    detected: Detected,
+    markers: Markers,
+    tools_enabled: bool,
+}
+
+impl fmt::Debug for ConstraintFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConstraintFactory")
+            .field("detected", &self.detected)
+            .field("markers", &self.markers)
+            .field("tools_enabled", &self.tools_enabled)
+            .finish()
+    }
+}
+
+impl ConstraintFactory {
+    /// Builds the token trie over the model's full (padded) vocabulary and resolves the format's
+    /// markers; fails when a marker the format needs is not exactly one token.
+    pub fn new(
+        tokenizer: &Tokenizer,
+        detected: &Detected,
+        padded_vocab: usize,
+        tools_enabled: bool,
+    ) -> Result<Self> {
+        let env = tokenv::tok_env(tokenizer, padded_vocab)?;
+        let markers = Markers::resolve(detected, |text| tokenizer.encode(text, false))
+            .with_context(|| format!("constraints for {detected}"))?;
+        let mut parsers = ParserFactory::new_simple(&env).context("building the llguidance token trie")?;
+        // llguidance logs to stderr at level 1 by default: errors reach us as values instead.
+        parsers.quiet();
+        Ok(ConstraintFactory {
+            parsers,
+            detected: *detected,
+            markers,
+            tools_enabled,
+        })
+    }
+
+    /// The format and reasoning markup the grammars are written for.
+    pub fn detected(&self) -> Detected {
+        self.detected
+    }
+
+    /// The Lark grammar a request gets, or `None` when nothing is constrained.
+    /// `thinking`: whether the template was rendered with thinking on; `start`: the prefill state.
+    pub fn grammar(
+        &self,
+        req: &RequestConstraints,
+        thinking: bool,
+        start: ParseStart,
+    ) -> Result<Option<String>, ParamError> {
+        let tools_usable = self.tools_enabled && self.detected.format != ChatFormat::ContentOnly;
+        let forced = matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
+        if forced && !tools_usable {
+            return Err(ParamError {
+                param: "tool_choice".into(),
+                message: format!(
+                    "this model has no tool-call format (chat format {}, tools {}): only \"none\" or \"auto\" is possible",
+                    self.detected.format,
+                    if self.tools_enabled { "enabled" } else { "disabled" }
+                ),
+            });
+        }
+        let plan = grammar::Plan::new(req, tools_usable);
+        if plan.is_free() {
+            return Ok(None);
+        }
+        grammar::write(&self.detected, &self.markers, &plan, thinking, start).map(Some)
+    }
+
+    /// `thinking`: whether the template was rendered with thinking on; `start`: the prefill state.
+    pub fn build(
+        &self,
+        req: &RequestConstraints,
+        thinking: bool,
+        start: ParseStart,
+    ) -> Result<Option<SequenceConstraint>, ParamError> {
+        let Some(lark) = self.grammar(req, thinking, start)? else {
+            return Ok(None);
+        };
+        self.compile(&lark).map(Some).map_err(|e| ParamError {
+            param: match req.response_format {
+                ResponseFormat::JsonSchema(_)
+                    if req.tool_choice == ToolChoice::None || req.tools.is_empty() =>
+                {
+                    "response_format".into()
+                }
+                _ if !req.tools.is_empty() && req.tool_choice != ToolChoice::None => "tools".into(),
+                _ => "response_format".into(),
+            },
+            message: format!("the constraint cannot be built: {e:#}"),
+        })
+    }
+
+    /// Compiles a Lark grammar into a fresh matcher.
+    pub fn compile(&self, lark: &str) -> Result<SequenceConstraint> {
+        let parser = self
+            .parsers
+            .create_parser(TopLevelGrammar::from_lark(lark.to_owned()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            bail!("{e}");
+        }
+        Ok(SequenceConstraint {
+            matcher,
+            lark: Arc::from(lark),
+        })
+    }
+}
+
+/// One sequence's constraint: the grammar's matcher, advanced token by token.
+pub struct SequenceConstraint {
+    matcher: Matcher,
+    lark: Arc<str>,
+}
+
+impl fmt::Debug for SequenceConstraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SequenceConstraint")
+            .field("errored", &self.matcher.is_error())
+            .finish()
+    }
+}
+
+impl SequenceConstraint {
+    /// The allowed tokens before the next step (bit i of word i/32) and whether the grammar
+    /// accepts here (then the model's stop tokens are allowed too).
+    pub fn compute_mask(&mut self) -> Result<(Vec<u32>, bool)> {
+        let mask = self.matcher.compute_mask().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let accepting = self.matcher.is_accepting().unwrap_or(false);
+        Ok((mask.as_slice().to_vec(), accepting))
+    }
+
+    /// Advances past one token; an error leaves the matcher errored for good.
+    pub fn consume(&mut self, token: u32) -> Result<()> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// Whether the grammar accepts the text so far (the sequence may end here).
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Whether the grammar cannot continue (complete, or errored).
+    pub fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// The matcher's error, once it has one.
+    pub fn error(&self) -> Option<String> {
+        self.matcher.get_error()
+    }
+
+    /// The Lark grammar this constraint follows (for logs and tests).
+    pub fn grammar(&self) -> &str {
+        &self.lark
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
