@@ -144,7 +144,7 @@ fn openai_check(server: &Server, check: &str, args: &[&str]) -> String {
 fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = Server::start(&home_with_qwen(MODEL), &["--parallel", "8"]);
-    for check in ["chat", "tools", "usage", "errors", "disconnect"] {
+    for check in ["chat", "tools", "parse", "usage", "errors", "disconnect"] {
         openai_check(&server, check, &[]);
     }
     let out = Command::new(python())
@@ -201,15 +201,6 @@ fn eight_concurrent_greedy_streams_equal_their_single_outputs_and_beat_one_strea
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = Server::start(&home_with_qwen(MODEL), &["--parallel", "8"]);
     openai_check(&server, "concurrency", &["40"]);
-}
-
-/// Needs `response_format` json_schema as a grammar (the constraints of issue 5).
-#[test]
-#[ignore = "runs once constrained decoding (issue 5) is merged"]
-fn openai_parse_fills_a_pydantic_model() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = Server::start(&home_with_qwen(MODEL), &[]);
-    openai_check(&server, "parse", &[]);
 }
 
 #[test]

@@ -82,8 +82,7 @@ TOOLS = [
 
 def check_tools():
     messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    # tool_choice "required" becomes a grammar with constrained decoding (issue 5); until then
-    # the 0.5B model answers with bare JSON, and the check still pins stream == non-stream.
+    # tool_choice "required" is a grammar: the 0.5B model really calls the tool.
     kw = dict(tools=TOOLS, tool_choice="required", temperature=0, max_tokens=48)
     r = client.chat.completions.create(model=MODEL, messages=messages, **kw)
     msg = r.choices[0].message
@@ -107,8 +106,8 @@ def check_tools():
     assert streamed == calls, (streamed, calls)
     assert (content or None) == (msg.content or None), (content, msg.content)
     assert finish == r.choices[0].finish_reason
-    if calls:
-        assert r.choices[0].finish_reason == "tool_calls"
+    assert calls and calls[0][1] == "get_weather" and "Paris" in calls[0][2], calls
+    assert r.choices[0].finish_reason == "tool_calls"
     print("ok tools", json.dumps(calls))
 
 

@@ -1,10 +1,13 @@
 //! The Ollama API: `/api/chat` and `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`,
 //! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`.
 
-use super::openai::{body, check_messages, collect, model_for, render, submit};
+use super::openai::{
+    body, check_messages, collect, constraint_for, model_for, param_error, render, submit, thinking,
+};
 use super::{parse_object, ApiError, Fields};
 use crate::chat::{self, StreamParser};
-use crate::engine::sequence::DecodeOptions;
+use crate::constraint::RequestConstraints;
+use crate::decoding::DecodeOptions;
 use crate::engine::{Event, Finish};
 use crate::sampling::SamplingParams;
 use crate::server::config::parse_keep_alive;
@@ -93,9 +96,18 @@ fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
     if let Some(seed) = o.int("seed", i64::MIN, i64::MAX)? {
         s.seed = Some(seed as u64);
     }
-    o.num("repeat_penalty", 0.0, 100.0)?;
-    o.num("presence_penalty", -100.0, 100.0)?;
-    o.num("frequency_penalty", -100.0, 100.0)?;
+    if let Some(p) = o.num("repeat_penalty", 0.0, 100.0)? {
+        s.repeat_penalty = p as f32;
+    }
+    if let Some(n) = o.int("repeat_last_n", -1, 1 << 20)? {
+        s.repeat_last_n = n.max(0) as usize;
+    }
+    if let Some(p) = o.num("presence_penalty", -100.0, 100.0)? {
+        s.presence_penalty = p as f32;
+    }
+    if let Some(p) = o.num("frequency_penalty", -100.0, 100.0)? {
+        s.frequency_penalty = p as f32;
+    }
     let max_tokens = o
         .int("num_predict", -2, u32::MAX as i64)?
         .filter(|&n| n >= 0)
@@ -104,6 +116,7 @@ fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
         sampling: s,
         max_tokens,
         stop: o.stop("stop", 16)?,
+        constraint: None,
     })
 }
 
@@ -201,15 +214,6 @@ fn think_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
     Ok(extra)
 }
 
-fn check_format(f: &Fields<'_>) -> Result<(), ApiError> {
-    match f.raw("format") {
-        None => Ok(()),
-        Some(Value::String(s)) if s == "json" || s.is_empty() => Ok(()),
-        Some(Value::Object(_)) => Ok(()),
-        Some(_) => Err(ApiError::param("format", "'format' is \"json\" or a JSON schema")),
-    }
-}
-
 struct Gen {
     model: Arc<Model>,
     rx: UnboundedReceiver<Event>,
@@ -234,9 +238,9 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
     let name = f.required_str("model")?;
     let messages = f.array("messages")?.cloned().unwrap_or_default();
     let ka = keep_alive(&f)?;
-    let decode = options(&f)?;
-    check_format(&f)?;
-    let tools = f.array("tools")?.cloned().filter(|t| !t.is_empty());
+    let mut decode = options(&f)?;
+    let rc = RequestConstraints::from_ollama(f.raw("tools"), f.raw("format")).map_err(param_error)?;
+    let tools = rc.parser_tools().map(<[Value]>::to_vec);
     let extra = think_extra(&f)?;
     let stream = f.bool("stream")?.unwrap_or(true);
     let model = model_for(&st, name, ka).await?;
@@ -250,8 +254,14 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
         return Ok(axum::Json(v).into_response());
     }
     check_messages(&messages)?;
-    let (rendered, prompt) = render(&model, to_template_messages(&messages), tools.clone(), extra)?;
+    let (rendered, prompt) = render(
+        &model,
+        to_template_messages(&messages),
+        tools.clone(),
+        extra.clone(),
+    )?;
     let start = chat::prefill(model.detected.format, &rendered);
+    decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
     let parser = StreamParser::new(model.detected.format, start, tools.as_deref());
     let rx = submit(&model, &id, prompt, decode)?;
     respond(
@@ -391,8 +401,8 @@ async fn generate_inner(
     let raw = f.bool("raw")?.unwrap_or(false);
     f.array("images")?;
     let ka = keep_alive(&f)?;
-    let decode = options(&f)?;
-    check_format(&f)?;
+    let mut decode = options(&f)?;
+    let rc = RequestConstraints::from_ollama(None, f.raw("format")).map_err(param_error)?;
     let extra = think_extra(&f)?;
     let stream = f.bool("stream")?.unwrap_or(true);
     let model = model_for(&st, name, ka).await?;
@@ -406,6 +416,7 @@ async fn generate_inner(
     }
     let (parser, tokens) = if raw || model.template.is_none() {
         let p = StreamParser::new(chat::ChatFormat::ContentOnly, chat::ParseStart::Content, None);
+        decode.constraint = constraint_for(&model, &rc, false, chat::ParseStart::Content)?;
         (p, model.tokenizer.encode(prompt, true))
     } else {
         let mut messages = Vec::new();
@@ -413,8 +424,9 @@ async fn generate_inner(
             messages.push(json!({"role": "system", "content": s}));
         }
         messages.push(json!({"role": "user", "content": prompt}));
-        let (rendered, tokens) = render(&model, messages, None, extra)?;
+        let (rendered, tokens) = render(&model, messages, None, extra.clone())?;
         let start = chat::prefill(model.detected.format, &rendered);
+        decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
         (StreamParser::new(model.detected.format, start, None), tokens)
     };
     let rx = submit(&model, &id, tokens, decode)?;

@@ -1,8 +1,9 @@
 //! The OpenAI API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
 use super::{parse_object, ApiError, Fields};
-use crate::chat::{self, StreamParser};
-use crate::engine::sequence::DecodeOptions;
+use crate::chat::{self, ParseStart, StreamParser};
+use crate::constraint::{ParamError, RequestConstraints, SequenceConstraint};
+use crate::decoding::DecodeOptions;
 use crate::engine::{Event, Finish, Job, SubmitError};
 use crate::sampling::SamplingParams;
 use crate::server::models::{Model, ModelError};
@@ -122,23 +123,31 @@ pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeO
     if let Some(seed) = f.int("seed", i64::MIN, i64::MAX)? {
         s.seed = Some(seed as u64);
     }
-    // Validated now; applied once the sampler grows penalties and biases.
-    f.num("presence_penalty", -2.0, 2.0)?;
-    f.num("frequency_penalty", -2.0, 2.0)?;
-    f.num("repetition_penalty", 0.0, 10.0)?;
+    if let Some(p) = f.num("presence_penalty", -2.0, 2.0)? {
+        s.presence_penalty = p as f32;
+    }
+    if let Some(p) = f.num("frequency_penalty", -2.0, 2.0)? {
+        s.frequency_penalty = p as f32;
+    }
+    if let Some(p) = f.num("repetition_penalty", 0.0, 10.0)? {
+        s.repeat_penalty = p as f32;
+    }
     if let Some(bias) = f.object("logit_bias")? {
         for (k, v) in bias {
-            if k.parse::<u32>().is_err() {
+            let Ok(id) = k.parse::<u32>() else {
                 return Err(ApiError::param(
                     "logit_bias",
                     format!("'logit_bias' keys are token ids; got '{k}'"),
                 ));
-            }
-            if !v.as_f64().is_some_and(|x| (-100.0..=100.0).contains(&x)) {
-                return Err(ApiError::param(
-                    "logit_bias",
-                    "'logit_bias' values are numbers between -100 and 100",
-                ));
+            };
+            match v.as_f64().filter(|x| (-100.0..=100.0).contains(x)) {
+                Some(b) => s.logit_bias.push((id, b as f32)),
+                None => {
+                    return Err(ApiError::param(
+                        "logit_bias",
+                        "'logit_bias' values are numbers between -100 and 100",
+                    ))
+                }
             }
         }
     }
@@ -157,7 +166,47 @@ pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeO
         sampling: s,
         max_tokens,
         stop: f.stop("stop", 4)?,
+        constraint: None,
     })
+}
+
+/// A constraint error as a 400 naming the parameter.
+pub(crate) fn param_error(e: ParamError) -> ApiError {
+    ApiError::param(&e.param, e.message)
+}
+
+/// Whether the rendered prompt leaves the model thinking (the constraint allows reasoning first).
+pub(crate) fn thinking(model: &Model, start: ParseStart, extra: &Map<String, Value>) -> bool {
+    match start {
+        ParseStart::Reasoning => true,
+        ParseStart::ReasoningClosed => false,
+        _ => {
+            model.detected.reasoning.is_some()
+                && extra.get("enable_thinking").and_then(Value::as_bool) != Some(false)
+        }
+    }
+}
+
+/// The grammar for a request's tools / format, if it needs one.
+pub(crate) fn constraint_for(
+    model: &Model,
+    rc: &RequestConstraints,
+    thinking: bool,
+    start: ParseStart,
+) -> Result<Option<SequenceConstraint>, ApiError> {
+    if rc.is_unconstrained() {
+        return Ok(None);
+    }
+    match &model.constraints {
+        Ok(f) => f.build(rc, thinking, start).map_err(param_error),
+        Err(e) => Err(ApiError::param(
+            "response_format",
+            format!(
+                "constrained decoding is not available for {}: {e}",
+                model.reference
+            ),
+        )),
+    }
 }
 
 /// The loaded model named by the request (404 unknown, 503 loading).
@@ -404,19 +453,14 @@ pub async fn chat_completions(
             .unwrap_or(false),
         None => false,
     };
-    let decode = decode_options(&f, &["max_tokens", "max_completion_tokens"])?;
-    let tools = f.array("tools")?.cloned();
-    // Validated here; they become a grammar once constraints land.
-    f.bool("parallel_tool_calls")?;
-    if let Some(rf) = f.raw("response_format") {
-        let t = rf.get("type").and_then(Value::as_str);
-        if !matches!(t, Some("text" | "json_object" | "json_schema")) {
-            return Err(ApiError::param(
-                "response_format",
-                "'response_format.type' is text, json_object or json_schema",
-            ));
-        }
-    }
+    let mut decode = decode_options(&f, &["max_tokens", "max_completion_tokens"])?;
+    let rc = RequestConstraints::from_openai(
+        f.raw("tools"),
+        f.raw("tool_choice"),
+        f.raw("parallel_tool_calls"),
+        f.raw("response_format"),
+    )
+    .map_err(param_error)?;
     if f.bool("logprobs")? == Some(true) {
         return Err(ApiError::param("logprobs", "logprobs are not supported"));
     }
@@ -425,11 +469,12 @@ pub async fn chat_completions(
     let render_tools = if tool_choice_none {
         None
     } else {
-        tools.clone().filter(|t| !t.is_empty())
+        rc.parser_tools().map(<[Value]>::to_vec)
     };
     let model = model_for(&st, name, None).await?;
-    let (rendered, prompt) = render(&model, messages, render_tools.clone(), extra)?;
+    let (rendered, prompt) = render(&model, messages, render_tools.clone(), extra.clone())?;
     let start = chat::prefill(model.detected.format, &rendered);
+    decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
     let parser = StreamParser::new(model.detected.format, start, render_tools.as_deref());
     let rx = submit(&model, &id, prompt, decode)?;
     let cid = format!("chatcmpl-{}", id.trim_start_matches("req-"));

@@ -288,7 +288,7 @@ impl Scheduler {
 
     /// Puts a job in the free slot sharing the longest reusable prefix (else the least recently
     /// used one) and cuts that slot's cache back to the reusable part.
-    fn place(&mut self, job: Job) {
+    fn place(&mut self, mut job: Job) {
         self.tick += 1;
         let prompt = &job.prompt;
         let reusable = |s: &Slot| {
@@ -303,7 +303,7 @@ impl Scheduler {
         let keep = reusable(&self.slots[i]);
         let context_left = (self.model.description().context_length as usize).saturating_sub(prompt.len());
         let dec = SequenceDecoder::new(
-            job.decode.clone(),
+            std::mem::take(&mut job.decode),
             &self.text.tokenizer,
             &self.text.stop_tokens,
             context_left,
@@ -359,7 +359,6 @@ impl Scheduler {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if let Some(r) = &mut slot.run {
                 if let Some(t) = r.next {
-                    r.dec.prepare();
                     tokens.push(t as i32);
                     positions.push(slot.cached.len() as i32);
                     seqs.push(i as i32);
@@ -398,7 +397,25 @@ impl Scheduler {
             want_logits: &want,
         };
         let t0 = Instant::now();
-        let result = self.model.decode(&batch, &mut self.logits);
+        // Constraint masks are computed on another thread while the plugin decodes.
+        let (slots, model, logits_buf) = (&mut self.slots, &mut self.model, &mut self.logits);
+        let constrained = slots
+            .iter()
+            .any(|s| s.run.as_ref().is_some_and(|r| r.dec.is_constrained()));
+        let result = if constrained {
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    for s in slots.iter_mut() {
+                        if let Some(r) = &mut s.run {
+                            let _ = r.dec.prepare();
+                        }
+                    }
+                });
+                model.decode(&batch, logits_buf)
+            })
+        } else {
+            model.decode(&batch, logits_buf)
+        };
         let m = &self.shared.metrics;
         m.decode_steps.fetch_add(1, Relaxed);
         m.decode_micros
@@ -444,8 +461,8 @@ impl Scheduler {
                 r.prompt_done = Some(Instant::now());
                 m.ttft(r.job.received.elapsed());
             }
-            let done = if r.dec.exhausted() {
-                Some(FinishReason::Length)
+            let done = if let Some(reason) = r.dec.finished() {
+                Some(reason)
             } else {
                 let tok = r.dec.pick(logits);
                 let s = r.dec.accept(tok);

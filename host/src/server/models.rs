@@ -3,6 +3,7 @@
 //! server runs becomes servable; a removed one is drained, then unloaded).
 
 use crate::chat::{self, Detected};
+use crate::constraint::ConstraintFactory;
 use crate::engine::metrics::Metrics;
 use crate::engine::{Engine, EngineConfig, TextSide};
 use crate::generate::load_text_side;
@@ -60,6 +61,8 @@ pub struct Model {
     pub loaded_at: SystemTime,
     /// Context length per sequence.
     pub context_length: usize,
+    /// Grammars for tools and response formats (the error when they cannot be built).
+    pub constraints: Result<ConstraintFactory, String>,
     usage: Mutex<Usage>,
 }
 
@@ -287,6 +290,14 @@ impl Models {
             tokenizer.token_id(tok).is_some()
         });
         let context_length = model.description().context_length as usize;
+        let mut model = model;
+        let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
+        let vocab = model.description().vocab_size as usize;
+        let constraints =
+            ConstraintFactory::new(&tokenizer, &detected, vocab, tools_enabled).map_err(|e| format!("{e:#}"));
+        if let Err(e) = &constraints {
+            tracing::warn!(model = %entry.reference, error = %e, "constrained decoding unavailable");
+        }
         let engine = Engine::start(
             model,
             TextSide {
@@ -312,6 +323,7 @@ impl Models {
             size: entry.size,
             loaded_at: SystemTime::now(),
             context_length,
+            constraints,
             usage: Mutex::new(Usage {
                 last_used: Instant::now(),
                 keep_alive: self.cfg.keep_alive,
