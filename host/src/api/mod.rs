@@ -268,3 +268,25 @@ impl<'a> Fields<'a> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_is_unset_and_wrong_types_name_the_parameter() {
+        let m = parse_object(br#"{"a": null, "t": "hot", "n": 2.0, "stop": ["x", 1]}"#).unwrap();
+        let f = Fields::new(&m, "");
+        assert_eq!(f.num("a", 0.0, 1.0).unwrap(), None);
+        let e = f.num("t", 0.0, 2.0).unwrap_err();
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("t"))
+        );
+        assert_eq!(f.int("n", 0, 5).unwrap(), Some(2));
+        assert!(f.int("n", 3, 5).is_err());
+        assert_eq!(f.stop("stop", 4).unwrap_err().param.as_deref(), Some("stop"));
+        assert!(f.only(&["a", "t", "n"]).is_err());
+        assert!(parse_object(b"[1]").is_err() && parse_object(b"{").is_err());
+    }
+}

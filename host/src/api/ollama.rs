@@ -617,3 +617,16 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
     )
     .for_ollama())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn times_are_rfc3339_utc() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_709_251_200) + Duration::from_millis(5);
+        assert_eq!(rfc3339(t), "2024-03-01T00:00:00.005000000Z");
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
+    }
+}

@@ -189,3 +189,41 @@ pub fn ps(json: bool) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_takes_durations_seconds_and_negative_for_forever() {
+        assert_eq!(parse_keep_alive("5m").unwrap(), Some(Duration::from_secs(300)));
+        assert_eq!(parse_keep_alive("30").unwrap(), Some(Duration::from_secs(30)));
+        assert_eq!(parse_keep_alive("0").unwrap(), Some(Duration::ZERO));
+        assert_eq!(parse_keep_alive("1h").unwrap(), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_keep_alive("-1").unwrap(), None);
+        assert!(parse_keep_alive("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join("berth.toml"),
+            "port = 9000\nparallel = 3\nkeep_alive = \"-1\"\n",
+        )
+        .unwrap();
+        let cfg = resolve(
+            ServeArgs {
+                port: Some(9001),
+                ..Default::default()
+            },
+            home.path(),
+        )
+        .unwrap();
+        assert_eq!((cfg.host.as_str(), cfg.port), (DEFAULT_HOST, 9001));
+        assert_eq!(cfg.models.slots, 3);
+        assert_eq!(cfg.models.keep_alive, None);
+        std::fs::write(home.path().join("berth.toml"), "prot = 1\n").unwrap();
+        assert!(resolve(ServeArgs::default(), home.path()).is_err());
+    }
+}
