@@ -228,6 +228,15 @@ fn a_pack_imported_while_serving_is_listed_and_answers_and_rm_unloads_it() {
     assert_eq!(status, 200, "{body}");
     let (_, ps) = server.http("GET", "/api/ps", None);
     assert!(ps.contains("hot:new"), "{ps}");
+    let out = Command::new(berth_exe())
+        .args(["ps", "--json"])
+        .env("BERTH_PORT", server.port.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hot:new"),
+        "{out:?}"
+    );
     berth_ok(&home, None, &["rm", "hot:new"]);
     let t0 = Instant::now();
     loop {
@@ -245,16 +254,35 @@ fn a_pack_imported_while_serving_is_listed_and_answers_and_rm_unloads_it() {
     assert_eq!(status, 404);
 }
 
-#[test]
-fn keep_alive_zero_unloads_and_sigterm_finishes_running_streams() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut server = Server::start(&home_with_qwen(MODEL), &[]);
-    // Ollama's load / unload idiom: an empty generate, then one with keep_alive 0.
-    let (status, body) = server.http(
-        "POST",
-        "/api/generate",
-        Some(&format!("{{\"model\":\"{MODEL}\"}}")),
+/// Sends a streamed chat request on a raw connection and returns the connection unread.
+fn start_stream(server: &Server, max_tokens: u32) -> BufReader<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let req = format!(
+        "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Count from 1 to 100.\"}}],\"max_tokens\":{max_tokens},\"temperature\":0,\"stream\":true}}"
     );
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{req}",
+        req.len()
+    )
+    .unwrap();
+    BufReader::new(s)
+}
+
+/// Reads a stream to its end; returns the whole text.
+fn finish_stream(mut r: BufReader<TcpStream>) -> String {
+    let mut all = String::new();
+    let _ = r.read_to_string(&mut all);
+    all
+}
+
+#[test]
+fn keep_alive_zero_unloads_503_while_loading_429_when_full_and_sigterm_drains() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Server::start(&home_with_qwen(MODEL), &["--parallel", "1", "--queue", "1"]);
+    // Ollama's load / unload idiom: an empty generate, then one with keep_alive 0.
+    let load = format!("{{\"model\":\"{MODEL}\"}}");
+    let (status, body) = server.http("POST", "/api/generate", Some(&load));
     assert_eq!(status, 200, "{body}");
     assert!(server.http("GET", "/api/ps", None).1.contains(MODEL));
     let unload = format!("{{\"model\":\"{MODEL}\",\"keep_alive\":0}}");
@@ -267,32 +295,35 @@ fn keep_alive_zero_unloads_and_sigterm_finishes_running_streams() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // A stream running when SIGTERM arrives still ends with [DONE]; then the process exits 0.
-    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
-    let req = format!(
-        "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Count to 20.\"}}],\"max_tokens\":12,\"temperature\":0,\"stream\":true}}"
+    // The first request loads the model; one arriving meanwhile gets 503 (and /health says so).
+    let first = start_stream(&server, 2);
+    std::thread::sleep(Duration::from_millis(150));
+    let ask = format!(
+        "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"max_tokens\":2}}"
     );
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{req}",
-        req.len()
-    )
-    .unwrap();
-    let mut reader = BufReader::new(s);
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
+    let (status, body) = server.http("POST", "/v1/chat/completions", Some(&ask));
+    assert_eq!(status, 503, "{body}");
+    assert!(server.http("GET", "/health", None).1.contains("loading"));
+    assert!(finish_stream(first).contains("data: [DONE]"));
+    // One slot and a queue of one: a third request is refused with 429.
+    let running = start_stream(&server, 40);
+    std::thread::sleep(Duration::from_millis(300));
+    let queued = start_stream(&server, 4);
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = server.http("POST", "/v1/chat/completions", Some(&ask));
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("rate_limit_error"), "{body}");
+    // SIGTERM: the running and the queued stream still end with [DONE]; then the process exits 0.
     let pid = server.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap()
         .success());
-    let mut rest = String::new();
-    let _ = reader.read_to_string(&mut rest);
-    assert!(rest.contains("data: [DONE]"), "stream cut by shutdown: {rest}");
+    for s in [running, queued] {
+        let all = finish_stream(s);
+        assert!(all.contains("data: [DONE]"), "stream cut by shutdown: {all}");
+    }
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
