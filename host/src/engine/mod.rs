@@ -422,7 +422,12 @@ impl Scheduler {
             .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
         if let Err(e) = result {
             tracing::error!(error = %e.message, "decode failed; failing the running sequences");
-            for slot in &mut self.slots {
+            for (i, slot) in self.slots.iter_mut().enumerate() {
+                // The cache is in an unknown state (or the instance was recreated): start over.
+                let _ = self
+                    .model
+                    .instance()
+                    .and_then(|inst| inst.seq_truncate(i as i32, 0));
                 slot.cached.clear();
                 slot.exact = 0;
                 if let Some(r) = slot.run.take() {
