@@ -204,11 +204,13 @@ fn eight_concurrent_greedy_streams_equal_their_single_outputs_and_beat_one_strea
 }
 
 #[test]
-fn a_pack_imported_while_serving_is_listed_and_answers_and_rm_unloads_it() {
+fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_unloads_it() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let home = home_with_qwen(MODEL);
-    let server = Server::start(&home, &[]);
+    let server = Server::start(&home, &["--max-loaded-models", "1"]);
     assert_eq!(server.model_ids(), [MODEL]);
+    let first = format!("{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Say hi\"}}],\"max_tokens\":2}}");
+    assert_eq!(server.http("POST", "/v1/chat/completions", Some(&first)).0, 200);
     let qwen = real_model("qwen2.5-coder-0.5b");
     berth_ok(
         &home,
@@ -226,8 +228,9 @@ fn a_pack_imported_while_serving_is_listed_and_answers_and_rm_unloads_it() {
     let ask = r#"{"model":"hot:new","messages":[{"role":"user","content":"Say hi"}],"max_tokens":3,"temperature":0}"#;
     let (status, body) = server.http("POST", "/v1/chat/completions", Some(ask));
     assert_eq!(status, 200, "{body}");
+    // One model at most: the least recently used one was unloaded for it.
     let (_, ps) = server.http("GET", "/api/ps", None);
-    assert!(ps.contains("hot:new"), "{ps}");
+    assert!(ps.contains("hot:new") && !ps.contains(MODEL), "{ps}");
     let out = Command::new(berth_exe())
         .args(["ps", "--json"])
         .env("BERTH_PORT", server.port.to_string())
