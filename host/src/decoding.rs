@@ -165,6 +165,22 @@ impl DecodeState {
         self.constraint_failed = true;
     }
 
+    /// Tokens the grammar forces next (no other continuation is allowed), to be fed to the model
+    /// in one batch and passed to [`DecodeState::accept`] without sampling; empty when none are.
+    pub fn forced(&mut self) -> Vec<u32> {
+        if self.finished.is_some() || self.constraint_failed {
+            return Vec::new();
+        }
+        let Some(c) = self.constraint.as_mut() else {
+            return Vec::new();
+        };
+        let mut forced = c.forced_tokens();
+        if let Some(i) = forced.iter().position(|t| self.stop_set.contains(t)) {
+            forced.truncate(i);
+        }
+        forced
+    }
+
     /// Picks the next token from this sequence's logits row (mask applied if any).
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
         if self.constraint.is_some() && self.mask.is_none() {

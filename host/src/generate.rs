@@ -161,7 +161,9 @@ impl Session {
 
     /// Like [`Session::generate`], with everything a request can ask of decoding (constraint,
     /// stop strings, penalties). A constraint's next mask is computed on a second thread while
-    /// the plugin runs the forward pass, so its cost hides behind the model's.
+    /// the plugin runs the forward pass, so its cost hides behind the model's; tokens the grammar
+    /// forces (a call's fixed `{"name": "get_weather", "arguments": ` prefix) are fed in one
+    /// batch instead of one forward pass each.
     pub fn generate_with(
         &mut self,
         tokens: &[u32],
@@ -216,15 +218,30 @@ impl Session {
             if step.finished.is_some() {
                 break;
             }
+            // Tokens the grammar forces go to the model in one batch with the sampled one.
+            let mut batch = vec![token];
+            for forced in state.forced() {
+                let step = state.accept(forced);
+                if !step.text.is_empty() {
+                    on_text(&step.text);
+                }
+                batch.push(forced);
+                if step.finished.is_some() {
+                    break;
+                }
+            }
+            if state.finished().is_some() {
+                break;
+            }
             if constrained {
                 std::thread::scope(|s| -> Result<()> {
                     let mask = s.spawn(|| state.prepare());
-                    let fed = self.feed(&[token], true);
+                    let fed = self.feed(&batch, true);
                     mask.join().map_err(|_| anyhow!("mask thread panicked"))??;
                     fed
                 })?;
             } else {
-                self.feed(&[token], true)?;
+                self.feed(&batch, true)?;
             }
         }
         let tail = state.finish();

@@ -180,6 +180,11 @@ impl SequenceConstraint {
             .map_err(|e| anyhow::anyhow!("{e}"))
     }
 
+    /// The tokens the grammar forces next (one possible continuation only), not yet consumed.
+    pub fn forced_tokens(&mut self) -> Vec<u32> {
+        self.matcher.compute_ff_tokens()
+    }
+
     /// Whether the grammar accepts the text so far (the sequence may end here).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
