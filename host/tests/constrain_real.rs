@@ -288,3 +288,27 @@ fn none_named_and_single_call_choices_hold() {
         assert_eq!(r.parsed.tool_calls.len(), 1, "parallel false: {}", r.text);
     }
 }
+
+#[test]
+fn berth_run_format_json_answers_with_a_json_object() {
+    let out = berth_ok(
+        home(),
+        None,
+        &[
+            "run",
+            "qwen2.5-coder:0.5b",
+            "Give the capital of France.",
+            "--format",
+            r#"{"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}}, "required": ["capital"]}"#,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "30",
+        ],
+    );
+    let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(
+        v["capital"].as_str().is_some_and(|c| c.contains("Paris")),
+        "{out}"
+    );
+}
