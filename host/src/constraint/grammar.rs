@@ -140,7 +140,7 @@ fn with_guidance(schema: &Value) -> Value {
 }
 
 /// `%json {..}` for a schema.
-fn json_rule(schema: &Value) -> String {
+pub fn json_rule(schema: &Value) -> String {
     format!("%json {}", with_guidance(schema))
 }
 
