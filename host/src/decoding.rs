@@ -375,5 +375,7 @@ mod tests {
         fn send<T: Send>() {}
         send::<DecodeState>();
         send::<SequenceConstraint>();
+        fn shared<T: Send + Sync>() {}
+        shared::<crate::constraint::ConstraintFactory>();
     }
 }
