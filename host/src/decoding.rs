@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use anyhow::Result;
 
-use crate::constraint::SequenceConstraint;
+use crate::constraint::{ParamError, SequenceConstraint};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
@@ -31,6 +31,29 @@ impl FinishReason {
             FinishReason::ToolCalls => "tool_calls",
         }
     }
+}
+
+/// OpenAI's `stop`: a string or up to 4 strings (`null` = none); a 400 on `stop` otherwise.
+pub fn parse_stop(v: Option<&serde_json::Value>) -> Result<Vec<String>, ParamError> {
+    use serde_json::Value;
+    let bad = |m: &str| ParamError {
+        param: "stop".into(),
+        message: m.into(),
+    };
+    let list = match v {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("must be a string or an array of strings"))?,
+        Some(_) => return Err(bad("must be a string or an array of strings")),
+    };
+    if list.len() > 4 {
+        return Err(bad("at most 4 stop sequences"));
+    }
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
 /// What one sequence asks of decoding.
@@ -368,6 +391,18 @@ mod tests {
         let step = st.accept(stop);
         assert_eq!(step.finished, Some(FinishReason::Stop));
         assert_eq!(st.generated(), 1);
+    }
+
+    #[test]
+    fn stop_parameter_forms() {
+        use serde_json::json;
+        assert_eq!(parse_stop(None).unwrap(), Vec::<String>::new());
+        assert_eq!(parse_stop(Some(&json!(null))).unwrap(), Vec::<String>::new());
+        assert_eq!(parse_stop(Some(&json!("x"))).unwrap(), vec!["x"]);
+        assert_eq!(parse_stop(Some(&json!(["a", "b"]))).unwrap(), vec!["a", "b"]);
+        for bad in [json!(3), json!([1]), json!(["a", "b", "c", "d", "e"])] {
+            assert_eq!(parse_stop(Some(&bad)).unwrap_err().param, "stop");
+        }
     }
 
     #[test]
