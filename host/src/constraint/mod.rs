@@ -3,6 +3,7 @@
 //! turns it into an allowed-token mask before each step. llguidance stays behind the small types
 //! here: [`ConstraintFactory`] (once per model) and [`SequenceConstraint`] (once per sequence).
 
+/// Lark grammars in each chat format's own markup.
 pub mod grammar;
 mod request;
 mod tokenv;
