@@ -608,3 +608,32 @@ fn a_rejected_forced_token_ends_the_sequence_cleanly() {
     assert_eq!(step.finished, Some(FinishReason::Stop));
     assert_eq!(st.accept(u32::from(b'y')).finished, Some(FinishReason::Stop));
 }
+
+#[test]
+fn local_refs_and_defs_compile() {
+    let f = factory(ChatFormat::HermesJson, None);
+    let schema = json!({"type": "object", "$defs": {"Item": {"type": "object",
+        "properties": {"n": {"type": "integer"}}, "required": ["n"]}},
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}}, "required": ["items"]});
+    let r = RequestConstraints::from_openai(
+        None,
+        None,
+        None,
+        Some(&json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})),
+    )
+    .unwrap();
+    assert!(check(
+        &f,
+        &r,
+        false,
+        ParseStart::Content,
+        "{\"items\": [{\"n\": 1}, {\"n\": 2}]}"
+    ));
+    assert!(!check(
+        &f,
+        &r,
+        false,
+        ParseStart::Content,
+        "{\"items\": [{\"m\": 1}]}"
+    ));
+}
