@@ -319,6 +319,13 @@ fn validation_errors_name_the_parameter() {
         no_tools.build(&r, false, ParseStart::Content).unwrap_err().param,
         "tool_choice"
     );
+    let named = req(
+        json!({"type": "function", "function": {"name": "get_time"}}),
+        true,
+        Value::Null,
+    );
+    let e = no_tools.build(&named, false, ParseStart::Content).unwrap_err();
+    assert_eq!(e.param, "tool_choice");
     let auto = req(json!("auto"), true, Value::Null);
     assert!(
         no_tools
