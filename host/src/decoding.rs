@@ -2,6 +2,28 @@
 //! constraint (its mask computed by [`DecodeState::prepare`], which may run on another thread
 //! while the plugin's forward pass does), stop tokens, stop strings (held back from the stream
 //! until they can no longer match), `max_tokens` and the context budget.
+//!
+//! One sequence's loop, as `Session::generate_with` runs it (an engine does the same per row of
+//! its batch):
+//!
+//! ```text
+//! let mut st = DecodeState::new(opts, &tokenizer, &stop_tokens, context - prompt_len);
+//! (prefill the prompt; meanwhile, on another thread: st.prepare())
+//! loop {
+//!     st.prepare()?;                      // no-op when the mask is ready
+//!     let t = st.pick(&logits_row);       // masked sample
+//!     let step = st.accept(t);            // text to stream, finish reason
+//!     if step.finished.is_some() { break }
+//!     let mut feed = vec![t];
+//!     for f in st.forced() {              // tokens the grammar fixes: no sampling needed
+//!         let step = st.accept(f);        // (plugin-forced tokens go through accept() too)
+//!         feed.push(f);
+//!         if step.finished.is_some() { break }
+//!     }
+//!     (decode `feed`; meanwhile, on another thread: st.prepare())
+//! }
+//! let tail = st.finish();                 // held-back text
+//! ```
 
 use std::collections::HashSet;
 
