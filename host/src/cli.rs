@@ -100,6 +100,9 @@ pub enum Command {
         /// Compute threads (default: all cores, or BERTH_THREADS).
         #[arg(long, env = "BERTH_THREADS")]
         threads: Option<u32>,
+        /// Constrain the answer: `json`, or a JSON schema (inline or a file), as Ollama's `format`.
+        #[arg(long)]
+        format: Option<String>,
     },
     /// Measure prompt processing (ppN) and generation (tgN) tokens/s, as llama-bench does.
     Bench {
@@ -238,8 +241,10 @@ pub fn run(cli: Cli) -> Result<()> {
             think,
             system,
             threads,
+            format,
         } => {
             let opts = crate::run::RunOptions {
+                format,
                 raw,
                 verbose,
                 sampling: crate::sampling::SamplingParams {

@@ -2,12 +2,34 @@
 //! constraint (its mask computed by [`DecodeState::prepare`], which may run on another thread
 //! while the plugin's forward pass does), stop tokens, stop strings (held back from the stream
 //! until they can no longer match), `max_tokens` and the context budget.
+//!
+//! One sequence's loop, as `Session::generate_with` runs it (an engine does the same per row of
+//! its batch):
+//!
+//! ```text
+//! let mut st = DecodeState::new(opts, &tokenizer, &stop_tokens, context - prompt_len);
+//! (prefill the prompt; meanwhile, on another thread: st.prepare())
+//! loop {
+//!     st.prepare()?;                      // no-op when the mask is ready
+//!     let t = st.pick(&logits_row);       // masked sample
+//!     let step = st.accept(t);            // text to stream, finish reason
+//!     if step.finished.is_some() { break }
+//!     let mut feed = vec![t];
+//!     for f in st.forced() {              // tokens the grammar fixes: no sampling needed
+//!         let step = st.accept(f);        // (plugin-forced tokens go through accept() too)
+//!         feed.push(f);
+//!         if step.finished.is_some() { break }
+//!     }
+//!     (decode `feed`; meanwhile, on another thread: st.prepare())
+//! }
+//! let tail = st.finish();                 // held-back text
+//! ```
 
 use std::collections::HashSet;
 
 use anyhow::Result;
 
-use crate::constraint::SequenceConstraint;
+use crate::constraint::{ParamError, SequenceConstraint};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
@@ -31,6 +53,29 @@ impl FinishReason {
             FinishReason::ToolCalls => "tool_calls",
         }
     }
+}
+
+/// OpenAI's `stop`: a string or up to 4 strings (`null` = none); a 400 on `stop` otherwise.
+pub fn parse_stop(v: Option<&serde_json::Value>) -> Result<Vec<String>, ParamError> {
+    use serde_json::Value;
+    let bad = |m: &str| ParamError {
+        param: "stop".into(),
+        message: m.into(),
+    };
+    let list = match v {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("must be a string or an array of strings"))?,
+        Some(_) => return Err(bad("must be a string or an array of strings")),
+    };
+    if list.len() > 4 {
+        return Err(bad("at most 4 stop sequences"));
+    }
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
 /// What one sequence asks of decoding.
@@ -163,6 +208,22 @@ impl DecodeState {
     fn fail(&mut self, why: &str) {
         eprintln!("berth: constraint error, ending the sequence: {why}");
         self.constraint_failed = true;
+    }
+
+    /// Tokens the grammar forces next (no other continuation is allowed), to be fed to the model
+    /// in one batch and passed to [`DecodeState::accept`] without sampling; empty when none are.
+    pub fn forced(&mut self) -> Vec<u32> {
+        if self.finished.is_some() || self.constraint_failed {
+            return Vec::new();
+        }
+        let Some(c) = self.constraint.as_mut() else {
+            return Vec::new();
+        };
+        let mut forced = c.forced_tokens();
+        if let Some(i) = forced.iter().position(|t| self.stop_set.contains(t)) {
+            forced.truncate(i);
+        }
+        forced
     }
 
     /// Picks the next token from this sequence's logits row (mask applied if any).
@@ -355,9 +416,23 @@ mod tests {
     }
 
     #[test]
+    fn stop_parameter_forms() {
+        use serde_json::json;
+        assert_eq!(parse_stop(None).unwrap(), Vec::<String>::new());
+        assert_eq!(parse_stop(Some(&json!(null))).unwrap(), Vec::<String>::new());
+        assert_eq!(parse_stop(Some(&json!("x"))).unwrap(), vec!["x"]);
+        assert_eq!(parse_stop(Some(&json!(["a", "b"]))).unwrap(), vec!["a", "b"]);
+        for bad in [json!(3), json!([1]), json!(["a", "b", "c", "d", "e"])] {
+            assert_eq!(parse_stop(Some(&bad)).unwrap_err().param, "stop");
+        }
+    }
+
+    #[test]
     fn decode_state_is_send() {
         fn send<T: Send>() {}
         send::<DecodeState>();
         send::<SequenceConstraint>();
+        fn shared<T: Send + Sync>() {}
+        shared::<crate::constraint::ConstraintFactory>();
     }
 }

@@ -1,12 +1,13 @@
 //! One model opened for generation (`berth run`): plugin instance, tokenizer and chat template,
 //! with a decode loop that reuses the KV cache of the previous turn's common prefix.
 
+use crate::decoding::{DecodeOptions, DecodeState, FinishReason};
 use crate::models::LoadedModel;
 use crate::packs;
 use crate::plugins::PluginSet;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::SamplingParams;
 use crate::template::ChatTemplate;
-use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 use berth_plugin_api::BatchView;
 use berth_registry::gguf::GgufFile;
@@ -37,6 +38,8 @@ pub struct GenerationStats {
     pub generation_duration: Duration,
     /// Why generation ended: `stop` or `length`.
     pub finish_reason: &'static str,
+    /// Time spent computing constraint masks that did not overlap a forward pass.
+    pub mask_duration: Duration,
 }
 
 impl GenerationStats {
@@ -136,6 +139,35 @@ impl Session {
         tokens: &[u32],
         params: &SamplingParams,
         max_tokens: usize,
+        on_text: impl FnMut(&str),
+    ) -> Result<GenerationStats> {
+        let opts = DecodeOptions {
+            sampling: params.clone(),
+            max_tokens: Some(max_tokens),
+            ..DecodeOptions::default()
+        };
+        self.generate_with(tokens, opts, on_text)
+    }
+
+    /// Whether the plugin's model can call tools.
+    pub fn tools_enabled(&mut self) -> bool {
+        self.model.instance().map(|i| i.tools_enabled()).unwrap_or(false)
+    }
+
+    /// The stop tokens: the model's and the tokenizer's.
+    pub fn stop_tokens(&self) -> &HashSet<u32> {
+        &self.stop_tokens
+    }
+
+    /// Like [`Session::generate`], with everything a request can ask of decoding (constraint,
+    /// stop strings, penalties). A constraint's next mask is computed on a second thread while
+    /// the plugin runs the forward pass, so its cost hides behind the model's; tokens the grammar
+    /// forces (a call's fixed `{"name": "get_weather", "arguments": ` prefix) are fed in one
+    /// batch instead of one forward pass each.
+    pub fn generate_with(
+        &mut self,
+        tokens: &[u32],
+        opts: DecodeOptions,
         mut on_text: impl FnMut(&str),
     ) -> Result<GenerationStats> {
         if tokens.is_empty() {
@@ -156,35 +188,68 @@ impl Session {
         }
         stats.cached_tokens = keep;
         let rest = &tokens[keep..];
-        for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
-            let last = (i + 1) * PREFILL_CHUNK >= rest.len();
-            self.feed(chunk, last)?;
-        }
+        let mut state = DecodeState::new(opts, &self.tokenizer, &self.stop_tokens, context - tokens.len());
+        let constrained = state.is_constrained();
+        std::thread::scope(|s| -> Result<()> {
+            // The first mask (and the grammar's start-up) overlaps the prompt.
+            let first = constrained.then(|| s.spawn(|| state.prepare()));
+            for (i, chunk) in rest.chunks(PREFILL_CHUNK).enumerate() {
+                let last = (i + 1) * PREFILL_CHUNK >= rest.len();
+                self.feed(chunk, last)?;
+            }
+            if let Some(h) = first {
+                h.join().map_err(|_| anyhow!("mask thread panicked"))??;
+            }
+            Ok(())
+        })?;
         stats.prompt_tokens = rest.len();
         stats.prompt_duration = start.elapsed();
 
         let start = Instant::now();
-        let mut sampler = Sampler::new(params.clone());
-        let mut decoder: IncrementalDecoder = self.tokenizer.incremental_decoder(true);
-        stats.finish_reason = "length";
-        let budget = max_tokens.min(context.saturating_sub(self.cached.len()));
-        for _ in 0..budget {
-            let token = sampler.sample(&self.logits);
-            if self.stop_tokens.contains(&token) {
-                stats.finish_reason = "stop";
+        while state.finished().is_none() {
+            let waited = Instant::now();
+            state.prepare()?;
+            stats.mask_duration += waited.elapsed();
+            let token = state.pick(&self.logits);
+            let step = state.accept(token);
+            if !step.text.is_empty() {
+                on_text(&step.text);
+            }
+            if step.finished.is_some() {
                 break;
             }
-            stats.generated_tokens += 1;
-            let piece = decoder.push(token);
-            if !piece.is_empty() {
-                on_text(&piece);
+            // Tokens the grammar forces go to the model in one batch with the sampled one.
+            let mut batch = vec![token];
+            for forced in state.forced() {
+                let step = state.accept(forced);
+                if !step.text.is_empty() {
+                    on_text(&step.text);
+                }
+                batch.push(forced);
+                if step.finished.is_some() {
+                    break;
+                }
             }
-            self.feed(&[token], true)?;
+            if state.finished().is_some() {
+                break;
+            }
+            if constrained {
+                std::thread::scope(|s| -> Result<()> {
+                    let mask = s.spawn(|| state.prepare());
+                    let fed = self.feed(&batch, true);
+                    mask.join().map_err(|_| anyhow!("mask thread panicked"))??;
+                    fed
+                })?;
+            } else {
+                self.feed(&batch, true)?;
+            }
         }
-        let tail = decoder.finish();
+        let tail = state.finish();
         if !tail.is_empty() {
             on_text(&tail);
         }
+        stats.generated_tokens = state.generated();
+        stats.finish_reason = state.finished().unwrap_or(FinishReason::Stop).as_str();
         stats.generation_duration = start.elapsed();
         Ok(stats)
     }

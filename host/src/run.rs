@@ -1,9 +1,11 @@
 //! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
 
+use crate::constraint::{ConstraintFactory, RequestConstraints};
+use crate::decoding::DecodeOptions;
 use crate::generate::{GenerationStats, Session};
 use crate::sampling::SamplingParams;
 use crate::template::RenderInput;
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use berth_registry::store::Store;
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -25,6 +27,8 @@ pub struct RunOptions {
     pub system: Option<String>,
     /// Compute threads.
     pub threads: Option<u32>,
+    /// Ollama-style `format`: `json` or a JSON schema (inline or a file path).
+    pub format: Option<String>,
 }
 
 /// Runs `berth run`.
@@ -47,10 +51,15 @@ pub fn run(
             session.reference
         );
     }
+    let constraints = match &opts.format {
+        Some(f) if !opts.raw => Some(format_constraints(&mut session, f)?),
+        _ => None,
+    };
     let mut chat = Chat {
         think: opts.think,
         history: Vec::new(),
         opts,
+        constraints,
     };
     if let Some(s) = &chat.opts.system {
         chat.history
@@ -66,11 +75,36 @@ struct Chat {
     opts: RunOptions,
     think: Option<bool>,
     history: Vec<serde_json::Value>,
+    /// The `--format` constraint's factory and request, when one was asked for.
+    constraints: Option<(ConstraintFactory, RequestConstraints)>,
+}
+
+/// Parses `--format` (Ollama's `format`: `json`, or a schema inline or in a file) and builds the
+/// model's constraint factory.
+fn format_constraints(
+    session: &mut Session,
+    format: &str,
+) -> Result<(ConstraintFactory, RequestConstraints)> {
+    let value = if format == "json" {
+        serde_json::Value::String(format.into())
+    } else if Path::new(format).is_file() {
+        serde_json::from_str(&std::fs::read_to_string(format)?)
+            .with_context(|| format!("reading the schema {format}"))?
+    } else {
+        serde_json::from_str(format).context("--format is neither `json`, a JSON schema nor a schema file")?
+    };
+    let req = RequestConstraints::from_ollama(None, Some(&value))
+        .map_err(|e| anyhow!("--format: {}", e.message))?;
+    let vocab = session.model.description().vocab_size as usize;
+    let tools = session.tools_enabled();
+    let factory = ConstraintFactory::new(&session.tokenizer, &session.chat_format, vocab, tools)?;
+    Ok((factory, req))
 }
 
 impl Chat {
     /// Renders the prompt for a new user message (or the raw text), generates and prints.
     fn turn(&mut self, session: &mut Session, text: &str) -> Result<()> {
+        let mut start = crate::chat::ParseStart::Content;
         let tokens = if self.opts.raw {
             session.tokenizer.encode(text, true)
         } else {
@@ -89,11 +123,24 @@ impl Chat {
                 bos_token: token_text(&session.tokenizer, session.tokenizer.bos_id()),
                 eos_token: token_text(&session.tokenizer, session.tokenizer.eos_id()),
             })?;
+            start = crate::chat::prefill(session.chat_format.format, &prompt);
             session.tokenizer.encode(&prompt, false)
+        };
+        let constraint = match &self.constraints {
+            Some((factory, req)) => factory
+                .build(req, self.think.unwrap_or(false), start)
+                .map_err(|e| anyhow!("--format: {}", e.message))?,
+            None => None,
+        };
+        let decode = DecodeOptions {
+            sampling: self.opts.sampling.clone(),
+            max_tokens: Some(self.opts.max_tokens),
+            stop: Vec::new(),
+            constraint,
         };
         let mut out = std::io::stdout().lock();
         let mut answer = String::new();
-        let stats = session.generate(&tokens, &self.opts.sampling, self.opts.max_tokens, |piece| {
+        let stats = session.generate_with(&tokens, decode, |piece| {
             answer.push_str(piece);
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();

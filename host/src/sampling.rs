@@ -70,6 +70,37 @@ impl SamplingParams {
     }
 }
 
+/// OpenAI's `logit_bias`: an object of token id (as a string) to a bias in -100..=100, checked
+/// against the vocabulary size; `null` = none. The error names `logit_bias`.
+pub fn parse_logit_bias(
+    v: Option<&serde_json::Value>,
+    vocab: usize,
+) -> Result<Vec<(u32, f32)>, crate::constraint::ParamError> {
+    let bad = |m: String| crate::constraint::ParamError {
+        param: "logit_bias".into(),
+        message: m,
+    };
+    let map = match v {
+        None | Some(serde_json::Value::Null) => return Ok(Vec::new()),
+        Some(serde_json::Value::Object(m)) => m,
+        Some(_) => return Err(bad("must be an object of token id to bias".into())),
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, b) in map {
+        let id: u32 = k
+            .parse()
+            .ok()
+            .filter(|&id| (id as usize) < vocab)
+            .ok_or_else(|| bad(format!("'{k}' is not a token id of this model")))?;
+        let bias = b
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| bad(format!("the bias of {k} must be a number in -100..100")))?;
+        out.push((id, bias as f32));
+    }
+    Ok(out)
+}
+
 /// Whether token `id` is allowed by a bitmask (bit `id % 32` of word `id / 32`); ids past the
 /// mask are not.
 pub fn mask_allows(mask: &[u32], id: u32) -> bool {
@@ -473,6 +504,19 @@ mod tests {
             r.accept(9);
         }
         assert_eq!(r.sample_masked(&row, None), 2, "out of the window again");
+    }
+
+    #[test]
+    fn logit_bias_parses_and_checks_ids_and_range() {
+        use serde_json::json;
+        assert_eq!(
+            parse_logit_bias(Some(&json!({"5": -100, "7": 2.5})), 10).unwrap(),
+            vec![(5, -100.0), (7, 2.5)]
+        );
+        assert!(parse_logit_bias(None, 10).unwrap().is_empty());
+        for bad in [json!({"10": 1}), json!({"x": 1}), json!({"1": 101}), json!([1])] {
+            assert_eq!(parse_logit_bias(Some(&bad), 10).unwrap_err().param, "logit_bias");
+        }
     }
 
     #[test]

@@ -140,7 +140,7 @@ fn with_guidance(schema: &Value) -> Value {
 }
 
 /// `%json {..}` for a schema.
-fn json_rule(schema: &Value) -> String {
+pub fn json_rule(schema: &Value) -> String {
     format!("%json {}", with_guidance(schema))
 }
 
@@ -436,7 +436,16 @@ fn xml_params(g: &mut Lark, call: usize, schema: &Value) -> String {
     for (j, (key, s, req)) in props.iter().enumerate() {
         let v = format!("v_{call}_{j}");
         let open = lit(&format!("<parameter={key}>\n"));
-        let p = if s.get("type").and_then(Value::as_str) == Some("string") && s.get("enum").is_none() {
+        let strings: Option<Vec<&str>> = s
+            .get("enum")
+            .and_then(Value::as_array)
+            .and_then(|e| e.iter().map(Value::as_str).collect());
+        let p = if let Some(options) = strings {
+            // Raw text, as the template writes strings: one of the enum's values.
+            let alts: Vec<String> = options.iter().map(|o| lit(o)).collect();
+            g.rule(&v, alts.join(" | "));
+            format!("{open} {v} {close}")
+        } else if s.get("type").and_then(Value::as_str) == Some("string") {
             // Lazy: the value ends at the first closing tag, which the rule includes.
             g.rule(&format!("{v}[suffix={close}]"), "/(?s:.*)/");
             format!("{open} {v}")

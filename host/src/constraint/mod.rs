@@ -3,6 +3,7 @@
 //! turns it into an allowed-token mask before each step. llguidance stays behind the small types
 //! here: [`ConstraintFactory`] (once per model) and [`SequenceConstraint`] (once per sequence).
 
+/// Lark grammars in each chat format's own markup.
 pub mod grammar;
 mod request;
 mod tokenv;
@@ -121,17 +122,27 @@ impl ConstraintFactory {
             return Ok(None);
         };
         self.compile(&lark).map(Some).map_err(|e| ParamError {
-            param: match req.response_format {
-                ResponseFormat::JsonSchema(_)
-                    if req.tool_choice == ToolChoice::None || req.tools.is_empty() =>
-                {
-                    "response_format".into()
-                }
-                _ if !req.tools.is_empty() && req.tool_choice != ToolChoice::None => "tools".into(),
-                _ => "response_format".into(),
-            },
+            param: self.culprit(req).into(),
             message: format!("the constraint cannot be built: {e:#}"),
         })
+    }
+
+    /// Which parameter made a grammar fail: the response schema if it fails on its own, else the
+    /// tools' parameter schemas.
+    fn culprit(&self, req: &RequestConstraints) -> &'static str {
+        let calls = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
+        match &req.response_format {
+            ResponseFormat::JsonSchema(s) if calls => {
+                let alone = format!("start: {}\n", grammar::json_rule(s));
+                if self.compile(&alone).is_err() {
+                    "response_format"
+                } else {
+                    "tools"
+                }
+            }
+            _ if calls => "tools",
+            _ => "response_format",
+        }
     }
 
     /// Compiles a Lark grammar into a fresh matcher.
@@ -178,6 +189,11 @@ impl SequenceConstraint {
         self.matcher
             .consume_token(token)
             .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// The tokens the grammar forces next (one possible continuation only), not yet consumed.
+    pub fn forced_tokens(&mut self) -> Vec<u32> {
+        self.matcher.compute_ff_tokens()
     }
 
     /// Whether the grammar accepts the text so far (the sequence may end here).

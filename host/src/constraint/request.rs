@@ -141,9 +141,11 @@ impl RequestConstraints {
             && (self.tools.is_empty() || self.tool_choice == ToolChoice::None)
     }
 
-    /// The tools as sent, for the chat parser (`None` when there are none).
+    /// The tools the chat parser should recognise calls of: `None` when there are none or
+    /// `tool_choice` is `none` (then whatever call-like text the model writes stays content).
     pub fn parser_tools(&self) -> Option<&[Value]> {
-        (!self.tools_json.is_empty()).then_some(self.tools_json.as_slice())
+        (!self.tools_json.is_empty() && self.tool_choice != ToolChoice::None)
+            .then_some(self.tools_json.as_slice())
     }
 }
 
@@ -324,6 +326,8 @@ mod tests {
         assert!(r.parallel_tool_calls);
         assert_eq!(r.tools[0].name, "get_weather");
         assert_eq!(r.parser_tools().map(<[Value]>::len), Some(1));
+        let r = openai(weather(), json!("none"), Value::Null, Value::Null).unwrap();
+        assert!(r.parser_tools().is_none(), "none: calls stay content");
     }
 
     #[test]

@@ -319,6 +319,13 @@ fn validation_errors_name_the_parameter() {
         no_tools.build(&r, false, ParseStart::Content).unwrap_err().param,
         "tool_choice"
     );
+    let named = req(
+        json!({"type": "function", "function": {"name": "get_time"}}),
+        true,
+        Value::Null,
+    );
+    let e = no_tools.build(&named, false, ParseStart::Content).unwrap_err();
+    assert_eq!(e.param, "tool_choice");
     let auto = req(json!("auto"), true, Value::Null);
     assert!(
         no_tools
@@ -363,4 +370,277 @@ fn markers_must_be_single_tokens() {
     let e = Markers::resolve(&d, |t| t.bytes().map(u32::from).collect()).unwrap_err();
     assert!(e.to_string().contains("not one"), "{e}");
     let _ = stops();
+}
+
+/// One format's sample outputs for the tool_choice matrix.
+struct Samples {
+    format: ChatFormat,
+    reasoning: Reasoning,
+    think: &'static str,
+    text: &'static str,
+    weather: &'static str,
+    time: &'static str,
+    /// Both calls in one turn, where the format can write that.
+    two: Option<String>,
+}
+
+fn samples() -> Vec<Samples> {
+    let xml_w = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+    let xml_t =
+        "<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>";
+    let g_w = "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>";
+    let g_t = "<|tool_call>call:get_time{tz:<|\"|>UTC<|\"|>}<tool_call|>";
+    vec![
+        Samples {
+            format: ChatFormat::HermesJson,
+            reasoning: Reasoning::ThinkTags,
+            think: "<think>\nhm\n</think>\n\n",
+            text: "It is sunny.",
+            weather: HERMES_CALL,
+            time: HERMES_TIME,
+            two: Some(format!("{HERMES_CALL}\n{HERMES_TIME}")),
+        },
+        Samples {
+            format: ChatFormat::QwenXml,
+            reasoning: Reasoning::ThinkTags,
+            think: "<think>\nhm\n</think>\n\n",
+            text: "It is sunny.",
+            weather: xml_w,
+            time: xml_t,
+            two: Some(format!("{xml_w}\n{xml_t}")),
+        },
+        Samples {
+            format: ChatFormat::Gemma4,
+            reasoning: Reasoning::Gemma4Thought,
+            think: "<|channel>thought\nhm<channel|>",
+            text: "It is sunny.",
+            weather: g_w,
+            time: g_t,
+            two: Some(format!("{g_w}{g_t}")),
+        },
+        Samples {
+            format: ChatFormat::Lfm2Pythonic,
+            reasoning: Reasoning::ThinkTags,
+            think: "<think>hm</think>\n",
+            text: "It is sunny.",
+            weather: "<|tool_call_start|>[get_weather(city=\"Paris\")]<|tool_call_end|>",
+            time: "<|tool_call_start|>[get_time(tz=\"UTC\")]<|tool_call_end|>",
+            two: Some("<|tool_call_start|>[get_weather(city=\"Paris\"), get_time(tz=\"UTC\")]<|tool_call_end|>".into()),
+        },
+        Samples {
+            format: ChatFormat::Harmony,
+            reasoning: Reasoning::HarmonyAnalysis,
+            think: "<|channel|>analysis<|message|>hm<|end|><|start|>assistant",
+            text: "<|channel|>final<|message|>It is sunny.",
+            weather: "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+            time: "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"UTC\"}",
+            // A harmony call ends the turn (`<|call|>`): one call per turn.
+            two: None,
+        },
+    ]
+}
+
+#[test]
+fn tool_choice_by_parallel_by_thinking_by_format() {
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    for s in samples() {
+        let f = factory(s.format, Some(s.reasoning));
+        let start = if s.format == ChatFormat::Harmony {
+            ParseStart::AssistantHeader
+        } else {
+            ParseStart::Content
+        };
+        for thinking in [false, true] {
+            let pre = if thinking { s.think } else { "" };
+            let ok =
+                |r: &RequestConstraints, out: &str| check(&f, r, thinking, start, &format!("{pre}{out}"));
+            let ctx = |what: &str| format!("{} thinking={thinking}: {what}", s.format);
+            for parallel in [true, false] {
+                let none = req(json!("none"), parallel, Value::Null);
+                assert!(ok(&none, s.text), "{}", ctx("none allows text"));
+                assert!(!ok(&none, s.weather), "{}", ctx("none bans calls"));
+
+                let auto = req(json!("auto"), parallel, Value::Null);
+                assert!(ok(&auto, s.text), "{}", ctx("auto allows text"));
+                assert!(
+                    ok(&auto, s.weather) && ok(&auto, s.time),
+                    "{}",
+                    ctx("auto allows calls")
+                );
+
+                let required = req(json!("required"), parallel, Value::Null);
+                assert!(!ok(&required, s.text), "{}", ctx("required bans text"));
+                assert!(
+                    ok(&required, s.weather) && ok(&required, s.time),
+                    "{}",
+                    ctx("required allows calls")
+                );
+
+                let named = req(named.clone(), parallel, Value::Null);
+                assert!(ok(&named, s.time), "{}", ctx("named allows its function"));
+                assert!(!ok(&named, s.weather), "{}", ctx("named bans the others"));
+
+                if let Some(two) = &s.two {
+                    assert_eq!(
+                        ok(&auto, two),
+                        parallel,
+                        "{}",
+                        ctx("auto: two calls iff parallel")
+                    );
+                    assert_eq!(
+                        ok(&required, two),
+                        parallel,
+                        "{}",
+                        ctx("required: two calls iff parallel")
+                    );
+                }
+            }
+            // Thinking off: no reasoning block before the call.
+            let required = req(json!("required"), true, Value::Null);
+            assert_eq!(
+                check(
+                    &f,
+                    &required,
+                    thinking,
+                    start,
+                    &format!("{}{}", s.think, s.weather)
+                ),
+                thinking,
+                "{}",
+                ctx("reasoning block only with thinking on")
+            );
+        }
+    }
+}
+
+#[test]
+fn auto_with_a_json_response_format_allows_json_or_a_call() {
+    let f = factory(ChatFormat::HermesJson, None);
+    let r = req(json!("auto"), true, json!({"type": "json_object"}));
+    assert!(check(&f, &r, false, ParseStart::Content, "{\"a\": 1}"));
+    assert!(check(&f, &r, false, ParseStart::Content, HERMES_CALL));
+    assert!(!check(&f, &r, false, ParseStart::Content, "It is sunny."));
+}
+
+#[test]
+fn decode_state_allows_stop_tokens_only_where_the_grammar_accepts() {
+    use crate::decoding::{DecodeOptions, DecodeState, FinishReason};
+    use crate::sampling::SamplingParams;
+    let f = factory(ChatFormat::HermesJson, None);
+    for parallel in [false, true] {
+        let r = req(
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            parallel,
+            Value::Null,
+        );
+        let tok = toy_tokenizer();
+        let stop_set: std::collections::HashSet<u32> = stops().into_iter().collect();
+        let mut st = DecodeState::new(
+            DecodeOptions {
+                sampling: SamplingParams::greedy(),
+                max_tokens: Some(200),
+                stop: Vec::new(),
+                constraint: f.build(&r, false, ParseStart::Content).unwrap(),
+            },
+            &tok,
+            &stop_set,
+            1000,
+        );
+        // The model wants to stop at once; failing that, `"` and `}` (the shortest valid call).
+        let mut logits = vec![0.0f32; 320];
+        logits[256] = 10.0;
+        logits[b'"' as usize] = 5.0;
+        logits[b'}' as usize] = 4.0;
+        let mut text = String::new();
+        let mut forced = 0;
+        loop {
+            st.prepare().unwrap();
+            let t = st.pick(&logits);
+            let step = st.accept(t);
+            text.push_str(&step.text);
+            if let Some(reason) = step.finished {
+                assert_eq!(reason, FinishReason::Stop);
+                break;
+            }
+            for t in st.forced() {
+                forced += 1;
+                let step = st.accept(t);
+                text.push_str(&step.text);
+                if step.finished.is_some() {
+                    break;
+                }
+            }
+            if let Some(reason) = st.finished() {
+                // A complete call with parallel calls off: the grammar itself ends the turn.
+                assert_eq!(reason, FinishReason::Stop);
+                break;
+            }
+        }
+        assert_eq!(
+            text,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"\"}}\n</tool_call>"
+        );
+        assert!(
+            forced > 20,
+            "the fixed call prefix is forced, not sampled ({forced})"
+        );
+        let parsed = crate::chat::parse(
+            ChatFormat::HermesJson,
+            ParseStart::Content,
+            &text,
+            r.parser_tools(),
+            false,
+        );
+        assert_eq!(parsed.tool_calls[0].name, "get_weather");
+    }
+}
+
+#[test]
+fn a_rejected_forced_token_ends_the_sequence_cleanly() {
+    use crate::decoding::{DecodeOptions, DecodeState, FinishReason};
+    let f = factory(ChatFormat::HermesJson, None);
+    let r = req(json!("required"), true, Value::Null);
+    let stop_set: std::collections::HashSet<u32> = stops().into_iter().collect();
+    let mut st = DecodeState::new(
+        DecodeOptions {
+            constraint: f.build(&r, false, ParseStart::Content).unwrap(),
+            ..DecodeOptions::default()
+        },
+        &toy_tokenizer(),
+        &stop_set,
+        1000,
+    );
+    // A plugin forces plain text where the grammar wants a call: the sequence stops.
+    let step = st.accept(u32::from(b'x'));
+    assert_eq!(step.finished, Some(FinishReason::Stop));
+    assert_eq!(st.accept(u32::from(b'y')).finished, Some(FinishReason::Stop));
+}
+
+#[test]
+fn local_refs_and_defs_compile() {
+    let f = factory(ChatFormat::HermesJson, None);
+    let schema = json!({"type": "object", "$defs": {"Item": {"type": "object",
+        "properties": {"n": {"type": "integer"}}, "required": ["n"]}},
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}}, "required": ["items"]});
+    let r = RequestConstraints::from_openai(
+        None,
+        None,
+        None,
+        Some(&json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})),
+    )
+    .unwrap();
+    assert!(check(
+        &f,
+        &r,
+        false,
+        ParseStart::Content,
+        "{\"items\": [{\"n\": 1}, {\"n\": 2}]}"
+    ));
+    assert!(!check(
+        &f,
+        &r,
+        false,
+        ParseStart::Content,
+        "{\"items\": [{\"m\": 1}]}"
+    ));
 }

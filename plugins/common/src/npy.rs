@@ -90,7 +90,7 @@ mod tests {
     fn parses_a_small_array() {
         let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
         let mut padded = header.to_string();
-        while (10 + padded.len() + 1) % 64 != 0 {
+        while !(10 + padded.len() + 1).is_multiple_of(64) {
             padded.push(' ');
         }
         padded.push('\n');

@@ -61,7 +61,7 @@ impl Matrix {
         rows: usize,
         cols: usize,
     ) -> Result<Matrix, PluginError> {
-        if cols % wtype.block_size() != 0 {
+        if !cols.is_multiple_of(wtype.block_size()) {
             return Err(PluginError::failed(format!(
                 "{} rows of {cols} elements are not whole blocks of {}",
                 wtype.name(),
