@@ -18,12 +18,9 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const MODEL: &str = "qwen2.5-coder:0.5b";
 
 /// A fresh Berth home with the qwen3 plugin and Qwen2.5-Coder 0.5B imported as `name`.
-fn home_with_qwen(name: &str) -> PathBuf {
-    let dir = tempfile::Builder::new()
-        .prefix("berth-serve-")
-        .tempdir()
-        .unwrap()
-        .keep();
+fn home_with_qwen(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::Builder::new().prefix("berth-serve-").tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     berth_ok(
         &dir,
         None,
@@ -31,7 +28,7 @@ fn home_with_qwen(name: &str) -> PathBuf {
     );
     let qwen = real_model("qwen2.5-coder-0.5b");
     berth_ok(&dir, None, &["import", qwen.to_str().unwrap(), "--name", name]);
-    dir
+    tmp
 }
 
 /// A running `berth serve`, killed on drop.
@@ -143,7 +140,8 @@ fn openai_check(server: &Server, check: &str, args: &[&str]) -> String {
 #[test]
 fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = Server::start(&home_with_qwen(MODEL), &["--parallel", "8"]);
+    let home = home_with_qwen(MODEL);
+    let server = Server::start(home.path(), &["--parallel", "8"]);
     for check in ["chat", "tools", "parse", "usage", "errors", "disconnect"] {
         openai_check(&server, check, &[]);
     }
@@ -199,7 +197,8 @@ fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
 #[test]
 fn eight_concurrent_greedy_streams_equal_their_single_outputs_and_beat_one_stream() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = Server::start(&home_with_qwen(MODEL), &["--parallel", "8"]);
+    let home = home_with_qwen(MODEL);
+    let server = Server::start(home.path(), &["--parallel", "8"]);
     openai_check(&server, "concurrency", &["40"]);
 }
 
@@ -207,13 +206,13 @@ fn eight_concurrent_greedy_streams_equal_their_single_outputs_and_beat_one_strea
 fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_unloads_it() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let home = home_with_qwen(MODEL);
-    let server = Server::start(&home, &["--max-loaded-models", "1"]);
+    let server = Server::start(home.path(), &["--max-loaded-models", "1"]);
     assert_eq!(server.model_ids(), [MODEL]);
     let first = format!("{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Say hi\"}}],\"max_tokens\":2}}");
     assert_eq!(server.http("POST", "/v1/chat/completions", Some(&first)).0, 200);
     let qwen = real_model("qwen2.5-coder-0.5b");
     berth_ok(
-        &home,
+        home.path(),
         None,
         &["import", qwen.to_str().unwrap(), "--name", "hot:new"],
     );
@@ -240,7 +239,7 @@ fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_u
         String::from_utf8_lossy(&out.stdout).contains("hot:new"),
         "{out:?}"
     );
-    berth_ok(&home, None, &["rm", "hot:new"]);
+    berth_ok(home.path(), None, &["rm", "hot:new"]);
     let t0 = Instant::now();
     loop {
         let (_, ps) = server.http("GET", "/api/ps", None);
@@ -282,7 +281,8 @@ fn finish_stream(mut r: BufReader<TcpStream>) -> String {
 #[test]
 fn keep_alive_zero_unloads_503_while_loading_429_when_full_and_sigterm_drains() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut server = Server::start(&home_with_qwen(MODEL), &["--parallel", "1", "--queue", "1"]);
+    let home = home_with_qwen(MODEL);
+    let mut server = Server::start(home.path(), &["--parallel", "1", "--queue", "1"]);
     // Ollama's load / unload idiom: an empty generate, then one with keep_alive 0.
     let load = format!("{{\"model\":\"{MODEL}\"}}");
     let (status, body) = server.http("POST", "/api/generate", Some(&load));
