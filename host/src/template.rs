@@ -80,6 +80,80 @@ pub struct RenderInput {
     pub eos_token: String,
 }
 
+/// Template variables the renderer sets itself; a request may not override them.
+const RESERVED: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// A request parameter that cannot reach the template: a client error (HTTP 400 naming `param`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KwargsError {
+    /// The request parameter at fault (`chat_template_kwargs`).
+    pub param: String,
+    /// One-line description for the client.
+    pub message: String,
+}
+
+impl fmt::Display for KwargsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.param, self.message)
+    }
+}
+
+impl std::error::Error for KwargsError {}
+
+impl RenderInput {
+    /// Merge a request's `chat_template_kwargs` (a JSON object; absent or `null` = none) and its
+    /// `enable_thinking` into [`RenderInput::extra`]. `enable_thinking` wins over the same key in
+    /// the kwargs. A non-object, or a key the renderer sets itself (`messages`, `tools`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`), is a [`KwargsError`].
+    pub fn with_request_kwargs(
+        mut self,
+        chat_template_kwargs: Option<&serde_json::Value>,
+        enable_thinking: Option<bool>,
+    ) -> Result<RenderInput, KwargsError> {
+        let error = |message: String| KwargsError {
+            param: "chat_template_kwargs".into(),
+            message,
+        };
+        match chat_template_kwargs {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::Object(map)) => {
+                if let Some(key) = map.keys().find(|k| RESERVED.contains(&k.as_str())) {
+                    return Err(error(format!(
+                        "'{key}' is set by the server and cannot be overridden"
+                    )));
+                }
+                for (k, v) in map {
+                    self.extra.insert(k.clone(), v.clone());
+                }
+            }
+            Some(other) => {
+                let kind = match other {
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::String(_) => "a string",
+                    _ => "an array",
+                };
+                return Err(error(format!("must be a JSON object, got {kind}")));
+            }
+        }
+        if let Some(on) = enable_thinking {
+            self.extra.insert("enable_thinking".into(), on.into());
+        }
+        Ok(self)
+    }
+
+    /// The `enable_thinking` the template will see, if it was set to a boolean.
+    pub fn enable_thinking(&self) -> Option<bool> {
+        self.extra.get("enable_thinking").and_then(|v| v.as_bool())
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -681,5 +755,60 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(t.render(&input).unwrap(), "Hello, world");
+    }
+
+    #[test]
+    fn request_kwargs_and_enable_thinking_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{{ enable_thinking }}|{{ custom }}|{% if enable_thinking is defined and not enable_thinking %}off{% endif %}",
+        )
+        .unwrap();
+        let kwargs = json!({"custom": "x", "enable_thinking": true});
+        let inp = input(vec![]).with_request_kwargs(Some(&kwargs), None).unwrap();
+        assert_eq!(inp.enable_thinking(), Some(true));
+        assert_eq!(t.render(&inp).unwrap(), "True|x|");
+        // The request's own `enable_thinking` wins over the kwargs'.
+        let inp = input(vec![])
+            .with_request_kwargs(Some(&kwargs), Some(false))
+            .unwrap();
+        assert_eq!(t.render(&inp).unwrap(), "False|x|off");
+        // Absent and null kwargs change nothing.
+        let inp = input(vec![])
+            .with_request_kwargs(Some(&json!(null)), None)
+            .unwrap();
+        assert!(inp.extra.is_empty());
+        assert_eq!(inp.enable_thinking(), None);
+    }
+
+    #[test]
+    fn request_kwargs_turn_qwen3_thinking_off() {
+        let t = fixture("templates/Qwen-Qwen3-0.6B.jinja");
+        let inp = input(vec![user("Hi")])
+            .with_request_kwargs(Some(&json!({"enable_thinking": false})), None)
+            .unwrap();
+        assert!(t
+            .render(&inp)
+            .unwrap()
+            .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        let inp = input(vec![user("Hi")])
+            .with_request_kwargs(None, Some(true))
+            .unwrap();
+        assert!(t.render(&inp).unwrap().ends_with("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn bad_request_kwargs_are_client_errors_naming_the_param() {
+        for bad in [json!("enable_thinking=false"), json!([1]), json!(3), json!(true)] {
+            let err = input(vec![]).with_request_kwargs(Some(&bad), None).unwrap_err();
+            assert_eq!(err.param, "chat_template_kwargs");
+            assert!(err.message.starts_with("must be a JSON object"), "{err}");
+        }
+        let err = input(vec![])
+            .with_request_kwargs(Some(&json!({"messages": []})), None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "chat_template_kwargs: 'messages' is set by the server and cannot be overridden"
+        );
     }
 }
