@@ -811,4 +811,61 @@ mod tests {
             "chat_template_kwargs: 'messages' is set by the server and cannot be overridden"
         );
     }
+
+    /// Renders every case of a fixture written by `scripts/gen-template-fixtures` and compares
+    /// with transformers' output byte for byte.
+    fn check_transformers_fixture(file: &str) -> serde_json::Value {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/templates")
+            .join(file);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let t = ChatTemplate::new(fixture["template"].as_str().unwrap()).unwrap();
+        let cases = fixture["cases"].as_array().unwrap();
+        assert!(!cases.is_empty());
+        for case in cases {
+            let name = case["name"].as_str().unwrap();
+            let inp = RenderInput {
+                messages: case["messages"].as_array().unwrap().clone(),
+                tools: case["tools"].as_array().cloned(),
+                add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+                bos_token: fixture["bos_token"].as_str().unwrap().into(),
+                eos_token: fixture["eos_token"].as_str().unwrap().into(),
+                ..RenderInput::default()
+            }
+            .with_request_kwargs(case.get("kwargs"), None)
+            .unwrap();
+            let out = t.render(&inp).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let want = case["prompt"].as_str().unwrap();
+            if out != want {
+                let at = out.bytes().zip(want.bytes()).take_while(|(a, b)| a == b).count();
+                panic!(
+                    "{file} {name}: differs from transformers at byte {at}\nours:   {:?}\ntheirs: {:?}",
+                    &out[at.saturating_sub(40).min(out.len())..],
+                    &want[at.saturating_sub(40).min(want.len())..]
+                );
+            }
+        }
+        fixture
+    }
+
+    #[test]
+    fn qwen25_coder_renders_byte_identical_to_transformers() {
+        let fixture = check_transformers_fixture("qwen2.5-coder-0.5b.json");
+        let names: Vec<&str> = fixture["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        for needed in ["plain_chat", "tools", "tool_call_round_trip"] {
+            assert!(names.contains(&needed), "fixture lacks {needed}: {names:?}");
+        }
+        // The fixture's template is the one the GGUF carries.
+        let template = fixture["template"].as_str().unwrap();
+        let shared = fixtures_dir().join("templates/Qwen2.5-Coder-0.5B-Instruct.jinja");
+        if let Ok(text) = std::fs::read_to_string(&shared) {
+            assert_eq!(text.trim_end(), template.trim_end(), "{}", shared.display());
+        }
+    }
 }
