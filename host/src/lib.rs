@@ -7,6 +7,7 @@ pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod generate;
+pub mod inspect;
 pub mod models;
 pub mod packs;
 pub mod plugins;
