@@ -121,6 +121,41 @@ CASES = [
 ]
 
 
+QWEN3_CASES = [
+    {
+        "name": "thinking_default",
+        "messages": [{"role": "user", "content": "Hi!"}],
+        "add_generation_prompt": True,
+    },
+    {
+        "name": "thinking_off_by_kwargs",
+        "messages": [{"role": "user", "content": "Hi!"}],
+        "add_generation_prompt": True,
+        "kwargs": {"enable_thinking": False},
+    },
+    {
+        "name": "reasoning_and_tool_call_round_trip",
+        "messages": [
+            {"role": "system", "content": "You help with travel."},
+            {"role": "user", "content": "Weather in Zürich?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "The user wants the weather.",
+                "tool_calls": [call("call_0", "get_weather", '{"city": "Zürich"}')],
+            },
+            {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+            {"role": "assistant", "content": "Sunny.", "reasoning_content": "Report it."},
+        ],
+        "tools": [WEATHER],
+        "add_generation_prompt": False,
+        "kwargs": {"enable_thinking": True},
+    },
+]
+
+MODELS = {"qwen2.5-coder-0.5b": CASES, "qwen3": QWEN3_CASES}
+
+
 def read_gguf_template(path):
     reader = gguf.GGUFReader(path)
     field = reader.fields["tokenizer.chat_template"]
@@ -147,12 +182,17 @@ def for_transformers(messages):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gguf", required=True)
-    ap.add_argument("--name", required=True)
+    ap.add_argument("--gguf", help="read the template from this GGUF")
+    ap.add_argument("--config", help="read the template from this tokenizer_config.json")
+    ap.add_argument("--name", required=True, choices=sorted(MODELS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    template = read_gguf_template(args.gguf)
+    if args.gguf:
+        template = read_gguf_template(args.gguf)
+    else:
+        with open(args.config, encoding="utf-8") as f:
+            template = json.load(f)["chat_template"]
     eos = "<|im_end|>"
     vocab = {"<unk>": 0, eos: 1}
     tok = PreTrainedTokenizerFast(
@@ -162,7 +202,7 @@ def main():
     tok.chat_template = template
 
     cases = []
-    for case in CASES:
+    for case in MODELS[args.name]:
         kwargs = dict(case.get("kwargs") or {})
         prompt = tok.apply_chat_template(
             for_transformers(case["messages"]),

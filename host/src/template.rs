@@ -868,4 +868,16 @@ mod tests {
             assert_eq!(text.trim_end(), template.trim_end(), "{}", shared.display());
         }
     }
+
+    #[test]
+    fn qwen3_thinking_kwargs_render_byte_identical_to_transformers() {
+        let fixture = check_transformers_fixture("qwen3.json");
+        let kwargs: Vec<&serde_json::Value> = fixture["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c.get("kwargs"))
+            .collect();
+        assert!(kwargs.contains(&&json!({"enable_thinking": false})), "{kwargs:?}");
+    }
 }
