@@ -760,6 +760,31 @@ fn typed_value(tools: &[Value], func: &str, param: &str, raw: &str) -> Value {
     Value::String(raw.to_string())
 }
 
+/// Keyword arguments read from relaxed syntax (Gemma 4, LFM2's Python calls) typed by the tool's
+/// schema: a string written bare (`zip:017`) stays the text as written for a `"type": "string"`
+/// parameter, and a quoted value for a non-string parameter is read as that type.
+fn schema_typed_pairs(tools: &[Value], func: &str, text: &str, kw: &values::Kwargs) -> Vec<(String, Value)> {
+    kw.pairs
+        .iter()
+        .zip(&kw.spans)
+        .map(|((key, value), span)| {
+            let Some(types) = param_types(tools, func, key) else {
+                return (key.clone(), value.clone());
+            };
+            let stringy = types.iter().any(|t| t == "string" || t == "str" || t == "text");
+            let typed = match value {
+                Value::String(s) if !stringy && !types.is_empty() => typed_value(tools, func, key, s),
+                Value::Null if types.iter().any(|t| t == "null") => Value::Null,
+                Value::Number(_) | Value::Bool(_) | Value::Null if stringy => {
+                    Value::String(text[span.clone()].trim().to_string())
+                }
+                _ => value.clone(),
+            };
+            (key.clone(), typed)
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // gemma4
 
@@ -888,7 +913,8 @@ fn gemma_call(out: &mut Out, text: &str, i: usize) -> Region {
         None => None,
     };
     let open = out.partial && resume.is_none();
-    out.calls.push((name, values::args_json(&kw.pairs, open)));
+    let pairs = schema_typed_pairs(out.tools, &name, text, &kw);
+    out.calls.push((name, values::args_json(&pairs, open)));
     match resume {
         Some(p) => Region::Done(p),
         None if out.partial => Region::Stop,
@@ -992,8 +1018,9 @@ fn lfm2_calls(out: &mut Out, text: &str, b: usize) -> Region {
                 }
                 let kw = values::read_kwargs(text, k + n + 1, b'=', b')', Dialect::Python, !out.partial);
                 let open = out.partial && kw.closed_at.is_none();
+                let pairs = schema_typed_pairs(out.tools, &rest[..n], text, &kw);
                 out.calls
-                    .push((rest[..n].to_string(), values::args_json(&kw.pairs, open)));
+                    .push((rest[..n].to_string(), values::args_json(&pairs, open)));
                 match kw.closed_at {
                     Some(e) => k = e,
                     None => {
@@ -1432,6 +1459,43 @@ pub(crate) mod tests {
                 ]
             )
         );
+    }
+
+    #[test]
+    fn gemma4_and_lfm2_values_are_typed_by_the_schema() {
+        // A bare number for a string parameter stays the text as written; a quoted number for an
+        // integer parameter becomes the integer; a string `True` for a boolean becomes true.
+        let out = "<|tool_call>call:get_weather{zip:017,date:<|\"|>2025-01-02<|\"|>,days:<|\"|>3<|\"|>,metric:<|\"|>True<|\"|>,ratio:<|\"|>2.5<|\"|>,location:null,extra:17}<tool_call|>";
+        assert_eq!(
+            run(Gemma4, S::Content, out, true),
+            msg(
+                None,
+                None,
+                &[(
+                    "get_weather",
+                    r#"{"zip":"017","date":"2025-01-02","days":3,"metric":true,"ratio":2.5,"location":"null","extra":17}"#
+                )]
+            )
+        );
+        let out = "<|tool_call_start|>[get_weather(zip=94103, days='07', opts='{\"a\": None}', location=True)]<|tool_call_end|>";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(
+                None,
+                None,
+                &[(
+                    "get_weather",
+                    r#"{"zip":"94103","days":7,"opts":{"a":null},"location":"True"}"#
+                )]
+            )
+        );
+        // Without tools nothing is retyped.
+        let out = "<|tool_call_start|>[get_weather(zip=94103)]<|tool_call_end|>";
+        let t = tools();
+        let calls = |tools: Option<&[Value]>| parse(Lfm2Pythonic, S::Content, out, tools, false).tool_calls;
+        assert_eq!(calls(Some(&t[..]))[0].arguments, r#"{"zip":"94103"}"#);
+        let other = [json!({"type": "function", "function": {"name": "get_weather"}})];
+        assert_eq!(calls(Some(&other[..]))[0].arguments, r#"{"zip":94103}"#);
     }
 
     #[test]
