@@ -163,7 +163,7 @@ pub enum Command {
     },
     /// Parse model output from stdin into the OpenAI message (or its stream deltas).
     Parse {
-        /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, content_only.
+        /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, minicpm_xml, content_only.
         #[arg(long)]
         format: crate::chat::ChatFormat,
         /// A JSON file with the request's `tools` list (tool markup is content without it).

@@ -17,16 +17,19 @@ pub enum ChatFormat {
     Lfm2Pythonic,
     /// OpenAI harmony channels and recipients (gpt-oss).
     Harmony,
+    /// `<function name="NAME"><param name="K">V</param></function>` (MiniCPM5).
+    MiniCpmXml,
     /// No tool markup: everything is content (Gemma 2/3).
     ContentOnly,
 }
 
 impl ChatFormat {
     /// Every format, in detection order.
-    pub const ALL: [ChatFormat; 6] = [
+    pub const ALL: [ChatFormat; 7] = [
         ChatFormat::Harmony,
         ChatFormat::Gemma4,
         ChatFormat::Lfm2Pythonic,
+        ChatFormat::MiniCpmXml,
         ChatFormat::QwenXml,
         ChatFormat::HermesJson,
         ChatFormat::ContentOnly,
@@ -40,6 +43,7 @@ impl ChatFormat {
             ChatFormat::Gemma4 => "gemma4",
             ChatFormat::Lfm2Pythonic => "lfm2_pythonic",
             ChatFormat::Harmony => "harmony",
+            ChatFormat::MiniCpmXml => "minicpm_xml",
             ChatFormat::ContentOnly => "content_only",
         }
     }
@@ -119,6 +123,8 @@ pub fn detect(template_text: Option<&str>, vocab_has: impl Fn(&str) -> bool) -> 
         || has("<|tool_call_start|>")
     {
         Some(ChatFormat::Lfm2Pythonic)
+    } else if has("Tool usage guidelines:") && has("<function name=\"") && has("<param name=\"") {
+        Some(ChatFormat::MiniCpmXml)
     } else if has("<tool_call>") && has("<function=") && has("<parameter=") {
         Some(ChatFormat::QwenXml)
     } else if has("<tool_call>") {
@@ -243,8 +249,7 @@ pub(crate) mod tests {
             ("LFM2-8B-A1B.jinja", Lfm2Pythonic, None),
             ("LFM2.5-8B-A1B.jinja", Lfm2Pythonic, Some(ThinkTags)),
             ("LFM2.5-Instruct.jinja", Lfm2Pythonic, None),
-            // MiniCPM5's `<function name=..><param name=..>` markup has no format of its own yet.
-            ("openbmb-MiniCPM5-1B.jinja", ContentOnly, Some(ThinkTags)),
+            ("openbmb-MiniCPM5-1B.jinja", MiniCpmXml, Some(ThinkTags)),
         ];
         let on_disk = std::fs::read_dir(templates_dir()).expect("fixtures dir").count();
         assert_eq!(on_disk, expected.len(), "a fixture template has no expectation");

@@ -43,6 +43,11 @@ pub fn parse(
             }
         }
         ChatFormat::Harmony => harmony(&mut out, text, start),
+        ChatFormat::MiniCpmXml => {
+            if let Some(pos) = think_block(&mut out, text, start, None) {
+                minicpm(&mut out, text, pos);
+            }
+        }
         ChatFormat::ContentOnly => {
             if let Some(pos) = think_block(&mut out, text, start, None) {
                 out.content_tail(text, pos, &[]);
@@ -786,6 +791,126 @@ fn schema_typed_pairs(tools: &[Value], func: &str, text: &str, kw: &values::Kwar
 }
 
 // ---------------------------------------------------------------------------------------------
+// minicpm_xml
+
+const M_FUNCTION: &str = "<function name=\"";
+const M_PARAM: &str = "<param name=\"";
+const M_END_PARAM: &str = "</param>";
+const M_CDATA: &str = "<![CDATA[";
+const M_END_CDATA: &str = "]]>";
+
+/// MiniCPM5: calls are `<function name="N"><param name="K">V</param></function>` anywhere in the
+/// answer; text around them is content.
+fn minicpm(out: &mut Out, text: &str, mut pos: usize) {
+    if !out.has_tools() {
+        return out.content_tail(text, pos, &[]);
+    }
+    loop {
+        let Some((i, _)) = find_first(text, pos, &[M_FUNCTION]) else {
+            return out.content_tail(text, pos, &[M_FUNCTION]);
+        };
+        out.content.push_str(&text[pos..i]);
+        match minicpm_call(out, text, i) {
+            Region::Done(next) => pos = next,
+            Region::NotCall => {
+                out.content.push_str(M_FUNCTION);
+                pos = i + M_FUNCTION.len();
+            }
+            Region::Stop => return,
+        }
+    }
+}
+
+/// `<function name="N">` at `f`, its parameters, up to `</function>`.
+fn minicpm_call(out: &mut Out, text: &str, f: usize) -> Region {
+    let ns = f + M_FUNCTION.len();
+    let Some(n) = text[ns..].find('"') else {
+        let rest = &text[ns..];
+        return if out.partial && rest.len() < 128 && (rest.is_empty() || is_name(rest)) {
+            Region::Stop
+        } else {
+            Region::NotCall
+        };
+    };
+    let name = &text[ns..ns + n];
+    let after = ns + n + 1;
+    match text.as_bytes().get(after) {
+        Some(b'>') if is_name(name) => {}
+        None if out.partial && is_name(name) => return Region::Stop,
+        _ => return Region::NotCall,
+    }
+    let mut pairs = Vec::new();
+    let mut p = after + 1;
+    let mut end = None;
+    loop {
+        let q = skip_ws(text, p);
+        let rest = &text[q..];
+        if rest.starts_with(M_PARAM) {
+            let k = q + M_PARAM.len();
+            let Some(kn) = text[k..].find("\">") else {
+                break;
+            };
+            let key = text[k..k + kn].to_string();
+            let Some((raw, next)) = minicpm_value(text, k + kn + 2, out.partial) else {
+                break;
+            };
+            pairs.push((key.clone(), typed_value(out.tools, name, &key, &raw)));
+            p = next;
+        } else if rest.starts_with(END_FUNCTION) {
+            end = Some(q + END_FUNCTION.len());
+            break;
+        } else if rest.is_empty()
+            || (out.partial && [M_PARAM, END_FUNCTION].iter().any(|m| m.starts_with(rest)))
+        {
+            break;
+        } else {
+            // Text that is no parameter ends the call (its `</function>` is missing): content.
+            end = Some(p);
+            break;
+        }
+    }
+    let open = out.partial && end.is_none();
+    out.calls
+        .push((name.to_string(), values::args_json(&pairs, open)));
+    match end {
+        Some(e) => Region::Done(e),
+        None if out.partial => Region::Stop,
+        None => Region::Done(text.len()),
+    }
+}
+
+/// A parameter value from `vs`: a CDATA block or plain text, up to `</param>` (or, when that is
+/// missing, the next `<param name="` or `</function>`). Returns the value and where scanning
+/// resumes; `None` while the text so far ends inside it.
+fn minicpm_value(text: &str, vs: usize, partial: bool) -> Option<(String, usize)> {
+    if text[vs..].starts_with(M_CDATA) {
+        let b = vs + M_CDATA.len();
+        if let Some(n) = text[b..].find(M_END_CDATA) {
+            let e = b + n + M_END_CDATA.len();
+            let j = skip_ws(text, e);
+            if text[j..].starts_with(M_END_PARAM) {
+                return Some((text[b..b + n].to_string(), j + M_END_PARAM.len()));
+            }
+            if partial && M_END_PARAM.starts_with(&text[j..]) {
+                return None;
+            }
+            return Some((text[b..b + n].to_string(), e));
+        }
+        return (!partial).then(|| (text[b..].to_string(), text.len()));
+    }
+    if partial && M_CDATA.starts_with(&text[vs..]) {
+        return None;
+    }
+    let close = text[vs..].find(M_END_PARAM).map(|n| vs + n);
+    let next = find_first(text, vs, &[M_PARAM, END_FUNCTION]).map(|(n, _)| n);
+    match (close, next) {
+        (Some(c), n) if n.is_none_or(|n| c < n) => Some((text[vs..c].to_string(), c + M_END_PARAM.len())),
+        (_, Some(n)) => Some((text[vs..n].to_string(), n)),
+        _ => (!partial).then(|| (text[vs..].to_string(), text.len())),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // gemma4
 
 const G_CHANNEL: &str = "<|channel>";
@@ -1499,6 +1624,52 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn minicpm_calls_with_cdata_and_typed_values() {
+        let out = "<think>\nplan\n</think>\n\nChecking.<function name=\"get_weather\"><param name=\"location\"><![CDATA[New\nYork & <co>]]></param><param name=\"days\">3</param><param name=\"zip\">017</param><param name=\"metric\">True</param><param name=\"opts\">{'a': None}</param></function>\n<function name=\"get_time\"><param name=\"tz\">CET</param></function>";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, out, true),
+            msg(
+                Some("plan"),
+                Some("Checking."),
+                &[
+                    (
+                        "get_weather",
+                        r#"{"location":"New\nYork & <co>","days":3,"zip":"017","metric":true,"opts":{"a":null}}"#
+                    ),
+                    ("get_time", r#"{"tz":"CET"}"#)
+                ]
+            )
+        );
+        // Without tools the markup is content.
+        let plain = "Use <function name=\"get_time\"></function> here";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, plain, false),
+            msg(None, Some(plain), &[])
+        );
+    }
+
+    #[test]
+    fn minicpm_tolerates_missing_closers() {
+        // A missing `</param>` ends at the next parameter; a missing `</function>` at the end.
+        let out =
+            "<function name=\"get_weather\"><param name=\"location\">Paris<param name=\"days\">2</param>";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, out, true),
+            msg(None, None, &[("get_weather", r#"{"location":"Paris","days":2}"#)])
+        );
+        // Text after the parameters ends the call and is content; a malformed opener is content.
+        let out = "<function name=\"get_time\"><param name=\"tz\">UTC</param> done <function name=\"a b\">x";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, out, true),
+            msg(
+                None,
+                Some("done <function name=\"a b\">x"),
+                &[("get_time", r#"{"tz":"UTC"}"#)]
+            )
+        );
+    }
+
+    #[test]
     fn lfm2_tolerates_irregular_forms() {
         // The echo after the end marker, capped by a second end marker.
         let out = "<|tool_call_start|>[get_time(tz='CET')]<|tool_call_end|>[get_time(tz='CET')]<|tool_call_end|>Done.";
@@ -1592,6 +1763,7 @@ pub(crate) mod tests {
             (Harmony, S::AssistantHeader, "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"SF\"}<|call|><|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>"),
             (Harmony, S::AssistantHeader, "<|channel|>commentary<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=browser.search<|channel|>analysis<|message|>{}<|call|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|>plain <|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{\"tz\": 12"),
             (ContentOnly, S::Content, "<think>hm</think>Hi <tool_call> there é\n"),
+            (MiniCpmXml, S::Reasoning, "plan\n</think>\n\nOk <function name=\"get_weather\"><param name=\"location\"><![CDATA[a\n<b>]]></param><param name=\"days\">07</param></function>\n<function name=\"get_time\"><param name=\"tz\">CET<param name=\"x\">1</function> after <function name=\"get_time\"><param name=\"tz\">]]></param>"),
         ]
     }
 
