@@ -154,7 +154,8 @@ enum Look {
 
 /// `rest` (after skipping whitespace) starts with `want`, may still, or cannot.
 fn looks_like(rest: &str, want: &str, partial: bool) -> Look {
-    let r = rest.trim_start();
+    // The same whitespace as `skip_ws` (ASCII): callers index the text after skipping it.
+    let r = rest.trim_start_matches(|c: char| c.is_ascii_whitespace());
     if r.starts_with(want) {
         Look::Yes
     } else if partial && want.starts_with(r) {
@@ -599,6 +600,9 @@ fn qwen_xml(out: &mut Out, text: &str, mut pos: usize) {
 
 /// `<function=NAME>` at `f`, its parameters, up to `</function>`.
 fn xml_call(out: &mut Out, text: &str, f: usize) -> Region {
+    if !text[f..].starts_with(FUNCTION_EQ) {
+        return Region::NotCall;
+    }
     let name_start = f + FUNCTION_EQ.len();
     let Some(n) = text[name_start..].find('>') else {
         return if out.partial {
@@ -1483,6 +1487,31 @@ pub(crate) mod tests {
                     r#"{"location":"Paris","days":3,"zip":"17","date":"2025-01-02","metric":true,"opts":{"a":null},"ratio":2,"extra":"5"}"#
                 )]
             )
+        );
+    }
+
+    #[test]
+    fn non_ascii_whitespace_after_tool_call_is_not_skipped_as_if_ascii() {
+        // Found by fuzzing (scripts/fuzz-chat): a vertical tab after `<tool_call>` counted as
+        // whitespace when deciding what follows, but not when indexing, and the parser read past
+        // the end of the text.
+        let out = "Ok.\n<tool_call>\u{b}{\"name\": \"get_weathe\u{0}";
+        for format in [QwenXml, HermesJson] {
+            for partial in [true, false] {
+                let t = tools();
+                let msg = parse(format, S::Content, out, Some(&t), partial);
+                assert!(msg.tool_calls.is_empty() || msg.tool_calls[0].name.starts_with("get_"));
+            }
+        }
+        // The opener is not taken for a call; the declared name's bare `<function=` still is.
+        assert_eq!(
+            run(
+                QwenXml,
+                S::Content,
+                "<tool_call>\u{b}<function=get_time>\n</function>",
+                true
+            ),
+            msg(None, Some("<tool_call>"), &[("get_time", "{}")])
         );
     }
 
