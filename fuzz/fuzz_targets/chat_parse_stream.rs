@@ -2,8 +2,11 @@
 //! with or without tools, flushed in any chunk sizes. Parsing must not panic, no streamed field
 //! may shrink, and the deltas must add up to the non-streamed message.
 //!
-//! Input layout: byte 0 picks the format, byte 1 the parse start, byte 2 whether the request has
-//! tools, byte 3 the flush size in characters; the rest (lossy UTF-8) is the model output.
+//! Input layout: byte 0 picks the format (modulo their number, in `ChatFormat::ALL` order; the
+//! seeds' `1`..`6` and `0` are harmony, gemma4, lfm2, minicpm, qwen_xml, hermes, content_only),
+//! byte 1 the parse start (`0` content, `1` reasoning, `2` closed, `3` harmony header), byte 2
+//! whether the request has tools (odd = yes), byte 3 the flush size in characters; the rest
+//! (lossy UTF-8) is the model output.
 
 #![no_main]
 
