@@ -348,7 +348,12 @@ fn hermes_region(out: &mut Out, text: &str, i: usize, op: &str) -> Region {
         let obj = if let Some(name) = &fixed_name {
             let args = match json_end(region, o, !out.partial || closed) {
                 Some(e) => Some(region[o..e].to_string()),
-                None => Some(region[o..].trim_end().to_string()),
+                None => {
+                    // Unfinished: hold back what may be the start of the closer.
+                    let r = &region[o..];
+                    let held = if closed { 0 } else { held_suffix(r, &[closer]) };
+                    Some(r[..r.len() - held].trim_end().to_string())
+                }
             };
             let end = json_end(region, o, false);
             CallObject {
@@ -1513,6 +1518,23 @@ pub(crate) mod tests {
             ),
             msg(None, Some("<tool_call>"), &[("get_time", "{}")])
         );
+    }
+
+    #[test]
+    fn unfinished_function_arguments_hold_back_a_partial_closer() {
+        // Found by fuzzing (scripts/fuzz-chat): `<function=NAME>{unfinished json` streamed the
+        // start of `</function>` as arguments, then took it back when the closer completed.
+        let t = tools();
+        let text = "<function=get_time>{\"tz</function>x";
+        let mut prev = ParsedMessage::default();
+        for cut in 0..=text.len() {
+            let part = parse(HermesJson, S::Content, &text[..cut], Some(&t), true);
+            assert_grows(&prev, &part, &format!("cut {cut}"));
+            prev = part;
+        }
+        let full = parse(HermesJson, S::Content, text, Some(&t), false);
+        assert_grows(&prev, &full, "final");
+        assert_eq!(full.tool_calls[0].arguments, "{\"tz");
     }
 
     #[test]
