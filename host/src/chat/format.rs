@@ -435,4 +435,44 @@ pub(crate) mod tests {
             "update the note above: {with_template:?} now carry templates"
         );
     }
+
+    #[test]
+    fn prefill_of_real_templates_follows_enable_thinking() {
+        use crate::template::{ChatTemplate, RenderInput};
+        let render = |name: &str, thinking: Option<bool>| {
+            let source = fixture(name);
+            let t = ChatTemplate::new(source.clone()).unwrap();
+            let input = RenderInput {
+                messages: vec![serde_json::json!({"role": "user", "content": "Hi"})],
+                add_generation_prompt: true,
+                bos_token: "<bos>".into(),
+                ..RenderInput::default()
+            }
+            .with_request_kwargs(None, thinking)
+            .unwrap();
+            let prompt = t.render(&input).unwrap();
+            let d = detect(Some(&source), |_| false);
+            prefill(d.format, &prompt)
+        };
+        use ParseStart::*;
+        let cases: &[(&str, Option<bool>, ParseStart)] = &[
+            ("Qwen-Qwen3-0.6B.jinja", None, Content),
+            ("Qwen-Qwen3-0.6B.jinja", Some(false), ReasoningClosed),
+            ("Qwen3.5-4B.jinja", None, Reasoning),
+            ("Qwen3.5-4B.jinja", Some(false), ReasoningClosed),
+            ("google-gemma-4-31B-it.jinja", Some(false), ReasoningClosed),
+            ("Qwen2.5-Coder-0.5B-Instruct.jinja", None, Content),
+            ("google-gemma-4-31B-it.jinja", Some(true), Content),
+            ("openai-gpt-oss-120b.jinja", None, AssistantHeader),
+            ("openbmb-MiniCPM5-1B.jinja", Some(true), Reasoning),
+            ("openbmb-MiniCPM5-1B.jinja", Some(false), ReasoningClosed),
+        ];
+        for (name, thinking, want) in cases {
+            assert_eq!(
+                render(name, *thinking),
+                *want,
+                "{name} enable_thinking={thinking:?}"
+            );
+        }
+    }
 }
