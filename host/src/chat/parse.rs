@@ -835,7 +835,9 @@ fn minicpm_call(out: &mut Out, text: &str, f: usize) -> Region {
     let ns = f + M_FUNCTION.len();
     let Some(n) = text[ns..].find('"') else {
         let rest = &text[ns..];
-        return if out.partial && rest.len() < 128 && (rest.is_empty() || is_name(rest)) {
+        // The same bound as the finished name's (`is_name`), or a held name could turn to content
+        // and back.
+        return if out.partial && (rest.is_empty() || is_name(rest)) {
             Region::Stop
         } else {
             Region::NotCall
@@ -1717,6 +1719,26 @@ pub(crate) mod tests {
                 Some("done <function name=\"a b\">x"),
                 &[("get_time", r#"{"tz":"UTC"}"#)]
             )
+        );
+    }
+
+    #[test]
+    fn minicpm_name_of_the_longest_allowed_length_is_held_until_it_is_known() {
+        // Found by fuzzing (scripts/fuzz-chat): a 128-byte name was content while unfinished and
+        // a call opener once its quote arrived, so content shrank.
+        let t = tools();
+        let name = format!("get_{}", "é".repeat(62));
+        let text = format!("Ok <function name=\"{name}\"><param name=\"tz\">x</param></function>");
+        let mut prev = ParsedMessage::default();
+        for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
+            let part = parse(MiniCpmXml, S::Content, &text[..cut], Some(&t), true);
+            assert_grows(&prev, &part, &format!("cut {cut}"));
+            prev = part;
+        }
+        assert_grows(
+            &prev,
+            &parse(MiniCpmXml, S::Content, &text, Some(&t), false),
+            "final",
         );
     }
 
