@@ -40,6 +40,26 @@ pub enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Print only the chat template text.
+        #[arg(long, conflicts_with = "json")]
+        template: bool,
+    },
+    /// Render a conversation with a pack's chat template and print the exact prompt.
+    Render {
+        /// Pack reference, `name[:tag]`.
+        name: String,
+        /// A JSON file (`-` = stdin): a list of messages, or a request with `messages`.
+        #[arg(long)]
+        messages: PathBuf,
+        /// A JSON file with the `tools` list.
+        #[arg(long)]
+        tools: Option<PathBuf>,
+        /// Do not end with the header of an assistant turn.
+        #[arg(long)]
+        no_generation_prompt: bool,
+        /// `chat_template_kwargs` as a JSON object, e.g. '{"enable_thinking": false}'.
+        #[arg(long)]
+        kwargs: Option<String>,
     },
     /// Remove packs.
     Rm {
@@ -154,7 +174,7 @@ pub enum Command {
     },
     /// Parse model output from stdin into the OpenAI message (or its stream deltas).
     Parse {
-        /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, content_only.
+        /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, minicpm_xml, content_only.
         #[arg(long)]
         format: crate::chat::ChatFormat,
         /// A JSON file with the request's `tools` list (tool markup is content without it).
@@ -200,7 +220,37 @@ pub fn run(cli: Cli) -> Result<()> {
     let store = Store::new(home.clone());
     match cli.command {
         Command::List { json } => list(&store, &home, json),
-        Command::Show { name, json } => show(&store, &home, &name, json),
+        Command::Show {
+            name, template: true, ..
+        } => {
+            let text = crate::inspect::template_text(&store, &name)?;
+            print!("{text}");
+            if !text.ends_with('\n') {
+                println!();
+            }
+            Ok(())
+        }
+        Command::Show { name, json, .. } => show(&store, &home, &name, json),
+        Command::Render {
+            name,
+            messages,
+            tools,
+            no_generation_prompt,
+            kwargs,
+        } => {
+            let req = crate::inspect::RenderRequest {
+                messages: crate::inspect::read_json(&messages)?,
+                tools: tools.map(|f| crate::inspect::read_json(&f)).transpose()?,
+                add_generation_prompt: !no_generation_prompt,
+                kwargs: kwargs
+                    .map(|k| serde_json::from_str(&k).context("--kwargs: not JSON"))
+                    .transpose()?,
+            };
+            let (prompt, note) = crate::inspect::render(&store, &name, &req)?;
+            eprintln!("{note}");
+            std::io::stdout().write_all(prompt.as_bytes())?;
+            Ok(())
+        }
         Command::Serve(args) => crate::server::serve(crate::server::config::resolve(args, &home)?),
         Command::Ps { json } => crate::server::config::ps(json),
         Command::Rm { names } => {

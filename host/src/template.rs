@@ -80,6 +80,80 @@ pub struct RenderInput {
     pub eos_token: String,
 }
 
+/// Template variables the renderer sets itself; a request may not override them.
+const RESERVED: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// A request parameter that cannot reach the template: a client error (HTTP 400 naming `param`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KwargsError {
+    /// The request parameter at fault (`chat_template_kwargs`).
+    pub param: String,
+    /// One-line description for the client.
+    pub message: String,
+}
+
+impl fmt::Display for KwargsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.param, self.message)
+    }
+}
+
+impl std::error::Error for KwargsError {}
+
+impl RenderInput {
+    /// Merge a request's `chat_template_kwargs` (a JSON object; absent or `null` = none) and its
+    /// `enable_thinking` into [`RenderInput::extra`]. `enable_thinking` wins over the same key in
+    /// the kwargs. A non-object, or a key the renderer sets itself (`messages`, `tools`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`), is a [`KwargsError`].
+    pub fn with_request_kwargs(
+        mut self,
+        chat_template_kwargs: Option<&serde_json::Value>,
+        enable_thinking: Option<bool>,
+    ) -> Result<RenderInput, KwargsError> {
+        let error = |message: String| KwargsError {
+            param: "chat_template_kwargs".into(),
+            message,
+        };
+        match chat_template_kwargs {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::Object(map)) => {
+                if let Some(key) = map.keys().find(|k| RESERVED.contains(&k.as_str())) {
+                    return Err(error(format!(
+                        "'{key}' is set by the server and cannot be overridden"
+                    )));
+                }
+                for (k, v) in map {
+                    self.extra.insert(k.clone(), v.clone());
+                }
+            }
+            Some(other) => {
+                let kind = match other {
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::String(_) => "a string",
+                    _ => "an array",
+                };
+                return Err(error(format!("must be a JSON object, got {kind}")));
+            }
+        }
+        if let Some(on) = enable_thinking {
+            self.extra.insert("enable_thinking".into(), on.into());
+        }
+        Ok(self)
+    }
+
+    /// The `enable_thinking` the template will see, if it was set to a boolean.
+    pub fn enable_thinking(&self) -> Option<bool> {
+        self.extra.get("enable_thinking").and_then(|v| v.as_bool())
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -681,5 +755,129 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(t.render(&input).unwrap(), "Hello, world");
+    }
+
+    #[test]
+    fn request_kwargs_and_enable_thinking_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{{ enable_thinking }}|{{ custom }}|{% if enable_thinking is defined and not enable_thinking %}off{% endif %}",
+        )
+        .unwrap();
+        let kwargs = json!({"custom": "x", "enable_thinking": true});
+        let inp = input(vec![]).with_request_kwargs(Some(&kwargs), None).unwrap();
+        assert_eq!(inp.enable_thinking(), Some(true));
+        assert_eq!(t.render(&inp).unwrap(), "True|x|");
+        // The request's own `enable_thinking` wins over the kwargs'.
+        let inp = input(vec![])
+            .with_request_kwargs(Some(&kwargs), Some(false))
+            .unwrap();
+        assert_eq!(t.render(&inp).unwrap(), "False|x|off");
+        // Absent and null kwargs change nothing.
+        let inp = input(vec![])
+            .with_request_kwargs(Some(&json!(null)), None)
+            .unwrap();
+        assert!(inp.extra.is_empty());
+        assert_eq!(inp.enable_thinking(), None);
+    }
+
+    #[test]
+    fn request_kwargs_turn_qwen3_thinking_off() {
+        let t = fixture("templates/Qwen-Qwen3-0.6B.jinja");
+        let inp = input(vec![user("Hi")])
+            .with_request_kwargs(Some(&json!({"enable_thinking": false})), None)
+            .unwrap();
+        assert!(t
+            .render(&inp)
+            .unwrap()
+            .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        let inp = input(vec![user("Hi")])
+            .with_request_kwargs(None, Some(true))
+            .unwrap();
+        assert!(t.render(&inp).unwrap().ends_with("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn bad_request_kwargs_are_client_errors_naming_the_param() {
+        for bad in [json!("enable_thinking=false"), json!([1]), json!(3), json!(true)] {
+            let err = input(vec![]).with_request_kwargs(Some(&bad), None).unwrap_err();
+            assert_eq!(err.param, "chat_template_kwargs");
+            assert!(err.message.starts_with("must be a JSON object"), "{err}");
+        }
+        let err = input(vec![])
+            .with_request_kwargs(Some(&json!({"messages": []})), None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "chat_template_kwargs: 'messages' is set by the server and cannot be overridden"
+        );
+    }
+
+    /// Renders every case of a fixture written by `scripts/gen-template-fixtures` and compares
+    /// with transformers' output byte for byte.
+    fn check_transformers_fixture(file: &str) -> serde_json::Value {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/templates")
+            .join(file);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let t = ChatTemplate::new(fixture["template"].as_str().unwrap()).unwrap();
+        let cases = fixture["cases"].as_array().unwrap();
+        assert!(!cases.is_empty());
+        for case in cases {
+            let name = case["name"].as_str().unwrap();
+            let inp = RenderInput {
+                messages: case["messages"].as_array().unwrap().clone(),
+                tools: case["tools"].as_array().cloned(),
+                add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+                bos_token: fixture["bos_token"].as_str().unwrap().into(),
+                eos_token: fixture["eos_token"].as_str().unwrap().into(),
+                ..RenderInput::default()
+            }
+            .with_request_kwargs(case.get("kwargs"), None)
+            .unwrap();
+            let out = t.render(&inp).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let want = case["prompt"].as_str().unwrap();
+            if out != want {
+                let at = out.bytes().zip(want.bytes()).take_while(|(a, b)| a == b).count();
+                panic!(
+                    "{file} {name}: differs from transformers at byte {at}\nours:   {:?}\ntheirs: {:?}",
+                    &out[at.saturating_sub(40).min(out.len())..],
+                    &want[at.saturating_sub(40).min(want.len())..]
+                );
+            }
+        }
+        fixture
+    }
+
+    #[test]
+    fn qwen25_coder_renders_byte_identical_to_transformers() {
+        let fixture = check_transformers_fixture("qwen2.5-coder-0.5b.json");
+        let names: Vec<&str> = fixture["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        for needed in ["plain_chat", "tools", "tool_call_round_trip"] {
+            assert!(names.contains(&needed), "fixture lacks {needed}: {names:?}");
+        }
+        // The fixture's template is the one the GGUF carries.
+        let template = fixture["template"].as_str().unwrap();
+        let shared = fixtures_dir().join("templates/Qwen2.5-Coder-0.5B-Instruct.jinja");
+        if let Ok(text) = std::fs::read_to_string(&shared) {
+            assert_eq!(text.trim_end(), template.trim_end(), "{}", shared.display());
+        }
+    }
+
+    #[test]
+    fn qwen3_thinking_kwargs_render_byte_identical_to_transformers() {
+        let fixture = check_transformers_fixture("qwen3.json");
+        let kwargs: Vec<&serde_json::Value> = fixture["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c.get("kwargs"))
+            .collect();
+        assert!(kwargs.contains(&&json!({"enable_thinking": false})), "{kwargs:?}");
     }
 }

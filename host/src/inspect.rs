@@ -1,0 +1,106 @@
+//! Commands for people debugging prompts: `berth show NAME --template` prints the chat template a
+//! pack is rendered with, `berth render NAME --messages FILE` the exact prompt a conversation
+//! becomes (and, on stderr, the chat format detected and where parsing of the reply starts).
+
+use crate::template::{ChatTemplate, RenderInput};
+use crate::tokenizer::Tokenizer;
+use anyhow::{anyhow, bail, Context, Result};
+use berth_registry::store::Store;
+use serde_json::Value;
+use std::path::Path;
+
+/// What `berth render` renders.
+#[derive(Debug, Clone, Default)]
+pub struct RenderRequest {
+    /// The conversation: a JSON list of messages, or a request object with `messages` (and maybe
+    /// `tools`, `chat_template_kwargs`).
+    pub messages: Value,
+    /// A JSON list of tools (overrides the request object's).
+    pub tools: Option<Value>,
+    /// Whether to end with the header of an assistant turn.
+    pub add_generation_prompt: bool,
+    /// `chat_template_kwargs` (a JSON object; overrides the request object's).
+    pub kwargs: Option<Value>,
+}
+
+/// The template of a pack and the tokenizer that gives it `bos_token` and `eos_token`.
+fn open(store: &Store, reference: &str) -> Result<(String, Tokenizer, ChatTemplate)> {
+    let entry = store.get(reference)?;
+    let (tokenizer, template) = crate::generate::load_text_side(&entry)?;
+    let template = template.ok_or_else(|| {
+        anyhow!(
+            "{} has no chat template (a base model?); re-import it with `--template FILE`",
+            entry.reference
+        )
+    })?;
+    Ok((entry.reference, tokenizer, template))
+}
+
+/// `berth show NAME --template`: the template source.
+pub fn template_text(store: &Store, reference: &str) -> Result<String> {
+    let (_, _, template) = open(store, reference)?;
+    Ok(template.source().to_owned())
+}
+
+/// `berth render`: the exact prompt, and the load-time log line for stderr.
+pub fn render(store: &Store, reference: &str, req: &RenderRequest) -> Result<(String, String)> {
+    let (reference, tokenizer, template) = open(store, reference)?;
+    let input = render_input(req, &tokenizer)?;
+    let prompt = template
+        .render(&input)
+        .with_context(|| format!("rendering the chat template of {reference}"))?;
+    let detected = crate::chat::detect(Some(template.source()), |t| tokenizer.token_id(t).is_some());
+    let start = crate::chat::prefill(detected.format, &prompt);
+    let note = format!("{detected}; the reply is parsed from {start:?}");
+    Ok((prompt, note))
+}
+
+fn render_input(req: &RenderRequest, tokenizer: &Tokenizer) -> Result<RenderInput> {
+    let (messages, mut tools, mut kwargs) = match &req.messages {
+        Value::Array(list) => (list.clone(), None, None),
+        Value::Object(body) => {
+            let Some(Value::Array(list)) = body.get("messages") else {
+                bail!("the request object has no `messages` list");
+            };
+            (
+                list.clone(),
+                body.get("tools").cloned(),
+                body.get("chat_template_kwargs").cloned(),
+            )
+        }
+        _ => bail!("messages: expected a JSON list of messages or a request object with `messages`"),
+    };
+    if req.tools.is_some() {
+        tools = req.tools.clone();
+    }
+    if req.kwargs.is_some() {
+        kwargs = req.kwargs.clone();
+    }
+    let tools = match tools {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(list)) => Some(list),
+        Some(_) => bail!("tools: expected a JSON list of tools"),
+    };
+    let token = |id: Option<u32>| id.map(|i| tokenizer.token_to_piece(i)).unwrap_or_default();
+    let input = RenderInput {
+        messages,
+        tools,
+        add_generation_prompt: req.add_generation_prompt,
+        bos_token: token(tokenizer.bos_id()),
+        eos_token: token(tokenizer.eos_id()),
+        ..RenderInput::default()
+    };
+    Ok(input.with_request_kwargs(kwargs.as_ref(), None)?)
+}
+
+/// Reads a JSON file (`-` = stdin).
+pub fn read_json(path: &Path) -> Result<Value> {
+    let text = if path == Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+    };
+    serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
+}
