@@ -14,6 +14,7 @@ pub mod generate;
 pub mod models;
 pub mod packs;
 pub mod plugins;
+pub mod pull;
 pub mod run;
 pub mod sampling;
 pub mod server;
