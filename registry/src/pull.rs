@@ -202,7 +202,17 @@ fn get(client: &reqwest::blocking::Client, url: &str) -> Result<reqwest::blockin
 
 /// The catalog `BERTH_CATALOG` names (a file path or an http(s) URL), else the built-in one.
 pub fn load_catalog() -> Result<Catalog, PullError> {
-    match std::env::var("BERTH_CATALOG").ok().filter(|s| !s.is_empty()) {
+    load_catalog_from(
+        std::env::var("BERTH_CATALOG")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .as_deref(),
+    )
+}
+
+/// The catalog at a file path or http(s) URL; the built-in one for `None`.
+pub fn load_catalog_from(source: Option<&str>) -> Result<Catalog, PullError> {
+    match source.map(str::to_string) {
         None => Ok(Catalog::builtin()),
         Some(src) if src.starts_with("http://") || src.starts_with("https://") => {
             let text = get(&client()?, &src)?.text().map_err(http_err(&src))?;
@@ -642,6 +652,26 @@ mod tests {
             .unwrap()
             .next()
             .is_none());
+    }
+
+    #[test]
+    fn catalogs_load_from_a_file_or_a_url_or_the_builtin_list() {
+        let f = fixture(false);
+        assert_eq!(load_catalog_from(None).unwrap(), Catalog::builtin());
+        let path = f.opts.cache.with_file_name("catalog.toml");
+        fs::write(
+            &path,
+            catalog_toml("tiny:1m", "qwen3", &[("tiny-part1", "1.0")], b"x"),
+        )
+        .unwrap();
+        let c = load_catalog_from(path.to_str()).unwrap();
+        assert_eq!(c.packs[0].name, "tiny:1m");
+        fs::write(&path, "[[pack]]\nname = 1\n").unwrap();
+        let e = load_catalog_from(path.to_str()).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("catalog {}: ", path.display())), "{e}");
+        let url = format!("{}/catalog.toml", f.index.url);
+        let e = load_catalog_from(Some(&url)).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{url}: ")) && e.contains("404"), "{e}");
     }
 
     #[test]
