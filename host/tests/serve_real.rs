@@ -256,6 +256,37 @@ fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_u
     assert_eq!(status, 404);
 }
 
+#[test]
+fn a_plugin_installed_while_serving_serves_its_packs_without_a_restart() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::Builder::new().prefix("berth-serve-").tempdir().unwrap();
+    let home = tmp.path();
+    let qwen = real_model("qwen2.5-coder-0.5b");
+    berth_ok(home, None, &["import", qwen.to_str().unwrap(), "--name", MODEL]);
+    // `scripts/setup` may have installed plugins next to the binary (<exe>/../lib/berth/plugins),
+    // which every home sees; the "before" half of the check needs a machine without them.
+    let preinstalled = berth_ok(home, None, &["plugins", "--json"]).contains("\"qwen3\"");
+    let server = Server::start(home, &[]);
+    assert_eq!(server.model_ids(), [MODEL]);
+    let ask = format!(
+        "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Say hi\"}}],\"max_tokens\":2}}"
+    );
+    if !preinstalled {
+        let (status, body) = server.http("POST", "/v1/chat/completions", Some(&ask));
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("no installed plugin serves"), "{body}");
+    } else {
+        eprintln!("a qwen3 plugin is installed next to the binary: only the 'after' half runs");
+    }
+    berth_ok(
+        home,
+        None,
+        &["plugins", "install", plugin_library("qwen3").to_str().unwrap()],
+    );
+    let (status, body) = server.http("POST", "/v1/chat/completions", Some(&ask));
+    assert_eq!(status, 200, "{body}");
+}
+
 /// Sends a streamed chat request on a raw connection and returns the connection unread.
 fn start_stream(server: &Server, max_tokens: u32) -> BufReader<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
