@@ -9,9 +9,9 @@ use crate::sampling::SamplingParams;
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
-use berth_plugin_api::BatchView;
+use berth_plugin_api::{BatchView, LoadConfig};
 use berth_registry::gguf::GgufFile;
-use berth_registry::pack::PackFormat;
+use berth_registry::pack::{PackFormat, PackManifest};
 use berth_registry::store::{PackEntry, Store};
 use std::collections::HashSet;
 use std::path::Path;
@@ -78,48 +78,19 @@ impl Session {
     /// Opens a pack from the store with the best plugin on the search path.
     pub fn open(store: &Store, berth_home: &Path, reference: &str, threads: Option<u32>) -> Result<Session> {
         let start = Instant::now();
-        let entry = store.get(reference)?;
-        let m = entry
-            .manifest
-            .as_ref()
-            .ok_or_else(|| anyhow!("{}: {}", entry.reference, entry.problems.join("; ")))?;
-        if !entry.problems.is_empty() {
-            bail!("{} is broken: {}", entry.reference, entry.problems.join("; "));
-        }
-        let plugins = PluginSet::discover_default(berth_home);
-        let (record, plugin) = plugins.best_for(&packs::probe_config(m)).ok_or_else(|| {
-            anyhow!(
-                "no installed plugin serves {} (family '{}', architecture '{}'); see `berth plugins`",
-                entry.reference,
-                m.family,
-                m.architecture
-            )
+        let opened = open_pack(store, berth_home, reference, |config, _| {
+            config.threads = threads;
+            config.max_sequences = Some(1);
         })?;
-        let mut config = packs::load_config(&entry, m);
-        config.threads = threads;
-        config.max_sequences = Some(1);
-        let model = LoadedModel::load(plugin, &config)
-            .with_context(|| format!("plugin '{}' could not load {}", record.name(), entry.reference))?;
-        let (tokenizer, template) = load_text_side(&entry)?;
-        let mut stop_tokens: HashSet<u32> = model
-            .description()
-            .stop_tokens
-            .iter()
-            .map(|&t| t as u32)
-            .collect();
-        stop_tokens.extend(tokenizer.stop_ids().iter().copied());
-        let vocab = model.description().vocab_size as usize;
-        let chat_format = crate::chat::detect(template.as_ref().map(|t| t.source()), |tok| {
-            tokenizer.token_id(tok).is_some()
-        });
+        let vocab = opened.model.description().vocab_size as usize;
         Ok(Session {
-            chat_format,
-            reference: entry.reference.clone(),
-            model,
-            tokenizer,
-            template,
+            chat_format: opened.detected,
+            reference: opened.entry.reference,
+            model: opened.model,
+            tokenizer: opened.tokenizer,
+            template: opened.template,
             load_duration: start.elapsed(),
-            stop_tokens,
+            stop_tokens: opened.stop_tokens,
             cached: Vec::new(),
             logits: vec![0.0; vocab],
         })
@@ -279,6 +250,81 @@ impl Session {
         self.cached.extend_from_slice(tokens);
         Ok(())
     }
+}
+
+/// A pack opened for generation: the model created by the best plugin plus its text side.
+pub struct OpenedPack {
+    /// The store's entry for the pack.
+    pub entry: PackEntry,
+    /// The pack's manifest.
+    pub manifest: PackManifest,
+    /// The name of the plugin that created the model.
+    pub plugin: String,
+    /// The plugin-backed model.
+    pub model: LoadedModel,
+    /// The tokenizer (from `tokenizer.json` or the GGUF vocabulary).
+    pub tokenizer: Tokenizer,
+    /// The chat template, if the pack has one.
+    pub template: Option<ChatTemplate>,
+    /// Tokens that end a reply: the plugin's stop tokens and the tokenizer's.
+    pub stop_tokens: HashSet<u32>,
+    /// The chat format and reasoning markup detected from the template and vocabulary.
+    pub detected: crate::chat::Detected,
+}
+
+/// Opens a pack from the store with the best plugin on the search path (discovered afresh, so
+/// plugin files installed since the last call are found); `tune` adjusts the load config
+/// (threads, sequences, context) before the plugin creates the model.
+pub fn open_pack(
+    store: &Store,
+    berth_home: &Path,
+    reference: &str,
+    tune: impl FnOnce(&mut LoadConfig, &PackManifest),
+) -> Result<OpenedPack> {
+    let entry = store.get(reference)?;
+    let m = entry
+        .manifest
+        .as_ref()
+        .ok_or_else(|| anyhow!("{}: {}", entry.reference, entry.problems.join("; ")))?;
+    if !entry.problems.is_empty() {
+        bail!("{} is broken: {}", entry.reference, entry.problems.join("; "));
+    }
+    let plugins = PluginSet::discover_default(berth_home);
+    let (record, plugin) = plugins.best_for(&packs::probe_config(m)).ok_or_else(|| {
+        anyhow!(
+            "no installed plugin serves {} (family '{}', architecture '{}'); see `berth plugins`",
+            entry.reference,
+            m.family,
+            m.architecture
+        )
+    })?;
+    let mut config = packs::load_config(&entry, m);
+    tune(&mut config, m);
+    let model = LoadedModel::load(plugin, &config)
+        .with_context(|| format!("plugin '{}' could not load {}", record.name(), entry.reference))?;
+    let (tokenizer, template) = load_text_side(&entry)?;
+    let mut stop_tokens: HashSet<u32> = model
+        .description()
+        .stop_tokens
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    stop_tokens.extend(tokenizer.stop_ids().iter().copied());
+    let detected = crate::chat::detect(template.as_ref().map(|t| t.source()), |tok| {
+        tokenizer.token_id(tok).is_some()
+    });
+    let plugin = record.name().to_string();
+    let manifest = m.clone();
+    Ok(OpenedPack {
+        entry,
+        manifest,
+        plugin,
+        model,
+        tokenizer,
+        template,
+        stop_tokens,
+        detected,
+    })
 }
 
 /// The tokenizer and chat template of a pack: `tokenizer.json` / `chat_template.jinja` from the

@@ -2,17 +2,14 @@
 //! with least-recently-used eviction, and kept in step with the store (a pack imported while the
 //! server runs becomes servable; a removed one is drained, then unloaded).
 
-use crate::chat::{self, Detected};
+use crate::chat::Detected;
 use crate::constraint::ConstraintFactory;
 use crate::engine::metrics::Metrics;
 use crate::engine::{Engine, EngineConfig, TextSide};
-use crate::generate::load_text_side;
-use crate::models::LoadedModel;
-use crate::packs;
-use crate::plugins::PluginSet;
+use crate::generate::{open_pack, OpenedPack};
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::Result;
 use berth_registry::store::{PackEntry, Store};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -251,44 +248,23 @@ impl Models {
 
     fn load(&self, reference: &str) -> Result<Model> {
         let start = Instant::now();
-        let entry = self.store.get(reference)?;
-        let m = entry
-            .manifest
-            .as_ref()
-            .ok_or_else(|| anyhow!("{}: {}", entry.reference, entry.problems.join("; ")))?;
-        if !entry.problems.is_empty() {
-            bail!("{} is broken: {}", entry.reference, entry.problems.join("; "));
-        }
-        // Discovered afresh on every load: plugin files added while serving become usable.
-        let plugins = PluginSet::discover_default(&self.cfg.home);
-        let (record, plugin) = plugins.best_for(&packs::probe_config(m)).ok_or_else(|| {
-            anyhow!(
-                "no installed plugin serves {} (family '{}', architecture '{}')",
-                entry.reference,
-                m.family,
-                m.architecture
-            )
+        // Plugins are discovered afresh on every load: files installed while serving become usable.
+        let (threads, slots, context) = (self.cfg.threads, self.cfg.slots as u32, self.cfg.context);
+        let opened = open_pack(&self.store, &self.cfg.home, reference, |config, m| {
+            config.threads = threads;
+            config.max_sequences = Some(slots);
+            config.context_length = Some(m.context_length.map_or(context, |c| (c as u32).min(context)));
         })?;
-        let mut config = packs::load_config(&entry, m);
-        config.threads = self.cfg.threads;
-        config.max_sequences = Some(self.cfg.slots as u32);
-        let ctx = m
-            .context_length
-            .map_or(self.cfg.context, |c| (c as u32).min(self.cfg.context));
-        config.context_length = Some(ctx);
-        let model = LoadedModel::load(plugin, &config)
-            .with_context(|| format!("plugin '{}' could not load {}", record.name(), entry.reference))?;
-        let (tokenizer, template) = load_text_side(&entry)?;
-        let mut stop_tokens: HashSet<u32> = model
-            .description()
-            .stop_tokens
-            .iter()
-            .map(|&t| t as u32)
-            .collect();
-        stop_tokens.extend(tokenizer.stop_ids().iter().copied());
-        let detected = chat::detect(template.as_ref().map(|t| t.source()), |tok| {
-            tokenizer.token_id(tok).is_some()
-        });
+        let OpenedPack {
+            entry,
+            manifest: m,
+            plugin,
+            model,
+            tokenizer,
+            template,
+            stop_tokens,
+            detected,
+        } = opened;
         let context_length = model.description().context_length as usize;
         let mut model = model;
         let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
@@ -311,7 +287,7 @@ impl Models {
             self.metrics.clone(),
             reference,
         );
-        tracing::info!(model = %entry.reference, plugin = %record.name(), seconds = start.elapsed().as_secs_f64(), "model loaded");
+        tracing::info!(model = %entry.reference, plugin = %plugin, seconds = start.elapsed().as_secs_f64(), "model loaded");
         Ok(Model {
             reference: entry.reference.clone(),
             engine,
