@@ -1,5 +1,6 @@
 //! One model opened for generation (`berth run`): plugin instance, tokenizer and chat template,
-//! with a decode loop that reuses the KV cache of the previous turn's common prefix.
+//! with a decode loop that reuses the KV cache of the previous turn's common prefix (as far back
+//! as the plugin's rewind rule allows; a refused rewind costs a full prefill).
 
 use crate::decoding::{DecodeOptions, DecodeState, FinishReason};
 use crate::models::LoadedModel;
@@ -71,6 +72,8 @@ pub struct Session {
     stop_tokens: HashSet<u32>,
     /// Tokens currently held in the model's cache for [`SEQ`].
     cached: Vec<u32>,
+    /// The plugin's sequence may hold tokens `cached` does not (a step failed): reset it first.
+    stale: bool,
     logits: Vec<f32>,
 }
 
@@ -92,6 +95,7 @@ impl Session {
             load_duration: start.elapsed(),
             stop_tokens: opened.stop_tokens,
             cached: Vec::new(),
+            stale: false,
             logits: vec![0.0; vocab],
         })
     }
@@ -100,7 +104,34 @@ impl Session {
     pub fn clear(&mut self) -> Result<()> {
         self.model.instance()?.seq_truncate(SEQ, 0)?;
         self.cached.clear();
+        self.stale = false;
         Ok(())
+    }
+
+    /// Cuts the cached sequence back to `keep` tokens; when the plugin refuses (its rewind rule
+    /// does not allow `keep`), resets it to 0 so the whole prompt is prefilled again. Returns the
+    /// tokens kept.
+    fn rewind(&mut self, keep: usize) -> Result<usize> {
+        let inst = self.model.instance()?;
+        if let Err(e) = inst.seq_truncate(SEQ, keep as u32) {
+            tracing::debug!(
+                from = self.cached.len(),
+                to = keep,
+                error = %e.message,
+                "plugin refused the rewind; prefilling the whole prompt"
+            );
+            self.cached.clear();
+            self.stale = true;
+            if keep == 0 {
+                return Err(e.into());
+            }
+            inst.seq_truncate(SEQ, 0)?;
+            self.stale = false;
+            return Ok(0);
+        }
+        self.cached.truncate(keep);
+        self.stale = false;
+        Ok(keep)
     }
 
     /// Feeds `tokens` (after reusing the longest cached prefix) and generates until a stop
@@ -150,12 +181,14 @@ impl Session {
         }
         let mut stats = GenerationStats::default();
         let start = Instant::now();
-        // Keep the common prefix, but always re-feed at least the last prompt token for logits.
+        // Keep the common prefix, but always re-feed at least the last prompt token for logits,
+        // and rewind no further than to a point the plugin can rewind to.
         let mut keep = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         keep = keep.min(tokens.len() - 1);
-        if keep < self.cached.len() {
-            self.model.instance()?.seq_truncate(SEQ, keep as u32)?;
-            self.cached.truncate(keep);
+        if self.stale || keep < self.cached.len() {
+            let rule = self.model.description().rewind;
+            keep = rule.floor(keep as u32, self.cached.len() as u32) as usize;
+            keep = self.rewind(keep)?;
         }
         stats.cached_tokens = keep;
         let rest = &tokens[keep..];
@@ -245,6 +278,7 @@ impl Session {
         if let Err(e) = self.model.decode(&batch, &mut self.logits) {
             // A failed (or poisoned) step leaves the cache in an unknown state: start over.
             self.cached.clear();
+            self.stale = true;
             return Err(e.into());
         }
         self.cached.extend_from_slice(tokens);

@@ -4,7 +4,7 @@
 mod common;
 
 use berth::plugins::{PluginSet, PluginState};
-use berth_plugin_api::{BatchView, ErrorKind, LoadConfig};
+use berth_plugin_api::{BatchView, ErrorKind, LoadConfig, Rewind};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,7 +102,9 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(status_of(&json, "libhello_plugin.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_scripted.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_newer.so")["status"], "ok");
-    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.2");
+    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.3");
+    assert_eq!(status_of(&json, "libberth_abi_v1_1.so")["status"], "ok");
+    assert_eq!(status_of(&json, "libberth_abi_v1_1.so")["abi"], "1.1");
     assert_eq!(status_of(&json, "libberth_abi_older.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_older.so")["abi"], "1.0");
 
@@ -110,7 +112,7 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(v2["status"], "refused");
     assert_eq!(
         v2["reason"],
-        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.1"
+        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.2"
     );
     let nosym = status_of(&json, "libberth_abi_nosymbol.so");
     assert_eq!(nosym["status"], "refused");
@@ -181,7 +183,12 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
     })
     .unwrap();
 
-    for (file, minor) in [("libberth_abi_newer.so", 2), ("libberth_abi_older.so", 0)] {
+    // 1.3 fills the 1.2 rewind fields (snapshots every 16); 1.1 and 1.0 end before them.
+    for (file, minor, rewind) in [
+        ("libberth_abi_newer.so", 3, Rewind::Snapshots { every: 16 }),
+        ("libberth_abi_v1_1.so", 1, Rewind::Anywhere),
+        ("libberth_abi_older.so", 0, Rewind::Anywhere),
+    ] {
         let plugin = find(file)
             .ready()
             .unwrap_or_else(|| panic!("{file}: {:?}", find(file).state));
@@ -189,6 +196,7 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
         assert_eq!(plugin.probe(r#"{"family": "abi-test"}"#), 10);
         let mut m = plugin.create(&config).unwrap();
         assert_eq!(m.description().vocab_size, 16);
+        assert_eq!(m.description().rewind, rewind, "{file}");
         let mut logits = vec![0.0; 32];
         let b = BatchView {
             tokens: &[3, 4],
@@ -198,6 +206,16 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
         };
         assert_eq!(m.decode(&b, &mut logits).unwrap(), 2);
         assert_eq!((greedy(&logits[..16]), greedy(&logits[16..])), (1, 2));
+        // Truncate and decode again: the sequence keeps serving.
+        m.seq_truncate(0, 1).unwrap();
+        let b = BatchView {
+            tokens: &[5],
+            positions: &[1],
+            seq_ids: &[0],
+            want_logits: &[1],
+        };
+        assert_eq!(m.decode(&b, &mut logits[..16]).unwrap(), 1);
+        assert_eq!(greedy(&logits[..16]), 2);
         let fork = m.seq_fork(0, 1);
         if minor == 0 {
             assert_eq!(

@@ -19,4 +19,6 @@ pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+/// Recurrent mixers of hybrid models: LFM2's short convolution and Qwen3.5's gated delta rule.
+pub mod recurrent;
 pub mod testutil;

@@ -29,6 +29,9 @@
 /* Size of a 1.0 vtable: everything before seq_fork (appended in 1.1). */
 #define BERTH_MODEL_VTABLE_SIZE_V1_0 offsetof(struct BerthModelVtable, seq_fork)
 
+/* Size of a 1.0-1.1 model info: everything before rewind (appended in 1.2). */
+#define BERTH_MODEL_INFO_SIZE_V1_1 offsetof(struct BerthModelInfo, rewind)
+
 /*
  Major version of the ABI this crate speaks; a different major is never loaded.
  */
@@ -37,7 +40,7 @@
 /*
  Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
  */
-#define BERTH_ABI_MINOR 1
+#define BERTH_ABI_MINOR 2
 
 /*
  Plugin flag: the library was built with `panic = "unwind"`, so panics can be caught.
@@ -58,6 +61,21 @@
  Capability flag: the model accepts images.
  */
 #define BERTH_CAP_VISION (1 << 2)
+
+/*
+ Rewind rule: `seq_truncate` accepts any length (attention-only state; the 1.0-1.1 behaviour).
+ */
+#define BERTH_REWIND_ANYWHERE 0
+
+/*
+ Rewind rule: `seq_truncate` accepts 0, multiples of `rewind_every` and the current length.
+ */
+#define BERTH_REWIND_SNAPSHOTS 1
+
+/*
+ Rewind rule: `seq_truncate` accepts only 0 and the current length (recurrent state).
+ */
+#define BERTH_REWIND_ONLY_TO_START 2
 
 /*
  Status returned by fallible entries.
@@ -163,6 +181,15 @@ typedef struct BerthModelInfo {
    until `destroy`.
    */
   struct BerthStrRef extra_json;
+  /*
+   How far `seq_truncate` can rewind a sequence: a `REWIND_*` value (ABI 1.2; absent reads
+   as `REWIND_ANYWHERE`).
+   */
+  uint32_t rewind;
+  /*
+   With `REWIND_SNAPSHOTS`: the spacing of the positions a sequence can rewind to (ABI 1.2).
+   */
+  uint32_t rewind_every;
 } BerthModelInfo;
 
 /*

@@ -8,14 +8,15 @@
 //!   opaque handles cross; rich data crosses as JSON;
 //! - each side frees what it allocated; the host owns the logits and error buffers.
 //!
-//! Minor versions of ABI 1: 1.0 is the base; 1.1 appended [`ModelVtable::seq_fork`].
+//! Minor versions of ABI 1: 1.0 is the base; 1.1 appended [`ModelVtable::seq_fork`]; 1.2 appended
+//! [`ModelInfo::rewind`] and [`ModelInfo::rewind_every`].
 
 use std::ffi::{c_char, c_void};
 
 /// Major version of the ABI this crate speaks; a different major is never loaded.
 pub const ABI_MAJOR: u16 = 1;
 /// Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
-pub const ABI_MINOR: u16 = 1;
+pub const ABI_MINOR: u16 = 2;
 /// Name of the exported entry symbol; it carries the major version.
 pub const ENTRY_SYMBOL: &str = "berth_plugin_entry_v1";
 /// Name of the version-independent manifest symbol (`extern "C" fn() -> *const c_char`,
@@ -44,6 +45,13 @@ pub const CAP_TOOLS: u64 = 1 << 0;
 pub const CAP_THINKING: u64 = 1 << 1;
 /// Capability flag: the model accepts images.
 pub const CAP_VISION: u64 = 1 << 2;
+
+/// Rewind rule: `seq_truncate` accepts any length (attention-only state; the 1.0-1.1 behaviour).
+pub const REWIND_ANYWHERE: u32 = 0;
+/// Rewind rule: `seq_truncate` accepts 0, multiples of `rewind_every` and the current length.
+pub const REWIND_SNAPSHOTS: u32 = 1;
+/// Rewind rule: `seq_truncate` accepts only 0 and the current length (recurrent state).
+pub const REWIND_ONLY_TO_START: u32 = 2;
 
 /// The prefix of every struct that crosses: who wrote it and how large the writer's struct is.
 #[repr(C)]
@@ -211,6 +219,11 @@ pub struct ModelInfo {
     /// JSON object with everything else (special tokens by name, architecture, ...), borrowed
     /// until `destroy`.
     pub extra_json: StrRef,
+    /// How far `seq_truncate` can rewind a sequence: a `REWIND_*` value (ABI 1.2; absent reads
+    /// as `REWIND_ANYWHERE`).
+    pub rewind: u32,
+    /// With `REWIND_SNAPSHOTS`: the spacing of the positions a sequence can rewind to (ABI 1.2).
+    pub rewind_every: u32,
 }
 
 /// A batch of tokens to decode, shaped like `llama_batch`.
@@ -256,6 +269,8 @@ pub type ManifestFn = unsafe extern "C" fn() -> *const c_char;
 
 /// Size of the 1.0 vtable: everything before `seq_fork`.
 pub const MODEL_VTABLE_SIZE_V1_0: usize = std::mem::offset_of!(ModelVtable, seq_fork);
+/// Size of the 1.0-1.1 model info: everything before `rewind`.
+pub const MODEL_INFO_SIZE_V1_1: usize = std::mem::offset_of!(ModelInfo, rewind);
 
 // Layout of ABI v1, frozen: these must never change (only new fields at the ends).
 const _: () = {
@@ -274,10 +289,13 @@ const _: () = {
     assert!(offset_of!(ModelVtable, decode) == 24);
     assert!(offset_of!(ModelVtable, seq_truncate) == 56);
     assert!(offset_of!(ModelVtable, seq_fork) == 64);
-    assert!(size_of::<ModelInfo>() == 64);
+    assert!(size_of::<ModelInfo>() == 72);
     assert!(offset_of!(ModelInfo, capabilities) == 24);
     assert!(offset_of!(ModelInfo, stop_tokens) == 32);
     assert!(offset_of!(ModelInfo, extra_json) == 48);
+    assert!(offset_of!(ModelInfo, rewind) == 64);
+    assert!(offset_of!(ModelInfo, rewind_every) == 68);
+    assert!(MODEL_INFO_SIZE_V1_1 == 64);
     assert!(size_of::<Batch>() == 48);
     assert!(offset_of!(Batch, want_logits) == 40);
     assert!(size_of::<Logits>() == 32);

@@ -3,7 +3,7 @@
 //! table pointer to [`Plugin::from_entry`].
 
 use crate::abi::{self, ErrorBuf, Header, Instance, ModelInfo, ModelVtable, StrRef};
-use crate::types::{BatchView, ErrorKind, ModelDescription, PluginError};
+use crate::types::{BatchView, ErrorKind, ModelDescription, PluginError, Rewind};
 use std::ffi::c_void;
 
 /// Why an entry table was refused.
@@ -246,6 +246,13 @@ impl ModelInstance {
         } else {
             serde_json::from_str(&extra_text).unwrap_or(serde_json::Value::Object(Default::default()))
         };
+        // ABI 1.2 fields: read only when the plugin wrote them (a 1.0-1.1 plugin rewinds anywhere).
+        let written = info.header.struct_size as usize;
+        let rewind = if written >= std::mem::offset_of!(ModelInfo, rewind_every) + 4 {
+            Rewind::from_abi(info.rewind, info.rewind_every)
+        } else {
+            Rewind::Anywhere
+        };
         Ok(ModelDescription {
             vocab_size: info.vocab_size,
             context_length: info.context_length,
@@ -253,6 +260,7 @@ impl ModelInstance {
             capabilities: info.capabilities,
             stop_tokens,
             extra,
+            rewind,
         })
     }
 
@@ -323,7 +331,8 @@ impl ModelInstance {
         }
     }
 
-    /// Drops every position at or after `len` from a sequence.
+    /// Drops every position at or after `len` from a sequence; a plugin refuses lengths its
+    /// [`Rewind`] rule does not allow (0 and the current length always are).
     pub fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
         let f = self
             .vtable

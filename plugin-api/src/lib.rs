@@ -15,4 +15,6 @@ pub mod types;
 
 pub use client::{AbiError, ModelInstance, Plugin};
 pub use sdk::{Family, Model};
-pub use types::{BatchView, ErrorKind, LoadConfig, LogitsOut, ModelDescription, PluginError, PluginManifest};
+pub use types::{
+    BatchView, ErrorKind, LoadConfig, LogitsOut, ModelDescription, PluginError, PluginManifest, Rewind,
+};

@@ -46,7 +46,9 @@ pub trait Model: Send + 'static {
         false
     }
 
-    /// Drops every position at or after `len` from a sequence.
+    /// Drops every position at or after `len` from a sequence. A model whose
+    /// [`ModelDescription::rewind`] rule does not allow `len` returns an error and leaves the
+    /// sequence as it was; the host then truncates to 0 and prefills again.
     fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError>;
 
     /// Copies sequence `src` into `dst`.
@@ -286,6 +288,7 @@ unsafe extern "C" fn model_info_entry<M: Model>(
         let d = g.model.describe();
         g.stop_tokens = d.stop_tokens;
         g.extra_json = d.extra.to_string();
+        let (rewind, rewind_every) = d.rewind.to_abi();
         let info = ModelInfo {
             header: abi::Header::for_struct::<ModelInfo>(),
             vocab_size: d.vocab_size,
@@ -297,6 +300,8 @@ unsafe extern "C" fn model_info_entry<M: Model>(
             n_stop_tokens: g.stop_tokens.len() as u32,
             reserved2: 0,
             extra_json: StrRef::borrow(&g.extra_json),
+            rewind,
+            rewind_every,
         };
         // SAFETY: `out` is the host's ModelInfo with its header set to its allocated size.
         if unsafe { abi::write_versioned(out, &info) } {

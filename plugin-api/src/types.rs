@@ -69,7 +69,74 @@ pub struct LoadConfig {
     pub options: serde_json::Map<String, serde_json::Value>,
 }
 
-/// What a model instance reports about itself, in safe form.
+/// How far back `seq_truncate` can take a sequence. Attention-only models cut their KV cache
+/// anywhere; models with recurrent per-sequence state (short convolutions, gated delta-nets) can
+/// only return to positions where they keep a snapshot. Truncating to 0 and to the current
+/// length is always allowed; a plugin refuses (with an error) a truncate its rule does not allow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Rewind {
+    /// To any length (the behaviour of every ABI 1.0-1.1 plugin).
+    #[default]
+    Anywhere,
+    /// To multiples of `every` positions (where the plugin keeps snapshots), 0 and the current
+    /// length.
+    Snapshots {
+        /// Spacing of the snapshots, in positions (at least 1).
+        every: u32,
+    },
+    /// Only to 0 and the current length.
+    OnlyToStart,
+}
+
+impl Rewind {
+    /// Whether a sequence holding `current` positions can be truncated to `len`.
+    pub fn allows(&self, len: u32, current: u32) -> bool {
+        if len == 0 || len >= current {
+            return true;
+        }
+        match *self {
+            Rewind::Anywhere => true,
+            Rewind::Snapshots { every } => every != 0 && len.is_multiple_of(every),
+            Rewind::OnlyToStart => false,
+        }
+    }
+
+    /// The longest length at most `len` that a sequence holding `current` positions can be
+    /// truncated to (`current` itself when `len >= current`; 0 when nothing else is allowed).
+    pub fn floor(&self, len: u32, current: u32) -> u32 {
+        if len >= current {
+            return current;
+        }
+        match *self {
+            Rewind::Anywhere => len,
+            Rewind::Snapshots { every } if every != 0 => len - len % every,
+            Rewind::Snapshots { .. } | Rewind::OnlyToStart => 0,
+        }
+    }
+
+    /// The ABI encoding: (`ModelInfo::rewind`, `ModelInfo::rewind_every`).
+    pub fn to_abi(self) -> (u32, u32) {
+        match self {
+            Rewind::Anywhere => (abi::REWIND_ANYWHERE, 0),
+            Rewind::Snapshots { every } => (abi::REWIND_SNAPSHOTS, every),
+            Rewind::OnlyToStart => (abi::REWIND_ONLY_TO_START, 0),
+        }
+    }
+
+    /// Decodes the ABI fields; a rule this version does not know, or snapshots every 0
+    /// positions, reads as [`Rewind::OnlyToStart`] (the rule every plugin honours).
+    pub fn from_abi(rewind: u32, every: u32) -> Rewind {
+        match rewind {
+            abi::REWIND_ANYWHERE => Rewind::Anywhere,
+            abi::REWIND_SNAPSHOTS if every > 0 => Rewind::Snapshots { every },
+            _ => Rewind::OnlyToStart,
+        }
+    }
+}
+
+/// What a model instance reports about itself, in safe form. Build it with
+/// `..Default::default()` for the fields you leave at their defaults, so fields added by later
+/// ABI minors do not break the plugin's source.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelDescription {
     /// Logits per row (padded vocabulary size).
@@ -84,6 +151,8 @@ pub struct ModelDescription {
     pub stop_tokens: Vec<i32>,
     /// Everything else (special tokens by name, ...), a JSON object.
     pub extra: serde_json::Value,
+    /// How far `seq_truncate` can rewind a sequence (ABI 1.2; older plugins read as anywhere).
+    pub rewind: Rewind,
 }
 
 /// Why a plugin call failed.
@@ -245,5 +314,43 @@ impl<'a> LogitsOut<'a> {
     /// The `k`-th logits row (k counts only rows that want logits).
     pub fn row_mut(&mut self, k: usize) -> &mut [f32] {
         &mut self.data[k * self.row_len..(k + 1) * self.row_len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewind_rules_allow_zero_the_current_length_and_their_own_points() {
+        let snap = Rewind::Snapshots { every: 16 };
+        for r in [Rewind::Anywhere, snap, Rewind::OnlyToStart] {
+            assert!(r.allows(0, 40), "{r:?}");
+            assert!(r.allows(40, 40), "{r:?}");
+            assert!(r.allows(50, 40), "{r:?}");
+            assert_eq!(r.floor(45, 40), 40, "{r:?}");
+        }
+        assert!(Rewind::Anywhere.allows(17, 40));
+        assert!(snap.allows(32, 40) && !snap.allows(17, 40));
+        assert!(!Rewind::OnlyToStart.allows(16, 40));
+        assert_eq!(Rewind::Anywhere.floor(37, 40), 37);
+        assert_eq!(snap.floor(37, 40), 32);
+        assert_eq!(snap.floor(15, 40), 0);
+        assert_eq!(Rewind::OnlyToStart.floor(37, 40), 0);
+        assert_eq!(Rewind::default(), Rewind::Anywhere);
+    }
+
+    #[test]
+    fn rewind_round_trips_through_the_abi_and_unknown_rules_read_as_only_to_start() {
+        for r in [
+            Rewind::Anywhere,
+            Rewind::Snapshots { every: 8 },
+            Rewind::OnlyToStart,
+        ] {
+            let (rule, every) = r.to_abi();
+            assert_eq!(Rewind::from_abi(rule, every), r);
+        }
+        assert_eq!(Rewind::from_abi(abi::REWIND_SNAPSHOTS, 0), Rewind::OnlyToStart);
+        assert_eq!(Rewind::from_abi(77, 4), Rewind::OnlyToStart);
     }
 }

@@ -59,7 +59,8 @@ fn header_declares_the_constants_structs_and_function_types() {
     let h = generate();
     for needle in [
         "#define BERTH_ABI_MAJOR 1",
-        "#define BERTH_ABI_MINOR 1",
+        "#define BERTH_ABI_MINOR 2",
+        "#define BERTH_REWIND_SNAPSHOTS 1",
         "#define BERTH_FLAG_PANIC_UNWIND 1",
         "#define BERTH_STATUS_UNSUPPORTED 3",
         "typedef struct BerthHeader {",
@@ -72,6 +73,8 @@ fn header_declares_the_constants_structs_and_function_types() {
         "typedef const struct BerthEntryTable *(*BerthEntryFn)(void);",
         "typedef const char *(*BerthManifestFn)(void);",
         "BERTH_MODEL_VTABLE_SIZE_V1_0",
+        "BERTH_MODEL_INFO_SIZE_V1_1",
+        "uint32_t rewind_every;",
     ] {
         assert!(
             h.contains(needle),
@@ -129,6 +132,10 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
     c.push_str(&format!(
         "_Static_assert(BERTH_MODEL_VTABLE_SIZE_V1_0 == {}, \"1.0 vtable size\");\n",
         abi::MODEL_VTABLE_SIZE_V1_0
+    ));
+    c.push_str(&format!(
+        "_Static_assert(BERTH_MODEL_INFO_SIZE_V1_1 == {}, \"1.1 model info size\");\n",
+        abi::MODEL_INFO_SIZE_V1_1
     ));
     c.push_str("int use_them(void) { return entry_fn != 0 && manifest_fn != 0; }\n");
     std::fs::write(&source, c).unwrap();

@@ -681,6 +681,11 @@ impl GgufFile {
         self.get(key)?.as_array()?.iter().map(GgufValue::as_str).collect()
     }
 
+    /// An integer-array metadata value (`None` if any element is not a non-negative integer).
+    pub fn get_u64_array(&self, key: &str) -> Option<Vec<u64>> {
+        self.get(key)?.as_array()?.iter().map(GgufValue::as_u64).collect()
+    }
+
     /// `general.architecture`.
     pub fn architecture(&self) -> Option<&str> {
         self.get_str("general.architecture")

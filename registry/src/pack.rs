@@ -439,7 +439,8 @@ pub fn family_for_architecture(arch: &str) -> Option<&'static str> {
         .map(|c| c.to_ascii_lowercase())
         .collect();
     Some(match norm.as_str() {
-        "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen3next" => "qwen3",
+        "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" | "qwen35text"
+        | "qwen35moetext" | "qwen3next" => "qwen3",
         "gemma" | "gemma2" | "gemma3" | "gemma3n" | "gemma4" | "gemma3text" | "gemma3ntext"
         | "gemma4text" => "gemma",
         "gptoss" => "gpt-oss",
@@ -666,6 +667,8 @@ stop = ["<|im_end|>"]
             ("qwen3_moe", "qwen3"),
             ("qwen3_5", "qwen3"),
             ("qwen3_5_moe", "qwen3"),
+            ("qwen3_5_text", "qwen3"),
+            ("qwen3_5_moe_text", "qwen3"),
             ("qwen3_next", "qwen3"),
             ("qwen35", "qwen3"),
             ("gemma3", "gemma"),

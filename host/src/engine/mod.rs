@@ -8,6 +8,11 @@
 //! prefix is cut back to a chunk boundary of the previous prompt, so every position is computed
 //! by the same rows whether a request runs alone, next to others, or after another request in the
 //! same slot: with the plugins' per-sequence rounding, greedy outputs do not depend on load.
+//!
+//! Reuse also follows the plugin's [`Rewind`] rule: a model with recurrent state rewinds only to
+//! its snapshots (or only to 0), so the reused prefix is cut back to such a point. A plugin that
+//! refuses a rewind anyway costs that request one full prefill (its sequence is reset to 0),
+//! never a failed request.
 
 pub mod metrics;
 pub mod sequence;
@@ -17,7 +22,7 @@ use metrics::Metrics;
 use sequence::{DecodeOptions, FinishReason, SequenceDecoder};
 
 use crate::tokenizer::Tokenizer;
-use berth_plugin_api::BatchView;
+use berth_plugin_api::{BatchView, Rewind};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
@@ -210,6 +215,23 @@ struct Slot {
     exact: usize,
     run: Option<Running>,
     last_used: u64,
+    /// The plugin's sequence may hold state the host does not know (a reset to 0 failed): it
+    /// must be reset before the slot is used again.
+    stale: bool,
+}
+
+/// How much of a slot's cache (`cached`, of which the first `exact` tokens are whole aligned
+/// prompt chunks) a prompt can reuse: the common prefix, no further than the exact part, leaving
+/// at least one prompt token to prefill (for logits), cut back to a whole chunk and then to a
+/// length the plugin can rewind to (keeping the whole cache needs no rewind).
+fn reusable_prefix(cached: &[u32], exact: usize, prompt: &[u32], rewind: Rewind) -> usize {
+    let lcp = cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    let keep = lcp.min(exact).min(prompt.len().saturating_sub(1));
+    let keep = keep - keep % PREFILL_CHUNK;
+    if keep >= cached.len() {
+        return cached.len();
+    }
+    rewind.floor(keep as u32, cached.len() as u32) as usize
 }
 
 struct Scheduler {
@@ -234,6 +256,7 @@ impl Scheduler {
                 exact: 0,
                 run: None,
                 last_used: 0,
+                stale: false,
             })
             .collect();
         Scheduler {
@@ -287,20 +310,22 @@ impl Scheduler {
     }
 
     /// Puts a job in the free slot sharing the longest reusable prefix (else the least recently
-    /// used one) and cuts that slot's cache back to the reusable part.
+    /// used one) and cuts that slot's cache back to the reusable part. When the plugin refuses
+    /// that rewind, the sequence is reset to 0 and the whole prompt is prefilled; only when even
+    /// the reset fails does this job fail (alone).
     fn place(&mut self, mut job: Job) {
         self.tick += 1;
+        let rewind = self.model.description().rewind;
         let prompt = &job.prompt;
-        let reusable = |s: &Slot| {
-            let lcp = s.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-            let keep = lcp.min(s.exact).min(prompt.len().saturating_sub(1));
-            keep - keep % PREFILL_CHUNK
-        };
+        let reusable = |s: &Slot| reusable_prefix(&s.cached, s.exact, prompt, rewind);
         let i = (0..self.slots.len())
             .filter(|&i| self.slots[i].run.is_none())
-            .max_by_key(|&i| (reusable(&self.slots[i]), u64::MAX - self.slots[i].last_used))
+            .max_by_key(|&i| {
+                let s = &self.slots[i];
+                (reusable(s), !s.stale, u64::MAX - s.last_used)
+            })
             .expect("a free slot");
-        let keep = reusable(&self.slots[i]);
+        let mut keep = reusable(&self.slots[i]);
         let context_left = (self.model.description().context_length as usize).saturating_sub(prompt.len());
         let dec = SequenceDecoder::new(
             std::mem::take(&mut job.decode),
@@ -309,20 +334,44 @@ impl Scheduler {
             context_left,
         );
         let slot = &mut self.slots[i];
-        if keep < slot.cached.len() {
+        slot.last_used = self.tick;
+        if slot.stale || keep < slot.cached.len() {
             let truncated = self
                 .model
                 .instance()
                 .and_then(|m| m.seq_truncate(i as i32, keep as u32));
-            if truncated.is_err() {
+            if let Err(e) = truncated {
+                tracing::debug!(
+                    request = %job.id,
+                    slot = i,
+                    from = slot.cached.len(),
+                    to = keep,
+                    ?rewind,
+                    error = %e.message,
+                    "plugin refused the rewind; resetting the sequence to prefill the whole prompt"
+                );
                 slot.cached.clear();
                 slot.exact = 0;
+                let reset = if keep == 0 {
+                    Err(e)
+                } else {
+                    keep = 0;
+                    self.model.instance().and_then(|m| m.seq_truncate(i as i32, 0))
+                };
+                if let Err(e) = reset {
+                    slot.stale = true;
+                    tracing::warn!(request = %job.id, slot = i, error = %e.message, "cannot reset the sequence; failing the request");
+                    let _ = job.events.send(Event::Error(format!(
+                        "model error: cannot reset sequence {i}: {}",
+                        e.message
+                    )));
+                    return;
+                }
             }
+            slot.stale = false;
         }
-        let keep = keep.min(slot.cached.len());
         slot.cached.truncate(keep);
         slot.exact = slot.exact.min(keep);
-        slot.last_used = self.tick;
         self.shared.metrics.active_sequences.fetch_add(1, Relaxed);
         self.shared.metrics.cached_tokens.fetch_add(keep as u64, Relaxed);
         tracing::debug!(request = %job.id, slot = i, prompt = prompt.len(), cached = keep, "sequence admitted");
@@ -424,10 +473,11 @@ impl Scheduler {
             tracing::error!(error = %e.message, "decode failed; failing the running sequences");
             for (i, slot) in self.slots.iter_mut().enumerate() {
                 // The cache is in an unknown state (or the instance was recreated): start over.
-                let _ = self
+                let reset = self
                     .model
                     .instance()
                     .and_then(|inst| inst.seq_truncate(i as i32, 0));
+                slot.stale = reset.is_err();
                 slot.cached.clear();
                 slot.exact = 0;
                 if let Some(r) = slot.run.take() {
@@ -507,5 +557,45 @@ impl Scheduler {
                 let _ = r.job.events.send(Event::Done(fin));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(n: usize) -> Vec<u32> {
+        (0..n as u32).collect()
+    }
+
+    #[test]
+    fn reuse_stops_at_whole_exact_chunks_and_leaves_a_token_to_prefill() {
+        let cached = tokens(200);
+        let mut prompt = tokens(150);
+        prompt.push(9999);
+        assert_eq!(reusable_prefix(&cached, 192, &prompt, Rewind::Anywhere), 128);
+        assert_eq!(reusable_prefix(&cached, 100, &prompt, Rewind::Anywhere), 64);
+        assert_eq!(reusable_prefix(&cached, 192, &tokens(64), Rewind::Anywhere), 0);
+        // The whole cache (all exact chunks) needs no rewind, whatever the rule.
+        let cached = tokens(128);
+        for rule in [
+            Rewind::Anywhere,
+            Rewind::Snapshots { every: 100 },
+            Rewind::OnlyToStart,
+        ] {
+            assert_eq!(reusable_prefix(&cached, 128, &tokens(140), rule), 128, "{rule:?}");
+        }
+    }
+
+    #[test]
+    fn reuse_follows_the_plugins_rewind_rule() {
+        let cached = tokens(300);
+        let prompt = tokens(290);
+        assert_eq!(reusable_prefix(&cached, 256, &prompt, Rewind::Anywhere), 256);
+        let snap = |every| Rewind::Snapshots { every };
+        assert_eq!(reusable_prefix(&cached, 256, &prompt, snap(16)), 256);
+        assert_eq!(reusable_prefix(&cached, 256, &prompt, snap(96)), 192);
+        assert_eq!(reusable_prefix(&cached, 256, &prompt, snap(1000)), 0);
+        assert_eq!(reusable_prefix(&cached, 256, &prompt, Rewind::OnlyToStart), 0);
     }
 }

@@ -40,10 +40,14 @@ pub fn berth_ok(home: &Path, plugin_path: Option<&Path>, args: &[&str]) -> Strin
 pub fn plugin_library(name: &str) -> PathBuf {
     let dir = berth_exe().parent().unwrap().to_path_buf();
     let file = format!("libberth_{name}.so");
-    for candidate in [dir.join(&file), dir.join("deps").join(&file)] {
-        if candidate.is_file() {
-            return candidate;
-        }
+    // A dev-dependency build refreshes only deps/; target/debug/ holds the copy of the last
+    // `cargo build -p <plugin>` (or --workspace). The newer one is the current source.
+    let newest = [dir.join(&file), dir.join("deps").join(&file)]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t);
+    if let Some((_, p)) = newest {
+        return p;
     }
     panic!(
         "{file} not found next to {}; run `cargo build --workspace` first",

@@ -9,9 +9,11 @@ use crate::linear::{matmul, matmul_shared, par_units, MatmulScratch};
 use crate::ops::{
     gelu_tanh, gelu_tanh_f16, rms_norm, rms_norm_heads, round_f16, silu, softcap, softmax, Rope,
 };
+use crate::recurrent::{gated_delta_net, short_conv, RecurrentScratch, SeqGroups};
+use crate::state::{LayerStateDims, SeqStates};
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_kernels::dot::dot_f32;
-use berth_plugin_api::{BatchView, LogitsOut, PluginError};
+use berth_plugin_api::{BatchView, LogitsOut, PluginError, Rewind};
 
 /// The gated activation of the FFN: `down(act(gate(x)) * up(x))`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +38,16 @@ impl Activation {
     }
 }
 
+/// How a MoE router turns its logits into expert weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouterScoring {
+    /// Softmax over all experts (Qwen3-MoE, Qwen3.5-MoE).
+    #[default]
+    Softmax,
+    /// An independent sigmoid per expert (LFM2-MoE).
+    Sigmoid,
+}
+
 /// Mixture-of-experts FFN settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeConfig {
@@ -45,6 +57,26 @@ pub struct MoeConfig {
     pub top_k: usize,
     /// Renormalise the top-k router weights to sum to one.
     pub norm_topk_prob: bool,
+    /// Router scores: softmax or sigmoid.
+    pub scoring: RouterScoring,
+    /// Multiplier of the selected experts' weights (`routed_scaling_factor`, default 1).
+    pub routed_scale: f32,
+    /// Added to the weight sum before renormalising (LFM2-MoE: 1e-6; 0 elsewhere).
+    pub norm_eps: f32,
+}
+
+impl MoeConfig {
+    /// Softmax top-k routing (Qwen3-MoE style).
+    pub fn softmax(n_experts: usize, top_k: usize, norm_topk_prob: bool) -> MoeConfig {
+        MoeConfig {
+            n_experts,
+            top_k,
+            norm_topk_prob,
+            scoring: RouterScoring::Softmax,
+            routed_scale: 1.0,
+            norm_eps: 0.0,
+        }
+    }
 }
 
 /// Shape and switches of a decoder.
@@ -103,6 +135,13 @@ pub struct DecoderConfig {
     pub q_prescale: bool,
     /// ggml-cpu's RoPE angles: f32 running products and `cosf`/`sinf` ([`Rope::new_ggml`]).
     pub rope_f32: bool,
+    /// With `rope_dim < head_dim`: pairs are `(j, j + rope_dim/2)` as in HF's partial rotary
+    /// (Qwen3.5) rather than `(j, j + head_dim/2)`.
+    pub rope_partial_pairs: bool,
+    /// Recurrent layers keep a snapshot of their state every this many positions.
+    pub snapshot_every: usize,
+    /// Most snapshots kept per sequence (0: rewinds of recurrent layers only to 0).
+    pub max_snapshots: usize,
 }
 
 impl DecoderConfig {
@@ -134,6 +173,9 @@ impl DecoderConfig {
             kv_f16: false,
             q_prescale: false,
             rope_f32: false,
+            rope_partial_pairs: false,
+            snapshot_every: 64,
+            max_snapshots: 16,
         }
     }
 
@@ -159,26 +201,95 @@ pub struct GatedFfn {
     pub down: Matrix,
 }
 
+/// A shared expert that every token goes through beside the routed ones (Qwen3.5-MoE).
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    /// The expert's FFN.
+    pub ffn: GatedFfn,
+    /// Optional `1 × hidden` gate: the expert's output is scaled by `sigmoid(gate · x)`.
+    pub gate: Option<Matrix>,
+}
+
 /// A layer's feed-forward block.
 #[derive(Clone, Debug)]
 pub enum Ffn {
     /// One gated FFN.
     Dense(GatedFfn),
-    /// A softmax router over experts, top-k.
+    /// A router over experts, top-k ([`MoeConfig`] says how scores are formed).
     Moe {
         /// Router (`n_experts × hidden`).
         router: Matrix,
         /// The experts.
         experts: Vec<GatedFfn>,
+        /// Per-expert bias added to the scores for selection only (LFM2-MoE `expert_bias`).
+        selection_bias: Option<Vec<f32>>,
+        /// Shared expert, if the model has one.
+        shared: Option<SharedExpert>,
     },
 }
 
-/// Weights of one decoder layer.
+/// LFM2's gated short convolution: `out_proj(C · conv(B · x))` with `B, C, x = in_proj(h)`.
 #[derive(Clone, Debug)]
-pub struct LayerWeights {
-    /// Pre-attention norm.
-    pub attn_norm: Vec<f32>,
-    /// Query projection.
+pub struct ShortConv {
+    /// `3·hidden × hidden`: B, C and x, in that order.
+    pub in_proj: Matrix,
+    /// Depthwise taps, `hidden × kernel` (tap `kernel-1` multiplies the newest input).
+    pub conv: Vec<f32>,
+    /// Kernel width (`conv_L_cache`).
+    pub kernel: usize,
+    /// `hidden × hidden`.
+    pub out_proj: Matrix,
+}
+
+/// Qwen3.5's gated delta-net (linear attention with a recurrent matrix state per head).
+#[derive(Clone, Debug)]
+pub struct GatedDeltaNet {
+    /// `2·key_dim + value_dim` rows: q, k and v before the convolution.
+    pub in_qkv: Matrix,
+    /// `value_dim` rows: the output gate z.
+    pub in_z: Matrix,
+    /// `v_heads` rows: beta logits.
+    pub in_b: Matrix,
+    /// `v_heads` rows: decay input.
+    pub in_a: Matrix,
+    /// Depthwise taps over the q/k/v channels, `channels × kernel`.
+    pub conv: Vec<f32>,
+    /// Kernel width.
+    pub kernel: usize,
+    /// `-exp(A_log)` per value head.
+    pub neg_a: Vec<f32>,
+    /// `dt_bias` per value head.
+    pub dt_bias: Vec<f32>,
+    /// Gated RMSNorm weight over one value head (plain `w`).
+    pub norm: Vec<f32>,
+    /// `hidden × value_dim`.
+    pub out_proj: Matrix,
+    /// Key heads.
+    pub k_heads: usize,
+    /// Value heads (a multiple of the key heads).
+    pub v_heads: usize,
+    /// Key head dimension.
+    pub dk: usize,
+    /// Value head dimension.
+    pub dv: usize,
+}
+
+impl GatedDeltaNet {
+    /// Channels through the convolution: `2·k_heads·dk + v_heads·dv`.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.k_heads * self.dk + self.v_heads * self.dv
+    }
+
+    /// Floats of one sequence's recurrent state (`v_heads × dk × dv`).
+    pub fn state_len(&self) -> usize {
+        self.v_heads * self.dk * self.dv
+    }
+}
+
+/// Softmax attention weights (every variant the families use).
+#[derive(Clone, Debug)]
+pub struct AttnWeights {
+    /// Query projection (with `gated`: `2·q_dim` rows, each head's query then its gate).
     pub wq: Matrix,
     /// Key projection.
     pub wk: Matrix,
@@ -196,7 +307,47 @@ pub struct LayerWeights {
     pub q_norm: Option<Vec<f32>>,
     /// Per-head key norm.
     pub k_norm: Option<Vec<f32>>,
-    /// Norm of the attention output (Gemma).
+    /// The output is multiplied by `sigmoid(gate)` from the query projection (Qwen3.5).
+    pub gated: bool,
+}
+
+/// A layer's token mixer.
+#[derive(Clone, Debug)]
+pub enum Mixer {
+    /// Softmax attention over the KV cache.
+    Attention(AttnWeights),
+    /// LFM2's gated short convolution (a convolution window per sequence).
+    ShortConv(ShortConv),
+    /// Qwen3.5's gated delta-net (a convolution window and a matrix state per sequence).
+    GatedDeltaNet(GatedDeltaNet),
+}
+
+impl Mixer {
+    /// The attention weights, if this is an attention layer.
+    pub fn attention(&self) -> Option<&AttnWeights> {
+        match self {
+            Mixer::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The attention weights, mutably.
+    pub fn attention_mut(&mut self) -> Option<&mut AttnWeights> {
+        match self {
+            Mixer::Attention(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Weights of one decoder layer: a norm, a mixer, a norm and a feed-forward.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// Pre-mixer norm.
+    pub attn_norm: Vec<f32>,
+    /// Token mixer.
+    pub mixer: Mixer,
+    /// Norm of the mixer output (Gemma).
     pub post_attn_norm: Option<Vec<f32>>,
     /// Pre-FFN norm.
     pub ffn_norm: Vec<f32>,
@@ -258,55 +409,122 @@ impl DecoderWeights {
                             .zip(downs)
                             .map(|((gate, up), down)| GatedFfn { gate, up, down })
                             .collect(),
+                        selection_bias: None,
+                        shared: None,
                     }
                 }
             };
             let layer = LayerWeights {
                 attn_norm: w.vector(&id(Role::AttnNorm))?,
-                wq: w.matrix(&id(Role::AttnQ))?,
-                wk: w.matrix(&id(Role::AttnK))?,
-                wv: w.matrix(&id(Role::AttnV))?,
-                wo: w.matrix(&id(Role::AttnOut))?,
-                bq: need(w, id(Role::AttnQ).bias(), cfg.qkv_bias)?,
-                bk: need(w, id(Role::AttnK).bias(), cfg.qkv_bias)?,
-                bv: need(w, id(Role::AttnV).bias(), cfg.qkv_bias)?,
-                q_norm: need(w, id(Role::AttnQNorm), cfg.qk_norm)?,
-                k_norm: need(w, id(Role::AttnKNorm), cfg.qk_norm)?,
+                mixer: Mixer::Attention(AttnWeights {
+                    wq: w.matrix(&id(Role::AttnQ))?,
+                    wk: w.matrix(&id(Role::AttnK))?,
+                    wv: w.matrix(&id(Role::AttnV))?,
+                    wo: w.matrix(&id(Role::AttnOut))?,
+                    bq: need(w, id(Role::AttnQ).bias(), cfg.qkv_bias)?,
+                    bk: need(w, id(Role::AttnK).bias(), cfg.qkv_bias)?,
+                    bv: need(w, id(Role::AttnV).bias(), cfg.qkv_bias)?,
+                    q_norm: need(w, id(Role::AttnQNorm), cfg.qk_norm)?,
+                    k_norm: need(w, id(Role::AttnKNorm), cfg.qk_norm)?,
+                    gated: false,
+                }),
                 post_attn_norm: need(w, id(Role::PostAttnNorm), cfg.post_norms)?,
                 ffn_norm: w.vector(&id(Role::FfnNorm))?,
                 post_ffw_norm: need(w, id(Role::PostFfwNorm), cfg.post_norms)?,
                 ffn,
             };
-            check_layer(&layer, cfg, i)?;
             layers.push(layer);
         }
-        if embed.cols != cfg.hidden || output.cols != cfg.hidden {
+        DecoderWeights::new(cfg, embed, layers, w.vector(&TensorId::global(Role::OutputNorm))?, output)
+    }
+
+    /// Assembles weights a family mapped itself, checking every layer's shapes against `cfg`.
+    pub fn new(
+        cfg: &DecoderConfig,
+        embed: Matrix,
+        layers: Vec<LayerWeights>,
+        output_norm: Vec<f32>,
+        output: Matrix,
+    ) -> Result<DecoderWeights, PluginError> {
+        if layers.len() != cfg.n_layers {
             return Err(PluginError::failed(format!(
-                "embedding/output width {}/{} differs from hidden size {}",
-                embed.cols, output.cols, cfg.hidden
+                "{} layers mapped; the config has {}",
+                layers.len(),
+                cfg.n_layers
+            )));
+        }
+        for (i, l) in layers.iter().enumerate() {
+            check_layer(l, cfg, i)?;
+        }
+        if embed.cols != cfg.hidden || output.cols != cfg.hidden || output_norm.len() != cfg.hidden {
+            return Err(PluginError::failed(format!(
+                "embedding/output/norm width {}/{}/{} differs from hidden size {}",
+                embed.cols,
+                output.cols,
+                output_norm.len(),
+                cfg.hidden
             )));
         }
         Ok(DecoderWeights {
             embed,
             layers,
-            output_norm: w.vector(&TensorId::global(Role::OutputNorm))?,
+            output_norm,
             output,
         })
     }
 }
 
 fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
+    let h = cfg.hidden;
+    if l.attn_norm.len() != h || l.ffn_norm.len() != h {
+        return Err(PluginError::failed(format!("layer {i}: norm widths differ from hidden {h}")));
+    }
+    let mixer_ok = match &l.mixer {
+        Mixer::Attention(a) => return check_attention(a, cfg, i),
+        Mixer::ShortConv(c) => {
+            c.in_proj.rows == 3 * h
+                && c.in_proj.cols == h
+                && c.out_proj.rows == h
+                && c.out_proj.cols == h
+                && c.conv.len() == h * c.kernel
+                && c.kernel >= 1
+        }
+        Mixer::GatedDeltaNet(d) => {
+            let (kd, vd) = (d.k_heads * d.dk, d.v_heads * d.dv);
+            d.k_heads > 0
+                && d.v_heads % d.k_heads == 0
+                && d.in_qkv.rows == 2 * kd + vd
+                && d.in_qkv.cols == h
+                && d.in_z.rows == vd
+                && d.in_b.rows == d.v_heads
+                && d.in_a.rows == d.v_heads
+                && d.conv.len() == d.conv_channels() * d.kernel
+                && d.kernel >= 1
+                && d.neg_a.len() == d.v_heads
+                && d.dt_bias.len() == d.v_heads
+                && d.norm.len() == d.dv
+                && d.out_proj.rows == h
+                && d.out_proj.cols == vd
+        }
+    };
+    if !mixer_ok {
+        return Err(PluginError::failed(format!("layer {i}: mixer shapes do not fit hidden {h}")));
+    }
+    Ok(())
+}
+
+fn check_attention(a: &AttnWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
     let (h, q, kv) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
-    let ok = l.wq.rows == q
+    let l = a;
+    let q_rows = if a.gated { 2 * q } else { q };
+    let ok = l.wq.rows == q_rows
         && l.wq.cols == h
         && l.wk.rows == kv
         && l.wk.cols == h
         && l.wv.rows == kv
         && l.wv.cols == h
         && l.wo.rows == h
-        && l.wo.cols == q
-        && l.attn_norm.len() == h
-        && l.ffn_norm.len() == h;
+        && l.wo.cols == q;
     if !ok {
         return Err(PluginError::failed(format!(
             "layer {i}: attention shapes q {:?} k {:?} v {:?} o {:?} do not fit hidden {h}, {} heads, {} kv heads of {}",
@@ -336,6 +554,9 @@ struct Scratch {
     head_in: Vec<f32>,
     logits: Vec<f32>,
     cs: Vec<(f32, f32)>,
+    qgate: Vec<f32>,
+    groups: SeqGroups,
+    rec: RecurrentScratch,
     mm: MatmulScratch,
     seq_next: Vec<Option<usize>>,
     rows: Vec<(usize, usize)>,
@@ -362,8 +583,10 @@ pub struct Decoder {
     pub cfg: DecoderConfig,
     /// Weights.
     pub weights: DecoderWeights,
-    /// KV cache of every sequence.
+    /// KV cache of every sequence (attention layers).
     pub kv: KvCache,
+    /// Convolution and recurrent state of every sequence (the other layers).
+    pub states: SeqStates,
     /// Compute threads.
     pub threads: usize,
     ropes: Vec<Rope>,
@@ -388,18 +611,44 @@ impl Decoder {
                 if cfg.rope_f32 {
                     return Rope::new_ggml(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox, 1.0 / f);
                 }
-                let mut r = Rope::new(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox);
+                let mut r = if cfg.rope_partial_pairs {
+                    Rope::new_partial(b, cfg.head_dim, cfg.rope_dim)
+                } else {
+                    Rope::new(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox)
+                };
                 if f != 1.0 {
                     r.inv_freq.iter_mut().for_each(|v| *v /= f);
                 }
                 r
             })
             .collect();
-        let kv = KvCache::new(vec![cfg.kv_dim(); cfg.n_layers], max_seqs, max_len);
+        let kv_dims = weights
+            .layers
+            .iter()
+            .map(|l| if l.mixer.attention().is_some() { cfg.kv_dim() } else { 0 })
+            .collect();
+        let kv = KvCache::new(kv_dims, max_seqs, max_len);
+        let state_dims = weights
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Attention(_) => LayerStateDims::default(),
+                Mixer::ShortConv(c) => LayerStateDims {
+                    conv: (c.kernel - 1) * c.out_proj.rows,
+                    recurrent: 0,
+                },
+                Mixer::GatedDeltaNet(d) => LayerStateDims {
+                    conv: (d.kernel - 1) * d.conv_channels(),
+                    recurrent: d.state_len(),
+                },
+            })
+            .collect();
+        let states = SeqStates::new(state_dims, max_seqs, cfg.snapshot_every, cfg.max_snapshots);
         Decoder {
             cfg,
             weights,
             kv,
+            states,
             threads: threads.max(1),
             ropes,
             s: Scratch::default(),
@@ -416,9 +665,26 @@ impl Decoder {
         Ok(self.kv.seq_len(self.kv.check_seq(seq)?))
     }
 
-    /// Drops every position at or after `len` from a sequence.
+    /// How far back a sequence can be cut: anywhere without recurrent layers, else to the
+    /// snapshots [`SeqStates`] keeps (or only to 0 when it keeps none).
+    pub fn rewind(&self) -> Rewind {
+        if !self.states.is_recurrent() {
+            Rewind::Anywhere
+        } else if self.states.max_snapshots() == 0 {
+            Rewind::OnlyToStart
+        } else {
+            Rewind::Snapshots {
+                every: self.states.every() as u32,
+            }
+        }
+    }
+
+    /// Drops every position at or after `len` from a sequence; recurrent layers refuse a
+    /// position they hold no snapshot of (the sequence is then unchanged).
     pub fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
         let s = self.kv.check_seq(seq)?;
+        let current = self.kv.seq_len(s);
+        self.states.truncate(s, len as usize, current)?;
         self.kv.truncate(s, len as usize);
         Ok(())
     }
@@ -427,6 +693,7 @@ impl Decoder {
     pub fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
         let (s, d) = (self.kv.check_seq(src)?, self.kv.check_seq(dst)?);
         self.kv.fork(s, d);
+        self.states.fork(s, d);
         Ok(())
     }
 
@@ -543,6 +810,9 @@ impl Decoder {
             std::mem::take(&mut s.want),
             std::mem::take(&mut s.dest),
         );
+        if self.states.is_recurrent() {
+            self.s.groups.build(&self.s.rows);
+        }
         self.forward(&tokens, &want, (gemm, head_gemm), &dest, logits);
         (self.s.tokens, self.s.want, self.s.dest) = (tokens, want, dest);
         let s = &mut self.s;
@@ -596,41 +866,71 @@ impl Decoder {
                     &mut xn[i * h..(i + 1) * h],
                 );
             }
-            let q = grow(&mut s.q, n * qd);
-            let k = grow(&mut s.k, n * kvd);
-            let v = grow(&mut s.v, n * kvd);
-            let mut qkv = [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)];
-            matmul_shared(xn, n, &mut qkv, &mut s.mm, threads);
-            for i in 0..n {
-                let (qr, kr, vr) = (
-                    &mut q[i * qd..(i + 1) * qd],
-                    &mut k[i * kvd..(i + 1) * kvd],
-                    &mut v[i * kvd..(i + 1) * kvd],
-                );
-                add_bias(qr, lw.bq.as_deref());
-                add_bias(kr, lw.bk.as_deref());
-                add_bias(vr, lw.bv.as_deref());
-                if let Some(qn) = &lw.q_norm {
-                    rms_norm_heads(qr, qn, cfg.eps, cfg.norm_add_one);
-                }
-                if let Some(kn) = &lw.k_norm {
-                    rms_norm_heads(kr, kn, cfg.eps, cfg.norm_add_one);
-                }
-                let (seq, pos) = s.rows[i];
-                self.ropes[l].angles(pos, &mut s.cs);
-                self.ropes[l].apply(qr, &s.cs);
-                self.ropes[l].apply(kr, &s.cs);
-                if cfg.kv_f16 {
-                    kr.iter_mut()
-                        .chain(vr.iter_mut())
-                        .for_each(|x| *x = round_f16(*x));
-                }
-                kv.write(seq, l, pos, kr, vr);
-            }
-            let att = grow(&mut s.att, n * qd);
-            attention(cfg, kv, l, &s.rows, &s.per_seq, q, att, threads);
             let o = grow(&mut s.o, n * h);
-            matmul(&lw.wo, att, n, o, &mut s.mm, threads);
+            match &lw.mixer {
+                Mixer::Attention(aw) => {
+                    let q_rows = if aw.gated { 2 * qd } else { qd };
+                    let q = grow(&mut s.q, n * q_rows);
+                    let k = grow(&mut s.k, n * kvd);
+                    let v = grow(&mut s.v, n * kvd);
+                    let mut qkv = [(&aw.wq, &mut *q), (&aw.wk, &mut *k), (&aw.wv, &mut *v)];
+                    matmul_shared(xn, n, &mut qkv, &mut s.mm, threads);
+                    if aw.gated {
+                        split_query_gate(q, grow(&mut s.qgate, n * qd), n, cfg.n_heads, cfg.head_dim);
+                    }
+                    let q = &mut s.q[..n * qd];
+                    for i in 0..n {
+                        let (qr, kr, vr) = (
+                            &mut q[i * qd..(i + 1) * qd],
+                            &mut k[i * kvd..(i + 1) * kvd],
+                            &mut v[i * kvd..(i + 1) * kvd],
+                        );
+                        add_bias(qr, aw.bq.as_deref());
+                        add_bias(kr, aw.bk.as_deref());
+                        add_bias(vr, aw.bv.as_deref());
+                        if let Some(qn) = &aw.q_norm {
+                            rms_norm_heads(qr, qn, cfg.eps, cfg.norm_add_one);
+                        }
+                        if let Some(kn) = &aw.k_norm {
+                            rms_norm_heads(kr, kn, cfg.eps, cfg.norm_add_one);
+                        }
+                        let (seq, pos) = s.rows[i];
+                        self.ropes[l].angles(pos, &mut s.cs);
+                        self.ropes[l].apply(qr, &s.cs);
+                        self.ropes[l].apply(kr, &s.cs);
+                        if cfg.kv_f16 {
+                            kr.iter_mut()
+                                .chain(vr.iter_mut())
+                                .for_each(|x| *x = round_f16(*x));
+                        }
+                        kv.write(seq, l, pos, kr, vr);
+                    }
+                    let att = grow(&mut s.att, n * qd);
+                    attention(cfg, kv, l, &s.rows, &s.per_seq, q, att, threads);
+                    if aw.gated {
+                        att.iter_mut()
+                            .zip(&s.qgate[..n * qd])
+                            .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()));
+                    }
+                    matmul(&aw.wo, att, n, o, &mut s.mm, threads);
+                }
+                Mixer::ShortConv(c) => {
+                    short_conv(c, l, xn, n, &s.groups, &mut self.states, o, &mut s.rec, &mut s.mm, threads)
+                }
+                Mixer::GatedDeltaNet(d) => gated_delta_net(
+                    d,
+                    l,
+                    cfg.eps,
+                    xn,
+                    n,
+                    &s.groups,
+                    &mut self.states,
+                    o,
+                    &mut s.rec,
+                    &mut s.mm,
+                    threads,
+                ),
+            }
             let x = &mut s.x[..n * h];
             let xn = &mut s.xn[..n * h];
             for i in 0..n {
@@ -666,7 +966,12 @@ impl Decoder {
                     &mut s.mm,
                     threads,
                 ),
-                Ffn::Moe { router, experts } => {
+                Ffn::Moe {
+                    router,
+                    experts,
+                    selection_bias,
+                    shared,
+                } => {
                     let moe = cfg.moe.expect("MoE weights need a MoE config");
                     let ne = router.rows;
                     let r = grow(&mut s.router, n * ne);
@@ -675,25 +980,29 @@ impl Decoder {
                     s.assign.iter_mut().for_each(Vec::clear);
                     for i in 0..n {
                         let p = &mut r[i * ne..(i + 1) * ne];
-                        softmax(p);
+                        match moe.scoring {
+                            RouterScoring::Softmax => softmax(p),
+                            RouterScoring::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+                        }
+                        let score = |e: usize| p[e] + selection_bias.as_ref().map_or(0.0, |b| b[e]);
                         let mut picked = [(0usize, 0.0f32); 64];
                         let k = moe.top_k.min(ne).min(64);
                         for slot in 0..k {
                             let mut best = usize::MAX;
-                            for (e, &pe) in p.iter().enumerate() {
+                            for e in 0..ne {
                                 if picked[..slot].iter().any(|&(pe2, _)| pe2 == e) {
                                     continue;
                                 }
-                                if best == usize::MAX || pe > p[best] {
+                                if best == usize::MAX || score(e) > score(best) {
                                     best = e;
                                 }
                             }
                             picked[slot] = (best, p[best]);
                         }
-                        let sum: f32 = picked[..k].iter().map(|x| x.1).sum();
+                        let sum: f32 = picked[..k].iter().map(|x| x.1).sum::<f32>() + moe.norm_eps;
                         for &(e, pe) in &picked[..k] {
                             let wgt = if moe.norm_topk_prob { pe / sum } else { pe };
-                            s.assign[e].push((i, wgt));
+                            s.assign[e].push((i, wgt * moe.routed_scale));
                         }
                     }
                     out.fill(0.0);
@@ -725,6 +1034,34 @@ impl Decoder {
                                 .iter_mut()
                                 .zip(&eo[j * h..(j + 1) * h])
                                 .for_each(|(a, b)| *a += wgt * b);
+                        }
+                    }
+                    if let Some(se) = shared {
+                        let so = grow(&mut s.moe_out, n * h);
+                        gated_ffn(
+                            &se.ffn,
+                            cfg.activation,
+                            xn,
+                            n,
+                            so,
+                            &mut s.gate,
+                            &mut s.up,
+                            &mut s.mm,
+                            threads,
+                        );
+                        let sg = grow(&mut s.moe_in, n);
+                        match &se.gate {
+                            Some(g) => {
+                                matmul(g, xn, n, sg, &mut s.mm, threads);
+                                sg.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
+                            }
+                            None => sg.fill(1.0),
+                        }
+                        for i in 0..n {
+                            out[i * h..(i + 1) * h]
+                                .iter_mut()
+                                .zip(&so[i * h..(i + 1) * h])
+                                .for_each(|(a, b)| *a += sg[i] * b);
                         }
                     }
                     s.mm.gemm_rows = Some(gemm.0);
@@ -776,6 +1113,19 @@ impl Decoder {
             let dst = logits.row_mut(dest[j]);
             dst[..vocab].copy_from_slice(src);
             dst[vocab..].fill(f32::NEG_INFINITY);
+        }
+    }
+}
+
+/// Splits a gated query projection (`[row][head][query | gate]`) into the queries, compacted in
+/// place to `[row][head][query]`, and the gates.
+fn split_query_gate(q: &mut [f32], gate: &mut [f32], n: usize, heads: usize, hd: usize) {
+    for i in 0..n {
+        for hh in 0..heads {
+            let src = (i * heads + hh) * 2 * hd;
+            let dst = (i * heads + hh) * hd;
+            gate[dst..dst + hd].copy_from_slice(&q[src + hd..src + 2 * hd]);
+            q.copy_within(src..src + hd, dst);
         }
     }
 }

@@ -5,20 +5,34 @@
 //! - [`linear`]: batched, threaded matrix products over any weight type.
 //! - [`ops`]: f32 RMS norm, activations, softmax, RoPE, softcap.
 //! - [`kv`]: the per-sequence KV cache.
+//! - [`state`]: per-sequence convolution and recurrent state, with snapshots for rewinds.
+//! - [`recurrent`]: the recurrent mixers (LFM2's short convolution, Qwen3.5's gated delta-net).
 //! - [`decoder`]: a generic pre-norm transformer decoder running multi-sequence batches.
+//! - [`family`]: what every family plugin shares: weight files, configs, special tokens, the
+//!   plugin `Model` over the decoder ([`DecoderModel`]).
+//! - [`testing`]: checks every family runs in its tests (reference logits, batching, fork,
+//!   rewind).
 //! - [`npy`]: a float32 `.npy` reader for reference comparisons.
 //! - [`ggml`]: emulation of llama.cpp's (ggml-cpu's) f16 attention arithmetic.
 
 #![warn(missing_docs)]
 
 pub mod decoder;
+pub mod family;
 pub mod ggml;
 pub mod kv;
 pub mod linear;
 pub mod npy;
 pub mod ops;
+pub mod recurrent;
+pub mod state;
+pub mod testing;
 pub mod weights;
 
-pub use decoder::{Activation, Decoder, DecoderConfig, DecoderWeights, MoeConfig};
+pub use decoder::{
+    Activation, AttnWeights, Decoder, DecoderConfig, DecoderWeights, Ffn, GatedDeltaNet, GatedFfn, LayerWeights, Mixer,
+    MoeConfig, RouterScoring, SharedExpert, ShortConv,
+};
+pub use family::DecoderModel;
 pub use kv::KvCache;
 pub use weights::{HfNames, Matrix, Role, TensorId, WeightFormat, Weights};

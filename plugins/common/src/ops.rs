@@ -112,6 +112,9 @@ pub struct Rope {
     pub head_dim: usize,
     /// NeoX / rotate_half layout.
     pub neox: bool,
+    /// NeoX pair distance: `head_dim / 2` (llama.cpp, Gemma 4's proportional RoPE), or
+    /// `rot_dim / 2` when only the first `rot_dim` dimensions rotate (HF partial rotary, Qwen3.5).
+    pub half: usize,
     /// ggml's f32 angles: `theta_j = pos · base^(-2/rot_dim)^j` as a running f32 product, then
     /// `cosf`/`sinf` (instead of f64 angles from `inv_freq`).
     pub ggml: Option<GgmlRope>,
@@ -136,7 +139,17 @@ impl Rope {
             inv_freq,
             head_dim,
             neox,
+            half: head_dim / 2,
             ggml: None,
+        }
+    }
+
+    /// HF's partial rotary embedding: only the first `rot_dim` dimensions of each head rotate,
+    /// paired `(j, j + rot_dim/2)` (transformers' `partial_rotary_factor`).
+    pub fn new_partial(base: f32, head_dim: usize, rot_dim: usize) -> Rope {
+        Rope {
+            half: rot_dim / 2,
+            ..Rope::new(base, head_dim, rot_dim, true)
         }
     }
 
@@ -173,7 +186,7 @@ impl Rope {
     /// Rotates every head of `x` (heads of `head_dim`) by precomputed angles.
     pub fn apply(&self, x: &mut [f32], cs: &[(f32, f32)]) {
         let d = self.head_dim;
-        let half = d / 2;
+        let half = self.half;
         for head in x.chunks_exact_mut(d) {
             for (j, &(c, s)) in cs.iter().enumerate() {
                 let (a, b) = if self.neox {

@@ -734,6 +734,7 @@ pub fn proportional_rope(base: f32, head_dim: usize, partial: f32, factor: f32) 
         inv_freq,
         head_dim,
         neox: true,
+        half: head_dim / 2,
         ggml: None,
     }
 }

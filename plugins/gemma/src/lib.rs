@@ -202,8 +202,10 @@ fn dequantize_common(w: &mut DecoderWeights) {
     w.embed = to_f32(&w.embed);
     w.output = to_f32(&w.output);
     for l in &mut w.layers {
-        for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo] {
-            *m = to_f32(m);
+        if let Some(a) = l.mixer.attention_mut() {
+            for m in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo] {
+                *m = to_f32(m);
+            }
         }
         if let Ffn::Dense(f) = &mut l.ffn {
             for m in [&mut f.gate, &mut f.up, &mut f.down] {
@@ -776,6 +778,7 @@ impl GemmaModel {
                 "special_tokens": l.special,
                 "threads": threads,
             }),
+            rewind: Default::default(),
         };
         Ok(GemmaModel {
             engine,

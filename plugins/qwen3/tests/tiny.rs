@@ -1,17 +1,16 @@
 //! The plugin against the tiny HF reference models: full-sequence and token-by-token logits, and
 //! the multi-sequence batch contract (batching, truncate, fork).
 
-use berth_plugin_api::{BatchView, ErrorKind, Family, LoadConfig, LogitsOut, Model};
+use berth_plugin_api::{BatchView, ErrorKind, Family, LoadConfig, LogitsOut, Model, Rewind};
 use berth_plugin_common::npy::read_npy_f32;
+use berth_plugin_common::testing::{
+    assert_close, check_batched_equals_alone, check_fork, check_rewind, check_tiny_reference, decode, tiny_fixture,
+    TINY_IDS as IDS,
+};
 use berth_qwen3::{QwenFamily, QwenModel};
-use std::path::PathBuf;
 
-const IDS: [i32; 8] = [1, 17, 42, 256, 100, 31, 7, 511];
-
-fn fixture(name: &str) -> PathBuf {
-    berth_plugin_common::npy::shared_fixtures()
-        .join("reference-tiny")
-        .join(name)
+fn fixture(name: &str) -> std::path::PathBuf {
+    tiny_fixture(name)
 }
 
 fn load(name: &str) -> QwenModel {
@@ -26,49 +25,8 @@ fn load(name: &str) -> QwenModel {
     QwenFamily::create(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn decode(m: &mut QwenModel, tokens: &[i32], positions: &[i32], seqs: &[i32], want: &[u8]) -> Vec<f32> {
-    let v = m.describe().vocab_size as usize;
-    let rows = want.iter().filter(|&&w| w != 0).count();
-    let mut out = vec![0.0; rows * v];
-    let b = BatchView {
-        tokens,
-        positions,
-        seq_ids: seqs,
-        want_logits: want,
-    };
-    m.decode(&b, &mut LogitsOut::new(&mut out, v)).unwrap();
-    out
-}
-
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let max_logit = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
-    let max_diff = got
-        .iter()
-        .zip(want)
-        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
-    assert!(
-        max_diff <= 1e-3 * max_logit,
-        "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}"
-    );
-}
-
 fn check_reference(name: &str) {
-    let dir = fixture(name);
-    let full = read_npy_f32(dir.join("logits.npy")).unwrap();
-    let stepwise = read_npy_f32(dir.join("decode_logits.npy")).unwrap();
-    let mut m = load(name);
-    let v = m.describe().vocab_size as usize;
-    assert_eq!(full.shape, vec![8, v]);
-
-    let pos: Vec<i32> = (0..8).collect();
-    let got = decode(&mut m, &IDS, &pos, &[0; 8], &[1; 8]);
-    assert_close(&got, &full.data, &format!("{name} full forward"));
-
-    for (i, &t) in IDS.iter().enumerate() {
-        let got = decode(&mut m, &[t], &[i as i32], &[1], &[1]);
-        assert_close(&got, stepwise.row(i), &format!("{name} decode step {i}"));
-    }
+    check_tiny_reference(&mut load(name), name);
 }
 
 #[test]
@@ -79,6 +37,40 @@ fn qwen3_tiny_matches_reference_logits() {
 #[test]
 fn qwen3_moe_tiny_matches_reference_logits() {
     check_reference("qwen3_moe");
+}
+
+#[test]
+fn qwen3_5_tiny_matches_reference_logits() {
+    check_reference("qwen3_5");
+}
+
+#[test]
+fn qwen3_5_moe_tiny_matches_reference_logits() {
+    check_reference("qwen3_5_moe");
+}
+
+#[test]
+fn qwen3_5_reports_snapshot_rewinds_and_attention_only_models_anywhere() {
+    assert_eq!(load("qwen3_5").describe().rewind, Rewind::Snapshots { every: 64 });
+    assert_eq!(load("qwen3").describe().rewind, Rewind::Anywhere);
+}
+
+#[test]
+fn qwen3_5_batched_sequences_decode_as_alone() {
+    check_batched_equals_alone(&mut load("qwen3_5"), 512);
+    check_batched_equals_alone(&mut load("qwen3_5_moe"), 512);
+}
+
+#[test]
+fn qwen3_5_fork_continues_like_a_fresh_prefill() {
+    check_fork(&mut load("qwen3_5"), 512);
+    check_fork(&mut load("qwen3_5_moe"), 512);
+}
+
+#[test]
+fn qwen3_5_rewind_to_a_snapshot_matches_a_fresh_prefill() {
+    check_rewind(&mut load("qwen3_5"), 512);
+    check_rewind(&mut load("qwen3_5_moe"), 512);
 }
 
 #[test]

@@ -6,14 +6,23 @@
 //! `trigger` occurs in it (or the first entry without a trigger), finds how much of that entry's
 //! `reply` the sequence already ends with, and puts a peak logit on the next reply token (or on the
 //! first stop token once the reply is complete). Greedy decoding therefore replays the reply.
-//! A batch containing `panic_token` panics inside `decode`, for testing panic containment.
+//! A batch containing `panic_token` panics inside `decode`, for testing panic containment;
+//! `step_delay_ms` makes every `decode` call take that long (a slow model keeps streams running).
+//!
+//! Rewinds: `rewind` is the rule the model reports (`"anywhere"`, `{"every": N}`, `"start"`),
+//! `enforce_rewind` the rule `seq_truncate` applies (default: the reported one; also `"never"`,
+//! which refuses even a truncate to 0), so a test can make it refuse rewinds the host believed
+//! allowed. When the script names a `truncate_log`, every `seq_truncate` call is appended to it
+//! as a JSON line (`{"seq", "from", "len", "ok"}`).
 
 use berth_plugin_api::abi::{CAP_THINKING, CAP_TOOLS};
 use berth_plugin_api::{
-    BatchView, Family, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
+    BatchView, Family, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest, Rewind,
 };
 use serde::Deserialize;
 use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
 
 /// One scripted reply, chosen when its trigger occurs in the sequence.
 #[derive(Clone, Debug, Deserialize)]
@@ -52,11 +61,70 @@ pub struct Script {
     /// A token that makes `decode` panic (for panic-containment tests).
     #[serde(default)]
     pub panic_token: Option<i32>,
+    /// Milliseconds every `decode` call sleeps (0: none).
+    #[serde(default)]
+    pub step_delay_ms: u64,
     /// Height of the logit peak on the scripted token.
     #[serde(default = "default_peak")]
     pub peak: f32,
+    /// The rewind rule the model reports.
+    #[serde(default)]
+    pub rewind: RewindRule,
+    /// The rewind rule `seq_truncate` enforces; `None` enforces the reported one.
+    #[serde(default)]
+    pub enforce_rewind: Option<RewindRule>,
+    /// A file every `seq_truncate` call is appended to, one JSON line each.
+    #[serde(default)]
+    pub truncate_log: Option<PathBuf>,
     /// The replies.
     pub entries: Vec<ScriptEntry>,
+}
+
+/// A rewind rule as a script writes it: `"anywhere"`, `{"every": N}`, `"start"` or `"never"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewindRule {
+    /// Any length.
+    #[default]
+    Anywhere,
+    /// Multiples of N, 0 and the current length.
+    Every(u32),
+    /// Only 0 and the current length.
+    Start,
+    /// Only the current length (enforced only; reported as `start`): even a reset fails.
+    Never,
+}
+
+impl RewindRule {
+    /// The rule as the ABI reports it.
+    pub fn reported(self) -> Rewind {
+        match self {
+            RewindRule::Anywhere => Rewind::Anywhere,
+            RewindRule::Every(every) => Rewind::Snapshots { every },
+            RewindRule::Start | RewindRule::Never => Rewind::OnlyToStart,
+        }
+    }
+
+    /// Whether a sequence of `current` tokens may be truncated to `len`.
+    pub fn allows(self, len: u32, current: u32) -> bool {
+        match self {
+            RewindRule::Never => len >= current,
+            other => other.reported().allows(len, current),
+        }
+    }
+}
+
+/// One `seq_truncate` call as the model saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TruncateCall {
+    /// The sequence.
+    pub seq: i32,
+    /// Its length before the call.
+    pub from: u32,
+    /// The length asked for.
+    pub len: u32,
+    /// Whether the call was accepted.
+    pub ok: bool,
 }
 
 fn default_vocab() -> u32 {
@@ -141,6 +209,21 @@ impl ScriptedModel {
         })
     }
 
+    /// Appends a truncate call to the script's `truncate_log`, if it names one.
+    fn record(&self, call: TruncateCall) {
+        if let Some(path) = &self.script.truncate_log {
+            let line = serde_json::to_string(&call).expect("a truncate call serializes");
+            let appended = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| writeln!(f, "{line}"));
+            if let Err(e) = appended {
+                eprintln!("scripted: cannot append to {}: {e}", path.display());
+            }
+        }
+    }
+
     fn check_seq(&self, seq: i32) -> Result<(), PluginError> {
         if seq < 0 || seq >= self.script.max_sequences as i32 {
             return Err(PluginError::invalid_argument(format!(
@@ -192,11 +275,16 @@ impl Model for ScriptedModel {
                 "architecture": "scripted",
                 "special_tokens": self.script.special_tokens,
             }),
+            rewind: self.script.rewind.reported(),
+            ..Default::default()
         }
     }
 
     fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
         batch.validate()?;
+        if self.script.step_delay_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(self.script.step_delay_ms));
+        }
         if let Some(p) = self.script.panic_token {
             if batch.tokens.contains(&p) {
                 panic!("scripted panic: token {p} in batch");
@@ -247,6 +335,15 @@ impl Model for ScriptedModel {
 
     fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
         self.check_seq(seq)?;
+        let from = self.sequences.get(&seq).map_or(0, |h| h.len() as u32);
+        let rule = self.script.enforce_rewind.unwrap_or(self.script.rewind);
+        let ok = rule.allows(len, from);
+        self.record(TruncateCall { seq, from, len, ok });
+        if !ok {
+            return Err(PluginError::failed(format!(
+                "sequence {seq} holds {from} tokens and cannot rewind to {len} ({rule:?})"
+            )));
+        }
         if let Some(h) = self.sequences.get_mut(&seq) {
             h.truncate(len as usize);
         }
@@ -410,6 +507,61 @@ mod tests {
         assert_eq!(m.decode(&b, &mut two).unwrap(), 2);
         assert_eq!(greedy(&two[..512]), 5);
         assert_eq!(greedy(&two[512..]), 0);
+    }
+
+    #[test]
+    fn the_rewind_rule_is_reported_enforced_and_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("truncates.jsonl");
+        let cfg = load_config(
+            dir.path(),
+            serde_json::json!({"rewind": {"every": 4}, "truncate_log": log,
+                "entries": [{"reply": [5]}]}),
+        );
+        let mut m = plugin().create(&cfg).unwrap();
+        assert_eq!(m.description().rewind, Rewind::Snapshots { every: 4 });
+        let mut logits = vec![0.0; 512];
+        let b = BatchView {
+            tokens: &[1, 2, 3, 4, 5, 6, 7],
+            positions: &[0, 1, 2, 3, 4, 5, 6],
+            seq_ids: &[0; 7],
+            want_logits: &[0, 0, 0, 0, 0, 0, 1],
+        };
+        m.decode(&b, &mut logits).unwrap();
+        m.seq_truncate(0, 7).unwrap();
+        assert!(m.seq_truncate(0, 6).is_err(), "6 is no snapshot");
+        m.seq_truncate(0, 4).unwrap();
+        m.seq_truncate(0, 0).unwrap();
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let oks: Vec<(u64, u64, bool)> = lines
+            .iter()
+            .map(|l| {
+                (
+                    l["from"].as_u64().unwrap(),
+                    l["len"].as_u64().unwrap(),
+                    l["ok"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(oks, vec![(7, 7, true), (7, 6, false), (7, 4, true), (4, 0, true)]);
+
+        let never = load_config(
+            dir.path(),
+            serde_json::json!({"enforce_rewind": "never", "entries": [{"reply": [5]}]}),
+        );
+        let mut m = plugin().create(&never).unwrap();
+        assert_eq!(
+            m.description().rewind,
+            Rewind::Anywhere,
+            "reports what `rewind` says"
+        );
+        m.decode(&b, &mut logits).unwrap();
+        assert!(m.seq_truncate(0, 0).is_err());
+        m.seq_truncate(0, 7).unwrap();
     }
 
     #[test]

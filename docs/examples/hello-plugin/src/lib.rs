@@ -118,6 +118,8 @@ impl Model for HelloModel {
             capabilities: 0,
             stop_tokens: vec![STOP],
             extra: serde_json::json!({ "architecture": "hello" }),
+            // Fields added by later ABI minors (e.g. `rewind`) keep their defaults.
+            ..Default::default()
         }
     }
 

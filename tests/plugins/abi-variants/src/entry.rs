@@ -18,12 +18,14 @@ pub const MAX_SEQUENCES: u32 = 4;
 static STOP_TOKENS: [i32; 1] = [0];
 /// Everything else the model reports.
 const EXTRA_JSON: &str = r#"{"architecture": "abi-test"}"#;
+/// The `newer` variant rewinds to snapshots every this many positions (an ABI 1.2 field).
+pub const SNAPSHOT_EVERY: u32 = 16;
 
-/// The 1.1 layout of the entry table plus one trailing field (ABI 1.2).
+/// The 1.2 layout of the entry table (unchanged since 1.0) plus one trailing field (ABI 1.3).
 #[cfg(feature = "newer")]
 #[repr(C)]
 pub struct EntryTable {
-    /// Struct header: this struct's own (larger) size, ABI 1.2.
+    /// Struct header: this struct's own (larger) size, ABI 1.3.
     pub header: Header,
     /// `FLAG_*` bits.
     pub flags: u32,
@@ -35,18 +37,19 @@ pub struct EntryTable {
     pub create: Option<
         unsafe extern "C" fn(load_config_json: StrRef, out: *mut Instance, err: *mut ErrorBuf) -> Status,
     >,
-    /// A field from the future that a 1.1 host never reads.
+    /// A field from the future that a 1.2 host never reads.
     pub future_flags: u64,
 }
 /// The entry table layout of ABI 1.0 to 2.0 (unchanged).
 #[cfg(not(feature = "newer"))]
 pub use abi::EntryTable;
 
-/// The 1.1 vtable plus one trailing entry (ABI 1.2).
-#[cfg(feature = "newer")]
+/// The 1.1-1.2 vtable (its `model_info` filling this variant's model info), plus, in `newer`,
+/// one trailing entry (ABI 1.3).
+#[cfg(any(feature = "newer", feature = "v1_1"))]
 #[repr(C)]
 pub struct ModelVtable {
-    /// Struct header: this struct's own (larger) size, ABI 1.2.
+    /// Struct header: this struct's own size (larger than the host's in `newer`).
     pub header: Header,
     /// Releases the instance.
     pub destroy: Option<unsafe extern "C" fn(handle: *mut c_void)>,
@@ -75,7 +78,8 @@ pub struct ModelVtable {
     /// Copies a sequence (ABI 1.1).
     pub seq_fork:
         Option<unsafe extern "C" fn(handle: *mut c_void, src: i32, dst: i32, err: *mut ErrorBuf) -> Status>,
-    /// An entry from the future that a 1.1 host never calls.
+    /// An entry from the future that a 1.2 host never calls.
+    #[cfg(feature = "newer")]
     pub future_entry: Option<unsafe extern "C" fn(handle: *mut c_void) -> Status>,
 }
 
@@ -111,16 +115,16 @@ pub struct ModelVtable {
         Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, len: u32, err: *mut ErrorBuf) -> Status>,
 }
 
-/// The vtable layout of ABI 1.1 (the `v2` variant reuses it under another major).
+/// The vtable layout of ABI 1.1-1.2 (the `v2` variant reuses it under another major).
 #[cfg(feature = "v2")]
 pub use abi::ModelVtable;
 
-/// The 1.1 model info plus one trailing field (ABI 1.2).
+/// The 1.2 model info plus one trailing field (ABI 1.3).
 #[cfg(feature = "newer")]
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ModelInfo {
-    /// Struct header: how much was written, ABI 1.2.
+    /// Struct header: how much was written, ABI 1.3.
     pub header: Header,
     /// Logits per row.
     pub vocab_size: u32,
@@ -140,11 +144,43 @@ pub struct ModelInfo {
     pub reserved2: u32,
     /// Everything else, as JSON.
     pub extra_json: StrRef,
-    /// A field from the future that a 1.1 host has no room for.
+    /// How far a sequence rewinds: a `REWIND_*` value (ABI 1.2).
+    pub rewind: u32,
+    /// Snapshot spacing for `REWIND_SNAPSHOTS` (ABI 1.2).
+    pub rewind_every: u32,
+    /// A field from the future that a 1.2 host has no room for.
     pub max_batch_tokens: u64,
 }
-/// The model info layout of ABI 1.0 to 2.0 (unchanged).
-#[cfg(not(feature = "newer"))]
+
+/// The model info of ABI 1.0-1.1: it ends before the 1.2 rewind fields.
+#[cfg(any(feature = "v1_1", feature = "older"))]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModelInfo {
+    /// Struct header: how much was written, ABI 1.0 or 1.1.
+    pub header: Header,
+    /// Logits per row.
+    pub vocab_size: u32,
+    /// Longest sequence accepted.
+    pub context_length: u32,
+    /// Most sequences at once.
+    pub max_sequences: u32,
+    /// Always 0.
+    pub reserved: u32,
+    /// `CAP_*` bits.
+    pub capabilities: u64,
+    /// Tokens that end generation.
+    pub stop_tokens: *const i32,
+    /// Number of `stop_tokens`.
+    pub n_stop_tokens: u32,
+    /// Always 0.
+    pub reserved2: u32,
+    /// Everything else, as JSON.
+    pub extra_json: StrRef,
+}
+
+/// The model info layout of ABI 1.2 (the `v2` variant reuses it under another major).
+#[cfg(feature = "v2")]
 pub use abi::ModelInfo;
 
 // The variants' layouts agree with the host's up to where they end.
@@ -157,6 +193,20 @@ const _: () = {
         assert!(size_of::<ModelVtable>() == size_of::<abi::ModelVtable>() + 8);
         assert!(offset_of!(ModelVtable, seq_fork) == offset_of!(abi::ModelVtable, seq_fork));
         assert!(size_of::<ModelInfo>() == size_of::<abi::ModelInfo>() + 8);
+        assert!(offset_of!(ModelInfo, extra_json) == offset_of!(abi::ModelInfo, extra_json));
+        assert!(offset_of!(ModelInfo, rewind) == offset_of!(abi::ModelInfo, rewind));
+        assert!(offset_of!(ModelInfo, rewind_every) == offset_of!(abi::ModelInfo, rewind_every));
+    }
+    #[cfg(feature = "v1_1")]
+    {
+        use std::mem::offset_of;
+        assert!(size_of::<ModelVtable>() == size_of::<abi::ModelVtable>());
+        assert!(offset_of!(ModelVtable, seq_fork) == offset_of!(abi::ModelVtable, seq_fork));
+    }
+    #[cfg(any(feature = "v1_1", feature = "older"))]
+    {
+        use std::mem::offset_of;
+        assert!(size_of::<ModelInfo>() == abi::MODEL_INFO_SIZE_V1_1);
         assert!(offset_of!(ModelInfo, extra_json) == offset_of!(abi::ModelInfo, extra_json));
     }
     #[cfg(feature = "older")]
@@ -209,7 +259,7 @@ static VTABLE: Shared<ModelVtable> = Shared(ModelVtable {
     future_entry: Some(future_entry),
 });
 
-/// Entry symbol of ABI 1 (the `newer` and `older` variants).
+/// Entry symbol of ABI 1 (the `newer`, `v1_1` and `older` variants).
 #[cfg(not(feature = "v2"))]
 #[no_mangle]
 pub extern "C" fn berth_plugin_entry_v1() -> *const EntryTable {
@@ -331,7 +381,15 @@ unsafe extern "C" fn model_info(handle: *mut c_void, out: *mut ModelInfo, err: *
             len: EXTRA_JSON.len(),
         },
         #[cfg(feature = "newer")]
+        rewind: abi::REWIND_SNAPSHOTS,
+        #[cfg(feature = "newer")]
+        rewind_every: SNAPSHOT_EVERY,
+        #[cfg(feature = "newer")]
         max_batch_tokens: 512,
+        #[cfg(feature = "v2")]
+        rewind: abi::REWIND_ANYWHERE,
+        #[cfg(feature = "v2")]
+        rewind_every: 0,
     };
     // SAFETY: `out` is the host's ModelInfo, its header set to its allocated size (which may be
     // smaller than our struct: write_prefix never writes past it).
@@ -509,9 +567,42 @@ mod tests {
         assert_eq!(g.info.header, header(size_of::<abi::ModelInfo>()));
         assert_eq!(g.info.vocab_size, VOCAB);
         assert_eq!(
+            (g.info.rewind, g.info.rewind_every),
+            (abi::REWIND_SNAPSHOTS, SNAPSHOT_EVERY)
+        );
+        assert_eq!(
+            plugin().create("{}").unwrap().description().rewind,
+            berth_plugin_api::Rewind::Snapshots {
+                every: SNAPSHOT_EVERY
+            }
+        );
+        assert_eq!(
             ENTRY.0.header.struct_size as usize,
             size_of::<abi::EntryTable>() + 8
         );
+    }
+
+    #[cfg(any(feature = "v1_1", feature = "older"))]
+    #[test]
+    fn model_info_ends_before_the_rewind_fields_which_read_as_anywhere() {
+        // A 1.2 host's ModelInfo with the rewind fields pre-set: the plugin must leave them.
+        // SAFETY: all-zero is valid for these plain integers and pointers.
+        let mut info: abi::ModelInfo = unsafe { std::mem::zeroed() };
+        info.header = Header::for_struct::<abi::ModelInfo>();
+        info.rewind = 0xaaaa;
+        let mut inst: Instance = unsafe { std::mem::zeroed() };
+        inst.header = Header::for_struct::<Instance>();
+        // SAFETY: valid out-structs and a null error buffer (allowed).
+        unsafe {
+            assert_eq!(create(StrRef::EMPTY, &mut inst, std::ptr::null_mut()), STATUS_OK);
+            let out = &mut info as *mut abi::ModelInfo as *mut ModelInfo;
+            assert_eq!(model_info(inst.handle, out, std::ptr::null_mut()), STATUS_OK);
+            destroy(inst.handle);
+        }
+        assert_eq!(info.header.struct_size as usize, abi::MODEL_INFO_SIZE_V1_1);
+        assert_eq!(info.rewind, 0xaaaa, "written past a 1.1 model info");
+        let m = plugin().create("{}").unwrap();
+        assert_eq!(m.description().rewind, berth_plugin_api::Rewind::Anywhere);
     }
 
     #[cfg(feature = "older")]

@@ -2,30 +2,39 @@
 //! (no `export_plugin!`, no SDK traits) the way a C author would. Each build enables exactly one
 //! cargo feature and yields one library:
 //!
-//! - `newer`: claims ABI 1.2; its entry table, vtable and model info each carry one trailing
+//! - `newer`: claims ABI 1.3; its entry table, vtable and model info each carry one trailing
 //!   field the host does not know, and their headers give the larger sizes. Into host-allocated
-//!   structs it writes no more than the host's `struct_size`.
+//!   structs it writes no more than the host's `struct_size`. Its model info fills the 1.2
+//!   fields: it rewinds to snapshots every [`SNAPSHOT_EVERY`] positions.
+//! - `v1_1`: claims ABI 1.1; its model info ends before the 1.2 `rewind` fields, so the host
+//!   must read its rewind rule as "anywhere".
 //! - `older`: claims ABI 1.0; its vtable ends before `seq_fork`, so the host must treat fork as
-//!   unsupported.
+//!   unsupported (and its model info, like 1.1's, has no rewind fields).
 //! - `v2`: claims ABI 2.0 and exports `berth_plugin_entry_v2` instead of `berth_plugin_entry_v1`.
 //! - `nosymbol`: claims ABI 1.1 in its manifest but exports no entry symbol.
 //!
 //! Every variant exports `berth_plugin_manifest`. Those with an entry serve family `abi-test`
 //! (probe score 10) with a trivial model: vocabulary 16, context 64, stop token 0, and a logits
 //! row holding 1.0 at token `(position + 1) % 16` for each row that wants logits.
-//! `tests/plugins/build-abi-variants OUTDIR` builds all four.
+//! `tests/plugins/build-abi-variants OUTDIR` builds all five.
 
-#[cfg(not(any(feature = "newer", feature = "older", feature = "v2", feature = "nosymbol")))]
-compile_error!("enable exactly one of the features: newer, older, v2, nosymbol");
-#[cfg(any(
-    all(
-        feature = "newer",
-        any(feature = "older", feature = "v2", feature = "nosymbol")
-    ),
-    all(feature = "older", any(feature = "v2", feature = "nosymbol")),
-    all(feature = "v2", feature = "nosymbol"),
-))]
-compile_error!("enable exactly one of the features: newer, older, v2, nosymbol");
+#[cfg(not(any(
+    feature = "newer",
+    feature = "v1_1",
+    feature = "older",
+    feature = "v2",
+    feature = "nosymbol"
+)))]
+compile_error!("enable exactly one of the features: newer, v1_1, older, v2, nosymbol");
+const _: () = assert!(
+    cfg!(feature = "newer") as u8
+        + cfg!(feature = "v1_1") as u8
+        + cfg!(feature = "older") as u8
+        + cfg!(feature = "v2") as u8
+        + cfg!(feature = "nosymbol") as u8
+        == 1,
+    "enable exactly one of the features: newer, v1_1, older, v2, nosymbol"
+);
 
 #[cfg(not(feature = "nosymbol"))]
 mod entry;
@@ -50,7 +59,10 @@ macro_rules! manifest_json {
 
 /// The variant's manifest, NUL-terminated.
 #[cfg(feature = "newer")]
-pub const MANIFEST: &str = manifest_json!("newer", 1, 2);
+pub const MANIFEST: &str = manifest_json!("newer", 1, 3);
+/// The variant's manifest, NUL-terminated.
+#[cfg(feature = "v1_1")]
+pub const MANIFEST: &str = manifest_json!("v1_1", 1, 1);
 /// The variant's manifest, NUL-terminated.
 #[cfg(feature = "older")]
 pub const MANIFEST: &str = manifest_json!("older", 1, 0);
@@ -70,7 +82,10 @@ pub const ABI_MAJOR: u16 = 2;
 
 /// The ABI minor version this variant claims.
 #[cfg(feature = "newer")]
-pub const ABI_MINOR: u16 = 2;
+pub const ABI_MINOR: u16 = 3;
+/// The ABI minor version this variant claims.
+#[cfg(feature = "v1_1")]
+pub const ABI_MINOR: u16 = 1;
 /// The ABI minor version this variant claims.
 #[cfg(feature = "older")]
 pub const ABI_MINOR: u16 = 0;

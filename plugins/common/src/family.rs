@@ -1,0 +1,332 @@
+//! What every family plugin shares besides the decoder: finding the weight files, reading HF
+//! configs, special and stop tokens (from GGUF metadata or HF configs), the probe, and
+//! [`DecoderModel`], the plugin `Model` over a [`Decoder`]. A family crate supplies the config
+//! mapping and the weight map and hands a [`Loaded`] to [`DecoderModel::new`].
+
+use crate::decoder::{Decoder, DecoderConfig, DecoderWeights};
+use crate::linear::resolve_threads;
+use crate::weights::{WeightFormat, Weights};
+use berth_plugin_api::abi::CAP_TOOLS;
+use berth_plugin_api::{BatchView, LoadConfig, LogitsOut, Model, ModelDescription, PluginError};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+
+/// A load error with a message.
+pub fn bad(msg: impl Into<String>) -> PluginError {
+    PluginError::failed(msg)
+}
+
+/// Files in `dir` with extension `ext`, sorted.
+pub fn files_with_ext(dir: &Path, ext: &str) -> Result<Vec<PathBuf>, PluginError> {
+    let rd = std::fs::read_dir(dir).map_err(|e| bad(format!("{}: {e}", dir.display())))?;
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The pack's weight format and files: the manifest's when it names them, else what the pack
+/// directory holds (a `.gguf` file wins over safetensors).
+pub fn weight_files(config: &LoadConfig) -> Result<(WeightFormat, Vec<PathBuf>), PluginError> {
+    let safetensors = match config.format.as_str() {
+        "safetensors" => true,
+        "gguf" => false,
+        _ => config.weights.first().map_or_else(
+            || files_with_ext(&config.pack_dir, "gguf").map_or(true, |v| v.is_empty()),
+            |p| p.extension().is_some_and(|e| e == "safetensors"),
+        ),
+    };
+    let (format, ext) = if safetensors {
+        (WeightFormat::Safetensors, "safetensors")
+    } else {
+        (WeightFormat::Gguf, "gguf")
+    };
+    let files = if config.weights.is_empty() {
+        files_with_ext(&config.pack_dir, ext)?
+    } else {
+        config.weights.clone()
+    };
+    if files.is_empty() {
+        return Err(bad(format!("no .{ext} file in {}", config.pack_dir.display())));
+    }
+    Ok((format, files))
+}
+
+/// Opens the pack's weights (the first GGUF file, or every safetensors file).
+pub fn open_weights(config: &LoadConfig) -> Result<Weights, PluginError> {
+    match weight_files(config)? {
+        (WeightFormat::Gguf, files) => Weights::open_gguf(&files[0]),
+        (_, files) => Weights::open_safetensors(&files),
+    }
+}
+
+/// A JSON file.
+pub fn read_json(path: &Path) -> Result<Value, PluginError> {
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| bad(format!("{}: {e}", path.display())))
+}
+
+/// An HF `config.json`, with a multimodal model's `text_config` taken as the whole.
+pub fn hf_config(dir: &Path) -> Result<Value, PluginError> {
+    let c = read_json(&dir.join("config.json"))?;
+    Ok(c.get("text_config").cloned().unwrap_or(c))
+}
+
+/// Typed reads of an HF config with errors that name the key.
+pub struct HfConfig<'a>(pub &'a Value);
+
+impl HfConfig<'_> {
+    /// An unsigned integer.
+    pub fn num(&self, k: &str) -> Option<usize> {
+        self.0.get(k).and_then(Value::as_u64).map(|v| v as usize)
+    }
+
+    /// A required unsigned integer.
+    pub fn req(&self, k: &str) -> Result<usize, PluginError> {
+        self.num(k).ok_or_else(|| bad(format!("config.json: missing {k}")))
+    }
+
+    /// A float, also looked up under `rope_parameters` (transformers 5 moved RoPE keys there).
+    pub fn float(&self, k: &str) -> Option<f64> {
+        self.0
+            .get(k)
+            .or_else(|| self.0.get("rope_parameters").and_then(|r| r.get(k)))
+            .and_then(Value::as_f64)
+    }
+
+    /// A boolean.
+    pub fn flag(&self, k: &str) -> Option<bool> {
+        self.0.get(k).and_then(Value::as_bool)
+    }
+
+    /// A list of strings (e.g. `layer_types`).
+    pub fn strings(&self, k: &str) -> Option<Vec<String>> {
+        self.0
+            .get(k)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|v| v.as_str().unwrap_or("").to_string()).collect())
+    }
+}
+
+/// Special tokens by name and the tokens that end generation.
+#[derive(Clone, Debug, Default)]
+pub struct Specials {
+    /// Tokens that end generation.
+    pub stop_tokens: Vec<i32>,
+    /// Special tokens by name (`eos`, `bos`, ... and marker texts), reported in the model info.
+    pub special: Map<String, Value>,
+}
+
+impl Specials {
+    fn stop(&mut self, id: i32) {
+        if !self.stop_tokens.contains(&id) {
+            self.stop_tokens.push(id);
+        }
+    }
+
+    /// From a GGUF's tokenizer metadata: eos/eot/bos/pad ids, and each of `texts` found in the
+    /// vocabulary (those in `stop_texts` also end generation).
+    pub fn from_gguf(w: &Weights, texts: &[&str], stop_texts: &[&str]) -> Specials {
+        let mut s = Specials::default();
+        let Some(g) = w.gguf() else { return s };
+        for (name, k) in [
+            ("eos", "tokenizer.ggml.eos_token_id"),
+            ("eot", "tokenizer.ggml.eot_token_id"),
+            ("bos", "tokenizer.ggml.bos_token_id"),
+            ("pad", "tokenizer.ggml.padding_token_id"),
+        ] {
+            if let Some(id) = g.get_u64(k) {
+                s.special.insert(name.into(), json!(id));
+                if name == "eos" || name == "eot" {
+                    s.stop(id as i32);
+                }
+            }
+        }
+        let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap_or_default();
+        s.add_texts(|t| tokens.iter().position(|x| *x == t), texts, stop_texts);
+        s
+    }
+
+    /// From an HF checkpoint: `eos_token_id` of `generation_config.json` and `config.json`,
+    /// `bos_token_id`, and each of `texts` found among `tokenizer.json`'s added tokens.
+    pub fn from_hf(dir: &Path, config: &Value, texts: &[&str], stop_texts: &[&str]) -> Result<Specials, PluginError> {
+        let mut s = Specials::default();
+        let gen = dir.join("generation_config.json");
+        let gen = if gen.exists() { read_json(&gen)? } else { Value::Null };
+        for src in [&gen, config] {
+            match src.get("eos_token_id") {
+                Some(Value::Array(a)) => a.iter().filter_map(Value::as_i64).for_each(|id| s.stop(id as i32)),
+                Some(v) => {
+                    if let Some(id) = v.as_i64() {
+                        s.stop(id as i32)
+                    }
+                }
+                None => {}
+            }
+        }
+        if let Some(id) = s.stop_tokens.first() {
+            s.special.insert("eos".into(), json!(id));
+        }
+        if let Some(id) = config.get("bos_token_id").and_then(Value::as_i64) {
+            s.special.insert("bos".into(), json!(id));
+        }
+        let tok = dir.join("tokenizer.json");
+        if tok.exists() {
+            let t = read_json(&tok)?;
+            let added: Vec<(String, i64)> = t
+                .get("added_tokens")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| Some((x.get("content")?.as_str()?.to_string(), x.get("id")?.as_i64()?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            s.add_texts(
+                |t| added.iter().find(|(c, _)| c == t).map(|(_, id)| *id as usize),
+                texts,
+                stop_texts,
+            );
+        }
+        Ok(s)
+    }
+
+    fn add_texts(&mut self, find: impl Fn(&str) -> Option<usize>, texts: &[&str], stop_texts: &[&str]) {
+        for &text in texts {
+            if let Some(id) = find(text) {
+                self.special.insert(text.into(), json!(id));
+                if stop_texts.contains(&text) {
+                    self.stop(id as i32);
+                }
+            }
+        }
+    }
+}
+
+/// The pack's chat template: the GGUF's own, else `chat_template.jinja` or
+/// `tokenizer_config.json`'s `chat_template` in the pack directory.
+pub fn chat_template(w: &Weights, dir: &Path) -> Option<String> {
+    if let Some(t) = w.gguf().and_then(|g| g.get_str("tokenizer.chat_template")) {
+        return Some(t.to_string());
+    }
+    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return Some(t);
+    }
+    read_json(&dir.join("tokenizer_config.json"))
+        .ok()?
+        .get("chat_template")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Whether a chat template renders tools (it refers to them).
+pub fn template_has_tools(template: Option<&str>) -> bool {
+    template.is_some_and(|t| t.contains("tools"))
+}
+
+/// The probe every family uses: 100 when the pack's `family` is ours and `known` accepts its
+/// `architecture`, else 0.
+pub fn probe_family(model_config: &Value, family: &str, known: impl Fn(&str) -> bool) -> u32 {
+    let fam = model_config.get("family").and_then(Value::as_str);
+    let arch = model_config.get("architecture").and_then(Value::as_str);
+    match (fam, arch) {
+        (Some(f), Some(a)) if f == family && known(a) => 100,
+        _ => 0,
+    }
+}
+
+/// What a family's loader produces: the decoder's config and weights and what the host is told.
+pub struct Loaded {
+    /// Architecture name reported to the host (GGUF spelling).
+    pub architecture: String,
+    /// Decoder configuration.
+    pub cfg: DecoderConfig,
+    /// Decoder weights.
+    pub weights: DecoderWeights,
+    /// The model's own context length.
+    pub context_length: u32,
+    /// Special and stop tokens.
+    pub specials: Specials,
+    /// Whether the model takes tools (its template renders them).
+    pub tools: bool,
+}
+
+/// A model served on the common decoder: the plugin `Model` of every family.
+pub struct DecoderModel {
+    decoder: Decoder,
+    description: ModelDescription,
+    tools: bool,
+}
+
+impl DecoderModel {
+    /// Builds the runtime for a loaded model under the host's load config (context, sequences,
+    /// threads).
+    pub fn new(l: Loaded, config: &LoadConfig) -> Result<DecoderModel, PluginError> {
+        let context = config
+            .context_length
+            .filter(|&c| c > 0)
+            .map_or(l.context_length, |c| c.min(l.context_length));
+        let max_seqs = config.max_sequences.filter(|&m| m > 0).unwrap_or(16);
+        let threads = resolve_threads(config.threads);
+        let mut cfg = l.cfg;
+        if let Some(n) = config.options.get("snapshots").and_then(Value::as_u64) {
+            cfg.max_snapshots = n as usize;
+        }
+        if let Some(n) = config.options.get("snapshot_every").and_then(Value::as_u64) {
+            cfg.snapshot_every = (n as usize).max(1);
+        }
+        let vocab = l.weights.output.rows as u32;
+        let decoder = Decoder::new(cfg, l.weights, max_seqs as usize, context as usize, threads);
+        let description = ModelDescription {
+            vocab_size: vocab,
+            context_length: context,
+            max_sequences: max_seqs,
+            capabilities: if l.tools { CAP_TOOLS } else { 0 },
+            stop_tokens: l.specials.stop_tokens,
+            extra: json!({
+                "architecture": l.architecture,
+                "special_tokens": l.specials.special,
+                "threads": threads,
+            }),
+            rewind: decoder.rewind(),
+        };
+        Ok(DecoderModel {
+            decoder,
+            description,
+            tools: l.tools,
+        })
+    }
+
+    /// The underlying decoder (configuration, weights, caches).
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+}
+
+impl Model for DecoderModel {
+    fn describe(&self) -> ModelDescription {
+        self.description.clone()
+    }
+
+    fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
+        self.decoder.decode(batch, logits)
+    }
+
+    fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError> {
+        self.decoder.force_token(seq, token)
+    }
+
+    fn tools_enabled(&self) -> bool {
+        self.tools
+    }
+
+    fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
+        self.decoder.seq_truncate(seq, len)
+    }
+
+    fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
+        self.decoder.seq_fork(src, dst)
+    }
+}

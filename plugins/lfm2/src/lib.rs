@@ -1,0 +1,387 @@
+//! The LFM2 plugin: Liquid's LFM2 (gated short convolutions between grouped-query attention
+//! layers) and LFM2-MoE (sigmoid-routed experts with a selection bias after the first dense
+//! layers), from HF safetensors or llama.cpp GGUF files. This crate is the config and the weight
+//! map; the runtime is `berth-plugin-common`.
+
+#![warn(missing_docs)]
+
+use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
+use berth_plugin_common::family::{
+    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, HfConfig, Loaded, Specials,
+};
+use berth_plugin_common::{
+    AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Matrix, Mixer, MoeConfig,
+    RouterScoring, ShortConv, Weights,
+};
+use serde_json::Value;
+
+/// Architectures served: GGUF `general.architecture` values and HF `model_type`s.
+pub const ARCHITECTURES: [&str; 2] = ["lfm2", "lfm2_moe"];
+
+/// Special tokens looked up by text in the vocabulary and reported in the model info.
+const SPECIAL_TOKENS: [&str; 9] = [
+    "<|startoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|tool_call_start|>",
+    "<|tool_call_end|>",
+    "<|tool_response_start|>",
+    "<think>",
+    "</think>",
+];
+
+/// Special tokens that end generation when present.
+const STOP_TEXTS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
+
+/// The family type exported by this plugin.
+pub struct Lfm2Family;
+
+/// A loaded LFM2 model.
+pub type Lfm2Model = DecoderModel;
+
+/// Which mixer a layer has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Conv,
+    Attention,
+}
+
+/// The tensor names of one checkpoint format.
+struct Names {
+    embed: &'static str,
+    final_norm: &'static str,
+    layer: fn(usize, &str) -> String,
+}
+
+/// HF names, by the role names used below.
+const HF: Names = Names {
+    embed: "model.embed_tokens.weight",
+    final_norm: "model.embedding_norm.weight",
+    layer: |i, role| {
+        let stem = match role {
+            "mixer_norm" => "operator_norm.weight",
+            "ffn_norm" => "ffn_norm.weight",
+            "conv_in" => "conv.in_proj.weight",
+            "conv" => "conv.conv.weight",
+            "conv_out" => "conv.out_proj.weight",
+            "q" => "self_attn.q_proj.weight",
+            "k" => "self_attn.k_proj.weight",
+            "v" => "self_attn.v_proj.weight",
+            "o" => "self_attn.out_proj.weight",
+            "q_norm" => "self_attn.q_layernorm.weight",
+            "k_norm" => "self_attn.k_layernorm.weight",
+            "gate" => "feed_forward.w1.weight",
+            "up" => "feed_forward.w3.weight",
+            "down" => "feed_forward.w2.weight",
+            "router" => "feed_forward.gate.weight",
+            "expert_bias" => "feed_forward.expert_bias",
+            other => return format!("model.layers.{i}.feed_forward.experts.{other}"),
+        };
+        format!("model.layers.{i}.{stem}")
+    },
+};
+
+/// llama.cpp's names (`convert_hf_to_gguf.py`, LFM2 and LFM2-MoE).
+const GGUF: Names = Names {
+    embed: "token_embd.weight",
+    final_norm: "token_embd_norm.weight",
+    layer: |i, role| {
+        let stem = match role {
+            "mixer_norm" => "attn_norm.weight",
+            "ffn_norm" => "ffn_norm.weight",
+            "conv_in" => "shortconv.in_proj.weight",
+            "conv" => "shortconv.conv.weight",
+            "conv_out" => "shortconv.out_proj.weight",
+            "q" => "attn_q.weight",
+            "k" => "attn_k.weight",
+            "v" => "attn_v.weight",
+            "o" => "attn_output.weight",
+            "q_norm" => "attn_q_norm.weight",
+            "k_norm" => "attn_k_norm.weight",
+            "gate" => "ffn_gate.weight",
+            "up" => "ffn_up.weight",
+            "down" => "ffn_down.weight",
+            "router" => "ffn_gate_inp.weight",
+            "expert_bias" => "exp_probs_b.bias",
+            "gate_exps" => "ffn_gate_exps.weight",
+            "up_exps" => "ffn_up_exps.weight",
+            "down_exps" => "ffn_down_exps.weight",
+            other => other,
+        };
+        format!("blk.{i}.{stem}")
+    },
+};
+
+/// LFM2-MoE settings beyond [`MoeConfig`].
+struct MoeLayout {
+    config: MoeConfig,
+    dense_layers: usize,
+    expert_bias: bool,
+}
+
+impl Family for Lfm2Family {
+    type Model = Lfm2Model;
+
+    fn manifest() -> PluginManifest {
+        PluginManifest {
+            name: "lfm2".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: "LFM2 and LFM2-MoE text models (GGUF, safetensors)".into(),
+            families: vec!["lfm2".into()],
+            architectures: ARCHITECTURES.iter().map(|s| s.to_string()).collect(),
+            weight_formats: vec!["gguf".into(), "safetensors".into()],
+            ..Default::default()
+        }
+    }
+
+    fn probe(model_config: &Value) -> u32 {
+        probe_family(model_config, "lfm2", |a| {
+            let a = a.to_ascii_lowercase();
+            ARCHITECTURES.contains(&a.as_str()) || a == "lfm2forcausallm" || a == "lfm2moeforcausallm"
+        })
+    }
+
+    fn create(config: &LoadConfig) -> Result<Lfm2Model, PluginError> {
+        let w = open_weights(config)?;
+        let loaded = if w.gguf().is_some() {
+            load_gguf(w, config)?
+        } else {
+            load_safetensors(w, config)?
+        };
+        DecoderModel::new(loaded, config)
+    }
+}
+
+fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
+    let dir = &config.pack_dir;
+    let c = hf_config(dir)?;
+    let hc = HfConfig(&c);
+    let (n_layers, hidden, heads) = (
+        hc.req("num_hidden_layers")?,
+        hc.req("hidden_size")?,
+        hc.req("num_attention_heads")?,
+    );
+    let kv_heads = hc.num("num_key_value_heads").unwrap_or(heads);
+    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, hidden / heads);
+    cfg.eps = hc.float("norm_eps").unwrap_or(1e-5) as f32;
+    cfg.rope_base = vec![hc.float("rope_theta").unwrap_or(1e6) as f32; n_layers];
+    cfg.qk_norm = true;
+    let kinds: Vec<Kind> = match hc.strings("layer_types") {
+        Some(t) => t
+            .iter()
+            .map(|t| if t == "full_attention" { Kind::Attention } else { Kind::Conv })
+            .collect(),
+        None => {
+            let idxs: Vec<usize> = c
+                .get("full_attn_idxs")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as usize).collect())
+                .ok_or_else(|| bad("config.json: neither layer_types nor full_attn_idxs"))?;
+            (0..n_layers)
+                .map(|i| if idxs.contains(&i) { Kind::Attention } else { Kind::Conv })
+                .collect()
+        }
+    };
+    let moe = match hc.num("num_experts") {
+        Some(n_experts) => Some(MoeLayout {
+            config: MoeConfig {
+                n_experts,
+                top_k: hc.req("num_experts_per_tok")?,
+                norm_topk_prob: hc.flag("norm_topk_prob").unwrap_or(true),
+                scoring: RouterScoring::Sigmoid,
+                routed_scale: hc.float("routed_scaling_factor").unwrap_or(1.0) as f32,
+                norm_eps: 1e-6,
+            },
+            dense_layers: hc.num("num_dense_layers").unwrap_or(0),
+            expert_bias: hc.flag("use_expert_bias").unwrap_or(true),
+        }),
+        None => None,
+    };
+    let kernel = hc.num("conv_L_cache").unwrap_or(3);
+    let weights = load_layers(&w, &mut cfg, &HF, &kinds, kernel, moe.as_ref())?;
+    let template = chat_template(&w, dir);
+    Ok(Loaded {
+        architecture: if moe.is_some() { "lfm2moe" } else { "lfm2" }.into(),
+        cfg,
+        weights,
+        context_length: hc.num("max_position_embeddings").unwrap_or(32768) as u32,
+        specials: Specials::from_hf(dir, &c, &SPECIAL_TOKENS, &STOP_TEXTS)?,
+        tools: template_has_tools(template.as_deref()),
+    })
+}
+
+fn load_gguf(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
+    let g = w.gguf().expect("opened as GGUF");
+    let arch = g.architecture().unwrap_or("").to_string();
+    if arch != "lfm2" && arch != "lfm2moe" {
+        return Err(bad(format!("unsupported architecture {arch:?}")));
+    }
+    let key = |k: &str| format!("{arch}.{k}");
+    let get = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
+    let req = |k: &str| get(k).ok_or_else(|| bad(format!("GGUF: missing {}", key(k))));
+    let (n_layers, hidden, heads) = (
+        req("block_count")?,
+        req("embedding_length")?,
+        req("attention.head_count")?,
+    );
+    // llama.cpp marks the conv layers with a KV head count of 0 (an array per layer).
+    let kv_per_layer: Vec<usize> = match g.get_u64_array(&key("attention.head_count_kv")) {
+        Some(a) => a.into_iter().map(|v| v as usize).collect(),
+        None => vec![req("attention.head_count_kv")?; n_layers],
+    };
+    let kv_heads = kv_per_layer.iter().copied().max().unwrap_or(heads);
+    let kinds: Vec<Kind> = kv_per_layer
+        .iter()
+        .map(|&k| if k == 0 { Kind::Conv } else { Kind::Attention })
+        .collect();
+    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, hidden / heads);
+    cfg.eps = g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
+    cfg.rope_base = vec![g.get_f32(&key("rope.freq_base")).unwrap_or(1e6); n_layers];
+    cfg.qk_norm = true;
+    let moe = match get("expert_count") {
+        Some(n_experts) => Some(MoeLayout {
+            config: MoeConfig {
+                n_experts,
+                top_k: req("expert_used_count")?,
+                norm_topk_prob: g.get_bool(&key("expert_weights_norm")).unwrap_or(true),
+                scoring: RouterScoring::Sigmoid,
+                routed_scale: g.get_f32(&key("expert_weights_scale")).unwrap_or(1.0),
+                norm_eps: 1e-6,
+            },
+            dense_layers: get("leading_dense_block_count").unwrap_or(0),
+            expert_bias: true,
+        }),
+        None => None,
+    };
+    let kernel = get("shortconv.l_cache").unwrap_or(3);
+    let weights = load_layers(&w, &mut cfg, &GGUF, &kinds, kernel, moe.as_ref())?;
+    let template = chat_template(&w, &config.pack_dir);
+    Ok(Loaded {
+        architecture: arch.clone(),
+        cfg,
+        weights,
+        context_length: get("context_length").unwrap_or(32768) as u32,
+        specials: Specials::from_gguf(&w, &SPECIAL_TOKENS, &STOP_TEXTS),
+        tools: template_has_tools(template.as_deref()),
+    })
+}
+
+/// The weight map: every layer's mixer and feed-forward by the names of `names`.
+fn load_layers(
+    w: &Weights,
+    cfg: &mut DecoderConfig,
+    names: &Names,
+    kinds: &[Kind],
+    kernel: usize,
+    moe: Option<&MoeLayout>,
+) -> Result<DecoderWeights, PluginError> {
+    if kinds.len() != cfg.n_layers {
+        return Err(bad(format!("{} layer types for {} layers", kinds.len(), cfg.n_layers)));
+    }
+    cfg.moe = moe.map(|m| m.config);
+    let t = |i: usize, role: &str| (names.layer)(i, role);
+    let mat = |n: String| w.matrix_named(&n);
+    let vec = |n: String| w.vector_named(&n);
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    for (i, kind) in kinds.iter().enumerate() {
+        let mixer = match kind {
+            Kind::Conv => Mixer::ShortConv(ShortConv {
+                in_proj: mat(t(i, "conv_in"))?,
+                conv: vec(t(i, "conv"))?,
+                kernel,
+                out_proj: mat(t(i, "conv_out"))?,
+            }),
+            Kind::Attention => Mixer::Attention(AttnWeights {
+                wq: mat(t(i, "q"))?,
+                wk: mat(t(i, "k"))?,
+                wv: mat(t(i, "v"))?,
+                wo: mat(t(i, "o"))?,
+                bq: None,
+                bk: None,
+                bv: None,
+                q_norm: Some(vec(t(i, "q_norm"))?),
+                k_norm: Some(vec(t(i, "k_norm"))?),
+                gated: false,
+            }),
+        };
+        let dense = |i: usize| -> Result<GatedFfn, PluginError> {
+            Ok(GatedFfn {
+                gate: mat(t(i, "gate"))?,
+                up: mat(t(i, "up"))?,
+                down: mat(t(i, "down"))?,
+            })
+        };
+        let ffn = match moe {
+            Some(m) if i >= m.dense_layers => Ffn::Moe {
+                router: mat(t(i, "router"))?,
+                experts: experts(w, names, i, m.config.n_experts)?,
+                selection_bias: if m.expert_bias { Some(vec(t(i, "expert_bias"))?) } else { None },
+                shared: None,
+            },
+            _ => Ffn::Dense(dense(i)?),
+        };
+        layers.push(LayerWeights {
+            attn_norm: vec(t(i, "mixer_norm"))?,
+            mixer,
+            post_attn_norm: None,
+            ffn_norm: vec(t(i, "ffn_norm"))?,
+            post_ffw_norm: None,
+            ffn,
+        });
+    }
+    let embed = mat(names.embed.into())?;
+    // LFM2 ties its LM head to the embeddings.
+    let output = match ["lm_head.weight", "output.weight"].iter().find(|n| w.has_named(n)) {
+        Some(n) => mat(n.to_string())?,
+        None => embed.clone(),
+    };
+    DecoderWeights::new(cfg, embed, layers, vec(names.final_norm.into())?, output)
+}
+
+/// The experts of MoE layer `i`: one tensor per expert (HF) or stacked ones (GGUF).
+fn experts(w: &Weights, names: &Names, i: usize, n: usize) -> Result<Vec<GatedFfn>, PluginError> {
+    let t = |role: &str| (names.layer)(i, role);
+    if w.has_named(&t("gate_exps")) {
+        let stack = |role: &str| -> Result<Vec<Matrix>, PluginError> {
+            let v = w.stacked_named(&t(role))?;
+            if v.len() != n {
+                return Err(bad(format!("{}: {} experts, expected {n}", t(role), v.len())));
+            }
+            Ok(v)
+        };
+        let (g, u, d) = (stack("gate_exps")?, stack("up_exps")?, stack("down_exps")?);
+        return Ok(g
+            .into_iter()
+            .zip(u)
+            .zip(d)
+            .map(|((gate, up), down)| GatedFfn { gate, up, down })
+            .collect());
+    }
+    (0..n)
+        .map(|e| {
+            Ok(GatedFfn {
+                gate: w.matrix_named(&t(&format!("{e}.w1.weight")))?,
+                up: w.matrix_named(&t(&format!("{e}.w3.weight")))?,
+                down: w.matrix_named(&t(&format!("{e}.w2.weight")))?,
+            })
+        })
+        .collect()
+}
+
+berth_plugin_api::export_plugin!(Lfm2Family);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn probe_accepts_lfm2_packs_only() {
+        for a in ["lfm2", "lfm2_moe", "Lfm2ForCausalLM"] {
+            assert_eq!(Lfm2Family::probe(&json!({"family": "lfm2", "architecture": a})), 100);
+        }
+        assert_eq!(Lfm2Family::probe(&json!({"family": "lfm2", "architecture": "qwen3"})), 0);
+        assert_eq!(Lfm2Family::probe(&json!({"family": "qwen3", "architecture": "lfm2"})), 0);
+    }
+}
