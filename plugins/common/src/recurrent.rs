@@ -189,7 +189,6 @@ pub fn gated_delta_net(
     );
     let core = grow(&mut s.core, n * vd);
     let scale = 1.0 / (dk as f32).sqrt();
-    let rep = nv / nk;
     for g in &groups.groups {
         for (ra, re, len) in SeqGroups::runs(g, states) {
             let m = re - ra;
@@ -205,7 +204,7 @@ pub fn gated_delta_net(
             let (q, k, v) = (grow(&mut s.q, m * dk), grow(&mut s.k, m * dk), grow(&mut s.v, m * dv));
             let (gg, beta, o) = (grow(&mut s.g, m), grow(&mut s.beta, m), grow(&mut s.o, m * dv));
             for hv in 0..nv {
-                let hk = hv / rep;
+                let hk = d.key_head(hv);
                 for j in 0..m {
                     let row = &conv[j * ch..(j + 1) * ch];
                     let qj = &mut q[j * dk..(j + 1) * dk];

@@ -73,6 +73,28 @@ fn qwen3_5_rewind_to_a_snapshot_matches_a_fresh_prefill() {
     check_rewind(&mut load("qwen3_5_moe"), 512);
 }
 
+/// A tiny model as llama.cpp's converter wrote it (tests/fixtures/gguf-tiny).
+fn load_gguf(file: &str) -> QwenModel {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/gguf-tiny")
+        .join(file);
+    let cfg = LoadConfig {
+        pack_dir: path.parent().unwrap().to_path_buf(),
+        family: "qwen3".into(),
+        format: "gguf".into(),
+        weights: vec![path.clone()],
+        threads: Some(2),
+        ..Default::default()
+    };
+    QwenFamily::create(&cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn qwen3_5_tiny_gguf_from_llama_cpp_matches_reference_logits() {
+    check_tiny_reference(&mut load_gguf("qwen3_5.gguf"), "qwen3_5");
+    check_tiny_reference(&mut load_gguf("qwen3_5_moe.gguf"), "qwen3_5_moe");
+}
+
 #[test]
 fn describe_reports_the_model() {
     let m = load("qwen3");
