@@ -272,12 +272,24 @@ pub struct GatedDeltaNet {
     pub dk: usize,
     /// Value head dimension.
     pub dv: usize,
+    /// Value heads are tiled over the key heads (value head `h` reads key head `h % k_heads`,
+    /// llama.cpp's GGUF order) rather than grouped (`h / (v_heads / k_heads)`, HF's order).
+    pub tiled: bool,
 }
 
 impl GatedDeltaNet {
     /// Channels through the convolution: `2·k_heads·dk + v_heads·dv`.
     pub fn conv_channels(&self) -> usize {
         2 * self.k_heads * self.dk + self.v_heads * self.dv
+    }
+
+    /// The key head value head `hv` reads.
+    pub fn key_head(&self, hv: usize) -> usize {
+        if self.tiled {
+            hv % self.k_heads
+        } else {
+            hv / (self.v_heads / self.k_heads)
+        }
     }
 
     /// Floats of one sequence's recurrent state (`v_heads × dk × dv`).
