@@ -5,7 +5,7 @@
 
 use crate::decoder::{Decoder, DecoderConfig, DecoderWeights};
 use crate::linear::resolve_threads;
-use crate::weights::{WeightFormat, Weights};
+use crate::weights::{GgufFile, WeightFormat, Weights};
 use berth_plugin_api::abi::CAP_TOOLS;
 use berth_plugin_api::{BatchView, LoadConfig, LogitsOut, Model, ModelDescription, PluginError};
 use serde_json::{json, Map, Value};
@@ -85,7 +85,8 @@ impl HfConfig<'_> {
 
     /// A required unsigned integer.
     pub fn req(&self, k: &str) -> Result<usize, PluginError> {
-        self.num(k).ok_or_else(|| bad(format!("config.json: missing {k}")))
+        self.num(k)
+            .ok_or_else(|| bad(format!("config.json: missing {k}")))
     }
 
     /// A float, also looked up under `rope_parameters` (transformers 5 moved RoPE keys there).
@@ -107,6 +108,110 @@ impl HfConfig<'_> {
             .get(k)
             .and_then(Value::as_array)
             .map(|a| a.iter().map(|v| v.as_str().unwrap_or("").to_string()).collect())
+    }
+
+    /// The decoder shape every HF text config states the same way: layers, widths, heads, norm
+    /// epsilon (`rms_norm_eps` or `norm_eps`), RoPE base and tied embeddings.
+    pub fn decoder_config(&self) -> Result<DecoderConfig, PluginError> {
+        let (n_layers, hidden, heads) = (
+            self.req("num_hidden_layers")?,
+            self.req("hidden_size")?,
+            self.req("num_attention_heads")?,
+        );
+        let kv_heads = self.num("num_key_value_heads").unwrap_or(heads);
+        let head_dim = self.num("head_dim").unwrap_or(hidden / heads.max(1));
+        let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
+        cfg.eps = self
+            .float("rms_norm_eps")
+            .or(self.float("norm_eps"))
+            .unwrap_or(1e-6) as f32;
+        cfg.rope_base = vec![self.float("rope_theta").unwrap_or(10000.0) as f32; n_layers];
+        cfg.tie_embeddings = self.flag("tie_word_embeddings").unwrap_or(false);
+        Ok(cfg)
+    }
+}
+
+/// Typed reads of a GGUF's `<architecture>.*` metadata with errors that name the key.
+pub struct GgufKeys<'a> {
+    /// The file.
+    pub file: &'a GgufFile,
+    /// `general.architecture`, the prefix of the model's keys.
+    pub arch: String,
+}
+
+impl<'a> GgufKeys<'a> {
+    /// The keys of a GGUF weight file (`None` for safetensors).
+    pub fn new(w: &'a Weights) -> Option<GgufKeys<'a>> {
+        let file = w.gguf()?;
+        let arch = file.architecture().unwrap_or("").to_string();
+        Some(GgufKeys { file, arch })
+    }
+
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    /// An unsigned integer.
+    pub fn num(&self, k: &str) -> Option<usize> {
+        self.file.get_u64(&self.key(k)).map(|v| v as usize)
+    }
+
+    /// A required unsigned integer.
+    pub fn req(&self, k: &str) -> Result<usize, PluginError> {
+        self.num(k)
+            .ok_or_else(|| bad(format!("GGUF: missing {}", self.key(k))))
+    }
+
+    /// A float.
+    pub fn float(&self, k: &str) -> Option<f32> {
+        self.file.get_f32(&self.key(k))
+    }
+
+    /// A boolean.
+    pub fn flag(&self, k: &str) -> Option<bool> {
+        self.file.get_bool(&self.key(k))
+    }
+
+    /// An integer array (e.g. LFM2's per-layer KV head counts).
+    pub fn nums(&self, k: &str) -> Option<Vec<usize>> {
+        self.file
+            .get_u64_array(&self.key(k))
+            .map(|a| a.into_iter().map(|v| v as usize).collect())
+    }
+
+    /// A boolean array (e.g. Qwen3.5's `attention.recurrent_layers`).
+    pub fn bools(&self, k: &str) -> Option<Vec<bool>> {
+        self.file
+            .get(&self.key(k))?
+            .as_array()?
+            .iter()
+            .map(|v| v.as_bool())
+            .collect()
+    }
+
+    /// The decoder shape llama.cpp writes the same way for every family: block count, widths,
+    /// heads (a per-layer KV-head array counts by its largest entry), key length, norm epsilon
+    /// and RoPE base.
+    pub fn decoder_config(&self) -> Result<DecoderConfig, PluginError> {
+        let (n_layers, hidden, heads) = (
+            self.req("block_count")?,
+            self.req("embedding_length")?,
+            self.req("attention.head_count")?,
+        );
+        let kv_heads = match self.nums("attention.head_count_kv") {
+            Some(a) => a.into_iter().max().unwrap_or(heads),
+            None => self.num("attention.head_count_kv").unwrap_or(heads),
+        };
+        let head_dim = self.num("attention.key_length").unwrap_or(hidden / heads.max(1));
+        let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
+        cfg.eps = self.float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6);
+        cfg.rope_base = vec![self.float("rope.freq_base").unwrap_or(10000.0); n_layers];
+        Ok(cfg)
+    }
+
+    /// The model's own context length (default 32768).
+    pub fn context_length(&self) -> u32 {
+        self.num("context_length").unwrap_or(32768) as u32
     }
 }
 
@@ -151,13 +256,25 @@ impl Specials {
 
     /// From an HF checkpoint: `eos_token_id` of `generation_config.json` and `config.json`,
     /// `bos_token_id`, and each of `texts` found among `tokenizer.json`'s added tokens.
-    pub fn from_hf(dir: &Path, config: &Value, texts: &[&str], stop_texts: &[&str]) -> Result<Specials, PluginError> {
+    pub fn from_hf(
+        dir: &Path,
+        config: &Value,
+        texts: &[&str],
+        stop_texts: &[&str],
+    ) -> Result<Specials, PluginError> {
         let mut s = Specials::default();
         let gen = dir.join("generation_config.json");
-        let gen = if gen.exists() { read_json(&gen)? } else { Value::Null };
+        let gen = if gen.exists() {
+            read_json(&gen)?
+        } else {
+            Value::Null
+        };
         for src in [&gen, config] {
             match src.get("eos_token_id") {
-                Some(Value::Array(a)) => a.iter().filter_map(Value::as_i64).for_each(|id| s.stop(id as i32)),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .filter_map(Value::as_i64)
+                    .for_each(|id| s.stop(id as i32)),
                 Some(v) => {
                     if let Some(id) = v.as_i64() {
                         s.stop(id as i32)
@@ -180,7 +297,9 @@ impl Specials {
                 .and_then(Value::as_array)
                 .map(|a| {
                     a.iter()
-                        .filter_map(|x| Some((x.get("content")?.as_str()?.to_string(), x.get("id")?.as_i64()?)))
+                        .filter_map(|x| {
+                            Some((x.get("content")?.as_str()?.to_string(), x.get("id")?.as_i64()?))
+                        })
                         .collect()
                 })
                 .unwrap_or_default();

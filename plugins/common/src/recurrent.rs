@@ -6,7 +6,9 @@ use crate::decoder::{GatedDeltaNet, ShortConv};
 use crate::linear::{matmul, matmul_shared, MatmulScratch};
 use crate::ops::{rms_norm, silu};
 use crate::state::SeqStates;
-use berth_kernels::recurrent::{conv1d_causal, gated_delta_chunked, gated_delta_step, l2_normalize, DeltaScratch};
+use berth_kernels::recurrent::{
+    conv1d_causal, gated_delta_chunked, gated_delta_step, l2_normalize, DeltaScratch,
+};
 
 /// The rows of one sequence in a batch: `rows[start..end]` of [`SeqGroups::rows`], in order.
 #[derive(Clone, Copy, Debug)]
@@ -43,8 +45,12 @@ impl SeqGroups {
         }
         for seq in seqs {
             let start = self.rows.len();
-            self.rows
-                .extend(rows.iter().enumerate().filter(|(_, r)| r.0 == seq).map(|(i, _)| i));
+            self.rows.extend(
+                rows.iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.0 == seq)
+                    .map(|(i, _)| i),
+            );
             let pos0 = rows[self.rows[start]].1;
             self.groups.push(Group {
                 seq,
@@ -183,7 +189,12 @@ pub fn gated_delta_net(
     matmul_shared(
         xn,
         n,
-        &mut [(&d.in_qkv, &mut *mixed), (&d.in_z, &mut *z), (&d.in_b, &mut *b), (&d.in_a, &mut *a)],
+        &mut [
+            (&d.in_qkv, &mut *mixed),
+            (&d.in_z, &mut *z),
+            (&d.in_b, &mut *b),
+            (&d.in_a, &mut *a),
+        ],
         mm,
         threads,
     );
@@ -201,7 +212,11 @@ pub fn gated_delta_net(
             let st = states.layer_mut(g.seq, layer);
             conv1d_causal(inp, m, ch, &d.conv, d.kernel, &mut st.conv, conv);
             conv.iter_mut().for_each(|v| *v = silu(*v));
-            let (q, k, v) = (grow(&mut s.q, m * dk), grow(&mut s.k, m * dk), grow(&mut s.v, m * dv));
+            let (q, k, v) = (
+                grow(&mut s.q, m * dk),
+                grow(&mut s.k, m * dk),
+                grow(&mut s.v, m * dv),
+            );
             let (gg, beta, o) = (grow(&mut s.g, m), grow(&mut s.beta, m), grow(&mut s.o, m * dv));
             for hv in 0..nv {
                 let hk = d.key_head(hv);

@@ -112,7 +112,10 @@ impl SeqStates {
                     layers: vec![LayerState::default(); n_layers],
                 });
                 s.snapshots.sort_by_key(|x| x.len);
-                s.snapshots.iter().position(|x| x.len == len).expect("just inserted")
+                s.snapshots
+                    .iter()
+                    .position(|x| x.len == len)
+                    .expect("just inserted")
             }
         };
         let (src, dst) = (&s.layers[layer], &mut s.snapshots[at].layers[layer]);
@@ -140,7 +143,11 @@ impl SeqStates {
             s.snapshots.clear();
             return Ok(());
         }
-        let Some(i) = s.snapshots.iter().position(|x| x.len == len && x.layers.len() == s.layers.len()) else {
+        let Some(i) = s
+            .snapshots
+            .iter()
+            .position(|x| x.len == len && x.layers.len() == s.layers.len())
+        else {
             return Err(PluginError::invalid_argument(format!(
                 "sequence {seq}: cannot rewind recurrent state from {current} to {len} positions \
                  (snapshots at 0, {current} and {:?})",
@@ -170,7 +177,10 @@ mod tests {
 
     fn states() -> SeqStates {
         let dims = vec![
-            LayerStateDims { conv: 2, recurrent: 3 },
+            LayerStateDims {
+                conv: 2,
+                recurrent: 3,
+            },
             LayerStateDims::default(),
         ];
         SeqStates::new(dims, 2, 4, 3)

@@ -42,7 +42,10 @@ pub fn feed(m: &mut dyn Model, seq: i32, start: usize, tokens: &[i32]) -> Vec<f3
 pub fn argmax(x: &[f32]) -> i32 {
     x.iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
         .0 as i32
 }
 
@@ -50,8 +53,14 @@ pub fn argmax(x: &[f32]) -> i32 {
 pub fn assert_close(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let max_logit = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
-    let max_diff = got.iter().zip(want).fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
-    assert!(max_diff <= 1e-3 * max_logit, "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}");
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(
+        max_diff <= 1e-3 * max_logit,
+        "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}"
+    );
 }
 
 /// The full-prefill logits and the token-by-token logits (through the caches and states) match
@@ -118,7 +127,10 @@ pub fn check_batched_equals_alone(m: &mut dyn Model, vocab: i32) {
         let pos: Vec<i32> = prompts.iter().map(|p| (p.len() + step) as i32).collect();
         logits = decode(m, &next, &pos, &[0, 1, 2, 3], &[1; 4]);
     }
-    assert_eq!(got, alone, "batched greedy tokens differ from each sequence alone");
+    assert_eq!(
+        got, alone,
+        "batched greedy tokens differ from each sequence alone"
+    );
 }
 
 /// A forked sequence continues like a fresh one with the same prefix, and the source is kept.
@@ -152,7 +164,10 @@ pub fn check_rewind(m: &mut dyn Model, vocab: i32) {
     };
     let long: Vec<i32> = (0..150).map(|i| (i * 29 + 3) % vocab).collect();
     let cut = if every == 0 { 0 } else { (100 / every) * every };
-    assert!(cut > 0 || every == 0, "a snapshot every {every} positions leaves no point below 100");
+    assert!(
+        cut > 0 || every == 0,
+        "a snapshot every {every} positions leaves no point below 100"
+    );
     let tail: Vec<i32> = (0..7).map(|i| (i * 5 + 11) % vocab).collect();
     let mut fresh_prompt = long[..cut].to_vec();
     fresh_prompt.extend(&tail);
@@ -165,7 +180,11 @@ pub fn check_rewind(m: &mut dyn Model, vocab: i32) {
     feed(m, 0, 0, &long[..61]);
     feed(m, 0, 61, &long[61..]);
     if every > 1 && cut + 1 < long.len() {
-        assert!(m.seq_truncate(0, (cut + 1) as u32).is_err(), "rewind to {} was not refused", cut + 1);
+        assert!(
+            m.seq_truncate(0, (cut + 1) as u32).is_err(),
+            "rewind to {} was not refused",
+            cut + 1
+        );
     }
     m.seq_truncate(0, cut as u32).unwrap();
     let got = feed(m, 0, cut, &tail);

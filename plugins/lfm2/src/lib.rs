@@ -7,11 +7,12 @@
 
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, HfConfig, Loaded, Specials,
+    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, GgufKeys, HfConfig,
+    Loaded, Specials,
 };
 use berth_plugin_common::{
-    AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Matrix, Mixer, MoeConfig,
-    RouterScoring, ShortConv, Weights,
+    AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Matrix, Mixer,
+    MoeConfig, RouterScoring, ShortConv, Weights,
 };
 use serde_json::Value;
 
@@ -157,20 +158,22 @@ fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginErr
     let dir = &config.pack_dir;
     let c = hf_config(dir)?;
     let hc = HfConfig(&c);
-    let (n_layers, hidden, heads) = (
-        hc.req("num_hidden_layers")?,
-        hc.req("hidden_size")?,
-        hc.req("num_attention_heads")?,
-    );
-    let kv_heads = hc.num("num_key_value_heads").unwrap_or(heads);
-    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, hidden / heads);
-    cfg.eps = hc.float("norm_eps").unwrap_or(1e-5) as f32;
-    cfg.rope_base = vec![hc.float("rope_theta").unwrap_or(1e6) as f32; n_layers];
+    let mut cfg = hc.decoder_config()?;
     cfg.qk_norm = true;
+    let n_layers = cfg.n_layers;
+    if hc.float("rope_theta").is_none() {
+        cfg.rope_base = vec![1e6; n_layers]; // LFM2's default
+    }
     let kinds: Vec<Kind> = match hc.strings("layer_types") {
         Some(t) => t
             .iter()
-            .map(|t| if t == "full_attention" { Kind::Attention } else { Kind::Conv })
+            .map(|t| {
+                if t == "full_attention" {
+                    Kind::Attention
+                } else {
+                    Kind::Conv
+                }
+            })
             .collect(),
         None => {
             let idxs: Vec<usize> = c
@@ -179,7 +182,13 @@ fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginErr
                 .map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as usize).collect())
                 .ok_or_else(|| bad("config.json: neither layer_types nor full_attn_idxs"))?;
             (0..n_layers)
-                .map(|i| if idxs.contains(&i) { Kind::Attention } else { Kind::Conv })
+                .map(|i| {
+                    if idxs.contains(&i) {
+                        Kind::Attention
+                    } else {
+                        Kind::Conv
+                    }
+                })
                 .collect()
         }
     };
@@ -212,56 +221,43 @@ fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginErr
 }
 
 fn load_gguf(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
-    let g = w.gguf().expect("opened as GGUF");
-    let arch = g.architecture().unwrap_or("").to_string();
-    if arch != "lfm2" && arch != "lfm2moe" {
-        return Err(bad(format!("unsupported architecture {arch:?}")));
+    let k = GgufKeys::new(&w).expect("opened as GGUF");
+    if k.arch != "lfm2" && k.arch != "lfm2moe" {
+        return Err(bad(format!("unsupported architecture {:?}", k.arch)));
     }
-    let key = |k: &str| format!("{arch}.{k}");
-    let get = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
-    let req = |k: &str| get(k).ok_or_else(|| bad(format!("GGUF: missing {}", key(k))));
-    let (n_layers, hidden, heads) = (
-        req("block_count")?,
-        req("embedding_length")?,
-        req("attention.head_count")?,
-    );
-    // llama.cpp marks the conv layers with a KV head count of 0 (an array per layer).
-    let kv_per_layer: Vec<usize> = match g.get_u64_array(&key("attention.head_count_kv")) {
-        Some(a) => a.into_iter().map(|v| v as usize).collect(),
-        None => vec![req("attention.head_count_kv")?; n_layers],
-    };
-    let kv_heads = kv_per_layer.iter().copied().max().unwrap_or(heads);
-    let kinds: Vec<Kind> = kv_per_layer
-        .iter()
-        .map(|&k| if k == 0 { Kind::Conv } else { Kind::Attention })
-        .collect();
-    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, hidden / heads);
-    cfg.eps = g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
-    cfg.rope_base = vec![g.get_f32(&key("rope.freq_base")).unwrap_or(1e6); n_layers];
+    let mut cfg = k.decoder_config()?;
     cfg.qk_norm = true;
-    let moe = match get("expert_count") {
+    // llama.cpp marks the conv layers with a KV head count of 0 (an array per layer).
+    let kinds: Vec<Kind> = match k.nums("attention.head_count_kv") {
+        Some(a) => a
+            .iter()
+            .map(|&n| if n == 0 { Kind::Conv } else { Kind::Attention })
+            .collect(),
+        None => vec![Kind::Attention; cfg.n_layers],
+    };
+    let moe = match k.num("expert_count") {
         Some(n_experts) => Some(MoeLayout {
             config: MoeConfig {
                 n_experts,
-                top_k: req("expert_used_count")?,
-                norm_topk_prob: g.get_bool(&key("expert_weights_norm")).unwrap_or(true),
+                top_k: k.req("expert_used_count")?,
+                norm_topk_prob: k.flag("expert_weights_norm").unwrap_or(true),
                 scoring: RouterScoring::Sigmoid,
-                routed_scale: g.get_f32(&key("expert_weights_scale")).unwrap_or(1.0),
+                routed_scale: k.float("expert_weights_scale").unwrap_or(1.0),
                 norm_eps: 1e-6,
             },
-            dense_layers: get("leading_dense_block_count").unwrap_or(0),
+            dense_layers: k.num("leading_dense_block_count").unwrap_or(0),
             expert_bias: true,
         }),
         None => None,
     };
-    let kernel = get("shortconv.l_cache").unwrap_or(3);
+    let kernel = k.num("shortconv.l_cache").unwrap_or(3);
     let weights = load_layers(&w, &mut cfg, &GGUF, &kinds, kernel, moe.as_ref())?;
     let template = chat_template(&w, &config.pack_dir);
     Ok(Loaded {
-        architecture: arch.clone(),
+        architecture: k.arch.clone(),
         cfg,
         weights,
-        context_length: get("context_length").unwrap_or(32768) as u32,
+        context_length: k.context_length(),
         specials: Specials::from_gguf(&w, &SPECIAL_TOKENS, &STOP_TEXTS),
         tools: template_has_tools(template.as_deref()),
     })
@@ -277,7 +273,11 @@ fn load_layers(
     moe: Option<&MoeLayout>,
 ) -> Result<DecoderWeights, PluginError> {
     if kinds.len() != cfg.n_layers {
-        return Err(bad(format!("{} layer types for {} layers", kinds.len(), cfg.n_layers)));
+        return Err(bad(format!(
+            "{} layer types for {} layers",
+            kinds.len(),
+            cfg.n_layers
+        )));
     }
     cfg.moe = moe.map(|m| m.config);
     let t = |i: usize, role: &str| (names.layer)(i, role);
@@ -316,7 +316,11 @@ fn load_layers(
             Some(m) if i >= m.dense_layers => Ffn::Moe {
                 router: mat(t(i, "router"))?,
                 experts: experts(w, names, i, m.config.n_experts)?,
-                selection_bias: if m.expert_bias { Some(vec(t(i, "expert_bias"))?) } else { None },
+                selection_bias: if m.expert_bias {
+                    Some(vec(t(i, "expert_bias"))?)
+                } else {
+                    None
+                },
                 shared: None,
             },
             _ => Ffn::Dense(dense(i)?),
@@ -332,7 +336,10 @@ fn load_layers(
     }
     let embed = mat(names.embed.into())?;
     // LFM2 ties its LM head to the embeddings.
-    let output = match ["lm_head.weight", "output.weight"].iter().find(|n| w.has_named(n)) {
+    let output = match ["lm_head.weight", "output.weight"]
+        .iter()
+        .find(|n| w.has_named(n))
+    {
         Some(n) => mat(n.to_string())?,
         None => embed.clone(),
     };
@@ -379,9 +386,18 @@ mod tests {
     #[test]
     fn probe_accepts_lfm2_packs_only() {
         for a in ["lfm2", "lfm2_moe", "Lfm2ForCausalLM"] {
-            assert_eq!(Lfm2Family::probe(&json!({"family": "lfm2", "architecture": a})), 100);
+            assert_eq!(
+                Lfm2Family::probe(&json!({"family": "lfm2", "architecture": a})),
+                100
+            );
         }
-        assert_eq!(Lfm2Family::probe(&json!({"family": "lfm2", "architecture": "qwen3"})), 0);
-        assert_eq!(Lfm2Family::probe(&json!({"family": "qwen3", "architecture": "lfm2"})), 0);
+        assert_eq!(
+            Lfm2Family::probe(&json!({"family": "lfm2", "architecture": "qwen3"})),
+            0
+        );
+        assert_eq!(
+            Lfm2Family::probe(&json!({"family": "qwen3", "architecture": "lfm2"})),
+            0
+        );
     }
 }

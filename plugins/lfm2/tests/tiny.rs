@@ -55,7 +55,9 @@ fn lfm2_rewind_to_a_snapshot_matches_a_fresh_prefill() {
 
 /// A tiny model as llama.cpp's converter wrote it (tests/fixtures/gguf-tiny, f32 or Q8_0).
 fn load_gguf(file: &str) -> Lfm2Model {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf-tiny").join(file);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/gguf-tiny")
+        .join(file);
     let cfg = LoadConfig {
         pack_dir: path.parent().unwrap().to_path_buf(),
         family: "lfm2".into(),
@@ -78,10 +80,9 @@ fn lfm2_tiny_gguf_q8_0_keeps_the_greedy_tokens() {
     // Q8_0 weights (and Q8_0 activations in the products) move logits by ~1e-2 here; the
     // reference's argmax per position is what must survive.
     let mut m = load_gguf("lfm2.q8_0.gguf");
-    let reference: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(tiny_fixture("lfm2").join("reference.json")).unwrap(),
-    )
-    .unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny_fixture("lfm2").join("reference.json")).unwrap())
+            .unwrap();
     let want: Vec<i32> = reference["argmax_per_position"]
         .as_array()
         .unwrap()
@@ -89,7 +90,16 @@ fn lfm2_tiny_gguf_q8_0_keeps_the_greedy_tokens() {
         .map(|v| v.as_i64().unwrap() as i32)
         .collect();
     let pos: Vec<i32> = (0..8).collect();
-    let logits = berth_plugin_common::testing::decode(&mut m, &berth_plugin_common::testing::TINY_IDS, &pos, &[0; 8], &[1; 8]);
-    let got: Vec<i32> = logits.chunks(512).map(berth_plugin_common::testing::argmax).collect();
+    let logits = berth_plugin_common::testing::decode(
+        &mut m,
+        &berth_plugin_common::testing::TINY_IDS,
+        &pos,
+        &[0; 8],
+        &[1; 8],
+    );
+    let got: Vec<i32> = logits
+        .chunks(512)
+        .map(berth_plugin_common::testing::argmax)
+        .collect();
     assert_eq!(got, want);
 }

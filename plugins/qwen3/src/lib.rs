@@ -9,7 +9,8 @@ mod qwen35;
 
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, HfConfig, Loaded, Specials,
+    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, GgufKeys, HfConfig,
+    Loaded, Specials,
 };
 use berth_plugin_common::{DecoderConfig, DecoderModel, DecoderWeights, MoeConfig, Weights};
 use serde_json::Value;
@@ -71,7 +72,9 @@ impl Variant {
             "qwen3" | "qwen3forcausallm" => Some(Variant::Qwen3),
             "qwen3moe" | "qwen3_moe" | "qwen3_moe_text" | "qwen3moeforcausallm" => Some(Variant::Qwen3Moe),
             "qwen35" | "qwen3_5" | "qwen3_5_text" | "qwen3_5forcausallm" => Some(Variant::Qwen35),
-            "qwen35moe" | "qwen3_5_moe" | "qwen3_5_moe_text" | "qwen3_5moeforcausallm" => Some(Variant::Qwen35Moe),
+            "qwen35moe" | "qwen3_5_moe" | "qwen3_5_moe_text" | "qwen3_5moeforcausallm" => {
+                Some(Variant::Qwen35Moe)
+            }
             _ => None,
         }
     }
@@ -99,8 +102,9 @@ impl Family for QwenFamily {
         PluginManifest {
             name: "qwen3".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            description: "Qwen2, Qwen2.5, Qwen3, Qwen3-MoE, Qwen3.5 and Qwen3.5-MoE text models (GGUF, safetensors)"
-                .into(),
+            description:
+                "Qwen2, Qwen2.5, Qwen3, Qwen3-MoE, Qwen3.5 and Qwen3.5-MoE text models (GGUF, safetensors)"
+                    .into(),
             families: vec!["qwen3".into()],
             architectures: ARCHITECTURES.iter().map(|s| s.to_string()).collect(),
             weight_formats: vec!["gguf".into(), "safetensors".into()],
@@ -124,41 +128,21 @@ impl Family for QwenFamily {
 }
 
 fn load_gguf(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
-    let g = w.gguf().expect("opened as GGUF");
-    let arch = g.architecture().unwrap_or("").to_string();
-    let variant = Variant::from_arch(&arch).ok_or_else(|| bad(format!("unsupported architecture {arch:?}")))?;
-    let key = |k: &str| format!("{arch}.{k}");
-    let get = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
-    let req = |k: &str| get(k).ok_or_else(|| bad(format!("GGUF: missing {}", key(k))));
-    let (n_layers, hidden, heads) = (
-        req("block_count")?,
-        req("embedding_length")?,
-        req("attention.head_count")?,
-    );
-    let kv_heads = get("attention.head_count_kv").unwrap_or(heads);
-    let head_dim = get("attention.key_length").unwrap_or(hidden / heads);
-    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
-    cfg.eps = g.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
-    cfg.rope_base = vec![g.get_f32(&key("rope.freq_base")).unwrap_or(10000.0); n_layers];
+    let k = GgufKeys::new(&w).expect("opened as GGUF");
+    let variant =
+        Variant::from_arch(&k.arch).ok_or_else(|| bad(format!("unsupported architecture {:?}", k.arch)))?;
+    let mut cfg = k.decoder_config()?;
     apply_variant(&mut cfg, variant, false);
-    let moe = |cfg: &mut DecoderConfig| -> Result<(), PluginError> {
+    if matches!(variant, Variant::Qwen3Moe | Variant::Qwen35Moe) {
         cfg.moe = Some(MoeConfig::softmax(
-            req("expert_count")?,
-            req("expert_used_count")?,
-            g.get_bool(&key("expert_weights_norm")).unwrap_or(true),
+            k.req("expert_count")?,
+            k.req("expert_used_count")?,
+            k.flag("expert_weights_norm").unwrap_or(true),
         ));
-        Ok(())
-    };
+    }
     let weights = if variant.is_qwen35() {
-        qwen35::gguf_config(&mut cfg, g, &arch)?;
-        if variant == Variant::Qwen35Moe {
-            moe(&mut cfg)?;
-        }
-        qwen35::load_gguf(&w, &cfg)?
+        qwen35::load_gguf(&w, &mut cfg, &k)?
     } else {
-        if variant == Variant::Qwen3Moe {
-            moe(&mut cfg)?;
-        }
         DecoderWeights::load(&w, &cfg)?
     };
     let template = chat_template(&w, &config.pack_dir);
@@ -166,7 +150,7 @@ fn load_gguf(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
         architecture: variant.gguf_arch().into(),
         cfg,
         weights,
-        context_length: get("context_length").unwrap_or(32768) as u32,
+        context_length: k.context_length(),
         specials: Specials::from_gguf(&w, &SPECIAL_TOKENS, &STOP_TEXTS),
         tools: template_has_tools(template.as_deref()),
     })
@@ -186,54 +170,39 @@ fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginErr
         .get("model_type")
         .and_then(Value::as_str)
         .unwrap_or(&config.architecture);
-    let variant = Variant::from_arch(model_type).ok_or_else(|| bad(format!("unsupported model_type {model_type:?}")))?;
+    let variant = Variant::from_arch(model_type)
+        .ok_or_else(|| bad(format!("unsupported model_type {model_type:?}")))?;
     let hc = HfConfig(&c);
-    let (n_layers, hidden, heads) = (
-        hc.req("num_hidden_layers")?,
-        hc.req("hidden_size")?,
-        hc.req("num_attention_heads")?,
-    );
-    let kv_heads = hc.num("num_key_value_heads").unwrap_or(heads);
-    let head_dim = hc.num("head_dim").unwrap_or(hidden / heads);
-    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
-    cfg.eps = hc.float("rms_norm_eps").unwrap_or(1e-6) as f32;
-    cfg.rope_base = vec![hc.float("rope_theta").unwrap_or(10000.0) as f32; n_layers];
-    cfg.tie_embeddings = hc.flag("tie_word_embeddings").unwrap_or(false);
+    let mut cfg = hc.decoder_config()?;
     apply_variant(&mut cfg, variant, hc.flag("attention_bias").unwrap_or(false));
     if let Some(types) = hc.strings("layer_types") {
         let window = hc.num("sliding_window");
-        for (i, t) in types.iter().enumerate().take(n_layers) {
+        for (i, t) in types.iter().enumerate().take(cfg.n_layers) {
             if t == "sliding_attention" {
                 cfg.sliding_window[i] = window;
             }
         }
     }
-    let moe_config = || -> Result<MoeConfig, PluginError> {
-        Ok(MoeConfig::softmax(
+    if variant == Variant::Qwen3Moe
+        && (hc.strings("mlp_only_layers").is_some_and(|a| !a.is_empty())
+            || hc.num("decoder_sparse_step").is_some_and(|s| s != 1))
+    {
+        return Err(bad(
+            "Qwen3-MoE with dense layers (mlp_only_layers / decoder_sparse_step) is not supported",
+        ));
+    }
+    if matches!(variant, Variant::Qwen3Moe | Variant::Qwen35Moe) {
+        cfg.moe = Some(MoeConfig::softmax(
             hc.num("num_experts")
                 .or(hc.num("num_local_experts"))
                 .ok_or_else(|| bad("config.json: missing num_experts"))?,
             hc.req("num_experts_per_tok")?,
             hc.flag("norm_topk_prob").unwrap_or(variant == Variant::Qwen35Moe),
-        ))
-    };
+        ));
+    }
     let weights = if variant.is_qwen35() {
-        qwen35::hf_config(&mut cfg, &hc)?;
-        if variant == Variant::Qwen35Moe {
-            cfg.moe = Some(moe_config()?);
-        }
-        qwen35::load_hf(&w, &cfg, &hc)?
+        qwen35::load_hf(&w, &mut cfg, &hc)?
     } else {
-        if variant == Variant::Qwen3Moe {
-            if hc.strings("mlp_only_layers").is_some_and(|a| !a.is_empty())
-                || hc.num("decoder_sparse_step").is_some_and(|s| s != 1)
-            {
-                return Err(bad(
-                    "Qwen3-MoE with dense layers (mlp_only_layers / decoder_sparse_step) is not supported",
-                ));
-            }
-            cfg.moe = Some(moe_config()?);
-        }
         DecoderWeights::load(&w, &cfg)?
     };
     let template = chat_template(&w, dir);
@@ -256,14 +225,28 @@ mod tests {
 
     #[test]
     fn probe_accepts_supported_architectures_only() {
-        for a in ["qwen2", "qwen3", "qwen3moe", "qwen3_moe", "qwen35", "qwen3_5_text", "qwen3_5_moe_text"] {
+        for a in [
+            "qwen2",
+            "qwen3",
+            "qwen3moe",
+            "qwen3_moe",
+            "qwen35",
+            "qwen3_5_text",
+            "qwen3_5_moe_text",
+        ] {
             assert_eq!(
                 QwenFamily::probe(&json!({"family": "qwen3", "architecture": a, "format": "gguf"})),
                 100
             );
         }
-        assert_eq!(QwenFamily::probe(&json!({"family": "qwen3", "architecture": "llama"})), 0);
-        assert_eq!(QwenFamily::probe(&json!({"family": "gemma", "architecture": "qwen2"})), 0);
+        assert_eq!(
+            QwenFamily::probe(&json!({"family": "qwen3", "architecture": "llama"})),
+            0
+        );
+        assert_eq!(
+            QwenFamily::probe(&json!({"family": "gemma", "architecture": "qwen2"})),
+            0
+        );
         let m = QwenFamily::manifest();
         assert_eq!(m.name, "qwen3");
         assert!(m.architectures.contains(&"qwen3moe".to_string()));

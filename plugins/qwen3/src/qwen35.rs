@@ -1,26 +1,26 @@
 //! Qwen3.5 (dense and MoE): config and weight map. Layers alternate gated delta-net (linear
-//! attention) and gated full attention as `layer_types` says; every norm of the main path is the
-//! zero-centred `(1 + w)` RMSNorm in HF checkpoints (llama.cpp's converter folds the 1 in),
-//! except the delta-net's gated output norm (plain `w`).
+//! attention) and gated full attention; every norm of the main path is the zero-centred
+//! `(1 + w)` RMSNorm in HF checkpoints (llama.cpp's converter folds the 1 in), except the
+//! delta-net's gated output norm (plain `w`). llama.cpp's GGUF also stores `-exp(A_log)` and
+//! the delta-net's value heads tiled over the key heads (tests/fixtures/gguf-tiny/TENSORS.md).
 
 use berth_plugin_api::PluginError;
-use berth_plugin_common::family::{bad, HfConfig};
-use berth_plugin_common::weights::GgufFile;
+use berth_plugin_common::family::{bad, GgufKeys, HfConfig};
 use berth_plugin_common::{
-    AttnWeights, DecoderConfig, DecoderWeights, Ffn, GatedDeltaNet, GatedFfn, LayerWeights, Mixer, SharedExpert,
-    Weights,
+    AttnWeights, DecoderConfig, DecoderWeights, Ffn, GatedDeltaNet, GatedFfn, LayerWeights, Mixer,
+    SharedExpert, Weights,
 };
 
-/// Which mixer each layer has.
+/// Which mixer a layer has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LayerKind {
+enum Kind {
     Linear,
     Full,
 }
 
-/// Qwen3.5's geometry beyond the common decoder config.
-#[derive(Clone, Copy, Debug)]
-struct LinearDims {
+/// Geometry of the delta-net layers and which layers they are.
+struct Layout {
+    kinds: Vec<Kind>,
     k_heads: usize,
     v_heads: usize,
     dk: usize,
@@ -28,103 +28,241 @@ struct LinearDims {
     kernel: usize,
 }
 
-/// Applies Qwen3.5's config: partial rotary (HF pairing), zero-centred norms, layer kinds.
-pub fn hf_config(cfg: &mut DecoderConfig, c: &HfConfig<'_>) -> Result<(), PluginError> {
+/// How one checkpoint format names and stores the tensors.
+struct Format {
+    /// The name of a layer tensor by role.
+    name: fn(usize, &str) -> String,
+    /// Top-level names: embeddings, final norm, LM head.
+    globals: [&'static str; 3],
+    /// `A_log` is stored as is (HF) rather than as `-exp(A_log)` (GGUF).
+    a_log: bool,
+    /// Value heads tiled over key heads (GGUF) rather than grouped (HF).
+    tiled: bool,
+}
+
+const HF: Format = Format {
+    name: |i, role| {
+        let stem = match role {
+            "attn_norm" => "input_layernorm.weight",
+            "ffn_norm" => "post_attention_layernorm.weight",
+            "q" => "self_attn.q_proj.weight",
+            "k" => "self_attn.k_proj.weight",
+            "v" => "self_attn.v_proj.weight",
+            "o" => "self_attn.o_proj.weight",
+            "q_norm" => "self_attn.q_norm.weight",
+            "k_norm" => "self_attn.k_norm.weight",
+            "qkv" => "linear_attn.in_proj_qkv.weight",
+            "z" => "linear_attn.in_proj_z.weight",
+            "b" => "linear_attn.in_proj_b.weight",
+            "a" => "linear_attn.in_proj_a.weight",
+            "conv" => "linear_attn.conv1d.weight",
+            "a_log" => "linear_attn.A_log",
+            "dt_bias" => "linear_attn.dt_bias",
+            "ssm_norm" => "linear_attn.norm.weight",
+            "ssm_out" => "linear_attn.out_proj.weight",
+            "router" => "mlp.gate.weight",
+            "shared_gate" => "mlp.shared_expert_gate.weight",
+            // FFN projections: `gate` / `up` / `down`, with an expert or shared-expert prefix.
+            ffn => {
+                let (prefix, proj) = ffn.rsplit_once('.').unwrap_or(("", ffn));
+                let prefix = match prefix {
+                    "" => "mlp".to_string(),
+                    "shexp" => "mlp.shared_expert".to_string(),
+                    e => format!("mlp.experts.{e}"),
+                };
+                return format!("model.layers.{i}.{prefix}.{proj}_proj.weight");
+            }
+        };
+        format!("model.layers.{i}.{stem}")
+    },
+    globals: ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"],
+    a_log: true,
+    tiled: false,
+};
+
+const GGUF: Format = Format {
+    name: |i, role| {
+        let stem = match role {
+            "attn_norm" => "attn_norm.weight",
+            "ffn_norm" => "post_attention_norm.weight",
+            "q" => "attn_q.weight",
+            "k" => "attn_k.weight",
+            "v" => "attn_v.weight",
+            "o" => "attn_output.weight",
+            "q_norm" => "attn_q_norm.weight",
+            "k_norm" => "attn_k_norm.weight",
+            "qkv" => "attn_qkv.weight",
+            "z" => "attn_gate.weight",
+            "b" => "ssm_beta.weight",
+            "a" => "ssm_alpha.weight",
+            "conv" => "ssm_conv1d.weight",
+            "a_log" => "ssm_a",
+            "dt_bias" => "ssm_dt.bias",
+            "ssm_norm" => "ssm_norm.weight",
+            "ssm_out" => "ssm_out.weight",
+            "router" => "ffn_gate_inp.weight",
+            "shared_gate" => "ffn_gate_inp_shexp.weight",
+            ffn => {
+                return match ffn.rsplit_once('.') {
+                    None => format!("blk.{i}.ffn_{ffn}.weight"),
+                    Some(("shexp", proj)) => format!("blk.{i}.ffn_{proj}_shexp.weight"),
+                    Some((_, proj)) => format!("blk.{i}.ffn_{proj}_exps.weight"),
+                }
+            }
+        };
+        format!("blk.{i}.{stem}")
+    },
+    globals: ["token_embd.weight", "output_norm.weight", "output.weight"],
+    a_log: false,
+    tiled: true,
+};
+
+/// Applies Qwen3.5's HF config (partial rotary with HF pairing, zero-centred norms) and maps
+/// the weights.
+pub fn load_hf(
+    w: &Weights,
+    cfg: &mut DecoderConfig,
+    c: &HfConfig<'_>,
+) -> Result<DecoderWeights, PluginError> {
     let partial = c.float("partial_rotary_factor").unwrap_or(1.0);
     cfg.rope_dim = ((cfg.head_dim as f64 * partial) as usize) & !1;
-    cfg.rope_partial_pairs = true;
     cfg.norm_add_one = true;
-    cfg.qk_norm = true;
-    Ok(())
-}
-
-fn layer_kinds_hf(c: &HfConfig<'_>, n_layers: usize) -> Vec<LayerKind> {
-    match c.strings("layer_types") {
+    let kinds = match c.strings("layer_types") {
         Some(t) => t
             .iter()
-            .map(|t| if t == "full_attention" { LayerKind::Full } else { LayerKind::Linear })
+            .map(|t| {
+                if t == "full_attention" {
+                    Kind::Full
+                } else {
+                    Kind::Linear
+                }
+            })
             .collect(),
-        None => {
-            let every = c.num("full_attention_interval").unwrap_or(4);
-            (0..n_layers)
-                .map(|i| if (i + 1) % every == 0 { LayerKind::Full } else { LayerKind::Linear })
-                .collect()
-        }
-    }
-}
-
-/// Maps HF tensor names onto the decoder's layers.
-pub fn load_hf(w: &Weights, cfg: &DecoderConfig, c: &HfConfig<'_>) -> Result<DecoderWeights, PluginError> {
-    let dims = LinearDims {
+        None => every_nth_full(cfg.n_layers, c.num("full_attention_interval")),
+    };
+    let layout = Layout {
+        kinds,
         k_heads: c.req("linear_num_key_heads")?,
         v_heads: c.req("linear_num_value_heads")?,
         dk: c.req("linear_key_head_dim")?,
         dv: c.req("linear_value_head_dim")?,
         kernel: c.num("linear_conv_kernel_dim").unwrap_or(4),
     };
-    let kinds = layer_kinds_hf(c, cfg.n_layers);
-    if kinds.len() != cfg.n_layers {
-        return Err(bad(format!("layer_types has {} entries for {} layers", kinds.len(), cfg.n_layers)));
+    load(w, cfg, &layout, &HF)
+}
+
+/// Applies Qwen3.5's GGUF metadata and maps the weights.
+pub fn load_gguf(
+    w: &Weights,
+    cfg: &mut DecoderConfig,
+    k: &GgufKeys<'_>,
+) -> Result<DecoderWeights, PluginError> {
+    cfg.rope_dim = k.num("rope.dimension_count").unwrap_or(cfg.head_dim);
+    // The converter folded the `1 +` of the zero-centred norms into the weights.
+    cfg.norm_add_one = false;
+    let kinds = match k.bools("attention.recurrent_layers") {
+        Some(r) => r
+            .iter()
+            .map(|&lin| if lin { Kind::Linear } else { Kind::Full })
+            .collect(),
+        None => every_nth_full(cfg.n_layers, k.num("full_attention_interval")),
+    };
+    let v_heads = k.req("ssm.time_step_rank")?;
+    let layout = Layout {
+        kinds,
+        k_heads: k.req("ssm.group_count")?,
+        v_heads,
+        dk: k.req("ssm.state_size")?,
+        dv: k.req("ssm.inner_size")? / v_heads.max(1),
+        kernel: k.req("ssm.conv_kernel")?,
+    };
+    load(w, cfg, &layout, &GGUF)
+}
+
+/// Layers `interval-1`, `2·interval-1`, ... are full attention (config default 4).
+fn every_nth_full(n_layers: usize, interval: Option<usize>) -> Vec<Kind> {
+    let every = interval.unwrap_or(4).max(1);
+    (0..n_layers)
+        .map(|i| {
+            if (i + 1) % every == 0 {
+                Kind::Full
+            } else {
+                Kind::Linear
+            }
+        })
+        .collect()
+}
+
+/// The weight map, for either format.
+fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<DecoderWeights, PluginError> {
+    if l.kinds.len() != cfg.n_layers || l.v_heads == 0 {
+        return Err(bad(format!(
+            "{} layer kinds for {} layers",
+            l.kinds.len(),
+            cfg.n_layers
+        )));
     }
+    cfg.rope_partial_pairs = true;
+    cfg.qk_norm = true;
     let mat = |n: String| w.matrix_named(&n);
     let vec = |n: String| w.vector_named(&n);
     let mut layers = Vec::with_capacity(cfg.n_layers);
-    for (i, kind) in kinds.iter().enumerate() {
-        let p = format!("model.layers.{i}");
+    for (i, kind) in l.kinds.iter().enumerate() {
+        let t = |role: &str| (f.name)(i, role);
         let mixer = match kind {
-            LayerKind::Full => Mixer::Attention(AttnWeights {
-                wq: mat(format!("{p}.self_attn.q_proj.weight"))?,
-                wk: mat(format!("{p}.self_attn.k_proj.weight"))?,
-                wv: mat(format!("{p}.self_attn.v_proj.weight"))?,
-                wo: mat(format!("{p}.self_attn.o_proj.weight"))?,
+            Kind::Full => Mixer::Attention(AttnWeights {
+                wq: mat(t("q"))?,
+                wk: mat(t("k"))?,
+                wv: mat(t("v"))?,
+                wo: mat(t("o"))?,
                 bq: None,
                 bk: None,
                 bv: None,
-                q_norm: Some(vec(format!("{p}.self_attn.q_norm.weight"))?),
-                k_norm: Some(vec(format!("{p}.self_attn.k_norm.weight"))?),
+                q_norm: Some(vec(t("q_norm"))?),
+                k_norm: Some(vec(t("k_norm"))?),
                 gated: true,
             }),
-            LayerKind::Linear => {
-                let a = format!("{p}.linear_attn");
-                let neg_a = vec(format!("{a}.A_log"))?.iter().map(|v| -v.exp()).collect();
+            Kind::Linear => {
+                let mut neg_a = vec(t("a_log"))?;
+                if f.a_log {
+                    neg_a.iter_mut().for_each(|v| *v = -v.exp());
+                }
                 Mixer::GatedDeltaNet(GatedDeltaNet {
-                    in_qkv: mat(format!("{a}.in_proj_qkv.weight"))?,
-                    in_z: mat(format!("{a}.in_proj_z.weight"))?,
-                    in_b: mat(format!("{a}.in_proj_b.weight"))?,
-                    in_a: mat(format!("{a}.in_proj_a.weight"))?,
-                    conv: vec(format!("{a}.conv1d.weight"))?,
-                    kernel: dims.kernel,
+                    in_qkv: mat(t("qkv"))?,
+                    in_z: mat(t("z"))?,
+                    in_b: mat(t("b"))?,
+                    in_a: mat(t("a"))?,
+                    conv: vec(t("conv"))?,
+                    kernel: l.kernel,
                     neg_a,
-                    dt_bias: vec(format!("{a}.dt_bias"))?,
-                    norm: vec(format!("{a}.norm.weight"))?,
-                    out_proj: mat(format!("{a}.out_proj.weight"))?,
-                    k_heads: dims.k_heads,
-                    v_heads: dims.v_heads,
-                    dk: dims.dk,
-                    dv: dims.dv,
-                    tiled: false,
+                    dt_bias: vec(t("dt_bias"))?,
+                    norm: vec(t("ssm_norm"))?,
+                    out_proj: mat(t("ssm_out"))?,
+                    k_heads: l.k_heads,
+                    v_heads: l.v_heads,
+                    dk: l.dk,
+                    dv: l.dv,
+                    tiled: f.tiled,
                 })
             }
         };
-        let ffn_hf = |m: &str| -> Result<GatedFfn, PluginError> {
+        let ffn3 = |prefix: &str| -> Result<GatedFfn, PluginError> {
             Ok(GatedFfn {
-                gate: mat(format!("{m}.gate_proj.weight"))?,
-                up: mat(format!("{m}.up_proj.weight"))?,
-                down: mat(format!("{m}.down_proj.weight"))?,
+                gate: mat(t(&format!("{prefix}gate")))?,
+                up: mat(t(&format!("{prefix}up")))?,
+                down: mat(t(&format!("{prefix}down")))?,
             })
         };
         let ffn = match cfg.moe {
-            None => Ffn::Dense(ffn_hf(&format!("{p}.mlp"))?),
+            None => Ffn::Dense(ffn3("")?),
             Some(m) => Ffn::Moe {
-                router: mat(format!("{p}.mlp.gate.weight"))?,
-                experts: (0..m.n_experts)
-                    .map(|e| ffn_hf(&format!("{p}.mlp.experts.{e}")))
-                    .collect::<Result<_, _>>()?,
+                router: mat(t("router"))?,
+                experts: experts(w, &t, m.n_experts)?,
                 selection_bias: None,
-                shared: if w.has_named(&format!("{p}.mlp.shared_expert.gate_proj.weight")) {
+                shared: if w.has_named(&t("shexp.gate")) {
                     Some(SharedExpert {
-                        ffn: ffn_hf(&format!("{p}.mlp.shared_expert"))?,
-                        gate: Some(mat(format!("{p}.mlp.shared_expert_gate.weight"))?),
+                        ffn: ffn3("shexp.")?,
+                        gate: Some(mat(t("shared_gate"))?),
                     })
                 } else {
                     None
@@ -132,155 +270,48 @@ pub fn load_hf(w: &Weights, cfg: &DecoderConfig, c: &HfConfig<'_>) -> Result<Dec
             },
         };
         layers.push(LayerWeights {
-            attn_norm: vec(format!("{p}.input_layernorm.weight"))?,
+            attn_norm: vec(t("attn_norm"))?,
             mixer,
             post_attn_norm: None,
-            ffn_norm: vec(format!("{p}.post_attention_layernorm.weight"))?,
+            ffn_norm: vec(t("ffn_norm"))?,
             post_ffw_norm: None,
             ffn,
         });
     }
-    let embed = mat("model.embed_tokens.weight".into())?;
-    let output = if !cfg.tie_embeddings && w.has_named("lm_head.weight") {
-        mat("lm_head.weight".into())?
+    let [embed_name, norm_name, head_name] = f.globals;
+    let embed = mat(embed_name.into())?;
+    let output = if !cfg.tie_embeddings && w.has_named(head_name) {
+        mat(head_name.into())?
     } else {
         embed.clone()
     };
-    DecoderWeights::new(cfg, embed, layers, vec("model.norm.weight".into())?, output)
+    DecoderWeights::new(cfg, embed, layers, vec(norm_name.into())?, output)
 }
 
-/// Applies Qwen3.5's GGUF metadata.
-pub fn gguf_config(cfg: &mut DecoderConfig, g: &GgufFile, arch: &str) -> Result<(), PluginError> {
-    let rot = g
-        .get_u64(&format!("{arch}.rope.dimension_count"))
-        .map_or(cfg.head_dim, |v| v as usize);
-    cfg.rope_dim = rot;
-    cfg.rope_partial_pairs = true;
-    // llama.cpp's converter folds the `1 +` of the zero-centred norms into the weights.
-    cfg.norm_add_one = false;
-    cfg.qk_norm = true;
-    Ok(())
-}
-
-/// Maps llama.cpp's tensor names (`convert_hf_to_gguf.py`, Qwen3.5 text models) onto the
-/// decoder's layers. The converter stores the delta-net's value heads tiled over the key heads
-/// and `ssm_a` as `-exp(A_log)` already (tests/fixtures/gguf-tiny/TENSORS.md).
-pub fn load_gguf(w: &Weights, cfg: &DecoderConfig) -> Result<DecoderWeights, PluginError> {
-    let g = w.gguf().expect("opened as GGUF");
-    let arch = g.architecture().unwrap_or("");
-    let key = |k: &str| format!("{arch}.{k}");
-    let get = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
-    let req = |k: &str| get(k).ok_or_else(|| bad(format!("GGUF: missing {}", key(k))));
-    let (kernel, dk, k_heads, v_heads, inner) = (
-        req("ssm.conv_kernel")?,
-        req("ssm.state_size")?,
-        req("ssm.group_count")?,
-        req("ssm.time_step_rank")?,
-        req("ssm.inner_size")?,
-    );
-    let kinds: Vec<LayerKind> = match g.get(&key("attention.recurrent_layers")).and_then(|v| v.as_array()) {
-        Some(a) => a
-            .iter()
-            .map(|v| if v.as_bool() == Some(true) { LayerKind::Linear } else { LayerKind::Full })
-            .collect(),
-        None => {
-            let every = get("full_attention_interval").unwrap_or(4);
-            (0..cfg.n_layers)
-                .map(|i| if (i + 1) % every == 0 { LayerKind::Full } else { LayerKind::Linear })
-                .collect()
+/// The routed experts of a layer: stacked in one 3-D tensor per projection (GGUF), or one
+/// tensor per expert (HF).
+fn experts(w: &Weights, t: &dyn Fn(&str) -> String, n: usize) -> Result<Vec<GatedFfn>, PluginError> {
+    if let Ok(gates) = w.stacked_named(&t("0.gate")) {
+        let (ups, downs) = (w.stacked_named(&t("0.up"))?, w.stacked_named(&t("0.down"))?);
+        if gates.len() != n || ups.len() != n || downs.len() != n {
+            return Err(bad(format!(
+                "{}: {} experts, expected {n}",
+                t("0.gate"),
+                gates.len()
+            )));
         }
-    };
-    if kinds.len() != cfg.n_layers || v_heads == 0 {
-        return Err(bad(format!("GGUF: {} recurrent-layer flags for {} layers", kinds.len(), cfg.n_layers)));
+        let ffns = gates.into_iter().zip(ups).zip(downs);
+        return Ok(ffns
+            .map(|((gate, up), down)| GatedFfn { gate, up, down })
+            .collect());
     }
-    let mat = |n: String| w.matrix_named(&n);
-    let vec = |n: String| w.vector_named(&n);
-    let mut layers = Vec::with_capacity(cfg.n_layers);
-    for (i, kind) in kinds.iter().enumerate() {
-        let p = format!("blk.{i}");
-        let mixer = match kind {
-            LayerKind::Full => Mixer::Attention(AttnWeights {
-                wq: mat(format!("{p}.attn_q.weight"))?,
-                wk: mat(format!("{p}.attn_k.weight"))?,
-                wv: mat(format!("{p}.attn_v.weight"))?,
-                wo: mat(format!("{p}.attn_output.weight"))?,
-                bq: None,
-                bk: None,
-                bv: None,
-                q_norm: Some(vec(format!("{p}.attn_q_norm.weight"))?),
-                k_norm: Some(vec(format!("{p}.attn_k_norm.weight"))?),
-                gated: true,
-            }),
-            LayerKind::Linear => Mixer::GatedDeltaNet(GatedDeltaNet {
-                in_qkv: mat(format!("{p}.attn_qkv.weight"))?,
-                in_z: mat(format!("{p}.attn_gate.weight"))?,
-                in_b: mat(format!("{p}.ssm_beta.weight"))?,
-                in_a: mat(format!("{p}.ssm_alpha.weight"))?,
-                conv: vec(format!("{p}.ssm_conv1d.weight"))?,
-                kernel,
-                neg_a: vec(format!("{p}.ssm_a"))?,
-                dt_bias: vec(format!("{p}.ssm_dt.bias"))?,
-                norm: vec(format!("{p}.ssm_norm.weight"))?,
-                out_proj: mat(format!("{p}.ssm_out.weight"))?,
-                k_heads,
-                v_heads,
-                dk,
-                dv: inner / v_heads,
-                tiled: true,
-            }),
-        };
-        let ffn3 = |stem: &str, suffix: &str| -> Result<GatedFfn, PluginError> {
+    (0..n)
+        .map(|e| {
             Ok(GatedFfn {
-                gate: mat(format!("{stem}.ffn_gate{suffix}.weight"))?,
-                up: mat(format!("{stem}.ffn_up{suffix}.weight"))?,
-                down: mat(format!("{stem}.ffn_down{suffix}.weight"))?,
+                gate: w.matrix_named(&t(&format!("{e}.gate")))?,
+                up: w.matrix_named(&t(&format!("{e}.up")))?,
+                down: w.matrix_named(&t(&format!("{e}.down")))?,
             })
-        };
-        let ffn = match cfg.moe {
-            None => Ffn::Dense(ffn3(&p, "")?),
-            Some(m) => {
-                let stack = |role: &str| -> Result<Vec<_>, PluginError> {
-                    let v = w.stacked_named(&format!("{p}.ffn_{role}_exps.weight"))?;
-                    if v.len() != m.n_experts {
-                        return Err(bad(format!("{p}: {} {role} experts, expected {}", v.len(), m.n_experts)));
-                    }
-                    Ok(v)
-                };
-                let (gs, us, ds) = (stack("gate")?, stack("up")?, stack("down")?);
-                Ffn::Moe {
-                    router: mat(format!("{p}.ffn_gate_inp.weight"))?,
-                    experts: gs
-                        .into_iter()
-                        .zip(us)
-                        .zip(ds)
-                        .map(|((gate, up), down)| GatedFfn { gate, up, down })
-                        .collect(),
-                    selection_bias: None,
-                    shared: if w.has_named(&format!("{p}.ffn_gate_shexp.weight")) {
-                        Some(SharedExpert {
-                            ffn: ffn3(&p, "_shexp")?,
-                            gate: Some(mat(format!("{p}.ffn_gate_inp_shexp.weight"))?),
-                        })
-                    } else {
-                        None
-                    },
-                }
-            }
-        };
-        layers.push(LayerWeights {
-            attn_norm: vec(format!("{p}.attn_norm.weight"))?,
-            mixer,
-            post_attn_norm: None,
-            ffn_norm: vec(format!("{p}.post_attention_norm.weight"))?,
-            post_ffw_norm: None,
-            ffn,
-        });
-    }
-    let embed = mat("token_embd.weight".into())?;
-    let output = if w.has_named("output.weight") {
-        mat("output.weight".into())?
-    } else {
-        embed.clone()
-    };
-    DecoderWeights::new(cfg, embed, layers, vec("output_norm.weight".into())?, output)
+        })
+        .collect()
 }

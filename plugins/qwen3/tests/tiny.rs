@@ -4,8 +4,8 @@
 use berth_plugin_api::{BatchView, ErrorKind, Family, LoadConfig, LogitsOut, Model, Rewind};
 use berth_plugin_common::npy::read_npy_f32;
 use berth_plugin_common::testing::{
-    assert_close, check_batched_equals_alone, check_fork, check_rewind, check_tiny_reference, decode, tiny_fixture,
-    TINY_IDS as IDS,
+    assert_close, check_batched_equals_alone, check_fork, check_rewind, check_tiny_reference, decode,
+    tiny_fixture, TINY_IDS as IDS,
 };
 use berth_qwen3::{QwenFamily, QwenModel};
 
