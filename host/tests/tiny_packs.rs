@@ -173,7 +173,11 @@ impl TinyHome {
         let mut child = self
             .command()
             .args(["serve", "--port", "0", "--host", "127.0.0.1"])
-            .env("BERTH_LOG", "info")
+            // Quiet unless asked (`BERTH_LOG=info` shows each request's cached tokens).
+            .env(
+                "BERTH_LOG",
+                std::env::var("BERTH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
