@@ -87,7 +87,7 @@ impl SeqStates {
 
     /// Whether a snapshot is due once a sequence reaches `len` positions.
     pub fn snapshot_due(&self, len: usize) -> bool {
-        self.max_snapshots > 0 && len > 0 && len % self.every == 0
+        self.max_snapshots > 0 && len > 0 && len.is_multiple_of(self.every)
     }
 
     /// One layer's state of a sequence.

@@ -104,7 +104,7 @@ pub fn check_batched_equals_alone(m: &mut dyn Model, vocab: i32) {
     let steps = 6;
     let alone: Vec<Vec<i32>> = prompts.iter().map(|p| greedy(m, 0, p, steps)).collect();
     for s in 0..4 {
-        m.seq_truncate(s as i32, 0).unwrap();
+        m.seq_truncate(s, 0).unwrap();
     }
     // All four prompts in one batch, then all four decode steps together.
     let (mut toks, mut pos, mut seqs, mut want) = (vec![], vec![], vec![], vec![]);
@@ -163,7 +163,7 @@ pub fn check_rewind(m: &mut dyn Model, vocab: i32) {
         Rewind::OnlyToStart => 0,
     };
     let long: Vec<i32> = (0..150).map(|i| (i * 29 + 3) % vocab).collect();
-    let cut = if every == 0 { 0 } else { (100 / every) * every };
+    let cut = 100usize.checked_div(every).map_or(0, |k| k * every);
     assert!(
         cut > 0 || every == 0,
         "a snapshot every {every} positions leaves no point below 100"
