@@ -276,7 +276,6 @@ impl Model for ScriptedModel {
                 "special_tokens": self.script.special_tokens,
             }),
             rewind: self.script.rewind.reported(),
-            ..Default::default()
         }
     }
 
