@@ -1,259 +1,173 @@
-//! Grouped-query attention over an f32 KV cache.
+//! Causal attention of one query head against one KV head of a cache, as pure functions over
+//! slices: [`head_attention`] in f32, [`head_attention_f16`] as llama.cpp computes it over an F16
+//! KV cache (see [`crate::ggml`]).
 //!
-//! The cache of one layer is laid out `[pos][n_kv_heads][head_dim]` (separate K and V
-//! buffers); queries and outputs are `[n_heads][head_dim]` per token. Query head `h` reads
-//! KV head `h / (n_heads / n_kv_heads)`. A query at position `pos` attends to cached
-//! positions `t <= pos`, and with a sliding window `w` only to `t > pos - w`.
-//! Scratch space for scores is passed in, so no call allocates.
+//! The caller picks the KV head (grouped-query attention), the attended positions
+//! ([`window_start`] for a sliding window) and the scratch buffers, so that a decoder can run the
+//! heads of a batch on any threads without allocating on a warm step.
 
 use crate::dot::dot_f32;
-use crate::ops::{axpy, reference, softmax_in_place};
+use crate::ggml::{dot_f16, softmax_ggml, F16DotOrder};
+use crate::ops::{axpy, round_f16, softcap, softmax};
 
-/// Shape and options of an attention layer.
+/// The cached keys and values one query head attends to.
+#[derive(Clone, Copy, Debug)]
+pub struct KvRows<'a> {
+    /// Keys: the row of cache position `t` is `k[t * stride..t * stride + head_dim]` (start the
+    /// slice at the KV head's offset within a position).
+    pub k: &'a [f32],
+    /// Values, laid out like [`KvRows::k`].
+    pub v: &'a [f32],
+    /// Distance between the rows of consecutive positions.
+    pub stride: usize,
+    /// First attended position (see [`window_start`]).
+    pub start: usize,
+    /// One past the last attended position (the query's position + 1).
+    pub end: usize,
+}
+
+impl KvRows<'_> {
+    /// Panics unless every attended row of `head_dim` lies inside `k` and `v`.
+    fn check(&self, head_dim: usize) {
+        assert!(self.start <= self.end, "attention: start past end");
+        if self.start < self.end {
+            let last = (self.end - 1) * self.stride + head_dim;
+            assert!(
+                last <= self.k.len() && last <= self.v.len(),
+                "attention: KV rows out of range"
+            );
+        }
+    }
+
+    #[inline]
+    fn key(&self, t: usize, head_dim: usize) -> &[f32] {
+        &self.k[t * self.stride..t * self.stride + head_dim]
+    }
+
+    #[inline]
+    fn value(&self, t: usize, head_dim: usize) -> &[f32] {
+        &self.v[t * self.stride..t * self.stride + head_dim]
+    }
+}
+
+/// How the scores of one head are formed.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttentionParams {
-    /// Query heads.
-    pub n_heads: usize,
-    /// Key/value heads (divides `n_heads`).
-    pub n_kv_heads: usize,
-    /// Dimension of each head.
-    pub head_dim: usize,
-    /// Multiplier applied to `q·k` (usually `1/sqrt(head_dim)`).
+pub struct HeadOpts {
+    /// Multiplier of `q·k` (usually `1/sqrt(head_dim)`).
     pub scale: f32,
-    /// Sliding window: attend only to positions `> pos - window`.
-    pub window: Option<usize>,
-    /// Logit soft-capping: `cap * tanh(x / cap)` after scaling.
+    /// Soft-capping of the scaled scores: `cap · tanh(s / cap)`.
     pub softcap: Option<f32>,
+    /// [`head_attention_f16`] only: multiply the query by `scale` before rounding it to f16
+    /// (llama.cpp scales q first for some models) instead of multiplying the scores.
+    pub q_prescale: bool,
 }
 
-impl AttentionParams {
-    /// Plain causal attention with the usual `1/sqrt(head_dim)` scale.
-    pub fn new(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Self {
-        AttentionParams {
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            window: None,
-            softcap: None,
-        }
-    }
-
-    /// First attended position for a query at `pos`.
-    pub fn first_pos(&self, pos: usize) -> usize {
-        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
-    }
-
-    fn check(&self, q: &[f32], pos_end: usize, k: &[f32], v: &[f32], out: &[f32]) {
-        assert!(
-            self.n_kv_heads > 0 && self.n_heads.is_multiple_of(self.n_kv_heads),
-            "GQA shape"
-        );
-        let kv = pos_end * self.n_kv_heads * self.head_dim;
-        assert!(
-            k.len() >= kv && v.len() >= kv,
-            "KV cache shorter than the positions used"
-        );
-        assert!(out.len() >= q.len(), "output too short");
-    }
+/// First position a query at `pos` attends to: 0, or `pos + 1 - window` with a sliding window.
+pub fn window_start(pos: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
 
-/// One query head against its KV head `g`: scores into `s`, weighted values into `oh`.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn attend_head(
-    p: &AttentionParams,
-    qh: &[f32],
-    pos: usize,
-    g: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
-    scores: &mut [f32],
-    oh: &mut [f32],
-) {
-    let hd = p.head_dim;
-    let start = p.first_pos(pos);
-    let s = &mut scores[..pos + 1 - start];
-    let stride = p.n_kv_heads * hd;
-    for (j, sj) in s.iter_mut().enumerate() {
-        let off = (start + j) * stride + g * hd;
-        *sj = dot_f32(qh, &k_cache[off..off + hd]) * p.scale;
-    }
-    if let Some(cap) = p.softcap {
-        s.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
-    }
-    softmax_in_place(s);
-    oh.fill(0.0);
-    for (j, &w) in s.iter().enumerate() {
-        let off = (start + j) * stride + g * hd;
-        axpy(oh, w, &v_cache[off..off + hd]);
-    }
-}
-
-/// Attention for the query heads of one token at `pos`, fast path.
+/// One query head in f32: `scores = softmax(softcap(q·k_t · scale))` over `kv.start..kv.end`,
+/// `out = Σ scores_t · v_t`. `out` and `q` have the head dimension; `scores` is scratch.
 ///
-/// `scores` needs at least `pos + 1` entries (or `window` with a window).
-pub fn attention_one(
-    p: &AttentionParams,
-    q: &[f32],
-    pos: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let hd = p.head_dim;
-    assert!(q.len() >= p.n_heads * hd);
-    p.check(&q[..p.n_heads * hd], pos + 1, k_cache, v_cache, out);
-    let group = p.n_heads / p.n_kv_heads;
-    for h in 0..p.n_heads {
-        let qh = &q[h * hd..(h + 1) * hd];
-        let oh = &mut out[h * hd..(h + 1) * hd];
-        attend_head(p, qh, pos, h / group, k_cache, v_cache, scores, oh);
+/// The dot products use [`crate::dot::dot_f32`]; the softmax is [`crate::ops::softmax`] (libm
+/// `exp`, f64 sum) and the weighted sum [`crate::ops::axpy`] in position order.
+pub fn head_attention(q: &[f32], kv: &KvRows, opts: &HeadOpts, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let hd = q.len();
+    assert_eq!(out.len(), hd, "attention: output is not one head");
+    kv.check(hd);
+    scores.clear();
+    scores.extend((kv.start..kv.end).map(|t| dot_f32(q, kv.key(t, hd)) * opts.scale));
+    if let Some(cap) = opts.softcap {
+        softcap(scores, cap);
+    }
+    softmax(scores);
+    out.fill(0.0);
+    for (t, &p) in (kv.start..kv.end).zip(scores.iter()) {
+        axpy(out, p, kv.value(t, hd));
     }
 }
 
-/// Multi-threaded attention for `m` tokens starting at `first_pos` (`m = 1` for decode),
-/// parallel over (token, head) pairs. `scores` needs `pool.n_threads() * (first_pos + m)`
-/// entries (one slice per thread).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_par(
-    p: &AttentionParams,
-    q: &[f32],
-    m: usize,
-    first_pos: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
-    scores: &mut [f32],
-    out: &mut [f32],
-    pool: &crate::pool::ThreadPool,
-) {
-    let hd = p.head_dim;
-    let w = p.n_heads * hd;
-    let ctx = first_pos + m;
-    assert!(q.len() >= m * w && out.len() >= m * w, "q/out too short");
-    p.check(&q[..m * w], ctx, k_cache, v_cache, out);
-    let nt = pool.n_threads();
-    assert!(
-        scores.len() >= nt * ctx,
-        "scores needs n_threads * (first_pos + m) entries"
-    );
-    struct Shared(*mut f32, *mut f32);
-    // SAFETY: output slices are disjoint per (token, head) chunk, and score slices are
-    // disjoint per thread index, which parallel_for_indexed never hands to two running
-    // chunks at once; both buffers stay mutably borrowed for the whole call.
-    unsafe impl Sync for Shared {}
-    let ptrs = Shared(out.as_mut_ptr(), scores.as_mut_ptr());
-    let group = p.n_heads / p.n_kv_heads;
-    pool.parallel_for_indexed(m * p.n_heads, |c, t| {
-        let ptrs = &ptrs;
-        let (i, h) = (c / p.n_heads, c % p.n_heads);
-        // SAFETY: see `Shared`; c < m * n_heads so the output range is in bounds, and
-        // t < n_threads so the scores range is in bounds (both asserted above).
-        let (oh, s) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(ptrs.0.add(i * w + h * hd), hd),
-                std::slice::from_raw_parts_mut(ptrs.1.add(t * ctx), ctx),
-            )
-        };
-        let qh = &q[i * w + h * hd..i * w + (h + 1) * hd];
-        attend_head(p, qh, first_pos + i, h / group, k_cache, v_cache, s, oh);
-    });
+/// llama.cpp pads its KV cache's cell count to a multiple of this; the value product runs over
+/// that many cells, which decides where [`F16DotOrder::VecDot`]'s f64 tail starts.
+pub const GGML_KV_PAD: usize = 256;
+
+/// Buffers of [`head_attention_f16`], reused across the heads one thread computes.
+#[derive(Clone, Debug, Default)]
+pub struct F16Scratch {
+    scores: Vec<f32>,
+    q16: Vec<f32>,
+    /// Value accumulators, slot-major: slot `s` of dimension `i` at `s * head_dim + i`.
+    acc: Vec<f32>,
+    tail: Vec<f64>,
 }
 
-/// Scalar reference of [`attention_one`].
-pub fn attention_one_reference(
-    p: &AttentionParams,
+/// One query head as llama.cpp computes it over its F16 KV cache without flash attention: the
+/// cache holds f16 values (the caller rounds them when storing, e.g. with
+/// [`crate::ops::round_f16_in_place`]), the query is rounded to f16 (after the scale when
+/// `opts.q_prescale`), scores and the probability-weighted values are f16 dot products summed in
+/// ggml's lane order (`order`: [`F16DotOrder::for_rows`] of the sequence's rows in the batch), the
+/// softmax is [`softmax_ggml`], and the probabilities are rounded to f16.
+pub fn head_attention_f16(
     q: &[f32],
-    pos: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
-    scores: &mut [f32],
+    kv: &KvRows,
+    opts: &HeadOpts,
+    order: F16DotOrder,
+    f: &mut F16Scratch,
     out: &mut [f32],
 ) {
-    let hd = p.head_dim;
-    p.check(&q[..p.n_heads * hd], pos + 1, k_cache, v_cache, out);
-    let start = p.first_pos(pos);
-    let s = &mut scores[..pos + 1 - start];
-    let stride = p.n_kv_heads * hd;
-    let group = p.n_heads / p.n_kv_heads;
-    for h in 0..p.n_heads {
-        let g = h / group;
-        for (j, sj) in s.iter_mut().enumerate() {
-            let off = (start + j) * stride + g * hd;
-            let mut d = 0.0f32;
-            for e in 0..hd {
-                d += q[h * hd + e] * k_cache[off + e];
-            }
-            *sj = d * p.scale;
-            if let Some(cap) = p.softcap {
-                *sj = cap * (*sj / cap).tanh();
-            }
+    let hd = q.len();
+    assert_eq!(out.len(), hd, "attention: output is not one head");
+    kv.check(hd);
+    let (pre, post) = if opts.q_prescale {
+        (opts.scale, 1.0)
+    } else {
+        (1.0, opts.scale)
+    };
+    f.q16.clear();
+    f.q16.extend(q.iter().map(|&b| round_f16(b * pre)));
+    let q16 = &f.q16;
+    f.scores.clear();
+    f.scores.extend((kv.start..kv.end).map(|t| {
+        let s = dot_f16(order, q16, kv.key(t, hd));
+        if post == 1.0 {
+            s
+        } else {
+            s * post
         }
-        reference::softmax(s);
-        for e in 0..hd {
-            let mut acc = 0.0f32;
-            for (j, &w) in s.iter().enumerate() {
-                acc += w * v_cache[(start + j) * stride + g * hd + e];
-            }
-            out[h * hd + e] = acc;
+    }));
+    if let Some(cap) = opts.softcap {
+        softcap(&mut f.scores, cap);
+    }
+    softmax_ggml(&mut f.scores, kv.start);
+    // The value rows are dotted with the probabilities along the cells (ggml multiplies the
+    // transposed V cache by the f16 probabilities): cell t goes to slot `order.slot(t)` of every
+    // dimension, cells past the vectorised part to an f64 tail.
+    let n_cells = kv.end.next_multiple_of(GGML_KV_PAD);
+    let nv = order.vector_len(n_cells);
+    f.acc.clear();
+    f.acc.resize(order.slots() * hd, 0.0);
+    f.tail.clear();
+    f.tail.resize(if nv < kv.end { hd } else { 0 }, 0.0);
+    for (t, &p) in (kv.start..kv.end).zip(&f.scores) {
+        let p = round_f16(p);
+        if p == 0.0 {
+            continue;
+        }
+        let vr = kv.value(t, hd);
+        if t < nv {
+            let slot = order.slot(t);
+            axpy(&mut f.acc[slot * hd..(slot + 1) * hd], p, vr);
+        } else {
+            f.tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
         }
     }
-}
-
-/// Causal attention for `m` consecutive query tokens (prefill) starting at `first_pos`.
-///
-/// `q` and `out` are `[m][n_heads][head_dim]`; the cache must already hold positions up to
-/// `first_pos + m - 1`; `scores` needs `first_pos + m` entries.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_prefill(
-    p: &AttentionParams,
-    q: &[f32],
-    m: usize,
-    first_pos: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let w = p.n_heads * p.head_dim;
-    assert!(q.len() >= m * w && out.len() >= m * w);
-    for i in 0..m {
-        attention_one(
-            p,
-            &q[i * w..(i + 1) * w],
-            first_pos + i,
-            k_cache,
-            v_cache,
-            scores,
-            &mut out[i * w..(i + 1) * w],
-        );
-    }
-}
-
-/// Scalar reference of [`attention_prefill`].
-#[allow(clippy::too_many_arguments)]
-pub fn attention_prefill_reference(
-    p: &AttentionParams,
-    q: &[f32],
-    m: usize,
-    first_pos: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let w = p.n_heads * p.head_dim;
-    for i in 0..m {
-        attention_one_reference(
-            p,
-            &q[i * w..(i + 1) * w],
-            first_pos + i,
-            k_cache,
-            v_cache,
-            scores,
-            &mut out[i * w..(i + 1) * w],
-        );
+    let mut x = [0.0f32; 32];
+    for (i, oi) in out.iter_mut().enumerate() {
+        for (s, xs) in x.iter_mut().enumerate().take(order.slots()) {
+            *xs = f.acc[s * hd + i];
+        }
+        *oi = order.reduce(&x, f.tail.get(i).copied().unwrap_or(0.0));
     }
 }
 
@@ -262,41 +176,76 @@ mod tests {
     use super::*;
     use crate::testutil::XorShift;
 
-    /// Full masked softmax over every cached position, in f64.
-    fn naive(p: &AttentionParams, q: &[f32], pos: usize, k: &[f32], v: &[f32], n_ctx: usize) -> Vec<f32> {
-        let hd = p.head_dim;
-        let stride = p.n_kv_heads * hd;
-        let group = p.n_heads / p.n_kv_heads;
-        let mut out = vec![0.0f32; p.n_heads * hd];
-        for h in 0..p.n_heads {
-            let g = h / group;
-            let mut sc = vec![f64::NEG_INFINITY; n_ctx];
-            for (t, st) in sc.iter_mut().enumerate() {
-                let allowed = t <= pos && p.window.is_none_or(|w| t + w > pos);
-                if allowed {
-                    let mut d = 0.0f64;
-                    for e in 0..hd {
-                        d += q[h * hd + e] as f64 * k[t * stride + g * hd + e] as f64;
-                    }
-                    d *= p.scale as f64;
-                    if let Some(c) = p.softcap {
-                        d = c as f64 * (d / c as f64).tanh();
-                    }
-                    *st = d;
+    /// Masked softmax attention of one head in f64, from the definition.
+    fn naive(q: &[f32], kv: &KvRows, opts: &HeadOpts) -> Vec<f32> {
+        let hd = q.len();
+        let sc: Vec<f64> = (kv.start..kv.end)
+            .map(|t| {
+                let d: f64 = (0..hd)
+                    .map(|e| q[e] as f64 * kv.k[t * kv.stride + e] as f64)
+                    .sum();
+                let d = d * opts.scale as f64;
+                opts.softcap.map_or(d, |c| c as f64 * (d / c as f64).tanh())
+            })
+            .collect();
+        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let ex: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
+        let sum: f64 = ex.iter().sum();
+        (0..hd)
+            .map(|e| {
+                let acc: f64 = (kv.start..kv.end)
+                    .zip(&ex)
+                    .map(|(t, w)| w / sum * kv.v[t * kv.stride + e] as f64)
+                    .sum();
+                acc as f32
+            })
+            .collect()
+    }
+
+    /// The decoder's f16 head attention as first written (slot arrays per dimension), to check
+    /// the slot-major rewrite against bit for bit.
+    fn f16_as_written(q: &[f32], kv: &KvRows, opts: &HeadOpts, order: F16DotOrder) -> Vec<f32> {
+        let hd = q.len();
+        let (pre, post) = if opts.q_prescale {
+            (opts.scale, 1.0)
+        } else {
+            (1.0, opts.scale)
+        };
+        let q16: Vec<f32> = q.iter().map(|&b| round_f16(b * pre)).collect();
+        let mut scores: Vec<f32> = (kv.start..kv.end)
+            .map(|t| {
+                let s = dot_f16(order, &q16, &kv.k[t * kv.stride..t * kv.stride + hd]);
+                if post == 1.0 {
+                    s
+                } else {
+                    s * post
                 }
+            })
+            .collect();
+        if let Some(cap) = opts.softcap {
+            softcap(&mut scores, cap);
+        }
+        softmax_ggml(&mut scores, kv.start);
+        let mut acc = vec![[0.0f32; 32]; hd];
+        let n_cells = kv.end.next_multiple_of(256);
+        let nv = order.vector_len(n_cells);
+        let mut tail = vec![0.0f64; if nv < kv.end { hd } else { 0 }];
+        for (t, &p) in (kv.start..kv.end).zip(&scores) {
+            let p = round_f16(p);
+            if p == 0.0 {
+                continue;
             }
-            let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let ex: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
-            let sum: f64 = ex.iter().sum();
-            for e in 0..hd {
-                let mut acc = 0.0f64;
-                for t in 0..n_ctx {
-                    acc += ex[t] / sum * v[t * stride + g * hd + e] as f64;
-                }
-                out[h * hd + e] = acc as f32;
+            let vr = &kv.v[t * kv.stride..t * kv.stride + hd];
+            if t < nv {
+                let slot = order.slot(t);
+                acc.iter_mut().zip(vr).for_each(|(a, &v)| a[slot] += p * v);
+            } else {
+                tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
             }
         }
-        out
+        (0..hd)
+            .map(|i| order.reduce(&acc[i], tail.get(i).copied().unwrap_or(0.0)))
+            .collect()
     }
 
     fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
@@ -306,61 +255,107 @@ mod tests {
     }
 
     #[test]
-    fn matches_reference_and_naive() {
+    fn heads_match_naive_attention() {
         let mut rng = XorShift::new(11);
+        // (kv heads, head_dim, window, softcap, q_prescale)
         let configs = [
-            (4usize, 4usize, 16usize, None, None),
-            (8, 2, 32, None, None),
-            (8, 1, 64, Some(5usize), None),
-            (4, 2, 24, Some(1), Some(50.0f32)),
-            (6, 3, 8, Some(100), Some(2.0)),
+            (1usize, 16usize, None, None, false),
+            (2, 32, None, None, true),
+            (2, 64, Some(5usize), None, false),
+            (3, 24, Some(1), Some(50.0f32), false),
+            (1, 256, Some(100), Some(2.0), true),
+            (4, 8, None, Some(30.0), false),
         ];
-        for (nh, nkv, hd, window, softcap) in configs {
-            let mut p = AttentionParams::new(nh, nkv, hd);
-            p.window = window;
-            p.softcap = softcap;
-            let n_ctx = 23;
-            let k: Vec<f32> = rng.vec(n_ctx * nkv * hd).iter().map(|v| v * 3.0).collect();
-            let v = rng.vec(n_ctx * nkv * hd);
-            let mut scores = vec![0.0; n_ctx];
-            // Decode at several positions.
-            for pos in [0usize, 1, 7, 22] {
-                let q = rng.vec(nh * hd);
-                let mut a = vec![0.0; nh * hd];
-                let mut b = vec![0.0; nh * hd];
-                attention_one(&p, &q, pos, &k, &v, &mut scores, &mut a);
-                attention_one_reference(&p, &q, pos, &k, &v, &mut scores, &mut b);
-                close(&a, &b, 1e-5, "fast vs reference");
-                close(&a, &naive(&p, &q, pos, &k, &v, n_ctx), 1e-5, "fast vs naive");
-            }
-            // Prefill of rows 10..23 with a causal mask.
-            let (first, m) = (10usize, 13usize);
-            let q = rng.vec(m * nh * hd);
-            let mut a = vec![0.0; m * nh * hd];
-            let mut b = vec![0.0; m * nh * hd];
-            attention_prefill(&p, &q, m, first, &k, &v, &mut scores, &mut a);
-            attention_prefill_reference(&p, &q, m, first, &k, &v, &mut scores, &mut b);
-            close(&a, &b, 1e-5, "prefill fast vs reference");
-            let pool = crate::pool::ThreadPool::new(3);
-            let mut big = vec![0.0; 3 * n_ctx];
-            let mut c = vec![0.0; m * nh * hd];
-            attention_par(&p, &q, m, first, &k, &v, &mut big, &mut c, &pool);
-            assert_eq!(a, c, "parallel attention differs");
-            let w = nh * hd;
-            for i in 0..m {
-                let e = naive(&p, &q[i * w..(i + 1) * w], first + i, &k, &v, n_ctx);
-                close(&a[i * w..(i + 1) * w], &e, 1e-5, "prefill vs naive");
+        let (mut scores, mut f16) = (Vec::new(), F16Scratch::default());
+        for (nkv, hd, window, cap, q_prescale) in configs {
+            let n_ctx = 40;
+            let stride = nkv * hd + 3; // rows padded: stride need not be nkv * hd
+            let r16 = |v: &f32| round_f16(v * 3.0);
+            let k: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
+            let v: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
+            let opts = HeadOpts {
+                scale: 1.0 / (hd as f32).sqrt(),
+                softcap: cap,
+                q_prescale,
+            };
+            for pos in [0usize, 1, 7, 31, 32, 39] {
+                for kh in 0..nkv {
+                    let q = rng.vec(hd);
+                    let kv = KvRows {
+                        k: &k[kh * hd..],
+                        v: &v[kh * hd..],
+                        stride,
+                        start: window_start(pos, window),
+                        end: pos + 1,
+                    };
+                    let want = naive(&q, &kv, &opts);
+                    let mut o = vec![f32::NAN; hd];
+                    head_attention(&q, &kv, &opts, &mut scores, &mut o);
+                    close(&o, &want, 1e-5, "f32 vs naive");
+                    for order in [F16DotOrder::Gemm, F16DotOrder::VecDot] {
+                        let mut o16 = vec![f32::NAN; hd];
+                        head_attention_f16(&q, &kv, &opts, order, &mut f16, &mut o16);
+                        // f16 query and probabilities: ~1e-3 relative.
+                        close(&o16, &want, 4e-3, "f16 vs naive");
+                        let w = f16_as_written(&q, &kv, &opts, order);
+                        for (i, (a, b)) in o16.iter().zip(&w).enumerate() {
+                            assert_eq!(a.to_bits(), b.to_bits(), "f16 vs as written [{i}] {order:?}");
+                        }
+                    }
+                }
             }
         }
     }
 
     #[test]
     fn single_position_copies_value() {
-        let p = AttentionParams::new(2, 1, 4);
         let k = [1.0, 2.0, 3.0, 4.0];
         let v = [5.0, 6.0, 7.0, 8.0];
-        let mut out = [0.0; 8];
-        attention_one(&p, &[1.0; 8], 0, &k, &v, &mut [0.0; 1], &mut out);
-        assert_eq!(out, [5.0, 6.0, 7.0, 8.0, 5.0, 6.0, 7.0, 8.0]);
+        let kv = KvRows {
+            k: &k,
+            v: &v,
+            stride: 4,
+            start: 0,
+            end: 1,
+        };
+        let opts = HeadOpts {
+            scale: 0.5,
+            softcap: None,
+            q_prescale: false,
+        };
+        let mut out = [0.0; 4];
+        head_attention(&[1.0; 4], &kv, &opts, &mut Vec::new(), &mut out);
+        assert_eq!(out, v);
+        head_attention_f16(
+            &[1.0; 4],
+            &kv,
+            &opts,
+            F16DotOrder::VecDot,
+            &mut F16Scratch::default(),
+            &mut out,
+        );
+        assert_eq!(out, v);
+        assert_eq!(window_start(10, Some(4)), 7);
+        assert_eq!(window_start(2, Some(4)), 0);
+        assert_eq!(window_start(10, None), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn rows_outside_the_cache_panic() {
+        let k = [0.0; 8];
+        let kv = KvRows {
+            k: &k,
+            v: &k,
+            stride: 4,
+            start: 0,
+            end: 3,
+        };
+        let opts = HeadOpts {
+            scale: 1.0,
+            softcap: None,
+            q_prescale: false,
+        };
+        head_attention(&[1.0; 4], &kv, &opts, &mut Vec::new(), &mut [0.0; 4]);
     }
 }

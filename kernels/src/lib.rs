@@ -5,9 +5,11 @@
 //! one weight row against activations quantized once per row ([`dot`]), multi-threaded
 //! matrix-vector and matrix-matrix products over raw weight bytes ([`matmul`]) running on a
 //! small persistent thread pool ([`pool`]), element-wise operations such as RMS norm,
-//! softmax, activations and RoPE ([`ops`]), and grouped-query attention over an f32 KV cache
-//! ([`attention`]). Every kernel has a portable scalar reference; on x86_64 the hot ones
-//! also have AVX2+FMA versions picked at runtime by CPU-feature detection.
+//! softmax, activations and RoPE ([`ops`]), one query head's attention over a KV cache
+//! ([`attention`]), the emulation of llama.cpp's own float arithmetic that greedy parity needs
+//! ([`ggml`]), and the recurrent mixers of hybrid models ([`recurrent`]). Every kernel has a
+//! portable scalar reference; on x86_64 the hot ones also have AVX2+FMA (some AVX-512) versions
+//! picked at runtime by CPU-feature detection (`BERTH_FORCE_SCALAR=1` forces the scalar ones).
 //! [`testutil`] has a tiny deterministic RNG and random-block generators for tests and
 //! benchmarks.
 
@@ -15,6 +17,7 @@
 
 pub mod attention;
 pub mod dot;
+pub mod ggml;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

@@ -1,83 +1,470 @@
-//! Element-wise f32 operations: RMS norm, softmax, activations, in-place arithmetic, RoPE.
+//! Element-wise f32 operations of a forward pass: RMS norm, activations, softmax, RoPE,
+//! soft-capping, f16 rounding, and the row arithmetic around them (`y += a·x`, `a += b`, `x *= s`).
 //!
-//! Public functions pick an AVX2 path at runtime where it matters; the scalar versions in
-//! [`reference`] define the semantics and are what the tests compare against.
+//! Each operation is defined by its scalar code here. The row kernels also have an AVX2+FMA+F16C
+//! version; a table of them is chosen once at first use from an ordered candidate list (AVX2,
+//! then scalar; `BERTH_FORCE_SCALAR=1` forces scalar, as for [`crate::dot`]), see
+//! [`ops_impl_name`]. They come in two kinds:
+//!
+//! - exact: the SIMD version does the same IEEE operations per element as the scalar code, so its
+//!   results are equal bit for bit and llama.cpp-parity paths may use it: [`rms_norm`],
+//!   [`rms_norm_heads`], [`Rope::apply`], [`axpy`], [`add_in_place`], [`scale_in_place`],
+//!   [`geglu_tanh_f16`], [`round_f16_in_place`];
+//! - `_fast`: a polynomial `exp` instead of libm's, within a few ulp of the scalar functions but not
+//!   equal to them: [`silu_fast`], [`swiglu_fast`], [`geglu_tanh_fast`], [`softmax_fast`]. No model
+//!   path uses them yet; parity paths keep [`silu`], [`gelu_tanh`] and [`softmax`].
+//!
+//! What stays scalar, and why: [`rms_norm`] sums its squares one at a time in f64 like ggml's
+//! `ggml_float` loop (any other order can change the last bit of the scale), and [`softmax`],
+//! [`silu`], [`gelu_tanh`], [`sigmoid`] and [`softcap`] call libm's `exp` / `tanh`.
+//! ggml-cpu's own arithmetic (its f16 dot order, `expf` and softmax) is in [`crate::ggml`].
 
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use crate::dot::has_avx2;
+use crate::quant::{f16_to_f32, f32_to_f16};
+use std::sync::OnceLock;
 
-/// How the RMS-norm weight is applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NormStyle {
-    /// `x / rms * w` (Llama, Qwen).
-    Mul,
-    /// `x / rms * (1 + w)` (Gemma).
-    OnePlus,
+/// RMS norm of `x` into `out`: `x / sqrt(mean(x²) + eps)`, times `w` (or `1 + w` when `add_one`).
+pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, add_one: bool, out: &mut [f32]) {
+    // Squares summed in f64, like ggml (`ggml_float`), so both engines see the same scale.
+    let n = x.len();
+    let ss = (x.iter().map(|v| (v * v) as f64).sum::<f64>() / n as f64) as f32;
+    let scale = 1.0 / (ss + eps).sqrt();
+    let off = if add_one { 1.0 } else { 0.0 };
+    (table().scale_mul)(out, x, w, scale, off);
 }
 
-/// Pairing of rotated dimensions in RoPE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// Interleaved pairs `(2i, 2i+1)` (GGML "norm", Llama).
-    Normal,
-    /// Split halves `(i, i + rotary_dim/2)` (GGML "neox", Qwen2, Gemma).
-    Neox,
+/// RMS norm in place, applied to each `w.len()`-sized chunk of `x` (per-head q/k norms).
+pub fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32, add_one: bool) {
+    let d = w.len();
+    let mut tmp = [0.0f32; 1024];
+    for head in x.chunks_exact_mut(d) {
+        let t = &mut tmp[..d];
+        t.copy_from_slice(head);
+        rms_norm(t, Some(w), eps, add_one, head);
+    }
 }
 
-/// Scalar reference implementations.
-pub mod reference {
-    use super::NormStyle;
+/// SiLU: `x · sigmoid(x)`, computed as `x / (1 + e^-x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
 
-    /// `1 / sqrt(mean(x^2) + eps)`.
-    pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
-        let ss: f32 = x.iter().map(|v| v * v).sum();
-        1.0 / (ss / x.len() as f32 + eps).sqrt()
+/// Logistic sigmoid: `1 / (1 + e^-x)`.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation (`gelu_pytorch_tanh`).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// ggml-cpu's GELU (tanh approximation) as its GEGLU uses it: the input rounded to f16 and looked
+/// up in a table of f16 results computed in f32 (`GGML_GELU_FP16`); 0 below -10, identity above 10.
+#[inline]
+pub fn gelu_tanh_f16(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        gelu_f16_table()[f32_to_f16(x) as usize]
     }
+}
 
-    /// RMS norm of `x` into `out`.
-    pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32, style: NormStyle) {
-        let s = rms_scale(x, eps);
-        let off = if style == NormStyle::OnePlus { 1.0 } else { 0.0 };
-        for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-            *o = v * s * (g + off);
-        }
-    }
-
-    /// Numerically stable softmax in place.
-    pub fn softmax(x: &mut [f32]) {
-        let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let mut sum = 0.0;
-        for v in x.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        let inv = 1.0 / sum;
-        x.iter_mut().for_each(|v| *v *= inv);
-    }
-
-    /// SiLU: `x * sigmoid(x)`.
-    pub fn silu(x: f32) -> f32 {
-        x / (1.0 + (-x).exp())
-    }
-
-    /// GELU, tanh approximation: `0.5 x (1 + tanh(u))`, computed as the equivalent
-    /// `x / (1 + e^(-2u))` which does not cancel for negative x.
-    pub fn gelu_tanh(x: f32) -> f32 {
+/// [`gelu_tanh_f16`] of every f16 bit pattern (65536 entries).
+fn gelu_f16_table() -> &'static [f32] {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    TABLE.get_or_init(|| {
         const C: f32 = 0.797_884_6; // sqrt(2/pi)
-        let u = C * (x + 0.044715 * x * x * x);
-        x / (1.0 + (-2.0 * u).exp())
+        (0..=u16::MAX)
+            .map(|h| {
+                let x = f16_to_f32(h);
+                let y = 0.5 * x * (1.0 + (C * x * (1.0 + 0.044715 * x * x)).tanh());
+                f16_to_f32(f32_to_f16(y))
+            })
+            .collect()
+    })
+}
+
+/// GEGLU through ggml's f16 GELU table: `a = gelu_tanh_f16(a) · b` (exact SIMD).
+pub fn geglu_tanh_f16(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    (table().geglu_f16)(a, b)
+}
+
+/// Rounds to the nearest f16 and back.
+#[inline]
+pub fn round_f16(x: f32) -> f32 {
+    f16_to_f32(f32_to_f16(x))
+}
+
+/// [`round_f16`] of every element in place (exact SIMD; NaNs stay NaN, payloads may differ).
+pub fn round_f16_in_place(x: &mut [f32]) {
+    (table().round_f16)(x)
+}
+
+/// Softmax in place (the sum of exponentials in f64, like ggml).
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
     }
 }
+
+/// Soft-capping: `cap · tanh(x / cap)` in place.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
+/// `y += a · x`, one rounding per product and per sum (exact SIMD; lengths must match).
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    (table().axpy)(y, a, x)
+}
+
+/// `a += b` element-wise (exact SIMD; lengths must match).
+pub fn add_in_place(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    (table().add)(a, b)
+}
+
+/// `x *= s` element-wise (exact SIMD).
+pub fn scale_in_place(x: &mut [f32], s: f32) {
+    (table().scale)(x, s)
+}
+
+/// SiLU in place with a polynomial `exp` (SIMD; close to [`silu`], not bit-equal).
+pub fn silu_fast(x: &mut [f32]) {
+    (table().gated_fast)(x, None, false)
+}
+
+/// SwiGLU `a = silu(a) · b` with a polynomial `exp` (SIMD; close to [`silu`], not bit-equal).
+pub fn swiglu_fast(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    (table().gated_fast)(a, Some(b), false)
+}
+
+/// GeGLU `a = gelu_tanh(a) · b` with a polynomial `exp` (SIMD; close to [`gelu_tanh`], not
+/// bit-equal).
+pub fn geglu_tanh_fast(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    (table().gated_fast)(a, Some(b), true)
+}
+
+/// Softmax in place with a polynomial `exp` and an f32 sum (SIMD; close to [`softmax`], not
+/// bit-equal; entries of `-inf` become 0).
+pub fn softmax_fast(x: &mut [f32]) {
+    if !x.is_empty() {
+        (table().softmax_fast)(x)
+    }
+}
+
+/// Rotary position embedding for one layer: inverse frequencies and the pairing layout.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    /// Inverse frequency of each rotated pair (`head_dim_rotated / 2` of them).
+    pub inv_freq: Vec<f32>,
+    /// Head dimension (pairs are `(i, i + head_dim/2)` in NeoX layout, `(2i, 2i+1)` otherwise).
+    pub head_dim: usize,
+    /// NeoX / rotate_half layout.
+    pub neox: bool,
+    /// NeoX pair distance: `head_dim / 2` (llama.cpp, Gemma 4's proportional RoPE), or
+    /// `rot_dim / 2` when only the first `rot_dim` dimensions rotate (HF partial rotary, Qwen3.5).
+    pub half: usize,
+    /// ggml's f32 angles: `theta_j = pos · base^(-2/rot_dim)^j` as a running f32 product, then
+    /// `cosf`/`sinf` (instead of f64 angles from `inv_freq`).
+    pub ggml: Option<GgmlRope>,
+}
+
+/// The f32 quantities ggml-cpu computes RoPE angles from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GgmlRope {
+    /// `powf(base, -2 / rot_dim)`.
+    pub theta_scale: f32,
+    /// Frequency scale (1 / linear scaling factor).
+    pub freq_scale: f32,
+}
+
+/// Most rotated pairs [`Rope::apply`] stages on the stack for the SIMD path.
+const MAX_PAIRS: usize = 512;
+
+/// One [`Rope::apply`] call as the row kernels see it.
+struct RopeRows<'a> {
+    head_dim: usize,
+    half: usize,
+    neox: bool,
+    /// ggml's contracted `x0·cos - x1·sin` / `x0·sin + x1·cos` (a fused multiply-add each).
+    fused: bool,
+    cos: &'a [f32],
+    sin: &'a [f32],
+}
+
+impl Rope {
+    /// Default RoPE: `inv_freq[j] = base^(-2j / rot_dim)` for `j < rot_dim / 2`.
+    pub fn new(base: f32, head_dim: usize, rot_dim: usize, neox: bool) -> Rope {
+        let inv_freq = (0..rot_dim / 2)
+            .map(|j| 1.0 / (base as f64).powf(2.0 * j as f64 / rot_dim as f64) as f32)
+            .collect();
+        Rope {
+            inv_freq,
+            head_dim,
+            neox,
+            half: head_dim / 2,
+            ggml: None,
+        }
+    }
+
+    /// HF's partial rotary embedding: only the first `rot_dim` dimensions of each head rotate,
+    /// paired `(j, j + rot_dim/2)` (transformers' `partial_rotary_factor`).
+    pub fn new_partial(base: f32, head_dim: usize, rot_dim: usize) -> Rope {
+        Rope {
+            half: rot_dim / 2,
+            ..Rope::new(base, head_dim, rot_dim, true)
+        }
+    }
+
+    /// RoPE with ggml-cpu's f32 angle computation (see [`Rope::ggml`]); `freq_scale` is
+    /// 1 / the linear scaling factor.
+    pub fn new_ggml(base: f32, head_dim: usize, rot_dim: usize, neox: bool, freq_scale: f32) -> Rope {
+        let mut r = Rope::new(base, head_dim, rot_dim, neox);
+        r.inv_freq.iter_mut().for_each(|f| *f *= freq_scale);
+        r.ggml = Some(GgmlRope {
+            theta_scale: base.powf(-2.0 / rot_dim as f32),
+            freq_scale,
+        });
+        r
+    }
+
+    /// Fills `cs` with `(cos, sin)` of each pair's angle at `pos`.
+    pub fn angles(&self, pos: usize, cs: &mut Vec<(f32, f32)>) {
+        cs.clear();
+        if let Some(g) = self.ggml {
+            let mut theta = pos as f32;
+            for _ in 0..self.inv_freq.len() {
+                let t = g.freq_scale * theta;
+                cs.push((t.cos(), t.sin()));
+                theta *= g.theta_scale;
+            }
+            return;
+        }
+        cs.extend(self.inv_freq.iter().map(|&f| {
+            let a = pos as f64 * f as f64;
+            (a.cos() as f32, a.sin() as f32)
+        }));
+    }
+
+    /// Rotates every head of `x` (heads of `head_dim`) by precomputed angles (exact SIMD).
+    pub fn apply(&self, x: &mut [f32], cs: &[(f32, f32)]) {
+        let n = cs.len();
+        let span = if self.neox { self.half + n } else { 2 * n };
+        assert!(
+            n == 0 || (span <= self.head_dim && (!self.neox || n <= self.half)),
+            "RoPE pairs outside the head"
+        );
+        let (mut cos, mut sin) = ([0.0f32; MAX_PAIRS], [0.0f32; MAX_PAIRS]);
+        let mut rows = RopeRows {
+            head_dim: self.head_dim,
+            half: self.half,
+            neox: self.neox,
+            fused: self.ggml.is_some(),
+            cos: &[],
+            sin: &[],
+        };
+        if n > MAX_PAIRS {
+            return scalar::rope_pairs(x, &rows, cs);
+        }
+        for (j, &(c, s)) in cs.iter().enumerate() {
+            cos[j] = c;
+            sin[j] = s;
+        }
+        rows.cos = &cos[..n];
+        rows.sin = &sin[..n];
+        (table().rope)(x, &rows)
+    }
+}
+
+/// `(out, x, w, s, off)`: `out = x · s · (w + off)` (or `x · s` without `w`).
+type ScaleMulFn = fn(&mut [f32], &[f32], Option<&[f32]>, f32, f32);
+
+/// One implementation of every row kernel.
+#[derive(Clone, Copy)]
+struct Table {
+    name: &'static str,
+    /// [`ScaleMulFn`] over the shortest length.
+    scale_mul: ScaleMulFn,
+    axpy: fn(&mut [f32], f32, &[f32]),
+    add: fn(&mut [f32], &[f32]),
+    scale: fn(&mut [f32], f32),
+    round_f16: fn(&mut [f32]),
+    geglu_f16: fn(&mut [f32], &[f32]),
+    /// Every head of the slice (`cos.len()` pairs each).
+    rope: fn(&mut [f32], &RopeRows),
+    /// `a = act(a) · b` (or `act(a)`), act = GELU-tanh when the flag is set, else SiLU.
+    gated_fast: fn(&mut [f32], Option<&[f32]>, bool),
+    softmax_fast: fn(&mut [f32]),
+}
+
+const SCALAR: Table = Table {
+    name: "scalar",
+    scale_mul: scalar::scale_mul,
+    axpy: scalar::axpy,
+    add: scalar::add,
+    scale: scalar::scale,
+    round_f16: scalar::round_f16,
+    geglu_f16: scalar::geglu_f16,
+    rope: scalar::rope,
+    gated_fast: scalar::gated,
+    softmax_fast: softmax,
+};
 
 #[cfg(target_arch = "x86_64")]
+const AVX2: Table = Table {
+    name: "avx2",
+    scale_mul: avx2::scale_mul,
+    axpy: avx2::axpy,
+    add: avx2::add,
+    scale: avx2::scale,
+    round_f16: avx2::round_f16,
+    geglu_f16: avx2::geglu_f16,
+    rope: avx2::rope,
+    gated_fast: avx2::gated,
+    softmax_fast: avx2::softmax,
+};
+
+/// The fastest kernels for this CPU, detected once (scalar under `BERTH_FORCE_SCALAR=1`).
+fn table() -> &'static Table {
+    static BEST: OnceLock<Table> = OnceLock::new();
+    BEST.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if crate::dot::has_avx2() {
+            return AVX2;
+        }
+        SCALAR
+    })
+}
+
+/// Name of the selected row kernels ("scalar", "avx2").
+pub fn ops_impl_name() -> &'static str {
+    table().name
+}
+
+/// The scalar row kernels: the definitions the SIMD ones are tested against.
+mod scalar {
+    use super::{gelu_tanh, gelu_tanh_f16, silu, RopeRows};
+
+    pub(super) fn scale_mul(out: &mut [f32], x: &[f32], w: Option<&[f32]>, s: f32, off: f32) {
+        match w {
+            Some(w) => {
+                for ((o, &v), &wi) in out.iter_mut().zip(x).zip(w) {
+                    *o = v * s * (wi + off);
+                }
+            }
+            None => {
+                for (o, &v) in out.iter_mut().zip(x) {
+                    *o = v * s;
+                }
+            }
+        }
+    }
+
+    pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        y.iter_mut().zip(x).for_each(|(v, &u)| *v += a * u);
+    }
+
+    pub(super) fn add(a: &mut [f32], b: &[f32]) {
+        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+    }
+
+    pub(super) fn scale(x: &mut [f32], s: f32) {
+        x.iter_mut().for_each(|v| *v *= s);
+    }
+
+    pub(super) fn round_f16(x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = super::round_f16(*v));
+    }
+
+    pub(super) fn geglu_f16(a: &mut [f32], b: &[f32]) {
+        a.iter_mut().zip(b).for_each(|(v, &g)| *v = gelu_tanh_f16(*v) * g);
+    }
+
+    pub(super) fn gated(a: &mut [f32], b: Option<&[f32]>, gelu: bool) {
+        let act = if gelu { gelu_tanh } else { silu };
+        match b {
+            Some(b) => a.iter_mut().zip(b).for_each(|(v, &g)| *v = act(*v) * g),
+            None => a.iter_mut().for_each(|v| *v = act(*v)),
+        }
+    }
+
+    pub(super) fn rope(x: &mut [f32], r: &RopeRows) {
+        for head in x.chunks_exact_mut(r.head_dim) {
+            for (j, (&c, &s)) in r.cos.iter().zip(r.sin).enumerate() {
+                rotate(head, r, j, c, s);
+            }
+        }
+    }
+
+    /// [`rope`] with the angles read straight from `cs` (more pairs than the SIMD path stages).
+    pub(super) fn rope_pairs(x: &mut [f32], r: &RopeRows, cs: &[(f32, f32)]) {
+        for head in x.chunks_exact_mut(r.head_dim) {
+            for (j, &(c, s)) in cs.iter().enumerate() {
+                rotate(head, r, j, c, s);
+            }
+        }
+    }
+
+    /// Rotates pair `j` of one head.
+    #[inline]
+    pub(super) fn rotate(head: &mut [f32], r: &RopeRows, j: usize, c: f32, s: f32) {
+        let (a, b) = if r.neox {
+            (j, j + r.half)
+        } else {
+            (2 * j, 2 * j + 1)
+        };
+        let (x0, x1) = (head[a], head[b]);
+        if r.fused {
+            // As GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
+            head[a] = x0.mul_add(c, -(x1 * s));
+            head[b] = x0.mul_add(s, x1 * c);
+        } else {
+            head[a] = x0 * c - x1 * s;
+            head[b] = x1 * c + x0 * s;
+        }
+    }
+}
+
+/// AVX2+FMA+F16C row kernels. The `*_impl` functions need those CPU features; the safe wrappers
+/// are only installed in [`AVX2`] (or called by tests) after detecting them.
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use crate::dot::avx2::hsum_ps;
+    use super::RopeRows;
     use std::arch::x86_64::*;
 
-    /// e^x for eight lanes (Cephes-style polynomial, ~1 ulp; < -87.3 gives 0).
+    /// Horizontal sum of eight lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn exp_ps(x: __m256) -> __m256 {
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// e^x for eight lanes (Cephes-style polynomial, ~1 ulp; below -87.3 gives 0).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp_ps(x: __m256) -> __m256 {
         let under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.336_55), _CMP_LT_OQ);
         let x = _mm256_min_ps(x, _mm256_set1_ps(88.376_26));
         let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
@@ -95,7 +482,7 @@ mod avx2 {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
         let r2 = _mm256_mul_ps(r, r);
         let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-        // 2^fx; fx in [-126, 128] after clamping. Build it as two halves so fx = 128 works.
+        // 2^fx; fx in [-126, 128] after clamping. Built as two halves so fx = 128 works.
         let fi = _mm256_cvtps_epi32(fx);
         let half = _mm256_srai_epi32(fi, 1);
         let p1 = _mm256_castsi256_ps(_mm256_slli_epi32(
@@ -111,39 +498,233 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn sum_squares(x: &[f32]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut c = x.chunks_exact(8);
-        for ch in &mut c {
-            // SAFETY: ch has exactly 8 f32; unaligned load.
-            let v = unsafe { _mm256_loadu_ps(ch.as_ptr()) };
-            acc = _mm256_fmadd_ps(v, v, acc);
+    fn scale_mul_impl(out: &mut [f32], x: &[f32], w: Option<&[f32]>, s: f32, off: f32) {
+        let n = out.len().min(x.len()).min(w.map_or(usize::MAX, <[f32]>::len));
+        let vs = _mm256_set1_ps(s);
+        let mut i = 0;
+        match w {
+            Some(w) => {
+                let voff = _mm256_set1_ps(off);
+                while i + 8 <= n {
+                    // SAFETY: i + 8 <= n <= every slice's length; unaligned loads and stores.
+                    unsafe {
+                        let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vs);
+                        let g = _mm256_add_ps(_mm256_loadu_ps(w.as_ptr().add(i)), voff);
+                        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(v, g));
+                    }
+                    i += 8;
+                }
+                for j in i..n {
+                    out[j] = x[j] * s * (w[j] + off);
+                }
+            }
+            None => {
+                while i + 8 <= n {
+                    // SAFETY: i + 8 <= n <= both slices' lengths.
+                    unsafe {
+                        let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vs);
+                        _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+                    }
+                    i += 8;
+                }
+                for j in i..n {
+                    out[j] = x[j] * s;
+                }
+            }
         }
-        hsum_ps(acc) + c.remainder().iter().map(|v| v * v).sum::<f32>()
     }
 
+    /// `y += a * x` as a multiply then an add (no fusing, to match the scalar code).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn scale_mul(out: &mut [f32], x: &[f32], w: &[f32], s: f32, off: f32) {
-        let n = out.len();
-        assert!(x.len() >= n && w.len() >= n);
-        let (vs, voff) = (_mm256_set1_ps(s), _mm256_set1_ps(off));
+    fn axpy_impl(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len().min(x.len());
+        let va = _mm256_set1_ps(a);
         let mut i = 0;
         while i + 8 <= n {
-            // SAFETY: i + 8 <= n <= every slice length; unaligned loads/stores.
+            // SAFETY: i + 8 <= n <= both lengths.
             unsafe {
-                let g = _mm256_add_ps(_mm256_loadu_ps(w.as_ptr().add(i)), voff);
-                let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vs);
-                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(v, g));
+                let p = y.as_mut_ptr().add(i);
+                let ax = _mm256_mul_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)));
+                _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), ax));
             }
             i += 8;
         }
         for j in i..n {
-            out[j] = x[j] * s * (w[j] + off);
+            y[j] += a * x[j];
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn softmax(x: &mut [f32]) {
+    fn add_impl(a: &mut [f32], b: &[f32]) {
+        let n = a.len().min(b.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n <= both lengths.
+            unsafe {
+                let p = a.as_mut_ptr().add(i);
+                _mm256_storeu_ps(
+                    p,
+                    _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(b.as_ptr().add(i))),
+                );
+            }
+            i += 8;
+        }
+        for j in i..n {
+            a[j] += b[j];
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn scale_impl(x: &mut [f32], s: f32) {
+        let vs = _mm256_set1_ps(s);
+        let mut c = x.chunks_exact_mut(8);
+        for ch in &mut c {
+            // SAFETY: ch holds exactly 8 f32.
+            unsafe { _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), vs)) };
+        }
+        c.into_remainder().iter_mut().for_each(|v| *v *= s);
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn round_f16_impl(x: &mut [f32]) {
+        let mut c = x.chunks_exact_mut(8);
+        for ch in &mut c {
+            // SAFETY: ch holds exactly 8 f32.
+            unsafe {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(ch.as_ptr()));
+                _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+        c.into_remainder()
+            .iter_mut()
+            .for_each(|v| *v = super::round_f16(*v));
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn geglu_f16_impl(a: &mut [f32], b: &[f32]) {
+        let n = a.len().min(b.len());
+        let table = super::gelu_f16_table();
+        assert_eq!(table.len(), 1 << 16);
+        let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n <= both lengths; the gather indices are u16 values, inside the
+            // 65536-entry table.
+            unsafe {
+                let p = a.as_mut_ptr().add(i);
+                let x = _mm256_loadu_ps(p);
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+                let g = _mm256_i32gather_ps::<4>(table.as_ptr(), _mm256_cvtepu16_epi32(h));
+                let g = _mm256_blendv_ps(g, x, _mm256_cmp_ps(x, hi, _CMP_GE_OQ));
+                let g = _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LE_OQ), g);
+                _mm256_storeu_ps(p, _mm256_mul_ps(g, _mm256_loadu_ps(b.as_ptr().add(i))));
+            }
+            i += 8;
+        }
+        for j in i..n {
+            a[j] = super::gelu_tanh_f16(a[j]) * b[j];
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn rope_impl(x: &mut [f32], r: &RopeRows) {
+        let (d, n) = (r.head_dim, r.cos.len().min(r.sin.len()));
+        for head in x.chunks_exact_mut(d) {
+            let p = head.as_mut_ptr();
+            let (cp, sp) = (r.cos.as_ptr(), r.sin.as_ptr());
+            let mut j = 0;
+            if r.neox {
+                while j + 8 <= n {
+                    // SAFETY: j + 8 <= n <= cos/sin lengths, and `Rope::apply` checked
+                    // half + n <= head_dim, so both halves' lanes lie inside the head.
+                    unsafe {
+                        let x0 = _mm256_loadu_ps(p.add(j));
+                        let x1 = _mm256_loadu_ps(p.add(j + r.half));
+                        let c = _mm256_loadu_ps(cp.add(j));
+                        let s = _mm256_loadu_ps(sp.add(j));
+                        let (a, b) = if r.fused {
+                            (
+                                _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)),
+                                _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)),
+                            )
+                        } else {
+                            (
+                                _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)),
+                                _mm256_add_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x0, s)),
+                            )
+                        };
+                        _mm256_storeu_ps(p.add(j), a);
+                        _mm256_storeu_ps(p.add(j + r.half), b);
+                    }
+                    j += 8;
+                }
+            } else {
+                while j + 4 <= n {
+                    // SAFETY: j + 4 <= n <= cos/sin lengths, and `Rope::apply` checked
+                    // 2n <= head_dim, so the 8 lanes from 2j lie inside the head.
+                    unsafe {
+                        let v = _mm256_loadu_ps(p.add(2 * j));
+                        // Pairs swapped: [x1, x0, ...]; cos and sin repeated per pair.
+                        let vs = _mm256_permute_ps::<0b10_11_00_01>(v);
+                        let c4 = _mm_loadu_ps(cp.add(j));
+                        let s4 = _mm_loadu_ps(sp.add(j));
+                        let c = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
+                        let s = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
+                        let r8 = if r.fused {
+                            // Even lanes fma(x0, c, -(x1*s)); odd lanes fma(x0, s, x1*c).
+                            let even = _mm256_fmsub_ps(v, c, _mm256_mul_ps(vs, s));
+                            let odd = _mm256_fmadd_ps(vs, s, _mm256_mul_ps(v, c));
+                            _mm256_blend_ps::<0b1010_1010>(even, odd)
+                        } else {
+                            // Even lanes x0*c - x1*s; odd lanes x1*c + x0*s.
+                            _mm256_addsub_ps(_mm256_mul_ps(v, c), _mm256_mul_ps(vs, s))
+                        };
+                        _mm256_storeu_ps(p.add(2 * j), r8);
+                    }
+                    j += 4;
+                }
+            }
+            for jj in j..n {
+                super::scalar::rotate(head, r, jj, r.cos[jj], r.sin[jj]);
+            }
+        }
+    }
+
+    /// `a = act(a) * b` (or `a = act(a)`), act = silu or gelu_tanh via [`exp_ps`].
+    #[target_feature(enable = "avx2,fma")]
+    fn gated_impl(a: &mut [f32], b: Option<&[f32]>, gelu: bool) {
+        let n = a.len().min(b.map_or(usize::MAX, <[f32]>::len));
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n <= both lengths.
+            unsafe {
+                let p = a.as_mut_ptr().add(i);
+                let x = _mm256_loadu_ps(p);
+                // silu(x) = x / (1 + e^-x); gelu_tanh(x) = x / (1 + e^(-2u)).
+                let z = if gelu {
+                    let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+                    let u = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x);
+                    _mm256_mul_ps(u, _mm256_set1_ps(-2.0 * 0.797_884_6))
+                } else {
+                    _mm256_sub_ps(_mm256_setzero_ps(), x)
+                };
+                let mut r = _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(z)));
+                if let Some(b) = b {
+                    r = _mm256_mul_ps(r, _mm256_loadu_ps(b.as_ptr().add(i)));
+                }
+                _mm256_storeu_ps(p, r);
+            }
+            i += 8;
+        }
+        let act = if gelu { super::gelu_tanh } else { super::silu };
+        for j in i..n {
+            a[j] = act(a[j]) * b.map_or(1.0, |b| b[j]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn softmax_impl(x: &mut [f32]) {
         let n = x.len();
         let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut i = 0;
@@ -172,298 +753,69 @@ mod avx2 {
             }
             i += 8;
         }
-        let mut sum = hsum_ps(vsum);
+        let mut sum = hsum(vsum);
         for v in &mut x[i..] {
             *v = (*v - max).exp();
             sum += *v;
         }
-        scale(x, 1.0 / sum);
+        scale_impl(x, 1.0 / sum);
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) fn scale(x: &mut [f32], s: f32) {
-        let vs = _mm256_set1_ps(s);
-        let mut c = x.chunks_exact_mut(8);
-        for ch in &mut c {
-            // SAFETY: ch has exactly 8 f32.
-            unsafe { _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), vs)) };
-        }
-        c.into_remainder().iter_mut().for_each(|v| *v *= s);
+    // The wrappers below: [`super::AVX2`] is only installed (or used by tests) after
+    // detecting AVX2, FMA and F16C.
+
+    pub(super) fn scale_mul(out: &mut [f32], x: &[f32], w: Option<&[f32]>, s: f32, off: f32) {
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { scale_mul_impl(out, x, w, s, off) }
     }
 
-    /// `y += a * x`.
-    #[target_feature(enable = "avx2,fma")]
     pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-        let n = y.len();
-        assert!(x.len() >= n);
-        let va = _mm256_set1_ps(a);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n <= both lengths.
-            unsafe {
-                let p = y.as_mut_ptr().add(i);
-                _mm256_storeu_ps(
-                    p,
-                    _mm256_fmadd_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)),
-                );
-            }
-            i += 8;
-        }
-        for j in i..n {
-            y[j] += a * x[j];
-        }
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { axpy_impl(y, a, x) }
     }
 
-    /// `a = act(a) * b` (or `a = act(a)` when `b` is None), act = silu or gelu_tanh.
-    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn add(a: &mut [f32], b: &[f32]) {
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { add_impl(a, b) }
+    }
+
+    pub(super) fn scale(x: &mut [f32], s: f32) {
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { scale_impl(x, s) }
+    }
+
+    pub(super) fn round_f16(x: &mut [f32]) {
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { round_f16_impl(x) }
+    }
+
+    pub(super) fn geglu_f16(a: &mut [f32], b: &[f32]) {
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { geglu_f16_impl(a, b) }
+    }
+
+    pub(super) fn rope(x: &mut [f32], r: &RopeRows) {
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { rope_impl(x, r) }
+    }
+
     pub(super) fn gated(a: &mut [f32], b: Option<&[f32]>, gelu: bool) {
-        let n = a.len();
-        if let Some(b) = b {
-            assert!(b.len() >= n);
-        }
-        let one = _mm256_set1_ps(1.0);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n <= both lengths.
-            unsafe {
-                let p = a.as_mut_ptr().add(i);
-                let x = _mm256_loadu_ps(p);
-                // silu(x) = x / (1 + e^-x); gelu_tanh(x) = x / (1 + e^(-2u)).
-                let z = if gelu {
-                    let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-                    let u = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x);
-                    _mm256_mul_ps(u, _mm256_set1_ps(-2.0 * 0.797_884_6))
-                } else {
-                    _mm256_sub_ps(_mm256_setzero_ps(), x)
-                };
-                let mut r = _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(z)));
-                if let Some(b) = b {
-                    r = _mm256_mul_ps(r, _mm256_loadu_ps(b.as_ptr().add(i)));
-                }
-                _mm256_storeu_ps(p, r);
-            }
-            i += 8;
-        }
-        for j in i..n {
-            let v = if gelu {
-                super::reference::gelu_tanh(a[j])
-            } else {
-                super::reference::silu(a[j])
-            };
-            a[j] = v * b.map_or(1.0, |b| b[j]);
-        }
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { gated_impl(a, b, gelu) }
     }
 
-    /// Eight lanes of `exp` for tests.
+    pub(super) fn softmax(x: &mut [f32]) {
+        // SAFETY: the CPU features were detected (see above).
+        unsafe { softmax_impl(x) }
+    }
+
+    /// Eight lanes of [`exp_ps`], for tests.
     #[cfg(test)]
     pub(super) fn exp8(x: [f32; 8]) -> [f32; 8] {
         let mut out = [0.0f32; 8];
-        // SAFETY: only called by tests after has_avx2(); arrays hold 8 f32.
+        // SAFETY: only called by tests after detecting AVX2+FMA; the arrays hold 8 f32.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), exp_ps(_mm256_loadu_ps(x.as_ptr()))) };
         out
-    }
-}
-
-macro_rules! simd_or {
-    ($simd:expr, $scalar:expr) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            if has_avx2() {
-                // SAFETY: AVX2+FMA presence was checked by has_avx2().
-                #[allow(unused_unsafe)]
-                return unsafe { $simd };
-            }
-        }
-        $scalar
-    }};
-}
-
-/// Sum of squares of `x`.
-pub fn sum_squares(x: &[f32]) -> f32 {
-    simd_or!(avx2::sum_squares(x), x.iter().map(|v| v * v).sum())
-}
-
-/// RMS norm `out = x / sqrt(mean(x^2) + eps) * w` (or `* (1 + w)`).
-pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32, style: NormStyle) {
-    assert!(x.len() == out.len() && w.len() >= x.len());
-    let s = 1.0 / (sum_squares(x) / x.len() as f32 + eps).sqrt();
-    let off = if style == NormStyle::OnePlus { 1.0 } else { 0.0 };
-    simd_or!(avx2::scale_mul(out, x, w, s, off), {
-        for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-            *o = v * s * (g + off);
-        }
-    })
-}
-
-/// RMS norm in place.
-pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32, style: NormStyle) {
-    assert!(w.len() >= x.len());
-    let s = 1.0 / (sum_squares(x) / x.len() as f32 + eps).sqrt();
-    let off = if style == NormStyle::OnePlus { 1.0 } else { 0.0 };
-    for (v, &g) in x.iter_mut().zip(w) {
-        *v *= s * (g + off);
-    }
-}
-
-/// Numerically stable softmax in place (entries of `-inf` become 0).
-pub fn softmax_in_place(x: &mut [f32]) {
-    if x.is_empty() {
-        return;
-    }
-    simd_or!(avx2::softmax(x), reference::softmax(x))
-}
-
-/// Multiplies every element by `s`.
-pub fn scale_in_place(x: &mut [f32], s: f32) {
-    simd_or!(avx2::scale(x, s), x.iter_mut().for_each(|v| *v *= s))
-}
-
-/// `y += a * x` (lengths must match).
-pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    assert_eq!(y.len(), x.len());
-    simd_or!(avx2::axpy(y, a, x), {
-        for (v, &u) in y.iter_mut().zip(x) {
-            *v += a * u;
-        }
-    })
-}
-
-/// SiLU in place.
-pub fn silu_in_place(x: &mut [f32]) {
-    simd_or!(
-        avx2::gated(x, None, false),
-        x.iter_mut().for_each(|v| *v = reference::silu(*v))
-    )
-}
-
-/// GELU (tanh approximation) in place.
-pub fn gelu_tanh_in_place(x: &mut [f32]) {
-    simd_or!(
-        avx2::gated(x, None, true),
-        x.iter_mut().for_each(|v| *v = reference::gelu_tanh(*v))
-    )
-}
-
-/// SwiGLU: `a = silu(a) * b`.
-pub fn swiglu(a: &mut [f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len());
-    simd_or!(avx2::gated(a, Some(b), false), {
-        for (v, &g) in a.iter_mut().zip(b) {
-            *v = reference::silu(*v) * g;
-        }
-    })
-}
-
-/// GeGLU with tanh GELU: `a = gelu_tanh(a) * b` (Gemma).
-pub fn geglu_tanh(a: &mut [f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len());
-    simd_or!(avx2::gated(a, Some(b), true), {
-        for (v, &g) in a.iter_mut().zip(b) {
-            *v = reference::gelu_tanh(*v) * g;
-        }
-    })
-}
-
-/// `a += b` element-wise.
-pub fn add_in_place(a: &mut [f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len());
-    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-}
-
-/// `a *= b` element-wise.
-pub fn mul_in_place(a: &mut [f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len());
-    a.iter_mut().zip(b).for_each(|(x, y)| *x *= y);
-}
-
-/// Precomputed RoPE inverse frequencies, so decode never allocates.
-#[derive(Clone, Debug)]
-pub struct RopeCache {
-    inv_freq: Vec<f32>,
-    head_dim: usize,
-    rotary_dim: usize,
-    layout: RopeLayout,
-    freq_scale: f32,
-}
-
-impl RopeCache {
-    /// Frequencies `freq_scale * theta_base^(-2i/rotary_dim)` for `i < rotary_dim/2`.
-    pub fn new(
-        head_dim: usize,
-        rotary_dim: usize,
-        theta_base: f32,
-        freq_scale: f32,
-        layout: RopeLayout,
-    ) -> RopeCache {
-        assert!(
-            rotary_dim <= head_dim && rotary_dim.is_multiple_of(2),
-            "bad rotary_dim"
-        );
-        let inv_freq = (0..rotary_dim / 2)
-            .map(|i| freq_scale * theta_base.powf(-2.0 * i as f32 / rotary_dim as f32))
-            .collect();
-        RopeCache {
-            inv_freq,
-            head_dim,
-            rotary_dim,
-            layout,
-            freq_scale,
-        }
-    }
-
-    /// The frequency scale this cache was built with.
-    pub fn freq_scale(&self) -> f32 {
-        self.freq_scale
-    }
-
-    /// Rotates `n_heads` heads of `x` (`[n_heads][head_dim]`) for position `pos`.
-    pub fn apply(&self, x: &mut [f32], n_heads: usize, pos: usize) {
-        let hd = self.head_dim;
-        assert!(x.len() >= n_heads * hd);
-        let half = self.rotary_dim / 2;
-        for (i, &f) in self.inv_freq.iter().enumerate() {
-            let (s, c) = (pos as f32 * f).sin_cos();
-            let (a, b) = match self.layout {
-                RopeLayout::Normal => (2 * i, 2 * i + 1),
-                RopeLayout::Neox => (i, i + half),
-            };
-            for h in 0..n_heads {
-                let base = h * hd;
-                let (x0, x1) = (x[base + a], x[base + b]);
-                x[base + a] = x0 * c - x1 * s;
-                x[base + b] = x0 * s + x1 * c;
-            }
-        }
-    }
-}
-
-/// Applies RoPE to `[n_heads][head_dim]` at `pos` without a cache (recomputes frequencies).
-#[allow(clippy::too_many_arguments)]
-pub fn rope_in_place(
-    x: &mut [f32],
-    n_heads: usize,
-    head_dim: usize,
-    pos: usize,
-    theta_base: f32,
-    rotary_dim: usize,
-    layout: RopeLayout,
-    freq_scale: f32,
-) {
-    assert!(rotary_dim <= head_dim && rotary_dim.is_multiple_of(2) && x.len() >= n_heads * head_dim);
-    let half = rotary_dim / 2;
-    for i in 0..half {
-        let f = freq_scale * theta_base.powf(-2.0 * i as f32 / rotary_dim as f32);
-        let (s, c) = (pos as f32 * f).sin_cos();
-        let (a, b) = match layout {
-            RopeLayout::Normal => (2 * i, 2 * i + 1),
-            RopeLayout::Neox => (i, i + half),
-        };
-        for h in 0..n_heads {
-            let base = h * head_dim;
-            let (x0, x1) = (x[base + a], x[base + b]);
-            x[base + a] = x0 * c - x1 * s;
-            x[base + b] = x0 * s + x1 * c;
-        }
     }
 }
 
@@ -472,19 +824,210 @@ mod tests {
     use super::*;
     use crate::testutil::XorShift;
 
-    fn close(a: &[f32], b: &[f32], rel: f32) {
+    /// Every table this CPU can run, scalar first (ignores `BERTH_FORCE_SCALAR`).
+    fn tables() -> Vec<Table> {
+        #[allow(unused_mut)]
+        let mut v = vec![SCALAR];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            v.push(AVX2);
+        }
+        v
+    }
+
+    /// Bit-for-bit equality (NaN equals NaN).
+    fn same(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!(
-                (x - y).abs() <= rel * (x.abs().max(y.abs()) + 1e-6),
-                "[{i}] {x} vs {y}"
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "{what} [{i}] {x} vs {y}"
             );
         }
+    }
+
+    fn close(a: &[f32], b: &[f32], rel: f32, what: &str) {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            // The absolute floor: the scalar GELU's `1 + tanh` cancels to 0 for very negative x.
+            assert!(
+                (x - y).abs() <= rel * x.abs().max(y.abs()) + 1e-7,
+                "{what} [{i}] {x} vs {y}"
+            );
+        }
+    }
+
+    const LENS: [usize; 10] = [0, 1, 7, 8, 9, 31, 33, 64, 333, 896];
+
+    #[test]
+    fn rms_norm_and_softmax_basics() {
+        let mut out = [0.0; 2];
+        rms_norm(&[3.0, 4.0], Some(&[1.0, 0.0]), 0.0, true, &mut out);
+        let s = (12.5f32).sqrt();
+        assert!((out[0] - 2.0 * 3.0 / s).abs() < 1e-6 && (out[1] - 4.0 / s).abs() < 1e-6);
+        let mut p = [1.0, 2.0, 3.0];
+        softmax(&mut p);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6 && p[2] > p[1]);
+    }
+
+    #[test]
+    fn rms_norm_sums_squares_in_f64() {
+        // 2^24 + 1 + 1 + ... is not representable in f32 running sums; f64 keeps every 1.
+        let mut x = vec![4096.0f32];
+        x.extend(std::iter::repeat_n(1.0f32, 7));
+        let mut out = vec![0.0; 8];
+        rms_norm(&x, None, 0.0, false, &mut out);
+        let want = 1.0 / (((4096.0f64 * 4096.0 + 7.0) / 8.0) as f32).sqrt();
+        assert_eq!(out[1], want);
+    }
+
+    #[test]
+    fn exact_row_kernels_equal_scalar() {
+        let mut rng = XorShift::new(6);
+        for tb in tables() {
+            for n in LENS {
+                let x: Vec<f32> = rng.vec(n).iter().map(|v| v * 12.0).collect();
+                let w = rng.vec(n);
+                for (wo, off) in [(Some(&w[..]), 0.0), (Some(&w[..]), 1.0), (None, 0.0)] {
+                    let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+                    (tb.scale_mul)(&mut a, &x, wo, 0.37, off);
+                    (SCALAR.scale_mul)(&mut b, &x, wo, 0.37, off);
+                    same(&a, &b, &format!("{} scale_mul", tb.name));
+                }
+                let check = |f: &dyn Fn(&Table, &mut Vec<f32>), what: &str| {
+                    let (mut a, mut b) = (x.clone(), x.clone());
+                    f(&tb, &mut a);
+                    f(&SCALAR, &mut b);
+                    same(&a, &b, &format!("{} {what} n={n}", tb.name));
+                };
+                check(&|t, v| (t.axpy)(v, -0.3, &w), "axpy");
+                check(&|t, v| (t.add)(v, &w), "add");
+                check(&|t, v| (t.scale)(v, 1.7), "scale");
+                check(&|t, v| (t.round_f16)(v), "round_f16");
+                check(&|t, v| (t.geglu_f16)(v, &w), "geglu_f16");
+            }
+            // Edge values of the f16 paths: the table's cut-offs, f16 ties, overflow, subnormals.
+            let mut edge = vec![
+                -10.0f32,
+                10.0,
+                -9.999,
+                9.999,
+                -10.001,
+                10.001,
+                0.0,
+                -0.0,
+                65504.0,
+                65519.0,
+                65520.0,
+                1e-8,
+                -3e-8,
+                6e-8,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                1.0 + 1.0 / 2048.0,
+            ];
+            for k in 0..4000u32 {
+                let h = f16_to_f32((k * 16) as u16);
+                edge.extend([
+                    h,
+                    f32::from_bits(h.to_bits() + 1),
+                    f32::from_bits(h.to_bits() + 0x1000),
+                ]);
+            }
+            let g = vec![1.25f32; edge.len()];
+            let (mut a, mut b) = (edge.clone(), edge.clone());
+            (tb.round_f16)(&mut a);
+            (SCALAR.round_f16)(&mut b);
+            same(&a, &b, &format!("{} round_f16 edges", tb.name));
+            let (mut a, mut b) = (edge.clone(), edge.clone());
+            (tb.geglu_f16)(&mut a, &g);
+            (SCALAR.geglu_f16)(&mut b, &g);
+            same(&a, &b, &format!("{} geglu_f16 edges", tb.name));
+        }
+        // Through the public functions too.
+        let x: Vec<f32> = rng.vec(100).iter().map(|v| v * 4.0).collect();
+        let w = rng.vec(100);
+        let mut a = vec![0.0; 100];
+        rms_norm(&x, Some(&w), 1e-6, true, &mut a);
+        let ss = (x.iter().map(|v| (v * v) as f64).sum::<f64>() / 100.0) as f32;
+        let s = 1.0 / (ss + 1e-6).sqrt();
+        let b: Vec<f32> = x.iter().zip(&w).map(|(v, g)| v * s * (g + 1.0)).collect();
+        same(&a, &b, "rms_norm");
+        let mut h = x.clone();
+        rms_norm_heads(&mut h, &w[..25], 1e-6, false);
+        for (hh, xx) in h.chunks(25).zip(x.chunks(25)) {
+            let mut o = vec![0.0; 25];
+            rms_norm(xx, Some(&w[..25]), 1e-6, false, &mut o);
+            same(hh, &o, "rms_norm_heads");
+        }
+        let mut a = x.clone();
+        geglu_tanh_f16(&mut a, &w);
+        let b: Vec<f32> = x.iter().zip(&w).map(|(v, g)| gelu_tanh_f16(*v) * g).collect();
+        same(&a, &b, "geglu_tanh_f16");
+    }
+
+    #[test]
+    fn fast_row_kernels_match_scalar() {
+        let mut rng = XorShift::new(7);
+        for tb in tables() {
+            for n in LENS {
+                let x: Vec<f32> = rng.vec(n).iter().map(|v| v * 6.0).collect();
+                let g = rng.vec(n);
+                for gelu in [false, true] {
+                    for b in [None, Some(&g[..])] {
+                        let mut a = x.clone();
+                        (tb.gated_fast)(&mut a, b, gelu);
+                        let act = if gelu { gelu_tanh } else { silu };
+                        let e: Vec<f32> = (0..n).map(|i| act(x[i]) * b.map_or(1.0, |b| b[i])).collect();
+                        close(&a, &e, 2e-5, &format!("{} gated gelu={gelu}", tb.name));
+                    }
+                }
+                if n > 0 {
+                    let mut s = x.clone();
+                    (tb.softmax_fast)(&mut s);
+                    let mut r = x.clone();
+                    softmax(&mut r);
+                    close(&s, &r, 1e-5, &format!("{} softmax_fast", tb.name));
+                }
+            }
+            let mut m = vec![
+                1.0,
+                f32::NEG_INFINITY,
+                3.0,
+                f32::NEG_INFINITY,
+                0.5,
+                0.0,
+                -1.0,
+                2.0,
+                9.0,
+            ];
+            (tb.softmax_fast)(&mut m);
+            assert_eq!(m[1], 0.0);
+            assert!((m.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+        let mut a = vec![0.5f32; 11];
+        silu_fast(&mut a);
+        assert!((a[10] - silu(0.5)).abs() < 1e-6);
+        let mut a = vec![0.5f32; 11];
+        swiglu_fast(&mut a, &[2.0; 11]);
+        assert!((a[3] - 2.0 * silu(0.5)).abs() < 1e-6);
+        let mut a = vec![0.5f32; 11];
+        geglu_tanh_fast(&mut a, &[2.0; 11]);
+        assert!((a[9] - 2.0 * gelu_tanh(0.5)).abs() < 1e-6);
+        let mut a = vec![1.0f32, 2.0];
+        softmax_fast(&mut a);
+        softmax_fast(&mut []);
+        assert!((a[0] + a[1] - 1.0).abs() < 1e-6);
+        assert!(["scalar", "avx2"].contains(&ops_impl_name()));
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn exp_accuracy() {
-        if !has_avx2() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
             return;
         }
         let mut rng = XorShift::new(5);
@@ -497,101 +1040,112 @@ mod tests {
             }
         }
         let y = avx2::exp8([f32::NEG_INFINITY, -100.0, 0.0, 1.0, -1.0, 88.7, -87.0, 10.0]);
-        assert_eq!(y[0], 0.0);
-        assert_eq!(y[1], 0.0);
-        assert_eq!(y[2], 1.0);
+        assert_eq!(y[..3], [0.0, 0.0, 1.0]);
         assert!(y[5].is_finite() && y[5] > 2e38);
     }
 
     #[test]
-    fn norms_and_activations_match_reference() {
-        let mut rng = XorShift::new(6);
-        for n in [1usize, 7, 64, 333, 896] {
-            let x: Vec<f32> = rng.vec(n).iter().map(|v| v * 6.0).collect();
-            let w = rng.vec(n);
-            for style in [NormStyle::Mul, NormStyle::OnePlus] {
-                let mut a = vec![0.0; n];
-                let mut b = vec![0.0; n];
-                rms_norm(&mut a, &x, &w, 1e-6, style);
-                reference::rms_norm(&mut b, &x, &w, 1e-6, style);
-                close(&a, &b, 1e-5);
-                let mut c = x.clone();
-                rms_norm_in_place(&mut c, &w, 1e-6, style);
-                close(&c, &b, 1e-5);
-            }
-            let mut s = x.clone();
-            softmax_in_place(&mut s);
-            let mut r = x.clone();
-            reference::softmax(&mut r);
-            close(&s, &r, 1e-5);
-            let g = rng.vec(n);
-            let mut a = x.clone();
-            swiglu(&mut a, &g);
-            let e: Vec<f32> = x.iter().zip(&g).map(|(v, g)| reference::silu(*v) * g).collect();
-            close(&a, &e, 1e-5);
-            let mut a = x.clone();
-            geglu_tanh(&mut a, &g);
-            let e: Vec<f32> = x
-                .iter()
-                .zip(&g)
-                .map(|(v, g)| reference::gelu_tanh(*v) * g)
-                .collect();
-            close(&a, &e, 2e-5);
-            let mut a = x.clone();
-            silu_in_place(&mut a);
-            gelu_tanh_in_place(&mut s);
-            let mut y = x.clone();
-            axpy(&mut y, 0.5, &g);
-            let e: Vec<f32> = x.iter().zip(&g).map(|(v, g)| v + 0.5 * g).collect();
-            close(&y, &e, 1e-6);
-        }
-        let mut m = vec![1.0, f32::NEG_INFINITY, 3.0, f32::NEG_INFINITY];
-        softmax_in_place(&mut m);
-        assert_eq!(m[1], 0.0);
-        assert!((m[0] + m[2] - 1.0).abs() < 1e-6);
-        assert!((reference::gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
-        let t = |x: f32| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh());
+    fn gelu_and_silu_values() {
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+        assert!((sigmoid(0.0) - 0.5).abs() < 1e-7);
         for x in [-3.0f32, -0.5, 0.0, 0.7, 2.0] {
-            assert!((reference::gelu_tanh(x) - t(x)).abs() < 1e-6, "gelu({x})");
+            assert!(
+                (gelu_tanh_f16(x) - gelu_tanh(x)).abs() < 2e-3 * (1.0 + x.abs()),
+                "gelu({x})"
+            );
         }
+        assert_eq!(gelu_tanh_f16(-10.5), 0.0);
+        assert_eq!(gelu_tanh_f16(12.0), 12.0);
+        let mut c = [100.0f32, -100.0, 0.5];
+        softcap(&mut c, 30.0);
+        assert!(c[0] < 30.0 && c[1] > -30.0 && (c[2] - 0.5).abs() < 1e-4);
     }
 
     #[test]
-    fn rope_layouts() {
-        let mut rng = XorShift::new(7);
-        let (nh, hd) = (3, 16);
-        let x = rng.vec(nh * hd);
-        for layout in [RopeLayout::Normal, RopeLayout::Neox] {
-            for rot in [16usize, 8] {
-                let cache = RopeCache::new(hd, rot, 10000.0, 1.0, layout);
-                let mut a = x.clone();
-                cache.apply(&mut a, nh, 5);
-                let mut b = x.clone();
-                rope_in_place(&mut b, nh, hd, 5, 10000.0, rot, layout, 1.0);
-                assert_eq!(a, b);
-                // Norm of each rotated pair is preserved; untouched dims pass through.
-                for h in 0..nh {
-                    for i in 0..rot / 2 {
-                        let (p, q) = match layout {
-                            RopeLayout::Normal => (2 * i, 2 * i + 1),
-                            RopeLayout::Neox => (i, i + rot / 2),
-                        };
-                        let n0 = x[h * hd + p].hypot(x[h * hd + q]);
-                        let n1 = a[h * hd + p].hypot(a[h * hd + q]);
-                        assert!((n0 - n1).abs() < 1e-5);
-                    }
-                    assert_eq!(a[h * hd + rot..h * hd + hd], x[h * hd + rot..h * hd + hd]);
+    fn rope_neox_rotates_pairs_half_apart() {
+        let r = Rope::new(10000.0, 4, 4, true);
+        let mut cs = Vec::new();
+        r.angles(1, &mut cs);
+        let mut x = [1.0, 0.0, 0.0, 0.0];
+        r.apply(&mut x, &cs);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[2] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_simd_equals_scalar() {
+        let mut rng = XorShift::new(8);
+        let ropes = [
+            Rope::new(10000.0, 128, 128, true),
+            Rope::new(10000.0, 128, 128, false),
+            Rope::new(1e6, 64, 40, false),
+            Rope::new(1e6, 80, 80, true),
+            Rope::new_partial(1e7, 256, 64),
+            Rope::new_partial(1e7, 24, 6),
+            Rope::new_ggml(10000.0, 256, 256, true, 1.0),
+            Rope::new_ggml(10000.0, 128, 128, false, 0.25),
+            Rope::new_ggml(1e6, 72, 36, false, 1.0),
+            Rope::new_ggml(1e6, 512, 128, true, 1.0),
+        ];
+        for r in &ropes {
+            let mut cs = Vec::new();
+            r.angles(12345, &mut cs);
+            let (cos, sin): (Vec<f32>, Vec<f32>) = cs.iter().copied().unzip();
+            let rows = RopeRows {
+                head_dim: r.head_dim,
+                half: r.half,
+                neox: r.neox,
+                fused: r.ggml.is_some(),
+                cos: &cos,
+                sin: &sin,
+            };
+            let x: Vec<f32> = rng.vec(3 * r.head_dim).iter().map(|v| v * 5.0).collect();
+            let mut want = x.clone();
+            for head in want.chunks_exact_mut(r.head_dim) {
+                for (j, &(c, s)) in cs.iter().enumerate() {
+                    scalar::rotate(head, &rows, j, c, s);
                 }
-                // Pair 0 rotates by exactly pos radians.
-                let (s, c) = 5f32.sin_cos();
-                let q = if layout == RopeLayout::Normal { 1 } else { rot / 2 };
-                assert!((a[0] - (x[0] * c - x[q] * s)).abs() < 1e-6);
+            }
+            for tb in tables() {
+                let mut a = x.clone();
+                (tb.rope)(&mut a, &rows);
+                same(
+                    &a,
+                    &want,
+                    &format!("{} rope neox={} ggml={}", tb.name, r.neox, r.ggml.is_some()),
+                );
+            }
+            let mut a = x.clone();
+            r.apply(&mut a, &cs);
+            same(&a, &want, "Rope::apply");
+            // Norm of each rotated pair is preserved; untouched dimensions pass through.
+            let rot = if r.neox { 2 * r.half } else { 2 * cs.len() };
+            if !r.neox || r.half == cs.len() {
+                for (h, xh) in a.chunks(r.head_dim).zip(x.chunks(r.head_dim)) {
+                    assert_eq!(h[rot..], xh[rot..]);
+                }
             }
         }
         // Position 0 is the identity.
-        let cache = RopeCache::new(hd, hd, 10000.0, 1.0, RopeLayout::Neox);
+        let r = Rope::new(10000.0, 16, 16, true);
+        let mut cs = Vec::new();
+        r.angles(0, &mut cs);
+        let x = rng.vec(48);
         let mut a = x.clone();
-        cache.apply(&mut a, nh, 0);
+        r.apply(&mut a, &cs);
         assert_eq!(a, x);
+    }
+
+    #[test]
+    fn ggml_rope_angles_are_a_running_f32_product() {
+        let r = Rope::new_ggml(10000.0, 8, 8, true, 0.5);
+        let mut cs = Vec::new();
+        r.angles(7, &mut cs);
+        let ts = 10000f32.powf(-2.0 / 8.0);
+        let mut theta = 7.0f32;
+        for &(c, s) in &cs {
+            assert_eq!((c, s), ((0.5 * theta).cos(), (0.5 * theta).sin()));
+            theta *= ts;
+        }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! - [`weights`]: GGUF / safetensors tensors as zero-copy [`weights::Matrix`]es, names both ways.
 //! - [`linear`]: batched, threaded matrix products over any weight type.
-//! - [`ops`]: f32 RMS norm, activations, softmax, RoPE, softcap.
+//! - [`ops`]: f32 RMS norm, activations, softmax, RoPE, softcap (re-exported from `berth_kernels`).
 //! - [`kv`]: the per-sequence KV cache.
 //! - [`state`]: per-sequence convolution and recurrent state, with snapshots for rewinds.
 //! - [`recurrent`]: the recurrent mixers (LFM2's short convolution, Qwen3.5's gated delta-net).
@@ -13,7 +13,8 @@
 //! - [`testing`]: checks every family runs in its tests (reference logits, batching, fork,
 //!   rewind).
 //! - [`npy`]: a float32 `.npy` reader for reference comparisons.
-//! - [`ggml`]: emulation of llama.cpp's (ggml-cpu's) f16 attention arithmetic.
+//! - [`ggml`]: emulation of llama.cpp's (ggml-cpu's) f16 attention arithmetic (re-exported from
+//!   `berth_kernels`).
 
 #![warn(missing_docs)]
 
