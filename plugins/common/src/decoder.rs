@@ -1,7 +1,7 @@
-//! A generic pre-norm transformer decoder (Llama/Qwen layout, with the switches Gemma needs),
-//! running a batch of rows from several sequences: linear layers over all rows at once,
-//! attention per row against its own sequence's KV cache, and the LM head only for rows that
-//! want logits.
+//! A generic pre-norm transformer decoder (Llama/Qwen layout, with the switches and per-layer
+//! options Gemma 3 and 4, LFM2 and Qwen3.5 need), running a batch of rows from several sequences:
+//! linear layers over all rows at once, attention per row against its own sequence's KV cache,
+//! and the LM head only for rows that want logits.
 
 use crate::ggml::{dot_f16, softmax_ggml, F16DotOrder};
 use crate::kv::KvCache;
@@ -124,7 +124,7 @@ pub struct DecoderConfig {
     pub rope_scale: Vec<f32>,
     /// Use the embedding matrix as the LM head even if an output tensor exists.
     pub tie_embeddings: bool,
-    /// Mixture-of-experts FFN in every layer.
+    /// Routing of the mixture-of-experts FFNs ([`DecoderWeights::load`]: one in every layer).
     pub moe: Option<MoeConfig>,
     /// llama.cpp's default F16 KV cache and non-flash attention: keys and values are rounded to
     /// f16 when stored, and queries and attention probabilities are rounded to f16 before their
@@ -226,6 +226,31 @@ pub enum Ffn {
         /// Shared expert, if the model has one.
         shared: Option<SharedExpert>,
     },
+    /// A dense FFN and routed experts side by side, each with its own norms (Gemma 4).
+    DenseMoe(Box<DenseMoe>),
+}
+
+/// Gemma 4's feed-forward: `post_dense(dense(xn)) + post_experts(experts(pre_experts(x)))`, where
+/// `xn` is the layer's FFN-normed input and `x` the residual; the router reads
+/// `rms(x) · router_scale / sqrt(hidden)` and [`DecoderConfig::moe`] says how it picks experts.
+#[derive(Clone, Debug)]
+pub struct DenseMoe {
+    /// The dense FFN on the normed input.
+    pub dense: GatedFfn,
+    /// Norm of the dense FFN's output (`post_feedforward_layernorm_1`).
+    pub post_dense_norm: Vec<f32>,
+    /// Router (`n_experts × hidden`).
+    pub router: Matrix,
+    /// Multiplier of the router's input (`hidden`), after a weightless RMS norm.
+    pub router_scale: Vec<f32>,
+    /// Multiplier of each expert's routing weight.
+    pub expert_scale: Vec<f32>,
+    /// The experts.
+    pub experts: Vec<GatedFfn>,
+    /// Norm of the experts' input (`pre_feedforward_layernorm_2`).
+    pub pre_experts_norm: Vec<f32>,
+    /// Norm of the experts' weighted sum (`post_feedforward_layernorm_2`).
+    pub post_experts_norm: Vec<f32>,
 }
 
 /// LFM2's gated short convolution: `out_proj(C · conv(B · x))` with `B, C, x = in_proj(h)`.
@@ -323,6 +348,46 @@ pub struct AttnWeights {
     pub gated: bool,
 }
 
+/// Where an attention layer's keys and values come from.
+#[derive(Clone, Debug)]
+pub enum KvSource {
+    /// The layer projects its own into its own cache.
+    Own {
+        /// Key projection.
+        wk: Matrix,
+        /// Value projection; `None`: the values are the keys before the key norm (Gemma 4's
+        /// `attention_k_eq_v`).
+        wv: Option<Matrix>,
+        /// Per-head key norm.
+        k_norm: Option<Vec<f32>>,
+    },
+    /// The layer attends to this earlier layer's cache and keeps none (Gemma 4's KV sharing).
+    Shared(usize),
+}
+
+/// Softmax attention with a geometry of its own (Gemma 4): its head size, KV heads and RoPE,
+/// keys and values projected or read from another layer's cache, and a weightless value norm.
+/// The query heads, scale, window and soft-cap are the config's.
+#[derive(Clone, Debug)]
+pub struct LayerAttention {
+    /// Query projection (`n_heads·head_dim × hidden`).
+    pub wq: Matrix,
+    /// Output projection (`hidden × n_heads·head_dim`).
+    pub wo: Matrix,
+    /// Per-head query norm.
+    pub q_norm: Option<Vec<f32>>,
+    /// Keys and values.
+    pub kv: KvSource,
+    /// Dimension per head.
+    pub head_dim: usize,
+    /// Key/value heads (of the source layer's cache when shared).
+    pub n_kv_heads: usize,
+    /// RMS norm without a weight over each value head before caching.
+    pub v_norm: bool,
+    /// RoPE of this layer.
+    pub rope: Rope,
+}
+
 /// A layer's token mixer.
 #[derive(Clone, Debug)]
 pub enum Mixer {
@@ -332,6 +397,8 @@ pub enum Mixer {
     ShortConv(ShortConv),
     /// Qwen3.5's gated delta-net (a convolution window and a matrix state per sequence).
     GatedDeltaNet(GatedDeltaNet),
+    /// Softmax attention with a per-layer geometry and KV source (Gemma 4).
+    LayerAttention(Box<LayerAttention>),
 }
 
 impl Mixer {
@@ -380,6 +447,42 @@ pub struct DecoderWeights {
     pub output_norm: Vec<f32>,
     /// LM head (`vocab × hidden`); the embedding when tied.
     pub output: Matrix,
+    /// Per-layer embeddings (Gemma 4), set by [`DecoderWeights::with_ple`].
+    pub ple: Option<Ple>,
+    /// Multiplier of each layer's output (Gemma 4's `layer_scalar`), set by
+    /// [`DecoderWeights::with_layer_scalars`].
+    pub layer_scalars: Option<Vec<f32>>,
+}
+
+/// Per-layer embeddings (Gemma 4's PLE): each token gets a `dim`-sized input per layer,
+/// `(norm(projection(e) / sqrt(hidden)) + embed(token) · embed_scale) / sqrt(2)` with `e` the
+/// scaled token embedding, and after its feed-forward layer `l` adds
+/// `post_norm(proj(act(gate(x)) · input_l))`.
+#[derive(Clone, Debug)]
+pub struct Ple {
+    /// Dimension per layer.
+    pub dim: usize,
+    /// Per-layer embedding table (`vocab × n_layers·dim`).
+    pub embed: Matrix,
+    /// Multiplier of its rows (`sqrt(dim)`, in the weight dtype).
+    pub embed_scale: f32,
+    /// Projection of the token embedding (`n_layers·dim × hidden`).
+    pub projection: Matrix,
+    /// Norm of each layer's slice of the projection (`dim`).
+    pub norm: Vec<f32>,
+    /// What each layer does with its input.
+    pub layers: Vec<PleLayer>,
+}
+
+/// One layer's use of its per-layer input.
+#[derive(Clone, Debug)]
+pub struct PleLayer {
+    /// Gate (`dim × hidden`).
+    pub gate: Matrix,
+    /// Projection back to the hidden size (`hidden × dim`).
+    pub proj: Matrix,
+    /// Norm of the projection's output.
+    pub post_norm: Vec<f32>,
 }
 
 fn need(w: &Weights, id: TensorId, flag: bool) -> Result<Option<Vec<f32>>, PluginError> {
@@ -447,7 +550,13 @@ impl DecoderWeights {
             };
             layers.push(layer);
         }
-        DecoderWeights::new(cfg, embed, layers, w.vector(&TensorId::global(Role::OutputNorm))?, output)
+        DecoderWeights::new(
+            cfg,
+            embed,
+            layers,
+            w.vector(&TensorId::global(Role::OutputNorm))?,
+            output,
+        )
     }
 
     /// Assembles weights a family mapped itself, checking every layer's shapes against `cfg`.
@@ -477,22 +586,95 @@ impl DecoderWeights {
                 cfg.hidden
             )));
         }
+        for (i, l) in layers.iter().enumerate() {
+            if let Mixer::LayerAttention(a) = &l.mixer {
+                if let KvSource::Shared(src) = a.kv {
+                    let geometry = layers[..i].get(src).and_then(|s| match &s.mixer {
+                        Mixer::Attention(_) => Some((cfg.head_dim, cfg.n_kv_heads)),
+                        Mixer::LayerAttention(b) if matches!(b.kv, KvSource::Own { .. }) => {
+                            Some((b.head_dim, b.n_kv_heads))
+                        }
+                        _ => None,
+                    });
+                    if geometry != Some((a.head_dim, a.n_kv_heads)) {
+                        return Err(PluginError::failed(format!(
+                            "layer {i}: layer {src} is no earlier attention layer with its own cache of {} heads of {}",
+                            a.n_kv_heads, a.head_dim
+                        )));
+                    }
+                }
+            }
+        }
         Ok(DecoderWeights {
             embed,
             layers,
             output_norm,
             output,
+            ple: None,
+            layer_scalars: None,
         })
+    }
+
+    /// Adds per-layer embeddings, checking their shapes.
+    pub fn with_ple(mut self, ple: Ple) -> Result<DecoderWeights, PluginError> {
+        let (n, h, d) = (self.layers.len(), self.embed.cols, ple.dim);
+        let layers_ok = ple.layers.len() == n
+            && ple.layers.iter().all(|l| {
+                (
+                    l.gate.rows,
+                    l.gate.cols,
+                    l.proj.rows,
+                    l.proj.cols,
+                    l.post_norm.len(),
+                ) == (d, h, h, d, h)
+            });
+        if d == 0
+            || ple.embed.cols != n * d
+            || (ple.projection.rows, ple.projection.cols) != (n * d, h)
+            || ple.norm.len() != d
+            || !layers_ok
+        {
+            return Err(PluginError::failed(format!(
+                "per-layer embeddings {:?} / projection {:?} do not fit {n} layers of {d} and hidden {h}",
+                ple.embed, ple.projection
+            )));
+        }
+        self.ple = Some(ple);
+        Ok(self)
+    }
+
+    /// Sets a multiplier of each layer's output.
+    pub fn with_layer_scalars(mut self, scalars: Vec<f32>) -> Result<DecoderWeights, PluginError> {
+        if scalars.len() != self.layers.len() {
+            return Err(PluginError::failed(format!(
+                "{} layer scalars for {} layers",
+                scalars.len(),
+                self.layers.len()
+            )));
+        }
+        self.layer_scalars = Some(scalars);
+        Ok(self)
+    }
+
+    /// Token ids the embeddings cover (the smaller table's rows when there are per-layer ones).
+    pub fn vocab_in(&self) -> usize {
+        self.ple
+            .as_ref()
+            .map_or(self.embed.rows, |p| p.embed.rows.min(self.embed.rows))
     }
 }
 
 fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
     let h = cfg.hidden;
     if l.attn_norm.len() != h || l.ffn_norm.len() != h {
-        return Err(PluginError::failed(format!("layer {i}: norm widths differ from hidden {h}")));
+        return Err(PluginError::failed(format!(
+            "layer {i}: norm widths differ from hidden {h}"
+        )));
     }
+    check_ffn(&l.ffn, cfg, i)?;
     let mixer_ok = match &l.mixer {
         Mixer::Attention(a) => return check_attention(a, cfg, i),
+        Mixer::LayerAttention(a) => return check_layer_attention(a, cfg, i),
         Mixer::ShortConv(c) => {
             c.in_proj.rows == 3 * h
                 && c.in_proj.cols == h
@@ -520,7 +702,9 @@ fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), Pl
         }
     };
     if !mixer_ok {
-        return Err(PluginError::failed(format!("layer {i}: mixer shapes do not fit hidden {h}")));
+        return Err(PluginError::failed(format!(
+            "layer {i}: mixer shapes do not fit hidden {h}"
+        )));
     }
     Ok(())
 }
@@ -541,6 +725,59 @@ fn check_attention(a: &AttnWeights, cfg: &DecoderConfig, i: usize) -> Result<(),
         return Err(PluginError::failed(format!(
             "layer {i}: attention shapes q {:?} k {:?} v {:?} o {:?} do not fit hidden {h}, {} heads, {} kv heads of {}",
             l.wq, l.wk, l.wv, l.wo, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        )));
+    }
+    Ok(())
+}
+
+fn check_layer_attention(a: &LayerAttention, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
+    let (h, hd, nkv) = (cfg.hidden, a.head_dim, a.n_kv_heads);
+    let (q, kv) = (cfg.n_heads * hd, nkv * hd);
+    let norm_ok = |n: &Option<Vec<f32>>| n.as_ref().is_none_or(|n| n.len() == hd);
+    let kv_ok = match &a.kv {
+        KvSource::Own { wk, wv, k_norm } => {
+            (wk.rows, wk.cols) == (kv, h)
+                && wv.as_ref().is_none_or(|v| (v.rows, v.cols) == (kv, h))
+                && norm_ok(k_norm)
+        }
+        KvSource::Shared(src) => *src < i,
+    };
+    let ok = hd > 0
+        && nkv > 0
+        && cfg.n_heads.is_multiple_of(nkv)
+        && (a.wq.rows, a.wq.cols) == (q, h)
+        && (a.wo.rows, a.wo.cols) == (h, q)
+        && norm_ok(&a.q_norm)
+        && a.rope.head_dim == hd
+        && kv_ok;
+    if !ok {
+        return Err(PluginError::failed(format!(
+            "layer {i}: attention q {:?} o {:?} and keys/values {:?} do not fit hidden {h}, {} heads, {nkv} kv heads of {hd}",
+            a.wq, a.wo, a.kv, cfg.n_heads
+        )));
+    }
+    Ok(())
+}
+
+fn check_ffn(f: &Ffn, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
+    let Ffn::DenseMoe(m) = f else { return Ok(()) };
+    let h = cfg.hidden;
+    let ne = m.experts.len();
+    let ok = cfg.moe.is_some()
+        && (m.router.rows, m.router.cols) == (ne, h)
+        && m.expert_scale.len() == ne
+        && [
+            &m.router_scale,
+            &m.post_dense_norm,
+            &m.pre_experts_norm,
+            &m.post_experts_norm,
+        ]
+        .iter()
+        .all(|v| v.len() == h);
+    if !ok {
+        return Err(PluginError::failed(format!(
+            "layer {i}: MoE block with router {:?} and {ne} experts does not fit hidden {h} (or no MoE config)",
+            m.router
         )));
     }
     Ok(())
@@ -567,6 +804,12 @@ struct Scratch {
     logits: Vec<f32>,
     cs: Vec<(f32, f32)>,
     qgate: Vec<f32>,
+    head: Vec<f32>,
+    moe_x: Vec<f32>,
+    moe_acc: Vec<f32>,
+    pli: Vec<f32>,
+    ple_row: Vec<f32>,
+    ple_gate: Vec<f32>,
     groups: SeqGroups,
     rec: RecurrentScratch,
     mm: MatmulScratch,
@@ -602,7 +845,55 @@ pub struct Decoder {
     /// Compute threads.
     pub threads: usize,
     ropes: Vec<Rope>,
+    geometry: Vec<Option<AttnGeometry>>,
     s: Scratch,
+}
+
+/// The shape of one attention layer's heads and the cache it reads.
+#[derive(Clone, Copy, Debug)]
+struct AttnGeometry {
+    head_dim: usize,
+    n_kv_heads: usize,
+    /// The layer whose cache holds the keys and values.
+    kv_layer: usize,
+    window: Option<usize>,
+}
+
+impl AttnGeometry {
+    fn of(cfg: &DecoderConfig, mixer: &Mixer, layer: usize) -> Option<AttnGeometry> {
+        let window = cfg.sliding_window.get(layer).copied().flatten();
+        match mixer {
+            Mixer::Attention(_) => Some(AttnGeometry {
+                head_dim: cfg.head_dim,
+                n_kv_heads: cfg.n_kv_heads,
+                kv_layer: layer,
+                window,
+            }),
+            Mixer::LayerAttention(a) => Some(AttnGeometry {
+                head_dim: a.head_dim,
+                n_kv_heads: a.n_kv_heads,
+                kv_layer: match a.kv {
+                    KvSource::Own { .. } => layer,
+                    KvSource::Shared(src) => src,
+                },
+                window,
+            }),
+            _ => None,
+        }
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Floats this layer keeps per position in its own cache.
+    fn cached(&self, layer: usize) -> usize {
+        if self.kv_layer == layer {
+            self.kv_dim()
+        } else {
+            0
+        }
+    }
 }
 
 impl Decoder {
@@ -619,6 +910,9 @@ impl Decoder {
             .iter()
             .enumerate()
             .map(|(l, &b)| {
+                if let Some(Mixer::LayerAttention(a)) = weights.layers.get(l).map(|l| &l.mixer) {
+                    return a.rope.clone();
+                }
                 let f = cfg.rope_scale.get(l).copied().unwrap_or(1.0);
                 if cfg.rope_f32 {
                     return Rope::new_ggml(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox, 1.0 / f);
@@ -634,17 +928,18 @@ impl Decoder {
                 r
             })
             .collect();
-        let kv_dims = weights
-            .layers
-            .iter()
-            .map(|l| if l.mixer.attention().is_some() { cfg.kv_dim() } else { 0 })
+        let geometry: Vec<Option<AttnGeometry>> = (weights.layers.iter().enumerate())
+            .map(|(l, lw)| AttnGeometry::of(&cfg, &lw.mixer, l))
+            .collect();
+        let kv_dims = (geometry.iter().enumerate())
+            .map(|(l, g)| g.map_or(0, |g| g.cached(l)))
             .collect();
         let kv = KvCache::new(kv_dims, max_seqs, max_len);
         let state_dims = weights
             .layers
             .iter()
             .map(|l| match &l.mixer {
-                Mixer::Attention(_) => LayerStateDims::default(),
+                Mixer::Attention(_) | Mixer::LayerAttention(_) => LayerStateDims::default(),
                 Mixer::ShortConv(c) => LayerStateDims {
                     conv: (c.kernel - 1) * c.out_proj.rows,
                     recurrent: 0,
@@ -663,6 +958,7 @@ impl Decoder {
             states,
             threads: threads.max(1),
             ropes,
+            geometry,
             s: Scratch::default(),
         }
     }
@@ -747,10 +1043,10 @@ impl Decoder {
         for i in 0..n {
             let seq = self.kv.check_seq(batch.seq_ids[i])?;
             let tok = batch.tokens[i];
-            if tok < 0 || tok as usize >= self.weights.embed.rows {
+            if tok < 0 || tok as usize >= self.weights.vocab_in() {
                 return Err(PluginError::invalid_argument(format!(
                     "token {tok} outside the vocabulary (size {})",
-                    self.weights.embed.rows
+                    self.weights.vocab_in()
                 )));
             }
             let next = s.seq_next[seq].unwrap_or_else(|| self.kv.seq_len(seq));
@@ -853,7 +1149,7 @@ impl Decoder {
         let kv = &mut self.kv;
         let threads = self.threads;
         let n = tokens.len();
-        let (h, qd, kvd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
+        let h = cfg.hidden;
         s.mm.gemm_rows = Some(gemm.0);
 
         let x = grow(&mut s.x, n * h);
@@ -862,6 +1158,24 @@ impl Decoder {
             w.embed.dequantize_row(t as usize, row);
             if let Some(scale) = cfg.embed_scale {
                 row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+
+        // Per-layer inputs: (norm(projection(x) / sqrt(hidden)) + embed(token) · scale) / sqrt(2).
+        if let Some(p) = &w.ple {
+            let width = w.layers.len() * p.dim;
+            let pli = grow(&mut s.pli, n * width);
+            matmul(&p.projection, x, n, pli, &mut s.mm, threads);
+            let row_in = grow(&mut s.ple_row, width);
+            let root = (h as f32).powf(-0.5);
+            for (i, &t) in tokens.iter().enumerate() {
+                let row = &mut pli[i * width..(i + 1) * width];
+                row.iter_mut().for_each(|v| *v *= root);
+                rms_norm_heads(row, &p.norm, cfg.eps, cfg.norm_add_one);
+                p.embed.dequantize_row(t as usize, row_in);
+                for (a, b) in row.iter_mut().zip(row_in.iter()) {
+                    *a = (*a + b * p.embed_scale) * std::f32::consts::FRAC_1_SQRT_2;
+                }
             }
         }
 
@@ -880,36 +1194,52 @@ impl Decoder {
             }
             let o = grow(&mut s.o, n * h);
             match &lw.mixer {
-                Mixer::Attention(aw) => {
-                    let q_rows = if aw.gated { 2 * qd } else { qd };
-                    let q = grow(&mut s.q, n * q_rows);
-                    let k = grow(&mut s.k, n * kvd);
-                    let v = grow(&mut s.v, n * kvd);
-                    let mut qkv = [(&aw.wq, &mut *q), (&aw.wk, &mut *k), (&aw.wv, &mut *v)];
-                    matmul_shared(xn, n, &mut qkv, &mut s.mm, threads);
-                    if aw.gated {
-                        split_query_gate(q, grow(&mut s.qgate, n * qd), n, cfg.n_heads, cfg.head_dim);
+                Mixer::Attention(_) | Mixer::LayerAttention(_) => {
+                    let p = AttnProj::of(&lw.mixer);
+                    let g = self.geometry[l].expect("attention layers have a geometry");
+                    let (hd, kvd) = (g.head_dim, g.kv_dim());
+                    let qd = cfg.n_heads * hd;
+                    let rope = &self.ropes[l];
+                    let q = grow(&mut s.q, n * if p.gated { 2 * qd } else { qd });
+                    match p.kv {
+                        Some((wk, Some(wv))) => {
+                            let (k, v) = (grow(&mut s.k, n * kvd), grow(&mut s.v, n * kvd));
+                            let mut qkv = [(p.wq, &mut *q), (wk, &mut *k), (wv, &mut *v)];
+                            matmul_shared(xn, n, &mut qkv, &mut s.mm, threads);
+                        }
+                        Some((wk, None)) => {
+                            let k = grow(&mut s.k, n * kvd);
+                            matmul_shared(xn, n, &mut [(p.wq, &mut *q), (wk, &mut *k)], &mut s.mm, threads);
+                            grow(&mut s.v, n * kvd).copy_from_slice(k);
+                        }
+                        None => matmul(p.wq, xn, n, q, &mut s.mm, threads),
+                    }
+                    if p.gated {
+                        split_query_gate(q, grow(&mut s.qgate, n * qd), n, cfg.n_heads, hd);
                     }
                     let q = &mut s.q[..n * qd];
                     for i in 0..n {
-                        let (qr, kr, vr) = (
-                            &mut q[i * qd..(i + 1) * qd],
-                            &mut k[i * kvd..(i + 1) * kvd],
-                            &mut v[i * kvd..(i + 1) * kvd],
-                        );
-                        add_bias(qr, aw.bq.as_deref());
-                        add_bias(kr, aw.bk.as_deref());
-                        add_bias(vr, aw.bv.as_deref());
-                        if let Some(qn) = &aw.q_norm {
+                        let qr = &mut q[i * qd..(i + 1) * qd];
+                        add_bias(qr, p.bq);
+                        if let Some(qn) = p.q_norm {
                             rms_norm_heads(qr, qn, cfg.eps, cfg.norm_add_one);
                         }
-                        if let Some(kn) = &aw.k_norm {
+                        let (seq, pos) = s.rows[i];
+                        rope.angles(pos, &mut s.cs);
+                        rope.apply(qr, &s.cs);
+                        if p.kv.is_none() {
+                            continue;
+                        }
+                        let (kr, vr) = (&mut s.k[i * kvd..(i + 1) * kvd], &mut s.v[i * kvd..(i + 1) * kvd]);
+                        add_bias(kr, p.bk);
+                        add_bias(vr, p.bv);
+                        if let Some(kn) = p.k_norm {
                             rms_norm_heads(kr, kn, cfg.eps, cfg.norm_add_one);
                         }
-                        let (seq, pos) = s.rows[i];
-                        self.ropes[l].angles(pos, &mut s.cs);
-                        self.ropes[l].apply(qr, &s.cs);
-                        self.ropes[l].apply(kr, &s.cs);
+                        rope.apply(kr, &s.cs);
+                        if p.v_norm {
+                            norm_heads_unweighted(vr, hd, cfg.eps, &mut s.head);
+                        }
                         if cfg.kv_f16 {
                             kr.iter_mut()
                                 .chain(vr.iter_mut())
@@ -918,17 +1248,26 @@ impl Decoder {
                         kv.write(seq, l, pos, kr, vr);
                     }
                     let att = grow(&mut s.att, n * qd);
-                    attention(cfg, kv, l, &s.rows, &s.per_seq, q, att, threads);
-                    if aw.gated {
+                    attention(cfg, kv, g, &s.rows, &s.per_seq, q, att, threads);
+                    if p.gated {
                         att.iter_mut()
                             .zip(&s.qgate[..n * qd])
                             .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()));
                     }
-                    matmul(&aw.wo, att, n, o, &mut s.mm, threads);
+                    matmul(p.wo, att, n, o, &mut s.mm, threads);
                 }
-                Mixer::ShortConv(c) => {
-                    short_conv(c, l, xn, n, &s.groups, &mut self.states, o, &mut s.rec, &mut s.mm, threads)
-                }
+                Mixer::ShortConv(c) => short_conv(
+                    c,
+                    l,
+                    xn,
+                    n,
+                    &s.groups,
+                    &mut self.states,
+                    o,
+                    &mut s.rec,
+                    &mut s.mm,
+                    threads,
+                ),
                 Mixer::GatedDeltaNet(d) => gated_delta_net(
                     d,
                     l,
@@ -988,66 +1327,17 @@ impl Decoder {
                     let ne = router.rows;
                     let r = grow(&mut s.router, n * ne);
                     matmul(router, xn, n, r, &mut s.mm, threads);
-                    s.assign.resize_with(ne, Vec::new);
-                    s.assign.iter_mut().for_each(Vec::clear);
-                    for i in 0..n {
-                        let p = &mut r[i * ne..(i + 1) * ne];
-                        match moe.scoring {
-                            RouterScoring::Softmax => softmax(p),
-                            RouterScoring::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
-                        }
-                        let score = |e: usize| p[e] + selection_bias.as_ref().map_or(0.0, |b| b[e]);
-                        let mut picked = [(0usize, 0.0f32); 64];
-                        let k = moe.top_k.min(ne).min(64);
-                        for slot in 0..k {
-                            let mut best = usize::MAX;
-                            for e in 0..ne {
-                                if picked[..slot].iter().any(|&(pe2, _)| pe2 == e) {
-                                    continue;
-                                }
-                                if best == usize::MAX || score(e) > score(best) {
-                                    best = e;
-                                }
-                            }
-                            picked[slot] = (best, p[best]);
-                        }
-                        let sum: f32 = picked[..k].iter().map(|x| x.1).sum::<f32>() + moe.norm_eps;
-                        for &(e, pe) in &picked[..k] {
-                            let wgt = if moe.norm_topk_prob { pe / sum } else { pe };
-                            s.assign[e].push((i, wgt * moe.routed_scale));
-                        }
-                    }
-                    out.fill(0.0);
+                    route(&moe, r, ne, selection_bias.as_deref(), None, &mut s.assign);
                     // Experts see subsets of rows: tile them all (MoE batches are not split).
                     s.mm.gemm_rows = None;
-                    for (e, rows) in s.assign.iter().enumerate() {
-                        if rows.is_empty() {
-                            continue;
-                        }
-                        let m = rows.len();
-                        let inp = grow(&mut s.moe_in, m * h);
-                        for (j, &(i, _)) in rows.iter().enumerate() {
-                            inp[j * h..(j + 1) * h].copy_from_slice(&xn[i * h..(i + 1) * h]);
-                        }
-                        let eo = grow(&mut s.moe_out, m * h);
-                        gated_ffn(
-                            &experts[e],
-                            cfg.activation,
-                            inp,
-                            m,
-                            eo,
-                            &mut s.gate,
-                            &mut s.up,
-                            &mut s.mm,
-                            threads,
-                        );
-                        for (j, &(i, wgt)) in rows.iter().enumerate() {
-                            out[i * h..(i + 1) * h]
-                                .iter_mut()
-                                .zip(&eo[j * h..(j + 1) * h])
-                                .for_each(|(a, b)| *a += wgt * b);
-                        }
-                    }
+                    let ex = ExpertScratch {
+                        input: &mut s.moe_in,
+                        output: &mut s.moe_out,
+                        gate: &mut s.gate,
+                        up: &mut s.up,
+                        mm: &mut s.mm,
+                    };
+                    run_experts(experts, cfg.activation, xn, h, &s.assign, out, ex, threads);
                     if let Some(se) = shared {
                         let so = grow(&mut s.moe_out, n * h);
                         gated_ffn(
@@ -1078,6 +1368,69 @@ impl Decoder {
                     }
                     s.mm.gemm_rows = Some(gemm.0);
                 }
+                Ffn::DenseMoe(m) => {
+                    let moe = cfg.moe.expect("MoE weights need a MoE config");
+                    gated_ffn(
+                        &m.dense,
+                        cfg.activation,
+                        xn,
+                        n,
+                        out,
+                        &mut s.gate,
+                        &mut s.up,
+                        &mut s.mm,
+                        threads,
+                    );
+                    // The router reads rms(x) · scale / sqrt(hidden) of the residual.
+                    let xin = grow(&mut s.moe_x, n * h);
+                    let root = (h as f32).powf(-0.5);
+                    for i in 0..n {
+                        let row = &mut xin[i * h..(i + 1) * h];
+                        rms_norm(&x[i * h..(i + 1) * h], None, cfg.eps, false, row);
+                        row.iter_mut()
+                            .zip(&m.router_scale)
+                            .for_each(|(a, b)| *a *= b * root);
+                    }
+                    let ne = m.router.rows;
+                    let r = grow(&mut s.router, n * ne);
+                    matmul(&m.router, xin, n, r, &mut s.mm, threads);
+                    route(&moe, r, ne, None, Some(&m.expert_scale), &mut s.assign);
+                    for i in 0..n {
+                        let row = &mut xin[i * h..(i + 1) * h];
+                        rms_norm(
+                            &x[i * h..(i + 1) * h],
+                            Some(&m.pre_experts_norm),
+                            cfg.eps,
+                            cfg.norm_add_one,
+                            row,
+                        );
+                    }
+                    let acc = grow(&mut s.moe_acc, n * h);
+                    s.mm.gemm_rows = None;
+                    let ex = ExpertScratch {
+                        input: &mut s.moe_in,
+                        output: &mut s.moe_out,
+                        gate: &mut s.gate,
+                        up: &mut s.up,
+                        mm: &mut s.mm,
+                    };
+                    run_experts(&m.experts, cfg.activation, xin, h, &s.assign, acc, ex, threads);
+                    s.mm.gemm_rows = Some(gemm.0);
+                    // out = post_dense(dense) + post_experts(experts).
+                    for i in 0..n {
+                        let (orow, tmp) = (&mut out[i * h..(i + 1) * h], &mut xn[i * h..(i + 1) * h]);
+                        rms_norm(orow, Some(&m.post_dense_norm), cfg.eps, cfg.norm_add_one, tmp);
+                        orow.copy_from_slice(tmp);
+                        rms_norm(
+                            &acc[i * h..(i + 1) * h],
+                            Some(&m.post_experts_norm),
+                            cfg.eps,
+                            cfg.norm_add_one,
+                            tmp,
+                        );
+                        orow.iter_mut().zip(tmp.iter()).for_each(|(a, b)| *a += b);
+                    }
+                }
             }
             for i in 0..n {
                 let orow = &mut out[i * h..(i + 1) * h];
@@ -1090,6 +1443,39 @@ impl Decoder {
                     .iter_mut()
                     .zip(orow.iter())
                     .for_each(|(a, b)| *a += b);
+            }
+
+            // Per-layer input: x += post_norm(proj(act(gate(x)) · input_l)).
+            if let Some(p) = &w.ple {
+                let (pl, d) = (&p.layers[l], p.dim);
+                let width = w.layers.len() * d;
+                let g = grow(&mut s.ple_gate, n * d);
+                matmul(&pl.gate, x, n, g, &mut s.mm, threads);
+                for i in 0..n {
+                    let src = &s.pli[i * width + l * d..i * width + (l + 1) * d];
+                    for (a, b) in g[i * d..(i + 1) * d].iter_mut().zip(src) {
+                        *a = cfg.activation.apply(*a) * b;
+                    }
+                }
+                let o = grow(&mut s.o, n * h);
+                matmul(&pl.proj, g, n, o, &mut s.mm, threads);
+                for i in 0..n {
+                    let tmp = &mut xn[i * h..(i + 1) * h];
+                    rms_norm(
+                        &o[i * h..(i + 1) * h],
+                        Some(&pl.post_norm),
+                        cfg.eps,
+                        cfg.norm_add_one,
+                        tmp,
+                    );
+                    x[i * h..(i + 1) * h]
+                        .iter_mut()
+                        .zip(tmp.iter())
+                        .for_each(|(a, b)| *a += b);
+                }
+            }
+            if let Some(scale) = w.layer_scalars.as_ref().map(|v| v[l]).filter(|&v| v != 1.0) {
+                x.iter_mut().for_each(|v| *v *= scale);
             }
         }
 
@@ -1171,6 +1557,156 @@ fn gated_ffn(
     matmul(&f.down, g, n, out, mm, threads);
 }
 
+/// Scratch of [`run_experts`].
+struct ExpertScratch<'a> {
+    input: &'a mut Vec<f32>,
+    output: &'a mut Vec<f32>,
+    gate: &'a mut Vec<f32>,
+    up: &'a mut Vec<f32>,
+    mm: &'a mut MatmulScratch,
+}
+
+/// Turns each row's router logits (`r`, `rows × ne`) into scores in place, picks the top-k
+/// experts (by score plus `selection_bias`) and fills `assign[e]` with `(row, weight)`: the score,
+/// renormalised over the picked ones if asked, times the routed scale and `expert_scale[e]`.
+fn route(
+    moe: &MoeConfig,
+    r: &mut [f32],
+    ne: usize,
+    selection_bias: Option<&[f32]>,
+    expert_scale: Option<&[f32]>,
+    assign: &mut Vec<Vec<(usize, f32)>>,
+) {
+    assign.resize_with(ne, Vec::new);
+    assign.iter_mut().for_each(Vec::clear);
+    if ne == 0 {
+        return;
+    }
+    for (i, p) in r.chunks_exact_mut(ne).enumerate() {
+        match moe.scoring {
+            RouterScoring::Softmax => softmax(p),
+            RouterScoring::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+        }
+        let score = |e: usize| p[e] + selection_bias.map_or(0.0, |b| b[e]);
+        let mut picked = [(0usize, 0.0f32); 64];
+        let k = moe.top_k.min(ne).min(64);
+        for slot in 0..k {
+            let mut best = usize::MAX;
+            for e in 0..ne {
+                if picked[..slot].iter().any(|&(pe2, _)| pe2 == e) {
+                    continue;
+                }
+                if best == usize::MAX || score(e) > score(best) {
+                    best = e;
+                }
+            }
+            picked[slot] = (best, p[best]);
+        }
+        let sum: f32 = picked[..k].iter().map(|x| x.1).sum::<f32>() + moe.norm_eps;
+        for &(e, pe) in &picked[..k] {
+            let wgt = if moe.norm_topk_prob { pe / sum } else { pe };
+            let wgt = wgt * moe.routed_scale;
+            assign[e].push((i, expert_scale.map_or(wgt, |s| wgt * s[e])));
+        }
+    }
+}
+
+/// `out` (rows of `h`) = the weighted sum of the experts each row of `x` was assigned to.
+#[allow(clippy::too_many_arguments)]
+fn run_experts(
+    experts: &[GatedFfn],
+    act: Activation,
+    x: &[f32],
+    h: usize,
+    assign: &[Vec<(usize, f32)>],
+    out: &mut [f32],
+    s: ExpertScratch<'_>,
+    threads: usize,
+) {
+    out.fill(0.0);
+    for (e, rows) in assign.iter().enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let m = rows.len();
+        let inp = grow(s.input, m * h);
+        for (j, &(i, _)) in rows.iter().enumerate() {
+            inp[j * h..(j + 1) * h].copy_from_slice(&x[i * h..(i + 1) * h]);
+        }
+        let eo = grow(s.output, m * h);
+        gated_ffn(&experts[e], act, inp, m, eo, s.gate, s.up, s.mm, threads);
+        for (j, &(i, wgt)) in rows.iter().enumerate() {
+            out[i * h..(i + 1) * h]
+                .iter_mut()
+                .zip(&eo[j * h..(j + 1) * h])
+                .for_each(|(a, b)| *a += wgt * b);
+        }
+    }
+}
+
+/// RMS norm without a weight over each `d`-sized head of `x`, in place (`tmp`: scratch).
+fn norm_heads_unweighted(x: &mut [f32], d: usize, eps: f32, tmp: &mut Vec<f32>) {
+    let t = grow(tmp, d);
+    for head in x.chunks_exact_mut(d) {
+        t.copy_from_slice(head);
+        rms_norm(t, None, eps, false, head);
+    }
+}
+
+/// One attention layer's projections and switches, whichever mixer holds them.
+struct AttnProj<'a> {
+    wq: &'a Matrix,
+    wo: &'a Matrix,
+    /// Key and value projections when the layer fills its own cache (no value projection: the
+    /// values are the keys).
+    kv: Option<(&'a Matrix, Option<&'a Matrix>)>,
+    bq: Option<&'a [f32]>,
+    bk: Option<&'a [f32]>,
+    bv: Option<&'a [f32]>,
+    q_norm: Option<&'a [f32]>,
+    k_norm: Option<&'a [f32]>,
+    v_norm: bool,
+    gated: bool,
+}
+
+impl<'a> AttnProj<'a> {
+    fn of(m: &'a Mixer) -> AttnProj<'a> {
+        match m {
+            Mixer::Attention(a) => AttnProj {
+                wq: &a.wq,
+                wo: &a.wo,
+                kv: Some((&a.wk, Some(&a.wv))),
+                bq: a.bq.as_deref(),
+                bk: a.bk.as_deref(),
+                bv: a.bv.as_deref(),
+                q_norm: a.q_norm.as_deref(),
+                k_norm: a.k_norm.as_deref(),
+                v_norm: false,
+                gated: a.gated,
+            },
+            Mixer::LayerAttention(a) => {
+                let (kv, k_norm) = match &a.kv {
+                    KvSource::Own { wk, wv, k_norm } => (Some((wk, wv.as_ref())), k_norm.as_deref()),
+                    KvSource::Shared(_) => (None, None),
+                };
+                AttnProj {
+                    wq: &a.wq,
+                    wo: &a.wo,
+                    kv,
+                    bq: None,
+                    bk: None,
+                    bv: None,
+                    q_norm: a.q_norm.as_deref(),
+                    k_norm,
+                    v_norm: a.v_norm,
+                    gated: false,
+                }
+            }
+            _ => unreachable!("not an attention mixer"),
+        }
+    }
+}
+
 /// Causal (optionally sliding-window) GQA attention of every row against its sequence's cache,
 /// parallel over (row, head) pairs.
 ///
@@ -1182,14 +1718,14 @@ fn gated_ffn(
 fn attention(
     cfg: &DecoderConfig,
     kv: &KvCache,
-    layer: usize,
+    g: AttnGeometry,
     rows: &[(usize, usize)],
     per_seq: &[usize],
     q: &[f32],
     out: &mut [f32],
     threads: usize,
 ) {
-    let (hd, nh) = (cfg.head_dim, cfg.n_heads);
+    let (hd, nh) = (g.head_dim, cfg.n_heads);
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
     // ggml's exact summation order matters for token-for-token parity on short batches (decode
@@ -1213,8 +1749,8 @@ fn attention(
             let (seq, pos) = rows[row];
             let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
             match order(seq) {
-                Some(ord) => head_attention_f16(cfg, kv, layer, seq, pos, head, qh, ord, &mut f16, o),
-                None => head_attention(cfg, kv, layer, seq, pos, head, qh, &mut scores, o),
+                Some(ord) => head_attention_f16(cfg, kv, g, seq, pos, head, qh, ord, &mut f16, o),
+                None => head_attention(cfg, kv, g, seq, pos, head, qh, &mut scores, o),
             }
         }
         SCORES.set(scores);
@@ -1227,7 +1763,7 @@ fn attention(
 fn head_attention(
     cfg: &DecoderConfig,
     kv: &KvCache,
-    layer: usize,
+    g: AttnGeometry,
     seq: usize,
     pos: usize,
     head: usize,
@@ -1235,11 +1771,10 @@ fn head_attention(
     scores: &mut Vec<f32>,
     o: &mut [f32],
 ) {
-    let (hd, kvd) = (cfg.head_dim, cfg.kv_dim());
-    let group = cfg.n_heads / cfg.n_kv_heads;
-    let window = cfg.sliding_window.get(layer).copied().flatten();
-    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let (ks, vs) = kv.layer(seq, layer, pos + 1);
+    let (hd, kvd) = (g.head_dim, g.kv_dim());
+    let group = cfg.n_heads / g.n_kv_heads;
+    let start = g.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
     let kh = head / group;
     scores.clear();
     scores.extend(
@@ -1278,7 +1813,7 @@ struct F16Scratch {
 fn head_attention_f16(
     cfg: &DecoderConfig,
     kv: &KvCache,
-    layer: usize,
+    g: AttnGeometry,
     seq: usize,
     pos: usize,
     head: usize,
@@ -1287,11 +1822,10 @@ fn head_attention_f16(
     f: &mut F16Scratch,
     o: &mut [f32],
 ) {
-    let (hd, kvd) = (cfg.head_dim, cfg.kv_dim());
-    let group = cfg.n_heads / cfg.n_kv_heads;
-    let window = cfg.sliding_window.get(layer).copied().flatten();
-    let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let (ks, vs) = kv.layer(seq, layer, pos + 1);
+    let (hd, kvd) = (g.head_dim, g.kv_dim());
+    let group = cfg.n_heads / g.n_kv_heads;
+    let start = g.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
     let kh = head / group;
     let (pre, post) = if cfg.q_prescale {
         (cfg.attn_scale, 1.0)

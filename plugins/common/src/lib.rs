@@ -31,8 +31,9 @@ pub mod testing;
 pub mod weights;
 
 pub use decoder::{
-    Activation, AttnWeights, Decoder, DecoderConfig, DecoderWeights, Ffn, GatedDeltaNet, GatedFfn, LayerWeights, Mixer,
-    MoeConfig, RouterScoring, SharedExpert, ShortConv,
+    Activation, AttnWeights, Decoder, DecoderConfig, DecoderWeights, DenseMoe, Ffn, GatedDeltaNet, GatedFfn,
+    KvSource, LayerAttention, LayerWeights, Mixer, MoeConfig, Ple, PleLayer, RouterScoring, SharedExpert,
+    ShortConv,
 };
 pub use family::DecoderModel;
 pub use kv::KvCache;

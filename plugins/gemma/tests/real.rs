@@ -134,7 +134,7 @@ fn describe_reads_the_gguf() {
     assert_eq!(d.extra["architecture"], "gemma3");
     assert_eq!(d.extra["special_tokens"]["bos"], 2);
     assert_eq!(d.extra["special_tokens"]["<start_of_turn>"], 105);
-    let cfg = &m.decoder().unwrap().cfg;
+    let cfg = &m.decoder().cfg;
     assert_eq!(
         (
             cfg.n_layers,

@@ -1,10 +1,12 @@
 //! The plugin against the tiny HF reference models (Gemma 3, Gemma 4 with per-layer embeddings and
 //! KV sharing, Gemma 4 MoE): full-sequence and token-by-token logits, decoding past the 4-token
-//! sliding window, and the multi-sequence batch contract (batching, truncate, fork).
+//! sliding window, and the multi-sequence batch contract (batching, truncate, fork, rewind; also
+//! through the shared checks of `berth_plugin_common::testing`).
 
 use berth_gemma::{GemmaFamily, GemmaModel};
 use berth_plugin_api::{BatchView, ErrorKind, Family, LoadConfig, LogitsOut, Model};
 use berth_plugin_common::npy::read_npy_f32;
+use berth_plugin_common::testing::{check_batched_equals_alone, check_fork, check_rewind};
 use std::path::PathBuf;
 
 const IDS: [i32; 8] = [1, 17, 42, 256, 100, 31, 7, 511];
@@ -196,4 +198,25 @@ fn gemma4_batches_truncate_and_fork() {
 #[test]
 fn gemma4_moe_batches_truncate_and_fork() {
     check_batch_contract("gemma4_moe");
+}
+
+#[test]
+fn batched_sequences_decode_as_alone() {
+    for name in ["gemma3", "gemma4", "gemma4_moe"] {
+        check_batched_equals_alone(&mut load(name), 512);
+    }
+}
+
+#[test]
+fn fork_continues_like_a_fresh_prefill() {
+    for name in ["gemma3", "gemma4", "gemma4_moe"] {
+        check_fork(&mut load(name), 512);
+    }
+}
+
+#[test]
+fn rewind_matches_a_fresh_prefill() {
+    for name in ["gemma3", "gemma4", "gemma4_moe"] {
+        check_rewind(&mut load(name), 512);
+    }
 }

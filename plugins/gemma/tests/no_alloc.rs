@@ -1,0 +1,83 @@
+//! A warm single-token decode step of Gemma 4 (per-layer embeddings, KV sharing, the MoE block)
+//! allocates nothing, like the common decoder's other paths (plugins/common/tests/no_alloc.rs).
+
+use berth_gemma::GemmaFamily;
+use berth_plugin_api::{BatchView, Family, LoadConfig, LogitsOut, Model};
+use berth_plugin_common::testing::tiny_fixture;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+struct Counting;
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts allocations.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn warm_gemma4_decode_step_does_not_allocate() {
+    for name in ["gemma4", "gemma4_moe"] {
+        for threads in [1, 2] {
+            let cfg = LoadConfig {
+                pack_dir: tiny_fixture(name),
+                family: "gemma".into(),
+                architecture: name.into(),
+                format: "safetensors".into(),
+                threads: Some(threads),
+                max_sequences: Some(1),
+                context_length: Some(64),
+                ..Default::default()
+            };
+            let mut m = GemmaFamily::create(&cfg).unwrap();
+            let mut row = vec![0.0; 512];
+            let mut step = |m: &mut dyn Model, i: usize| {
+                let b = BatchView {
+                    tokens: &[(7 * i % 500) as i32],
+                    positions: &[i as i32],
+                    seq_ids: &[0],
+                    want_logits: &[1],
+                };
+                m.decode(&b, &mut LogitsOut::new(&mut row, 512)).unwrap();
+            };
+            // Warm up past the measured positions, then rewind and measure a window of steps (a
+            // pool worker joining late may allocate once per thread; see the common test).
+            for i in 0..16 {
+                step(&mut m, i);
+            }
+            let mut counts = Vec::new();
+            for _ in 0..3 {
+                m.seq_truncate(0, 8).unwrap();
+                let before = ALLOCS.load(Ordering::Relaxed);
+                for i in 8..12 {
+                    step(&mut m, i);
+                }
+                counts.push(ALLOCS.load(Ordering::Relaxed) - before);
+                if counts.last() == Some(&0) {
+                    break;
+                }
+            }
+            assert_eq!(
+                counts.last(),
+                Some(&0),
+                "{name}, {threads} threads: allocations per window {counts:?}"
+            );
+        }
+    }
+}
