@@ -3,9 +3,9 @@
 
 use berth_kernels::quant::WeightType;
 use berth_plugin_api::PluginError;
-use berth_registry::{Dtype, SafetensorsFile};
 /// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
 pub use berth_registry::GgufFile;
+use berth_registry::{Dtype, SafetensorsFile};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
