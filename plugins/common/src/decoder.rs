@@ -323,29 +323,76 @@ impl GatedDeltaNet {
     }
 }
 
-/// Softmax attention weights (every variant the families use).
+/// Softmax attention weights: every variant the families use (q/k/v biases, q/k norms, a
+/// gated output, a weightless value norm, a geometry of its own, keys and values shared with an
+/// earlier layer).
 #[derive(Clone, Debug)]
 pub struct AttnWeights {
     /// Query projection (with `gated`: `2·q_dim` rows, each head's query then its gate).
     pub wq: Matrix,
-    /// Key projection.
-    pub wk: Matrix,
-    /// Value projection.
-    pub wv: Matrix,
     /// Output projection.
     pub wo: Matrix,
     /// Query bias.
     pub bq: Option<Vec<f32>>,
-    /// Key bias.
-    pub bk: Option<Vec<f32>>,
-    /// Value bias.
-    pub bv: Option<Vec<f32>>,
     /// Per-head query norm.
     pub q_norm: Option<Vec<f32>>,
-    /// Per-head key norm.
-    pub k_norm: Option<Vec<f32>>,
+    /// Keys and values.
+    pub kv: KvSource,
     /// The output is multiplied by `sigmoid(gate)` from the query projection (Qwen3.5).
     pub gated: bool,
+    /// RMS norm without a weight over each value head before caching (Gemma 4).
+    pub v_norm: bool,
+    /// Head size, KV heads and RoPE of this layer when they are not the config's (Gemma 4).
+    pub shape: Option<AttnShape>,
+}
+
+impl AttnWeights {
+    /// Plain attention with the config's geometry: no biases, norms or gate.
+    pub fn new(wq: Matrix, wk: Matrix, wv: Matrix, wo: Matrix) -> AttnWeights {
+        AttnWeights {
+            wq,
+            wo,
+            bq: None,
+            q_norm: None,
+            kv: KvSource::Own {
+                wk,
+                wv: Some(wv),
+                bk: None,
+                bv: None,
+                k_norm: None,
+            },
+            gated: false,
+            v_norm: false,
+            shape: None,
+        }
+    }
+
+    /// Adds per-head q and k norms (on a layer with its own keys).
+    pub fn with_qk_norms(mut self, q: Vec<f32>, k: Vec<f32>) -> AttnWeights {
+        self.q_norm = Some(q);
+        if let KvSource::Own { k_norm, .. } = &mut self.kv {
+            *k_norm = Some(k);
+        }
+        self
+    }
+
+    /// Head size and KV heads: the layer's own, else the config's.
+    pub fn geometry(&self, cfg: &DecoderConfig) -> (usize, usize) {
+        self.shape
+            .as_ref()
+            .map_or((cfg.head_dim, cfg.n_kv_heads), |s| (s.head_dim, s.n_kv_heads))
+    }
+}
+
+/// An attention layer's own geometry.
+#[derive(Clone, Debug)]
+pub struct AttnShape {
+    /// Dimension per head.
+    pub head_dim: usize,
+    /// Key/value heads (of the source layer's cache when shared).
+    pub n_kv_heads: usize,
+    /// RoPE of this layer.
+    pub rope: Rope,
 }
 
 /// Where an attention layer's keys and values come from.
@@ -358,6 +405,10 @@ pub enum KvSource {
         /// Value projection; `None`: the values are the keys before the key norm (Gemma 4's
         /// `attention_k_eq_v`).
         wv: Option<Matrix>,
+        /// Key bias.
+        bk: Option<Vec<f32>>,
+        /// Value bias.
+        bv: Option<Vec<f32>>,
         /// Per-head key norm.
         k_norm: Option<Vec<f32>>,
     },
@@ -365,47 +416,22 @@ pub enum KvSource {
     Shared(usize),
 }
 
-/// Softmax attention with a geometry of its own (Gemma 4): its head size, KV heads and RoPE,
-/// keys and values projected or read from another layer's cache, and a weightless value norm.
-/// The query heads, scale, window and soft-cap are the config's.
-#[derive(Clone, Debug)]
-pub struct LayerAttention {
-    /// Query projection (`n_heads·head_dim × hidden`).
-    pub wq: Matrix,
-    /// Output projection (`hidden × n_heads·head_dim`).
-    pub wo: Matrix,
-    /// Per-head query norm.
-    pub q_norm: Option<Vec<f32>>,
-    /// Keys and values.
-    pub kv: KvSource,
-    /// Dimension per head.
-    pub head_dim: usize,
-    /// Key/value heads (of the source layer's cache when shared).
-    pub n_kv_heads: usize,
-    /// RMS norm without a weight over each value head before caching.
-    pub v_norm: bool,
-    /// RoPE of this layer.
-    pub rope: Rope,
-}
-
 /// A layer's token mixer.
 #[derive(Clone, Debug)]
 pub enum Mixer {
     /// Softmax attention over the KV cache.
-    Attention(AttnWeights),
+    Attention(Box<AttnWeights>),
     /// LFM2's gated short convolution (a convolution window per sequence).
     ShortConv(ShortConv),
     /// Qwen3.5's gated delta-net (a convolution window and a matrix state per sequence).
-    GatedDeltaNet(GatedDeltaNet),
-    /// Softmax attention with a per-layer geometry and KV source (Gemma 4).
-    LayerAttention(Box<LayerAttention>),
+    GatedDeltaNet(Box<GatedDeltaNet>),
 }
 
 impl Mixer {
     /// The attention weights, if this is an attention layer.
     pub fn attention(&self) -> Option<&AttnWeights> {
         match self {
-            Mixer::Attention(a) => Some(a),
+            Mixer::Attention(a) => Some(&**a),
             _ => None,
         }
     }
@@ -413,7 +439,7 @@ impl Mixer {
     /// The attention weights, mutably.
     pub fn attention_mut(&mut self) -> Option<&mut AttnWeights> {
         match self {
-            Mixer::Attention(a) => Some(a),
+            Mixer::Attention(a) => Some(&mut **a),
             _ => None,
         }
     }
@@ -531,18 +557,22 @@ impl DecoderWeights {
             };
             let layer = LayerWeights {
                 attn_norm: w.vector(&id(Role::AttnNorm))?,
-                mixer: Mixer::Attention(AttnWeights {
+                mixer: Mixer::Attention(Box::new(AttnWeights {
                     wq: w.matrix(&id(Role::AttnQ))?,
-                    wk: w.matrix(&id(Role::AttnK))?,
-                    wv: w.matrix(&id(Role::AttnV))?,
                     wo: w.matrix(&id(Role::AttnOut))?,
                     bq: need(w, id(Role::AttnQ).bias(), cfg.qkv_bias)?,
-                    bk: need(w, id(Role::AttnK).bias(), cfg.qkv_bias)?,
-                    bv: need(w, id(Role::AttnV).bias(), cfg.qkv_bias)?,
                     q_norm: need(w, id(Role::AttnQNorm), cfg.qk_norm)?,
-                    k_norm: need(w, id(Role::AttnKNorm), cfg.qk_norm)?,
+                    kv: KvSource::Own {
+                        wk: w.matrix(&id(Role::AttnK))?,
+                        wv: Some(w.matrix(&id(Role::AttnV))?),
+                        bk: need(w, id(Role::AttnK).bias(), cfg.qkv_bias)?,
+                        bv: need(w, id(Role::AttnV).bias(), cfg.qkv_bias)?,
+                        k_norm: need(w, id(Role::AttnKNorm), cfg.qk_norm)?,
+                    },
                     gated: false,
-                }),
+                    v_norm: false,
+                    shape: None,
+                })),
                 post_attn_norm: need(w, id(Role::PostAttnNorm), cfg.post_norms)?,
                 ffn_norm: w.vector(&id(Role::FfnNorm))?,
                 post_ffw_norm: need(w, id(Role::PostFfwNorm), cfg.post_norms)?,
@@ -587,19 +617,16 @@ impl DecoderWeights {
             )));
         }
         for (i, l) in layers.iter().enumerate() {
-            if let Mixer::LayerAttention(a) = &l.mixer {
+            if let Mixer::Attention(a) = &l.mixer {
                 if let KvSource::Shared(src) = a.kv {
                     let geometry = layers[..i].get(src).and_then(|s| match &s.mixer {
-                        Mixer::Attention(_) => Some((cfg.head_dim, cfg.n_kv_heads)),
-                        Mixer::LayerAttention(b) if matches!(b.kv, KvSource::Own { .. }) => {
-                            Some((b.head_dim, b.n_kv_heads))
-                        }
+                        Mixer::Attention(b) if matches!(b.kv, KvSource::Own { .. }) => Some(b.geometry(cfg)),
                         _ => None,
                     });
-                    if geometry != Some((a.head_dim, a.n_kv_heads)) {
+                    let (hd, nkv) = a.geometry(cfg);
+                    if geometry != Some((hd, nkv)) {
                         return Err(PluginError::failed(format!(
-                            "layer {i}: layer {src} is no earlier attention layer with its own cache of {} heads of {}",
-                            a.n_kv_heads, a.head_dim
+                            "layer {i}: layer {src} is no earlier attention layer with its own cache of {nkv} heads of {hd}"
                         )));
                     }
                 }
@@ -674,7 +701,6 @@ fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), Pl
     check_ffn(&l.ffn, cfg, i)?;
     let mixer_ok = match &l.mixer {
         Mixer::Attention(a) => return check_attention(a, cfg, i),
-        Mixer::LayerAttention(a) => return check_layer_attention(a, cfg, i),
         Mixer::ShortConv(c) => {
             c.in_proj.rows == 3 * h
                 && c.in_proj.cols == h
@@ -710,34 +736,24 @@ fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), Pl
 }
 
 fn check_attention(a: &AttnWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
-    let (h, q, kv) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim());
-    let l = a;
-    let q_rows = if a.gated { 2 * q } else { q };
-    let ok = l.wq.rows == q_rows
-        && l.wq.cols == h
-        && l.wk.rows == kv
-        && l.wk.cols == h
-        && l.wv.rows == kv
-        && l.wv.cols == h
-        && l.wo.rows == h
-        && l.wo.cols == q;
-    if !ok {
-        return Err(PluginError::failed(format!(
-            "layer {i}: attention shapes q {:?} k {:?} v {:?} o {:?} do not fit hidden {h}, {} heads, {} kv heads of {}",
-            l.wq, l.wk, l.wv, l.wo, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        )));
-    }
-    Ok(())
-}
-
-fn check_layer_attention(a: &LayerAttention, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
-    let (h, hd, nkv) = (cfg.hidden, a.head_dim, a.n_kv_heads);
+    let h = cfg.hidden;
+    let (hd, nkv) = a.geometry(cfg);
     let (q, kv) = (cfg.n_heads * hd, nkv * hd);
+    let q_rows = if a.gated { 2 * q } else { q };
     let norm_ok = |n: &Option<Vec<f32>>| n.as_ref().is_none_or(|n| n.len() == hd);
+    let bias_ok = |b: &Option<Vec<f32>>, n: usize| b.as_ref().is_none_or(|b| b.len() == n);
     let kv_ok = match &a.kv {
-        KvSource::Own { wk, wv, k_norm } => {
+        KvSource::Own {
+            wk,
+            wv,
+            bk,
+            bv,
+            k_norm,
+        } => {
             (wk.rows, wk.cols) == (kv, h)
                 && wv.as_ref().is_none_or(|v| (v.rows, v.cols) == (kv, h))
+                && bias_ok(bk, kv)
+                && bias_ok(bv, kv)
                 && norm_ok(k_norm)
         }
         KvSource::Shared(src) => *src < i,
@@ -745,10 +761,11 @@ fn check_layer_attention(a: &LayerAttention, cfg: &DecoderConfig, i: usize) -> R
     let ok = hd > 0
         && nkv > 0
         && cfg.n_heads.is_multiple_of(nkv)
-        && (a.wq.rows, a.wq.cols) == (q, h)
+        && (a.wq.rows, a.wq.cols) == (q_rows, h)
         && (a.wo.rows, a.wo.cols) == (h, q)
+        && bias_ok(&a.bq, q)
         && norm_ok(&a.q_norm)
-        && a.rope.head_dim == hd
+        && a.shape.as_ref().is_none_or(|s| s.rope.head_dim == hd)
         && kv_ok;
     if !ok {
         return Err(PluginError::failed(format!(
@@ -863,21 +880,18 @@ impl AttnGeometry {
     fn of(cfg: &DecoderConfig, mixer: &Mixer, layer: usize) -> Option<AttnGeometry> {
         let window = cfg.sliding_window.get(layer).copied().flatten();
         match mixer {
-            Mixer::Attention(_) => Some(AttnGeometry {
-                head_dim: cfg.head_dim,
-                n_kv_heads: cfg.n_kv_heads,
-                kv_layer: layer,
-                window,
-            }),
-            Mixer::LayerAttention(a) => Some(AttnGeometry {
-                head_dim: a.head_dim,
-                n_kv_heads: a.n_kv_heads,
-                kv_layer: match a.kv {
-                    KvSource::Own { .. } => layer,
-                    KvSource::Shared(src) => src,
-                },
-                window,
-            }),
+            Mixer::Attention(a) => {
+                let (head_dim, n_kv_heads) = a.geometry(cfg);
+                Some(AttnGeometry {
+                    head_dim,
+                    n_kv_heads,
+                    kv_layer: match a.kv {
+                        KvSource::Own { .. } => layer,
+                        KvSource::Shared(src) => src,
+                    },
+                    window,
+                })
+            }
             _ => None,
         }
     }
@@ -910,8 +924,12 @@ impl Decoder {
             .iter()
             .enumerate()
             .map(|(l, &b)| {
-                if let Some(Mixer::LayerAttention(a)) = weights.layers.get(l).map(|l| &l.mixer) {
-                    return a.rope.clone();
+                if let Some(shape) = weights
+                    .layers
+                    .get(l)
+                    .and_then(|l| l.mixer.attention()?.shape.as_ref())
+                {
+                    return shape.rope.clone();
                 }
                 let f = cfg.rope_scale.get(l).copied().unwrap_or(1.0);
                 if cfg.rope_f32 {
@@ -939,7 +957,7 @@ impl Decoder {
             .layers
             .iter()
             .map(|l| match &l.mixer {
-                Mixer::Attention(_) | Mixer::LayerAttention(_) => LayerStateDims::default(),
+                Mixer::Attention(_) => LayerStateDims::default(),
                 Mixer::ShortConv(c) => LayerStateDims {
                     conv: (c.kernel - 1) * c.out_proj.rows,
                     recurrent: 0,
@@ -1194,7 +1212,7 @@ impl Decoder {
             }
             let o = grow(&mut s.o, n * h);
             match &lw.mixer {
-                Mixer::Attention(_) | Mixer::LayerAttention(_) => {
+                Mixer::Attention(_) => {
                     let p = AttnProj::of(&lw.mixer);
                     let g = self.geometry[l].expect("attention layers have a geometry");
                     let (hd, kvd) = (g.head_dim, g.kv_dim());
@@ -1671,38 +1689,35 @@ struct AttnProj<'a> {
 
 impl<'a> AttnProj<'a> {
     fn of(m: &'a Mixer) -> AttnProj<'a> {
-        match m {
-            Mixer::Attention(a) => AttnProj {
-                wq: &a.wq,
-                wo: &a.wo,
-                kv: Some((&a.wk, Some(&a.wv))),
-                bq: a.bq.as_deref(),
-                bk: a.bk.as_deref(),
-                bv: a.bv.as_deref(),
-                q_norm: a.q_norm.as_deref(),
-                k_norm: a.k_norm.as_deref(),
-                v_norm: false,
-                gated: a.gated,
-            },
-            Mixer::LayerAttention(a) => {
-                let (kv, k_norm) = match &a.kv {
-                    KvSource::Own { wk, wv, k_norm } => (Some((wk, wv.as_ref())), k_norm.as_deref()),
-                    KvSource::Shared(_) => (None, None),
-                };
-                AttnProj {
-                    wq: &a.wq,
-                    wo: &a.wo,
-                    kv,
-                    bq: None,
-                    bk: None,
-                    bv: None,
-                    q_norm: a.q_norm.as_deref(),
-                    k_norm,
-                    v_norm: a.v_norm,
-                    gated: false,
-                }
-            }
-            _ => unreachable!("not an attention mixer"),
+        let Mixer::Attention(a) = m else {
+            unreachable!("not an attention mixer")
+        };
+        let (kv, bk, bv, k_norm) = match &a.kv {
+            KvSource::Own {
+                wk,
+                wv,
+                bk,
+                bv,
+                k_norm,
+            } => (
+                Some((wk, wv.as_ref())),
+                bk.as_deref(),
+                bv.as_deref(),
+                k_norm.as_deref(),
+            ),
+            KvSource::Shared(_) => (None, None, None, None),
+        };
+        AttnProj {
+            wq: &a.wq,
+            wo: &a.wo,
+            kv,
+            bq: a.bq.as_deref(),
+            bk,
+            bv,
+            q_norm: a.q_norm.as_deref(),
+            k_norm,
+            v_norm: a.v_norm,
+            gated: a.gated,
         }
     }
 }

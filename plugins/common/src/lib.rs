@@ -31,8 +31,8 @@ pub mod testing;
 pub mod weights;
 
 pub use decoder::{
-    Activation, AttnWeights, Decoder, DecoderConfig, DecoderWeights, DenseMoe, Ffn, GatedDeltaNet, GatedFfn,
-    KvSource, LayerAttention, LayerWeights, Mixer, MoeConfig, Ple, PleLayer, RouterScoring, SharedExpert,
+    Activation, AttnShape, AttnWeights, Decoder, DecoderConfig, DecoderWeights, DenseMoe, Ffn, GatedDeltaNet,
+    GatedFfn, KvSource, LayerWeights, Mixer, MoeConfig, Ple, PleLayer, RouterScoring, SharedExpert,
     ShortConv,
 };
 pub use family::DecoderModel;

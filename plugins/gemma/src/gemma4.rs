@@ -9,7 +9,7 @@ use berth_plugin_api::PluginError;
 use berth_plugin_common::family::{bad, HfConfig};
 use berth_plugin_common::ops::Rope;
 use berth_plugin_common::{
-    Activation, DecoderConfig, DecoderWeights, DenseMoe, Ffn, GatedFfn, KvSource, LayerAttention,
+    Activation, AttnShape, AttnWeights, DecoderConfig, DecoderWeights, DenseMoe, Ffn, GatedFfn, KvSource,
     LayerWeights, Mixer, MoeConfig, Ple, PleLayer, Weights,
 };
 
@@ -69,7 +69,16 @@ pub fn load(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, DecoderWeights
             };
             let n_kv = wk.rows / hd;
             let k_norm = Some(vec(layer(i, "self_attn.k_norm.weight"))?);
-            (KvSource::Own { wk, wv, k_norm }, n_kv)
+            (
+                KvSource::Own {
+                    wk,
+                    wv,
+                    bk: None,
+                    bv: None,
+                    k_norm,
+                },
+                n_kv,
+            )
         } else {
             // The last earlier layer of the same type that keeps its own cache.
             let src = (0..first_shared)
@@ -140,15 +149,19 @@ pub fn load(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, DecoderWeights
         });
         layers.push(LayerWeights {
             attn_norm: vec(layer(i, "input_layernorm.weight"))?,
-            mixer: Mixer::LayerAttention(Box::new(LayerAttention {
+            mixer: Mixer::Attention(Box::new(AttnWeights {
                 wq: mat(layer(i, "self_attn.q_proj.weight"))?,
                 wo: mat(layer(i, "self_attn.o_proj.weight"))?,
+                bq: None,
                 q_norm: Some(q_norm),
                 kv,
-                head_dim: hd,
-                n_kv_heads: n_kv,
+                gated: false,
                 v_norm: true,
-                rope,
+                shape: Some(AttnShape {
+                    head_dim: hd,
+                    n_kv_heads: n_kv,
+                    rope,
+                }),
             })),
             post_attn_norm: Some(vec(layer(i, "post_attention_layernorm.weight"))?),
             ffn_norm: vec(layer(i, "pre_feedforward_layernorm.weight"))?,

@@ -12,7 +12,8 @@ use berth_plugin_common::family::{
     bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
-    Activation, DecoderConfig, DecoderModel, DecoderWeights, Ffn, HfNames, Matrix, Role, TensorId, Weights,
+    Activation, DecoderConfig, DecoderModel, DecoderWeights, Ffn, HfNames, KvSource, Matrix, Role, TensorId,
+    Weights,
 };
 use serde_json::Value;
 
@@ -149,8 +150,14 @@ fn dequantize(w: &mut DecoderWeights) {
     w.output = to_f32(&w.output);
     for l in &mut w.layers {
         if let Some(a) = l.mixer.attention_mut() {
-            for m in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo] {
+            for m in [&mut a.wq, &mut a.wo] {
                 *m = to_f32(m);
+            }
+            if let KvSource::Own { wk, wv, .. } = &mut a.kv {
+                *wk = to_f32(wk);
+                if let Some(v) = wv {
+                    *v = to_f32(v);
+                }
             }
         }
         if let Ffn::Dense(f) = &mut l.ffn {

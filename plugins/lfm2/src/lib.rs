@@ -292,18 +292,10 @@ fn load_layers(
                 kernel,
                 out_proj: mat(t(i, "conv_out"))?,
             }),
-            Kind::Attention => Mixer::Attention(AttnWeights {
-                wq: mat(t(i, "q"))?,
-                wk: mat(t(i, "k"))?,
-                wv: mat(t(i, "v"))?,
-                wo: mat(t(i, "o"))?,
-                bq: None,
-                bk: None,
-                bv: None,
-                q_norm: Some(vec(t(i, "q_norm"))?),
-                k_norm: Some(vec(t(i, "k_norm"))?),
-                gated: false,
-            }),
+            Kind::Attention => Mixer::Attention(Box::new(
+                AttnWeights::new(mat(t(i, "q"))?, mat(t(i, "k"))?, mat(t(i, "v"))?, mat(t(i, "o"))?)
+                    .with_qk_norms(vec(t(i, "q_norm"))?, vec(t(i, "k_norm"))?),
+            )),
         };
         let dense = |i: usize| -> Result<GatedFfn, PluginError> {
             Ok(GatedFfn {

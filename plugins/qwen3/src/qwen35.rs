@@ -210,24 +210,17 @@ fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<
     for (i, kind) in l.kinds.iter().enumerate() {
         let t = |role: &str| (f.name)(i, role);
         let mixer = match kind {
-            Kind::Full => Mixer::Attention(AttnWeights {
-                wq: mat(t("q"))?,
-                wk: mat(t("k"))?,
-                wv: mat(t("v"))?,
-                wo: mat(t("o"))?,
-                bq: None,
-                bk: None,
-                bv: None,
-                q_norm: Some(vec(t("q_norm"))?),
-                k_norm: Some(vec(t("k_norm"))?),
+            Kind::Full => Mixer::Attention(Box::new(AttnWeights {
                 gated: true,
-            }),
+                ..AttnWeights::new(mat(t("q"))?, mat(t("k"))?, mat(t("v"))?, mat(t("o"))?)
+                    .with_qk_norms(vec(t("q_norm"))?, vec(t("k_norm"))?)
+            })),
             Kind::Linear => {
                 let mut neg_a = vec(t("a_log"))?;
                 if f.a_log {
                     neg_a.iter_mut().for_each(|v| *v = -v.exp());
                 }
-                Mixer::GatedDeltaNet(GatedDeltaNet {
+                Mixer::GatedDeltaNet(Box::new(GatedDeltaNet {
                     in_qkv: mat(t("qkv"))?,
                     in_z: mat(t("z"))?,
                     in_b: mat(t("b"))?,
@@ -243,7 +236,7 @@ fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<
                     dk: l.dk,
                     dv: l.dv,
                     tiled: f.tiled,
-                })
+                }))
             }
         };
         let ffn3 = |prefix: &str| -> Result<GatedFfn, PluginError> {
