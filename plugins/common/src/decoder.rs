@@ -3,7 +3,7 @@
 //! linear layers over all rows at once, attention per row against its own sequence's KV cache,
 //! and the LM head only for rows that want logits.
 
-use crate::ggml::{dot_f16, softmax_ggml, F16DotOrder};
+use crate::ggml::F16DotOrder;
 use crate::kv::KvCache;
 use crate::linear::{matmul, matmul_shared, par_units, MatmulScratch};
 use crate::ops::{
@@ -12,7 +12,9 @@ use crate::ops::{
 use crate::recurrent::{gated_delta_net, short_conv, RecurrentScratch, SeqGroups};
 use crate::state::{LayerStateDims, SeqStates};
 use crate::weights::{Matrix, Role, TensorId, Weights};
-use berth_kernels::dot::dot_f32;
+use berth_kernels::attention::{
+    head_attention, head_attention_f16, window_start, F16Scratch, HeadOpts, KvRows,
+};
 use berth_plugin_api::{BatchView, LogitsOut, PluginError, Rewind};
 
 /// The gated activation of the FFN: `down(act(gate(x)) * up(x))`.
@@ -1740,7 +1742,13 @@ fn attention(
     out: &mut [f32],
     threads: usize,
 ) {
-    let (hd, nh) = (g.head_dim, cfg.n_heads);
+    let (hd, nh, kvd) = (g.head_dim, cfg.n_heads, g.kv_dim());
+    let group = nh / g.n_kv_heads;
+    let opts = HeadOpts {
+        scale: cfg.attn_scale,
+        softcap: cfg.attn_softcap,
+        q_prescale: cfg.q_prescale,
+    };
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
     // ggml's exact summation order matters for token-for-token parity on short batches (decode
@@ -1763,9 +1771,18 @@ fn attention(
             let (row, head) = (u / nh, u % nh);
             let (seq, pos) = rows[row];
             let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
+            let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
+            let kh = head / group;
+            let rows = KvRows {
+                k: &ks[kh * hd..],
+                v: &vs[kh * hd..],
+                stride: kvd,
+                start: window_start(pos, g.window),
+                end: pos + 1,
+            };
             match order(seq) {
-                Some(ord) => head_attention_f16(cfg, kv, g, seq, pos, head, qh, ord, &mut f16, o),
-                None => head_attention(cfg, kv, g, seq, pos, head, qh, &mut scores, o),
+                Some(ord) => head_attention_f16(qh, &rows, &opts, ord, &mut f16, o),
+                None => head_attention(qh, &rows, &opts, &mut scores, o),
             }
         }
         SCORES.set(scores);
@@ -1773,119 +1790,5 @@ fn attention(
     });
 }
 
-/// One head of one row of [`attention`] in f32 (the fast path).
-#[allow(clippy::too_many_arguments)]
-fn head_attention(
-    cfg: &DecoderConfig,
-    kv: &KvCache,
-    g: AttnGeometry,
-    seq: usize,
-    pos: usize,
-    head: usize,
-    qh: &[f32],
-    scores: &mut Vec<f32>,
-    o: &mut [f32],
-) {
-    let (hd, kvd) = (g.head_dim, g.kv_dim());
-    let group = cfg.n_heads / g.n_kv_heads;
-    let start = g.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
-    let kh = head / group;
-    scores.clear();
-    scores.extend(
-        (start..=pos).map(|t| dot_f32(qh, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]) * cfg.attn_scale),
-    );
-    if let Some(cap) = cfg.attn_softcap {
-        softcap(scores, cap);
-    }
-    softmax(scores);
-    o.fill(0.0);
-    for (t, &p) in (start..=pos).zip(scores.iter()) {
-        let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
-        o.iter_mut().zip(vr).for_each(|(a, b)| *a += p * b);
-    }
-}
-
 /// Largest batch whose attention follows ggml's summation order when `kv_f16` is set.
 const GGML_ORDER_MAX_ROWS: usize = 32;
-
-/// Buffers of [`head_attention_f16`], reused across the heads one thread computes.
-#[derive(Default)]
-struct F16Scratch {
-    scores: Vec<f32>,
-    q16: Vec<f32>,
-    acc: Vec<[f32; 32]>,
-    tail: Vec<f64>,
-}
-
-/// One head of one row of [`attention`] as llama.cpp computes it over its F16 KV cache without
-/// flash attention (see [`crate::ggml`]): the cache holds f16 values (rounded in
-/// [`Decoder::decode`]), the query is rounded to f16 (after the scale when `cfg.q_prescale`),
-/// scores and the probability-weighted values are f16 dot products summed in ggml's lane order
-/// (`order`: whether the sequence has one row in the batch or more), the softmax is ggml's, and
-/// the probabilities are rounded to f16.
-#[allow(clippy::too_many_arguments)]
-fn head_attention_f16(
-    cfg: &DecoderConfig,
-    kv: &KvCache,
-    g: AttnGeometry,
-    seq: usize,
-    pos: usize,
-    head: usize,
-    qh: &[f32],
-    order: F16DotOrder,
-    f: &mut F16Scratch,
-    o: &mut [f32],
-) {
-    let (hd, kvd) = (g.head_dim, g.kv_dim());
-    let group = cfg.n_heads / g.n_kv_heads;
-    let start = g.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
-    let kh = head / group;
-    let (pre, post) = if cfg.q_prescale {
-        (cfg.attn_scale, 1.0)
-    } else {
-        (1.0, cfg.attn_scale)
-    };
-    f.q16.clear();
-    f.q16.extend(qh.iter().map(|&b| round_f16(b * pre)));
-    let q16 = &f.q16;
-    f.scores.clear();
-    f.scores.extend((start..=pos).map(|t| {
-        let s = dot_f16(order, q16, &ks[t * kvd + kh * hd..t * kvd + (kh + 1) * hd]);
-        if post == 1.0 {
-            s
-        } else {
-            s * post
-        }
-    }));
-    if let Some(cap) = cfg.attn_softcap {
-        softcap(&mut f.scores, cap);
-    }
-    softmax_ggml(&mut f.scores, start);
-    // The value rows are dotted with the probabilities along the cells (ggml multiplies the
-    // transposed V cache by the f16 probabilities).
-    f.acc.clear();
-    f.acc.resize(hd, [0.0; 32]);
-    let n_cells = (pos + 1).next_multiple_of(256);
-    let nv = order.vector_len(n_cells);
-    f.tail.clear();
-    f.tail.resize(if nv <= pos { hd } else { 0 }, 0.0);
-    let tail = &mut f.tail;
-    for (t, &p) in (start..=pos).zip(&f.scores) {
-        let p = round_f16(p);
-        if p == 0.0 {
-            continue;
-        }
-        let vr = &vs[t * kvd + kh * hd..t * kvd + (kh + 1) * hd];
-        if t < nv {
-            let slot = order.slot(t);
-            f.acc.iter_mut().zip(vr).for_each(|(a, &v)| a[slot] += p * v);
-        } else {
-            tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
-        }
-    }
-    for (i, (oi, a)) in o.iter_mut().zip(&f.acc).enumerate() {
-        *oi = order.reduce(a, f.tail.get(i).copied().unwrap_or(0.0));
-    }
-}
