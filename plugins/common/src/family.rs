@@ -3,7 +3,7 @@
 //! [`DecoderModel`], the plugin `Model` over a [`Decoder`]. A family crate supplies the config
 //! mapping and the weight map and hands a [`Loaded`] to [`DecoderModel::new`].
 
-use crate::decoder::{Decoder, DecoderConfig, DecoderWeights};
+use crate::decoder::{Decoder, DecoderConfig, DecoderWeights, GatedFfn};
 use crate::linear::resolve_threads;
 use crate::weights::{GgufFile, WeightFormat, Weights};
 use berth_plugin_api::abi::CAP_TOOLS;
@@ -60,6 +60,49 @@ pub fn open_weights(config: &LoadConfig) -> Result<Weights, PluginError> {
         (WeightFormat::Gguf, files) => Weights::open_gguf(&files[0]),
         (_, files) => Weights::open_safetensors(&files),
     }
+}
+
+/// The routed experts of a MoE layer: from one 3-D tensor per projection when `name(None, p)`
+/// names one (GGUF's `ffn_gate_exps`, ...), else from one tensor per expert, `name(Some(e), p)`;
+/// `p` is `"gate"`, `"up"` or `"down"`.
+pub fn load_experts(
+    w: &Weights,
+    name: impl Fn(Option<usize>, &str) -> String,
+    n: usize,
+) -> Result<Vec<GatedFfn>, PluginError> {
+    if w.has_named(&name(None, "gate")) {
+        let stack = |p: &str| -> Result<Vec<_>, PluginError> {
+            let v = w.stacked_named(&name(None, p))?;
+            if v.len() != n {
+                return Err(bad(format!(
+                    "{}: {} experts, expected {n}",
+                    name(None, p),
+                    v.len()
+                )));
+            }
+            Ok(v)
+        };
+        let ffns = stack("gate")?.into_iter().zip(stack("up")?).zip(stack("down")?);
+        return Ok(ffns
+            .map(|((gate, up), down)| GatedFfn { gate, up, down })
+            .collect());
+    }
+    (0..n)
+        .map(|e| {
+            Ok(GatedFfn {
+                gate: w.matrix_named(&name(Some(e), "gate"))?,
+                up: w.matrix_named(&name(Some(e), "up"))?,
+                down: w.matrix_named(&name(Some(e), "down"))?,
+            })
+        })
+        .collect()
+}
+
+/// The HF `model_type` of a config, else the pack manifest's architecture.
+pub fn model_type<'a>(c: &'a Value, config: &'a LoadConfig) -> &'a str {
+    c.get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or(&config.architecture)
 }
 
 /// A JSON file.

@@ -2,7 +2,8 @@
 //! multi-sequence contract (batching, fork, rewind) on any plugin [`Model`].
 
 use crate::npy::{read_npy_f32, shared_fixtures};
-use berth_plugin_api::{BatchView, LogitsOut, Model, Rewind};
+use berth_plugin_api::{BatchView, Family, LogitsOut, Model, Rewind};
+use serde_json::json;
 use std::path::PathBuf;
 
 /// The input ids of every tiny reference model (`reference.json`).
@@ -193,4 +194,21 @@ pub fn check_rewind(m: &mut dyn Model, vocab: i32) {
         // Bit-identical: the same rows went through the same state.
         assert_eq!(argmax(&got), argmax(&want));
     }
+}
+
+/// A family's probe scores 100 for each of `architectures` under its own `family` name, and 0
+/// for an architecture it does not know or a pack of another family; its manifest lists the
+/// family.
+pub fn check_probe<F: Family>(family: &str, architectures: &[&str]) {
+    for a in architectures {
+        let pack = json!({"family": family, "architecture": a, "format": "gguf"});
+        assert_eq!(F::probe(&pack), 100, "{family} / {a}");
+    }
+    assert_eq!(F::probe(&json!({"family": family, "architecture": "llama"})), 0);
+    assert_eq!(
+        F::probe(&json!({"family": "other", "architecture": architectures[0]})),
+        0
+    );
+    let m = F::manifest();
+    assert_eq!(m.families, [family]);
 }

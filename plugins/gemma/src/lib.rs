@@ -9,7 +9,8 @@ pub mod gemma4;
 use berth_kernels::quant::WeightType;
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, HfConfig, Loaded, Specials,
+    bad, chat_template, hf_config, model_type, open_weights, probe_family, template_has_tools, HfConfig,
+    Loaded, Specials,
 };
 use berth_plugin_common::{
     Activation, DecoderConfig, DecoderModel, DecoderWeights, Ffn, HfNames, KvSource, Matrix, Role, TensorId,
@@ -252,10 +253,7 @@ fn load_gguf(w: Weights) -> Result<Loaded, PluginError> {
 fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
     let dir = &config.pack_dir;
     let c = hf_config(dir)?;
-    let model_type = c
-        .get("model_type")
-        .and_then(Value::as_str)
-        .unwrap_or(&config.architecture);
+    let model_type = model_type(&c, config);
     let variant = Variant::from_arch(model_type)
         .ok_or_else(|| bad(format!("unsupported model_type {model_type:?}")))?;
     let w = w.with_hf_names(HfNames::Sandwich);
@@ -376,34 +374,19 @@ berth_plugin_api::export_plugin!(GemmaFamily);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn probe_accepts_supported_architectures_only() {
-        for a in [
-            "gemma3",
-            "gemma4",
-            "gemma3_text",
-            "gemma4_text",
-            "Gemma3ForCausalLM",
-        ] {
-            assert_eq!(
-                GemmaFamily::probe(&json!({"family": "gemma", "architecture": a, "format": "gguf"})),
-                100
-            );
-        }
-        assert_eq!(
-            GemmaFamily::probe(&json!({"family": "gemma", "architecture": "llama"})),
-            0
+        berth_plugin_common::testing::check_probe::<GemmaFamily>(
+            "gemma",
+            &[
+                "gemma3",
+                "gemma4",
+                "gemma3_text",
+                "gemma4_text",
+                "Gemma3ForCausalLM",
+            ],
         );
-        assert_eq!(
-            GemmaFamily::probe(&json!({"family": "qwen3", "architecture": "gemma3"})),
-            0
-        );
-        let m = GemmaFamily::manifest();
-        assert_eq!(m.name, "gemma");
-        assert_eq!(m.families, ["gemma"]);
-        assert!(m.architectures.contains(&"gemma4_text".to_string()));
     }
 
     #[test]

@@ -7,12 +7,12 @@
 
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, GgufKeys, HfConfig,
-    Loaded, Specials,
+    bad, chat_template, hf_config, load_experts, open_weights, probe_family, template_has_tools, GgufKeys,
+    HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
-    AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Matrix, Mixer,
-    MoeConfig, RouterScoring, ShortConv, Weights,
+    AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Mixer, MoeConfig,
+    RouterScoring, ShortConv, Weights,
 };
 use serde_json::Value;
 
@@ -307,7 +307,21 @@ fn load_layers(
         let ffn = match moe {
             Some(m) if i >= m.dense_layers => Ffn::Moe {
                 router: mat(t(i, "router"))?,
-                experts: experts(w, names, i, m.config.n_experts)?,
+                experts: load_experts(
+                    w,
+                    |e, p| match e {
+                        None => t(i, &format!("{p}_exps")),
+                        Some(e) => {
+                            let w = match p {
+                                "gate" => "w1",
+                                "up" => "w3",
+                                _ => "w2",
+                            };
+                            t(i, &format!("{e}.{w}.weight"))
+                        }
+                    },
+                    m.config.n_experts,
+                )?,
                 selection_bias: if m.expert_bias {
                     Some(vec(t(i, "expert_bias"))?)
                 } else {
@@ -338,58 +352,17 @@ fn load_layers(
     DecoderWeights::new(cfg, embed, layers, vec(names.final_norm.into())?, output)
 }
 
-/// The experts of MoE layer `i`: one tensor per expert (HF) or stacked ones (GGUF).
-fn experts(w: &Weights, names: &Names, i: usize, n: usize) -> Result<Vec<GatedFfn>, PluginError> {
-    let t = |role: &str| (names.layer)(i, role);
-    if w.has_named(&t("gate_exps")) {
-        let stack = |role: &str| -> Result<Vec<Matrix>, PluginError> {
-            let v = w.stacked_named(&t(role))?;
-            if v.len() != n {
-                return Err(bad(format!("{}: {} experts, expected {n}", t(role), v.len())));
-            }
-            Ok(v)
-        };
-        let (g, u, d) = (stack("gate_exps")?, stack("up_exps")?, stack("down_exps")?);
-        return Ok(g
-            .into_iter()
-            .zip(u)
-            .zip(d)
-            .map(|((gate, up), down)| GatedFfn { gate, up, down })
-            .collect());
-    }
-    (0..n)
-        .map(|e| {
-            Ok(GatedFfn {
-                gate: w.matrix_named(&t(&format!("{e}.w1.weight")))?,
-                up: w.matrix_named(&t(&format!("{e}.w3.weight")))?,
-                down: w.matrix_named(&t(&format!("{e}.w2.weight")))?,
-            })
-        })
-        .collect()
-}
-
 berth_plugin_api::export_plugin!(Lfm2Family);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn probe_accepts_lfm2_packs_only() {
-        for a in ["lfm2", "lfm2_moe", "Lfm2ForCausalLM"] {
-            assert_eq!(
-                Lfm2Family::probe(&json!({"family": "lfm2", "architecture": a})),
-                100
-            );
-        }
-        assert_eq!(
-            Lfm2Family::probe(&json!({"family": "lfm2", "architecture": "qwen3"})),
-            0
-        );
-        assert_eq!(
-            Lfm2Family::probe(&json!({"family": "qwen3", "architecture": "lfm2"})),
-            0
+        berth_plugin_common::testing::check_probe::<Lfm2Family>(
+            "lfm2",
+            &["lfm2", "lfm2_moe", "Lfm2ForCausalLM"],
         );
     }
 }

@@ -9,8 +9,8 @@ mod qwen35;
 
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, open_weights, probe_family, template_has_tools, GgufKeys, HfConfig,
-    Loaded, Specials,
+    bad, chat_template, hf_config, model_type, open_weights, probe_family, template_has_tools, GgufKeys,
+    HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{DecoderConfig, DecoderModel, DecoderWeights, MoeConfig, Weights};
 use serde_json::Value;
@@ -166,10 +166,7 @@ fn apply_variant(cfg: &mut DecoderConfig, variant: Variant, attention_bias: bool
 fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
     let dir = &config.pack_dir;
     let c = hf_config(dir)?;
-    let model_type = c
-        .get("model_type")
-        .and_then(Value::as_str)
-        .unwrap_or(&config.architecture);
+    let model_type = model_type(&c, config);
     let variant = Variant::from_arch(model_type)
         .ok_or_else(|| bad(format!("unsupported model_type {model_type:?}")))?;
     let hc = HfConfig(&c);
@@ -221,34 +218,20 @@ berth_plugin_api::export_plugin!(QwenFamily);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn probe_accepts_supported_architectures_only() {
-        for a in [
-            "qwen2",
+        berth_plugin_common::testing::check_probe::<QwenFamily>(
             "qwen3",
-            "qwen3moe",
-            "qwen3_moe",
-            "qwen35",
-            "qwen3_5_text",
-            "qwen3_5_moe_text",
-        ] {
-            assert_eq!(
-                QwenFamily::probe(&json!({"family": "qwen3", "architecture": a, "format": "gguf"})),
-                100
-            );
-        }
-        assert_eq!(
-            QwenFamily::probe(&json!({"family": "qwen3", "architecture": "llama"})),
-            0
+            &[
+                "qwen2",
+                "qwen3",
+                "qwen3moe",
+                "qwen3_moe",
+                "qwen35",
+                "qwen3_5_text",
+                "qwen3_5_moe_text",
+            ],
         );
-        assert_eq!(
-            QwenFamily::probe(&json!({"family": "gemma", "architecture": "qwen2"})),
-            0
-        );
-        let m = QwenFamily::manifest();
-        assert_eq!(m.name, "qwen3");
-        assert!(m.architectures.contains(&"qwen3moe".to_string()));
     }
 }

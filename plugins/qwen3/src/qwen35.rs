@@ -5,7 +5,7 @@
 //! the delta-net's value heads tiled over the key heads (tests/fixtures/gguf-tiny/TENSORS.md).
 
 use berth_plugin_api::PluginError;
-use berth_plugin_common::family::{bad, GgufKeys, HfConfig};
+use berth_plugin_common::family::{bad, load_experts, GgufKeys, HfConfig};
 use berth_plugin_common::{
     AttnWeights, DecoderConfig, DecoderWeights, Ffn, GatedDeltaNet, GatedFfn, LayerWeights, Mixer,
     SharedExpert, Weights,
@@ -250,7 +250,14 @@ fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<
             None => Ffn::Dense(ffn3("")?),
             Some(m) => Ffn::Moe {
                 router: mat(t("router"))?,
-                experts: experts(w, &t, m.n_experts)?,
+                experts: load_experts(
+                    w,
+                    |e, p| match e {
+                        None => t(&format!("exps.{p}")),
+                        Some(e) => t(&format!("{e}.{p}")),
+                    },
+                    m.n_experts,
+                )?,
                 selection_bias: None,
                 shared: if w.has_named(&t("shexp.gate")) {
                     Some(SharedExpert {
@@ -279,32 +286,4 @@ fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<
         embed.clone()
     };
     DecoderWeights::new(cfg, embed, layers, vec(norm_name.into())?, output)
-}
-
-/// The routed experts of a layer: stacked in one 3-D tensor per projection (GGUF), or one
-/// tensor per expert (HF).
-fn experts(w: &Weights, t: &dyn Fn(&str) -> String, n: usize) -> Result<Vec<GatedFfn>, PluginError> {
-    if let Ok(gates) = w.stacked_named(&t("0.gate")) {
-        let (ups, downs) = (w.stacked_named(&t("0.up"))?, w.stacked_named(&t("0.down"))?);
-        if gates.len() != n || ups.len() != n || downs.len() != n {
-            return Err(bad(format!(
-                "{}: {} experts, expected {n}",
-                t("0.gate"),
-                gates.len()
-            )));
-        }
-        let ffns = gates.into_iter().zip(ups).zip(downs);
-        return Ok(ffns
-            .map(|((gate, up), down)| GatedFfn { gate, up, down })
-            .collect());
-    }
-    (0..n)
-        .map(|e| {
-            Ok(GatedFfn {
-                gate: w.matrix_named(&t(&format!("{e}.gate")))?,
-                up: w.matrix_named(&t(&format!("{e}.up")))?,
-                down: w.matrix_named(&t(&format!("{e}.down")))?,
-            })
-        })
-        .collect()
 }
