@@ -7,7 +7,9 @@ use crate::decoder::{Decoder, DecoderConfig, DecoderWeights, GatedFfn};
 use crate::linear::resolve_threads;
 use crate::weights::{GgufFile, WeightFormat, Weights};
 use berth_plugin_api::abi::CAP_TOOLS;
-use berth_plugin_api::{BatchView, LoadConfig, LogitsOut, Model, ModelDescription, PluginError};
+use berth_plugin_api::{
+    BatchView, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
+};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -151,6 +153,12 @@ impl HfConfig<'_> {
             .get(k)
             .and_then(Value::as_array)
             .map(|a| a.iter().map(|v| v.as_str().unwrap_or("").to_string()).collect())
+    }
+
+    /// Which layers `layer_types` marks `"full_attention"` (the hybrid families' pattern).
+    pub fn full_attention_layers(&self) -> Option<Vec<bool>> {
+        self.strings("layer_types")
+            .map(|t| t.iter().map(|t| t == "full_attention").collect())
     }
 
     /// The decoder shape every HF text config states the same way: layers, widths, heads, norm
@@ -386,6 +394,38 @@ pub fn chat_template(w: &Weights, dir: &Path) -> Option<String> {
 /// Whether a chat template renders tools (it refers to them).
 pub fn template_has_tools(template: Option<&str>) -> bool {
     template.is_some_and(|t| t.contains("tools"))
+}
+
+/// The manifest of a plugin named after its one family that reads GGUF and safetensors packs
+/// (`version`: the crate's, `env!("CARGO_PKG_VERSION")`).
+pub fn family_manifest(
+    name: &str,
+    version: &str,
+    description: &str,
+    architectures: &[&str],
+) -> PluginManifest {
+    PluginManifest {
+        name: name.into(),
+        version: version.into(),
+        description: description.into(),
+        families: vec![name.into()],
+        architectures: architectures.iter().map(|s| s.to_string()).collect(),
+        weight_formats: vec!["gguf".into(), "safetensors".into()],
+        ..Default::default()
+    }
+}
+
+/// A family's loader for one weight format.
+pub type LoadFn = fn(Weights, &LoadConfig) -> Result<Loaded, PluginError>;
+
+/// Opens the pack's weights and maps them with the family's GGUF or safetensors loader.
+pub fn load_pack(config: &LoadConfig, gguf: LoadFn, safetensors: LoadFn) -> Result<Loaded, PluginError> {
+    let w = open_weights(config)?;
+    if w.gguf().is_some() {
+        gguf(w, config)
+    } else {
+        safetensors(w, config)
+    }
 }
 
 /// The probe every family uses: 100 when the pack's `family` is ours and `known` accepts its

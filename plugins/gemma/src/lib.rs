@@ -9,8 +9,8 @@ pub mod gemma4;
 use berth_kernels::quant::WeightType;
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, model_type, open_weights, probe_family, template_has_tools, HfConfig,
-    Loaded, Specials,
+    bad, chat_template, family_manifest, hf_config, load_pack, model_type, probe_family, template_has_tools,
+    HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
     Activation, DecoderConfig, DecoderModel, DecoderWeights, Ffn, HfNames, KvSource, Matrix, Role, TensorId,
@@ -83,15 +83,12 @@ impl Family for GemmaFamily {
     type Model = GemmaModel;
 
     fn manifest() -> PluginManifest {
-        PluginManifest {
-            name: "gemma".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: "Gemma 3 (GGUF, safetensors) and Gemma 4 (safetensors) text models".into(),
-            families: vec!["gemma".into()],
-            architectures: ARCHITECTURES.iter().map(|s| s.to_string()).collect(),
-            weight_formats: vec!["gguf".into(), "safetensors".into()],
-            ..Default::default()
-        }
+        family_manifest(
+            "gemma",
+            env!("CARGO_PKG_VERSION"),
+            "Gemma 3 (GGUF, safetensors) and Gemma 4 (safetensors) text models",
+            &ARCHITECTURES,
+        )
     }
 
     fn probe(model_config: &Value) -> u32 {
@@ -99,12 +96,7 @@ impl Family for GemmaFamily {
     }
 
     fn create(config: &LoadConfig) -> Result<GemmaModel, PluginError> {
-        let w = open_weights(config)?;
-        let mut loaded = if w.gguf().is_some() {
-            load_gguf(w)?
-        } else {
-            load_safetensors(w, config)?
-        };
+        let mut loaded = load_pack(config, load_gguf, load_safetensors)?;
         if config.options.get("dequantize").and_then(Value::as_bool) == Some(true) {
             dequantize(&mut loaded.weights);
             // An f32 reference run: no emulation of llama.cpp's f16 steps.
@@ -179,7 +171,7 @@ fn gemma3_switches(cfg: &mut DecoderConfig, gguf: bool) {
     cfg.tie_embeddings = true;
 }
 
-fn load_gguf(w: Weights) -> Result<Loaded, PluginError> {
+fn load_gguf(w: Weights, _config: &LoadConfig) -> Result<Loaded, PluginError> {
     let g = w.gguf().expect("opened as GGUF");
     let arch = g.architecture().unwrap_or("").to_string();
     match Variant::from_arch(&arch) {

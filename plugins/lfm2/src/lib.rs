@@ -7,8 +7,8 @@
 
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, load_experts, open_weights, probe_family, template_has_tools, GgufKeys,
-    HfConfig, Loaded, Specials,
+    bad, chat_template, family_manifest, hf_config, load_experts, load_pack, probe_family,
+    template_has_tools, GgufKeys, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
     AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Mixer, MoeConfig,
@@ -125,15 +125,12 @@ impl Family for Lfm2Family {
     type Model = Lfm2Model;
 
     fn manifest() -> PluginManifest {
-        PluginManifest {
-            name: "lfm2".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: "LFM2 and LFM2-MoE text models (GGUF, safetensors)".into(),
-            families: vec!["lfm2".into()],
-            architectures: ARCHITECTURES.iter().map(|s| s.to_string()).collect(),
-            weight_formats: vec!["gguf".into(), "safetensors".into()],
-            ..Default::default()
-        }
+        family_manifest(
+            "lfm2",
+            env!("CARGO_PKG_VERSION"),
+            "LFM2 and LFM2-MoE text models (GGUF, safetensors)",
+            &ARCHITECTURES,
+        )
     }
 
     fn probe(model_config: &Value) -> u32 {
@@ -144,12 +141,7 @@ impl Family for Lfm2Family {
     }
 
     fn create(config: &LoadConfig) -> Result<Lfm2Model, PluginError> {
-        let w = open_weights(config)?;
-        let loaded = if w.gguf().is_some() {
-            load_gguf(w, config)?
-        } else {
-            load_safetensors(w, config)?
-        };
+        let loaded = load_pack(config, load_gguf, load_safetensors)?;
         DecoderModel::new(loaded, config)
     }
 }
@@ -164,16 +156,10 @@ fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginErr
     if hc.float("rope_theta").is_none() {
         cfg.rope_base = vec![1e6; n_layers]; // LFM2's default
     }
-    let kinds: Vec<Kind> = match hc.strings("layer_types") {
-        Some(t) => t
+    let kinds: Vec<Kind> = match hc.full_attention_layers() {
+        Some(full) => full
             .iter()
-            .map(|t| {
-                if t == "full_attention" {
-                    Kind::Attention
-                } else {
-                    Kind::Conv
-                }
-            })
+            .map(|&f| if f { Kind::Attention } else { Kind::Conv })
             .collect(),
         None => {
             let idxs: Vec<usize> = c

@@ -9,8 +9,8 @@ mod qwen35;
 
 use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, model_type, open_weights, probe_family, template_has_tools, GgufKeys,
-    HfConfig, Loaded, Specials,
+    bad, chat_template, family_manifest, hf_config, load_pack, model_type, probe_family, template_has_tools,
+    GgufKeys, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{DecoderConfig, DecoderModel, DecoderWeights, MoeConfig, Weights};
 use serde_json::Value;
@@ -99,17 +99,12 @@ impl Family for QwenFamily {
     type Model = QwenModel;
 
     fn manifest() -> PluginManifest {
-        PluginManifest {
-            name: "qwen3".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description:
-                "Qwen2, Qwen2.5, Qwen3, Qwen3-MoE, Qwen3.5 and Qwen3.5-MoE text models (GGUF, safetensors)"
-                    .into(),
-            families: vec!["qwen3".into()],
-            architectures: ARCHITECTURES.iter().map(|s| s.to_string()).collect(),
-            weight_formats: vec!["gguf".into(), "safetensors".into()],
-            ..Default::default()
-        }
+        family_manifest(
+            "qwen3",
+            env!("CARGO_PKG_VERSION"),
+            "Qwen2, Qwen2.5, Qwen3, Qwen3-MoE, Qwen3.5 and Qwen3.5-MoE text models (GGUF, safetensors)",
+            &ARCHITECTURES,
+        )
     }
 
     fn probe(model_config: &Value) -> u32 {
@@ -117,12 +112,7 @@ impl Family for QwenFamily {
     }
 
     fn create(config: &LoadConfig) -> Result<QwenModel, PluginError> {
-        let w = open_weights(config)?;
-        let loaded = if w.gguf().is_some() {
-            load_gguf(w, config)?
-        } else {
-            load_safetensors(w, config)?
-        };
+        let loaded = load_pack(config, load_gguf, load_safetensors)?;
         DecoderModel::new(loaded, config)
     }
 }

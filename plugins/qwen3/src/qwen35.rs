@@ -127,16 +127,10 @@ pub fn load_hf(
     let partial = c.float("partial_rotary_factor").unwrap_or(1.0);
     cfg.rope_dim = ((cfg.head_dim as f64 * partial) as usize) & !1;
     cfg.norm_add_one = true;
-    let kinds = match c.strings("layer_types") {
-        Some(t) => t
+    let kinds = match c.full_attention_layers() {
+        Some(full) => full
             .iter()
-            .map(|t| {
-                if t == "full_attention" {
-                    Kind::Full
-                } else {
-                    Kind::Linear
-                }
-            })
+            .map(|&f| if f { Kind::Full } else { Kind::Linear })
             .collect(),
         None => every_nth_full(cfg.n_layers, c.num("full_attention_interval")),
     };
