@@ -6,11 +6,14 @@
 use crate::decoder::{Decoder, DecoderConfig, DecoderWeights, GatedFfn};
 use crate::linear::resolve_threads;
 use crate::weights::{GgufFile, WeightFormat, Weights};
+/// The plugin SDK, for [`decoder_family!`](crate::decoder_family).
+pub use berth_plugin_api as api;
 use berth_plugin_api::abi::CAP_TOOLS;
 use berth_plugin_api::{
     BatchView, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
 };
-use serde_json::{json, Map, Value};
+pub use serde_json::Value;
+use serde_json::{json, Map};
 use std::path::{Path, PathBuf};
 
 /// A load error with a message.
@@ -531,4 +534,47 @@ impl Model for DecoderModel {
     fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
         self.decoder.seq_fork(src, dst)
     }
+}
+
+/// Defines a family plugin on the common runtime and exports it: the family type, its manifest
+/// (named after the family; GGUF and safetensors), the probe (`knows` accepts an architecture),
+/// and `create` (the GGUF or safetensors loader, then an optional `adjust` of what it loaded).
+#[macro_export]
+macro_rules! decoder_family {
+    (
+        $family:ident,
+        name: $name:literal,
+        description: $description:literal,
+        architectures: $architectures:expr,
+        knows: $knows:expr,
+        gguf: $gguf:path,
+        safetensors: $safetensors:path
+        $(, adjust: $adjust:path)? $(,)?
+    ) => {
+        /// The family type exported by this plugin.
+        pub struct $family;
+
+        impl $crate::family::api::Family for $family {
+            type Model = $crate::DecoderModel;
+
+            fn manifest() -> $crate::family::api::PluginManifest {
+                $crate::family::family_manifest($name, env!("CARGO_PKG_VERSION"), $description, &$architectures)
+            }
+
+            fn probe(model_config: &$crate::family::Value) -> u32 {
+                $crate::family::probe_family(model_config, $name, $knows)
+            }
+
+            fn create(
+                config: &$crate::family::api::LoadConfig,
+            ) -> Result<$crate::DecoderModel, $crate::family::api::PluginError> {
+                #[allow(unused_mut)]
+                let mut loaded = $crate::family::load_pack(config, $gguf, $safetensors)?;
+                $($adjust(&mut loaded, config);)?
+                $crate::DecoderModel::new(loaded, config)
+            }
+        }
+
+        $crate::family::api::export_plugin!($family);
+    };
 }

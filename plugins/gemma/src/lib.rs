@@ -7,10 +7,9 @@
 pub mod gemma4;
 
 use berth_kernels::quant::WeightType;
-use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
+use berth_plugin_api::{LoadConfig, PluginError};
 use berth_plugin_common::family::{
-    bad, chat_template, family_manifest, hf_config, load_pack, model_type, probe_family, template_has_tools,
-    HfConfig, Loaded, Specials,
+    bad, chat_template, hf_config, model_type, template_has_tools, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
     Activation, DecoderConfig, DecoderModel, DecoderWeights, Ffn, HfNames, KvSource, Matrix, Role, TensorId,
@@ -40,9 +39,6 @@ const GEMMA3_PATTERN: usize = 6;
 
 /// Gemma 3's local-layer RoPE base when the file does not say.
 const GEMMA3_LOCAL_BASE: f32 = 10000.0;
-
-/// The family type exported by this plugin.
-pub struct GemmaFamily;
 
 /// A loaded Gemma model.
 pub type GemmaModel = DecoderModel;
@@ -79,37 +75,16 @@ impl Variant {
     }
 }
 
-impl Family for GemmaFamily {
-    type Model = GemmaModel;
-
-    fn manifest() -> PluginManifest {
-        family_manifest(
-            "gemma",
-            env!("CARGO_PKG_VERSION"),
-            "Gemma 3 (GGUF, safetensors) and Gemma 4 (safetensors) text models",
-            &ARCHITECTURES,
-        )
-    }
-
-    fn probe(model_config: &Value) -> u32 {
-        probe_family(model_config, "gemma", |a| Variant::from_arch(a).is_some())
-    }
-
-    fn create(config: &LoadConfig) -> Result<GemmaModel, PluginError> {
-        let mut loaded = load_pack(config, load_gguf, load_safetensors)?;
-        if config.options.get("dequantize").and_then(Value::as_bool) == Some(true) {
-            dequantize(&mut loaded.weights);
-            // An f32 reference run: no emulation of llama.cpp's f16 steps.
-            let cfg = &mut loaded.cfg;
-            cfg.kv_f16 = false;
-            cfg.rope_f32 = false;
-            if cfg.activation == Activation::GeluTanhF16 {
-                cfg.activation = Activation::GeluTanh;
-            }
-        }
-        DecoderModel::new(loaded, config)
-    }
-}
+berth_plugin_common::decoder_family!(
+    GemmaFamily,
+    name: "gemma",
+    description: "Gemma 3 (GGUF, safetensors) and Gemma 4 (safetensors) text models",
+    architectures: ARCHITECTURES,
+    knows: |a| Variant::from_arch(a).is_some(),
+    gguf: load_gguf,
+    safetensors: load_safetensors,
+    adjust: apply_load_options,
+);
 
 /// `x` rounded to the precision of a weight type (transformers casts the embedding scale to the
 /// weight dtype: in bf16, `sqrt(3072) = 55.4256` becomes 55.5).
@@ -134,6 +109,20 @@ fn to_f32(m: &Matrix) -> Matrix {
         m.dequantize_row(r, row);
     }
     Matrix::from_f32(m.rows, m.cols, &data)
+}
+
+/// Load option `dequantize`: an f32 reference run, with f32 weights and no emulation of
+/// llama.cpp's f16 steps.
+fn apply_load_options(loaded: &mut Loaded, config: &LoadConfig) {
+    if config.options.get("dequantize").and_then(Value::as_bool) == Some(true) {
+        dequantize(&mut loaded.weights);
+        let cfg = &mut loaded.cfg;
+        cfg.kv_f16 = false;
+        cfg.rope_f32 = false;
+        if cfg.activation == Activation::GeluTanhF16 {
+            cfg.activation = Activation::GeluTanh;
+        }
+    }
 }
 
 /// Converts the embedding, attention and dense FFN matrices to f32 (load option `dequantize`:
@@ -360,8 +349,6 @@ fn gemma3_safetensors(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, Deco
     let dw = DecoderWeights::load(w, &cfg)?;
     Ok((cfg, dw))
 }
-
-berth_plugin_api::export_plugin!(GemmaFamily);
 
 #[cfg(test)]
 mod tests {

@@ -5,10 +5,9 @@
 
 #![warn(missing_docs)]
 
-use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
+use berth_plugin_api::{LoadConfig, PluginError};
 use berth_plugin_common::family::{
-    bad, chat_template, family_manifest, hf_config, load_experts, load_pack, probe_family,
-    template_has_tools, GgufKeys, HfConfig, Loaded, Specials,
+    bad, chat_template, hf_config, load_experts, template_has_tools, GgufKeys, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
     AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Mixer, MoeConfig,
@@ -34,9 +33,6 @@ const SPECIAL_TOKENS: [&str; 9] = [
 
 /// Special tokens that end generation when present.
 const STOP_TEXTS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
-
-/// The family type exported by this plugin.
-pub struct Lfm2Family;
 
 /// A loaded LFM2 model.
 pub type Lfm2Model = DecoderModel;
@@ -121,30 +117,18 @@ struct MoeLayout {
     expert_bias: bool,
 }
 
-impl Family for Lfm2Family {
-    type Model = Lfm2Model;
-
-    fn manifest() -> PluginManifest {
-        family_manifest(
-            "lfm2",
-            env!("CARGO_PKG_VERSION"),
-            "LFM2 and LFM2-MoE text models (GGUF, safetensors)",
-            &ARCHITECTURES,
-        )
-    }
-
-    fn probe(model_config: &Value) -> u32 {
-        probe_family(model_config, "lfm2", |a| {
-            let a = a.to_ascii_lowercase();
-            ARCHITECTURES.contains(&a.as_str()) || a == "lfm2forcausallm" || a == "lfm2moeforcausallm"
-        })
-    }
-
-    fn create(config: &LoadConfig) -> Result<Lfm2Model, PluginError> {
-        let loaded = load_pack(config, load_gguf, load_safetensors)?;
-        DecoderModel::new(loaded, config)
-    }
-}
+berth_plugin_common::decoder_family!(
+    Lfm2Family,
+    name: "lfm2",
+    description: "LFM2 and LFM2-MoE text models (GGUF, safetensors)",
+    architectures: ARCHITECTURES,
+    knows: |a| {
+        let a = a.to_ascii_lowercase();
+        ARCHITECTURES.contains(&a.as_str()) || a == "lfm2forcausallm" || a == "lfm2moeforcausallm"
+    },
+    gguf: load_gguf,
+    safetensors: load_safetensors,
+);
 
 fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
     let dir = &config.pack_dir;
@@ -337,8 +321,6 @@ fn load_layers(
     };
     DecoderWeights::new(cfg, embed, layers, vec(names.final_norm.into())?, output)
 }
-
-berth_plugin_api::export_plugin!(Lfm2Family);
 
 #[cfg(test)]
 mod tests {

@@ -7,13 +7,11 @@
 
 mod qwen35;
 
-use berth_plugin_api::{Family, LoadConfig, PluginError, PluginManifest};
+use berth_plugin_api::{LoadConfig, PluginError};
 use berth_plugin_common::family::{
-    bad, chat_template, family_manifest, hf_config, load_pack, model_type, probe_family, template_has_tools,
-    GgufKeys, HfConfig, Loaded, Specials,
+    bad, chat_template, hf_config, model_type, template_has_tools, GgufKeys, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{DecoderConfig, DecoderModel, DecoderWeights, MoeConfig, Weights};
-use serde_json::Value;
 
 /// Architectures served: GGUF `general.architecture` values and HF `model_type`s.
 pub const ARCHITECTURES: [&str; 11] = [
@@ -42,9 +40,6 @@ const SPECIAL_TOKENS: [&str; 6] = [
 
 /// Special tokens that end generation when present.
 const STOP_TEXTS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
-
-/// The family type exported by this plugin.
-pub struct QwenFamily;
 
 /// A loaded Qwen model.
 pub type QwenModel = DecoderModel;
@@ -95,27 +90,15 @@ impl Variant {
     }
 }
 
-impl Family for QwenFamily {
-    type Model = QwenModel;
-
-    fn manifest() -> PluginManifest {
-        family_manifest(
-            "qwen3",
-            env!("CARGO_PKG_VERSION"),
-            "Qwen2, Qwen2.5, Qwen3, Qwen3-MoE, Qwen3.5 and Qwen3.5-MoE text models (GGUF, safetensors)",
-            &ARCHITECTURES,
-        )
-    }
-
-    fn probe(model_config: &Value) -> u32 {
-        probe_family(model_config, "qwen3", |a| Variant::from_arch(a).is_some())
-    }
-
-    fn create(config: &LoadConfig) -> Result<QwenModel, PluginError> {
-        let loaded = load_pack(config, load_gguf, load_safetensors)?;
-        DecoderModel::new(loaded, config)
-    }
-}
+berth_plugin_common::decoder_family!(
+    QwenFamily,
+    name: "qwen3",
+    description: "Qwen2, Qwen2.5, Qwen3, Qwen3-MoE, Qwen3.5 and Qwen3.5-MoE text models (GGUF, safetensors)",
+    architectures: ARCHITECTURES,
+    knows: |a| Variant::from_arch(a).is_some(),
+    gguf: load_gguf,
+    safetensors: load_safetensors,
+);
 
 fn load_gguf(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
     let k = GgufKeys::new(&w).expect("opened as GGUF");
@@ -202,8 +185,6 @@ fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginErr
         tools: template_has_tools(template.as_deref()),
     })
 }
-
-berth_plugin_api::export_plugin!(QwenFamily);
 
 #[cfg(test)]
 mod tests {
