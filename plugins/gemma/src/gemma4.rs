@@ -16,15 +16,8 @@ use berth_plugin_common::{
 /// The decoder config and weights of a Gemma 4 text model from its HF config and safetensors.
 pub fn load(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, DecoderWeights), PluginError> {
     let c = hc.0;
-    let (n_layers, hidden, heads) = (
-        hc.req("num_hidden_layers")?,
-        hc.req("hidden_size")?,
-        hc.req("num_attention_heads")?,
-    );
-    let kv_heads = hc.num("num_key_value_heads").unwrap_or(heads);
-    let head_dim = hc.num("head_dim").unwrap_or(hidden / heads);
-    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
-    cfg.eps = hc.float("rms_norm_eps").unwrap_or(1e-6) as f32;
+    let mut cfg = hc.decoder_config()?;
+    let (n_layers, hidden) = (cfg.n_layers, cfg.hidden);
     cfg.qk_norm = true;
     cfg.post_norms = true;
     cfg.activation = Activation::GeluTanh;

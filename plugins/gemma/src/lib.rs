@@ -305,16 +305,9 @@ fn sliding_layers(c: &Value, n_layers: usize, default_pattern: usize) -> Vec<boo
 
 fn gemma3_safetensors(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, DecoderWeights), PluginError> {
     let c = hc.0;
-    let (n_layers, hidden, heads) = (
-        hc.req("num_hidden_layers")?,
-        hc.req("hidden_size")?,
-        hc.req("num_attention_heads")?,
-    );
-    let kv_heads = hc.num("num_key_value_heads").unwrap_or(heads);
-    let head_dim = hc.num("head_dim").unwrap_or(hidden / heads);
-    let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
+    let mut cfg = hc.decoder_config()?;
+    let (n_layers, hidden, head_dim) = (cfg.n_layers, cfg.hidden, cfg.head_dim);
     gemma3_switches(&mut cfg, false);
-    cfg.eps = hc.float("rms_norm_eps").unwrap_or(1e-6) as f32;
     cfg.attn_scale = (hc.float("query_pre_attn_scalar").unwrap_or(head_dim as f64) as f32).powf(-0.5);
     cfg.final_softcap = hc.float("final_logit_softcapping").map(|v| v as f32);
     cfg.attn_softcap = hc.float("attn_logit_softcapping").map(|v| v as f32);
