@@ -103,3 +103,43 @@ fn lfm2_tiny_gguf_q8_0_keeps_the_greedy_tokens() {
         .collect();
     assert_eq!(got, want);
 }
+
+/// A pack directory: the tiny model, the tiny packs' tokenizer and, optionally, a template.
+fn pack_with_template(template: Option<&str>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-packs");
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(tiny_fixture("lfm2").join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::copy(fixtures.join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    if let Some(t) = template {
+        std::fs::copy(fixtures.join(t), dir.path().join("chat_template.jinja")).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn lfm2_takes_tools_when_its_template_renders_them_and_stops_on_im_end() {
+    let load_dir = |dir: &std::path::Path| {
+        let cfg = LoadConfig {
+            pack_dir: dir.to_path_buf(),
+            family: "lfm2".into(),
+            format: "safetensors".into(),
+            ..Default::default()
+        };
+        Lfm2Family::create(&cfg).unwrap()
+    };
+    let with = pack_with_template(Some("lfm2.jinja"));
+    let m = load_dir(with.path());
+    assert!(m.tools_enabled());
+    let d = m.describe();
+    assert_ne!(d.capabilities & berth_plugin_api::abi::CAP_TOOLS, 0);
+    // The config's eos (2, `<|im_end|>` in the tiny tokenizer), then `<|endoftext|>`.
+    let special = &d.extra["special_tokens"];
+    assert_eq!(special["<|im_end|>"], 2);
+    let eot = special["<|endoftext|>"].as_i64().unwrap() as i32;
+    assert_eq!(d.stop_tokens, vec![2, eot]);
+    assert!(special["<|tool_call_start|>"].is_i64());
+    let without = pack_with_template(None);
+    assert!(!load_dir(without.path()).tools_enabled());
+}
