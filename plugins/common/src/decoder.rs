@@ -144,6 +144,10 @@ pub struct DecoderConfig {
     pub snapshot_every: usize,
     /// Most snapshots kept per sequence (0: rewinds of recurrent layers only to 0).
     pub max_snapshots: usize,
+    /// Bytes all sequences' snapshots may take together; fewer snapshots are kept per sequence
+    /// when `max_snapshots` of every sequence would not fit (a large hybrid model's state is
+    /// tens of megabytes per position).
+    pub snapshot_budget: usize,
 }
 
 impl DecoderConfig {
@@ -178,6 +182,7 @@ impl DecoderConfig {
             rope_partial_pairs: false,
             snapshot_every: 64,
             max_snapshots: 16,
+            snapshot_budget: 1 << 30,
         }
     }
 
@@ -955,7 +960,7 @@ impl Decoder {
             .map(|(l, g)| g.map_or(0, |g| g.cached(l)))
             .collect();
         let kv = KvCache::new(kv_dims, max_seqs, max_len);
-        let state_dims = weights
+        let state_dims: Vec<LayerStateDims> = weights
             .layers
             .iter()
             .map(|l| match &l.mixer {
@@ -970,7 +975,8 @@ impl Decoder {
                 },
             })
             .collect();
-        let states = SeqStates::new(state_dims, max_seqs, cfg.snapshot_every, cfg.max_snapshots);
+        let max_snapshots = budgeted_snapshots(&state_dims, max_seqs, cfg.max_snapshots, cfg.snapshot_budget);
+        let states = SeqStates::new(state_dims, max_seqs, cfg.snapshot_every, max_snapshots);
         Decoder {
             cfg,
             weights,
@@ -1790,5 +1796,39 @@ fn attention(
     });
 }
 
+/// Snapshots per sequence that fit `budget` bytes for `max_seqs` sequences, at most `wanted`.
+fn budgeted_snapshots(dims: &[LayerStateDims], max_seqs: usize, wanted: usize, budget: usize) -> usize {
+    let per_snapshot: usize = dims.iter().map(|d| (d.conv + d.recurrent) * 4).sum();
+    if per_snapshot == 0 {
+        return wanted;
+    }
+    wanted.min(budget / (per_snapshot * max_seqs.max(1)))
+}
+
 /// Largest batch whose attention follows ggml's summation order when `kv_f16` is set.
 const GGML_ORDER_MAX_ROWS: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_per_sequence_follow_the_memory_budget() {
+        let tiny = [LayerStateDims {
+            conv: 10,
+            recurrent: 100,
+        }; 2];
+        assert_eq!(budgeted_snapshots(&tiny, 16, 16, 1 << 30), 16);
+        // A Qwen3.5-9B-like state: 24 delta-net layers of 32 heads × 128 × 128.
+        let big = vec![
+            LayerStateDims {
+                conv: 3 * 8192,
+                recurrent: 32 * 128 * 128
+            };
+            24
+        ];
+        assert_eq!(budgeted_snapshots(&big, 16, 16, 1 << 30), 1);
+        assert_eq!(budgeted_snapshots(&big, 64, 16, 1 << 30), 0);
+        assert_eq!(budgeted_snapshots(&[LayerStateDims::default()], 16, 16, 0), 16);
+    }
+}
