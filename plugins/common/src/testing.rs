@@ -50,8 +50,8 @@ pub fn argmax(x: &[f32]) -> i32 {
         .0 as i32
 }
 
-/// Asserts `max |got - want| ≤ 1e-3 × max |want|`.
-pub fn assert_close(got: &[f32], want: &[f32], what: &str) {
+/// Asserts `max |got - want| ≤ 1e-3 × max |want|`; returns that ratio.
+pub fn assert_close(got: &[f32], want: &[f32], what: &str) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let max_logit = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
     let max_diff = got
@@ -62,6 +62,7 @@ pub fn assert_close(got: &[f32], want: &[f32], what: &str) {
         max_diff <= 1e-3 * max_logit,
         "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}"
     );
+    max_diff / max_logit
 }
 
 /// The full-prefill logits and the token-by-token logits (through the caches and states) match
@@ -74,11 +75,17 @@ pub fn check_tiny_reference(m: &mut dyn Model, name: &str) {
     assert_eq!(full.shape, vec![8, v]);
     let pos: Vec<i32> = (0..8).collect();
     let got = decode(m, &TINY_IDS, &pos, &[0; 8], &[1; 8]);
-    assert_close(&got, &full.data, &format!("{name} full forward"));
+    let prefill = assert_close(&got, &full.data, &format!("{name} full forward"));
+    let mut steps = 0.0f32;
     for (i, &t) in TINY_IDS.iter().enumerate() {
         let got = decode(m, &[t], &[i as i32], &[1], &[1]);
-        assert_close(&got, stepwise.row(i), &format!("{name} decode step {i}"));
+        steps = steps.max(assert_close(
+            &got,
+            stepwise.row(i),
+            &format!("{name} decode step {i}"),
+        ));
     }
+    eprintln!("{name}: max|diff| / max|logit|: prefill {prefill:.1e}, token by token {steps:.1e}");
 }
 
 /// Greedy continuation of `prompt` in sequence `seq` (emptied first): `steps` tokens.

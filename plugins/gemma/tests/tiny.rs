@@ -6,15 +6,12 @@
 use berth_gemma::{GemmaFamily, GemmaModel};
 use berth_plugin_api::{BatchView, ErrorKind, Family, LoadConfig, LogitsOut, Model};
 use berth_plugin_common::npy::read_npy_f32;
-use berth_plugin_common::testing::{check_batched_equals_alone, check_fork, check_rewind};
-use std::path::PathBuf;
+use berth_plugin_common::testing::{
+    assert_close, check_batched_equals_alone, check_fork, check_rewind, decode, tiny_fixture, TINY_IDS as IDS,
+};
 
-const IDS: [i32; 8] = [1, 17, 42, 256, 100, 31, 7, 511];
-
-fn fixture(name: &str) -> PathBuf {
-    berth_plugin_common::npy::shared_fixtures()
-        .join("reference-tiny")
-        .join(name)
+fn fixture(name: &str) -> std::path::PathBuf {
+    tiny_fixture(name)
 }
 
 fn load(name: &str) -> GemmaModel {
@@ -27,35 +24,6 @@ fn load(name: &str) -> GemmaModel {
         ..Default::default()
     };
     GemmaFamily::create(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-fn decode(m: &mut GemmaModel, tokens: &[i32], positions: &[i32], seqs: &[i32], want: &[u8]) -> Vec<f32> {
-    let v = m.describe().vocab_size as usize;
-    let rows = want.iter().filter(|&&w| w != 0).count();
-    let mut out = vec![0.0; rows * v];
-    let b = BatchView {
-        tokens,
-        positions,
-        seq_ids: seqs,
-        want_logits: want,
-    };
-    m.decode(&b, &mut LogitsOut::new(&mut out, v)).unwrap();
-    out
-}
-
-/// Max |diff| and max |want|; asserts the diff is within 1e-3 of the largest logit.
-fn assert_close(got: &[f32], want: &[f32], what: &str) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let max_logit = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
-    let max_diff = got
-        .iter()
-        .zip(want)
-        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
-    assert!(
-        max_diff <= 1e-3 * max_logit,
-        "{what}: max|diff| {max_diff} > 1e-3 × {max_logit}"
-    );
-    max_diff / max_logit
 }
 
 fn check_reference(name: &str) {
