@@ -7,6 +7,7 @@
 //! - [`kv`]: the per-sequence KV cache.
 //! - [`state`]: per-sequence convolution and recurrent state, with snapshots for rewinds.
 //! - [`recurrent`]: the recurrent mixers (LFM2's short convolution, Qwen3.5's gated delta-net).
+//! - [`layers`]: the mixers and feed-forwards a layer is made of, with their shape checks.
 //! - [`decoder`]: a generic pre-norm transformer decoder running multi-sequence batches.
 //! - [`family`]: what every family plugin shares: weight files, configs, special tokens, the
 //!   plugin `Model` over the decoder ([`DecoderModel`]).
@@ -22,6 +23,7 @@ pub mod decoder;
 pub mod family;
 pub mod ggml;
 pub mod kv;
+pub mod layers;
 pub mod linear;
 pub mod npy;
 pub mod ops;

@@ -1,0 +1,484 @@
+//! The building blocks of a decoder layer: token mixers (attention, LFM2's short convolution,
+//! Qwen3.5's gated delta-net), feed-forwards (dense, MoE, Gemma 4's dense + routed block), their
+//! settings, and the shape checks of each against the decoder config.
+
+use crate::decoder::DecoderConfig;
+use crate::ops::{gelu_tanh, gelu_tanh_f16, silu, Rope};
+use crate::weights::Matrix;
+use berth_plugin_api::PluginError;
+
+/// The gated activation of the FFN: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): Llama, Qwen.
+    Silu,
+    /// GELU with the tanh approximation (GeGLU): Gemma.
+    GeluTanh,
+    /// GELU with the tanh approximation through ggml-cpu's f16 table ([`gelu_tanh_f16`]).
+    GeluTanhF16,
+}
+
+impl Activation {
+    /// Applies the activation.
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Silu => silu(x),
+            Activation::GeluTanh => gelu_tanh(x),
+            Activation::GeluTanhF16 => gelu_tanh_f16(x),
+        }
+    }
+}
+
+/// How a MoE router turns its logits into expert weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouterScoring {
+    /// Softmax over all experts (Qwen3-MoE, Qwen3.5-MoE).
+    #[default]
+    Softmax,
+    /// An independent sigmoid per expert (LFM2-MoE).
+    Sigmoid,
+}
+
+/// Mixture-of-experts FFN settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Number of experts.
+    pub n_experts: usize,
+    /// Experts used per token.
+    pub top_k: usize,
+    /// Renormalise the top-k router weights to sum to one.
+    pub norm_topk_prob: bool,
+    /// Router scores: softmax or sigmoid.
+    pub scoring: RouterScoring,
+    /// Multiplier of the selected experts' weights (`routed_scaling_factor`, default 1).
+    pub routed_scale: f32,
+    /// Added to the weight sum before renormalising (LFM2-MoE: 1e-6; 0 elsewhere).
+    pub norm_eps: f32,
+}
+
+impl MoeConfig {
+    /// Softmax top-k routing (Qwen3-MoE style).
+    pub fn softmax(n_experts: usize, top_k: usize, norm_topk_prob: bool) -> MoeConfig {
+        MoeConfig {
+            n_experts,
+            top_k,
+            norm_topk_prob,
+            scoring: RouterScoring::Softmax,
+            routed_scale: 1.0,
+            norm_eps: 0.0,
+        }
+    }
+}
+
+/// One expert's (or a dense layer's) gated FFN.
+#[derive(Clone, Debug)]
+pub struct GatedFfn {
+    /// Gate projection (`ffn × hidden`).
+    pub gate: Matrix,
+    /// Up projection (`ffn × hidden`).
+    pub up: Matrix,
+    /// Down projection (`hidden × ffn`).
+    pub down: Matrix,
+}
+
+/// A shared expert that every token goes through beside the routed ones (Qwen3.5-MoE).
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    /// The expert's FFN.
+    pub ffn: GatedFfn,
+    /// Optional `1 × hidden` gate: the expert's output is scaled by `sigmoid(gate · x)`.
+    pub gate: Option<Matrix>,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Debug)]
+pub enum Ffn {
+    /// One gated FFN.
+    Dense(GatedFfn),
+    /// A router over experts, top-k ([`MoeConfig`] says how scores are formed).
+    Moe {
+        /// Router (`n_experts × hidden`).
+        router: Matrix,
+        /// The experts.
+        experts: Vec<GatedFfn>,
+        /// Per-expert bias added to the scores for selection only (LFM2-MoE `expert_bias`).
+        selection_bias: Option<Vec<f32>>,
+        /// Shared expert, if the model has one.
+        shared: Option<SharedExpert>,
+    },
+    /// A dense FFN and routed experts side by side, each with its own norms (Gemma 4).
+    DenseMoe(Box<DenseMoe>),
+}
+
+/// Gemma 4's feed-forward: `post_dense(dense(xn)) + post_experts(experts(pre_experts(x)))`, where
+/// `xn` is the layer's FFN-normed input and `x` the residual; the router reads
+/// `rms(x) · router_scale / sqrt(hidden)` and [`DecoderConfig::moe`] says how it picks experts.
+#[derive(Clone, Debug)]
+pub struct DenseMoe {
+    /// The dense FFN on the normed input.
+    pub dense: GatedFfn,
+    /// Norm of the dense FFN's output (`post_feedforward_layernorm_1`).
+    pub post_dense_norm: Vec<f32>,
+    /// Router (`n_experts × hidden`).
+    pub router: Matrix,
+    /// Multiplier of the router's input (`hidden`), after a weightless RMS norm.
+    pub router_scale: Vec<f32>,
+    /// Multiplier of each expert's routing weight.
+    pub expert_scale: Vec<f32>,
+    /// The experts.
+    pub experts: Vec<GatedFfn>,
+    /// Norm of the experts' input (`pre_feedforward_layernorm_2`).
+    pub pre_experts_norm: Vec<f32>,
+    /// Norm of the experts' weighted sum (`post_feedforward_layernorm_2`).
+    pub post_experts_norm: Vec<f32>,
+}
+
+/// LFM2's gated short convolution: `out_proj(C · conv(B · x))` with `B, C, x = in_proj(h)`.
+#[derive(Clone, Debug)]
+pub struct ShortConv {
+    /// `3·hidden × hidden`: B, C and x, in that order.
+    pub in_proj: Matrix,
+    /// Depthwise taps, `hidden × kernel` (tap `kernel-1` multiplies the newest input).
+    pub conv: Vec<f32>,
+    /// Kernel width (`conv_L_cache`).
+    pub kernel: usize,
+    /// `hidden × hidden`.
+    pub out_proj: Matrix,
+}
+
+/// Qwen3.5's gated delta-net (linear attention with a recurrent matrix state per head).
+#[derive(Clone, Debug)]
+pub struct GatedDeltaNet {
+    /// `2·key_dim + value_dim` rows: q, k and v before the convolution.
+    pub in_qkv: Matrix,
+    /// `value_dim` rows: the output gate z.
+    pub in_z: Matrix,
+    /// `v_heads` rows: beta logits.
+    pub in_b: Matrix,
+    /// `v_heads` rows: decay input.
+    pub in_a: Matrix,
+    /// Depthwise taps over the q/k/v channels, `channels × kernel`.
+    pub conv: Vec<f32>,
+    /// Kernel width.
+    pub kernel: usize,
+    /// `-exp(A_log)` per value head.
+    pub neg_a: Vec<f32>,
+    /// `dt_bias` per value head.
+    pub dt_bias: Vec<f32>,
+    /// Gated RMSNorm weight over one value head (plain `w`).
+    pub norm: Vec<f32>,
+    /// `hidden × value_dim`.
+    pub out_proj: Matrix,
+    /// Key heads.
+    pub k_heads: usize,
+    /// Value heads (a multiple of the key heads).
+    pub v_heads: usize,
+    /// Key head dimension.
+    pub dk: usize,
+    /// Value head dimension.
+    pub dv: usize,
+    /// Value heads are tiled over the key heads (value head `h` reads key head `h % k_heads`,
+    /// llama.cpp's GGUF order) rather than grouped (`h / (v_heads / k_heads)`, HF's order).
+    pub tiled: bool,
+}
+
+impl GatedDeltaNet {
+    /// Channels through the convolution: `2·k_heads·dk + v_heads·dv`.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.k_heads * self.dk + self.v_heads * self.dv
+    }
+
+    /// The key head value head `hv` reads.
+    pub fn key_head(&self, hv: usize) -> usize {
+        if self.tiled {
+            hv % self.k_heads
+        } else {
+            hv / (self.v_heads / self.k_heads)
+        }
+    }
+
+    /// Floats of one sequence's recurrent state (`v_heads × dk × dv`).
+    pub fn state_len(&self) -> usize {
+        self.v_heads * self.dk * self.dv
+    }
+}
+
+/// Softmax attention weights: every variant the families use (q/k/v biases, q/k norms, a
+/// gated output, a weightless value norm, a geometry of its own, keys and values shared with an
+/// earlier layer).
+#[derive(Clone, Debug)]
+pub struct AttnWeights {
+    /// Query projection (with `gated`: `2·q_dim` rows, each head's query then its gate).
+    pub wq: Matrix,
+    /// Output projection.
+    pub wo: Matrix,
+    /// Query bias.
+    pub bq: Option<Vec<f32>>,
+    /// Per-head query norm.
+    pub q_norm: Option<Vec<f32>>,
+    /// Keys and values.
+    pub kv: KvSource,
+    /// The output is multiplied by `sigmoid(gate)` from the query projection (Qwen3.5).
+    pub gated: bool,
+    /// RMS norm without a weight over each value head before caching (Gemma 4).
+    pub v_norm: bool,
+    /// Head size, KV heads and RoPE of this layer when they are not the config's (Gemma 4).
+    pub shape: Option<AttnShape>,
+}
+
+impl AttnWeights {
+    /// Plain attention with the config's geometry: no biases, norms or gate.
+    pub fn new(wq: Matrix, wk: Matrix, wv: Matrix, wo: Matrix) -> AttnWeights {
+        AttnWeights {
+            wq,
+            wo,
+            bq: None,
+            q_norm: None,
+            kv: KvSource::Own {
+                wk,
+                wv: Some(wv),
+                bk: None,
+                bv: None,
+                k_norm: None,
+            },
+            gated: false,
+            v_norm: false,
+            shape: None,
+        }
+    }
+
+    /// Adds per-head q and k norms (on a layer with its own keys).
+    pub fn with_qk_norms(mut self, q: Vec<f32>, k: Vec<f32>) -> AttnWeights {
+        self.q_norm = Some(q);
+        if let KvSource::Own { k_norm, .. } = &mut self.kv {
+            *k_norm = Some(k);
+        }
+        self
+    }
+
+    /// Head size and KV heads: the layer's own, else the config's.
+    pub fn geometry(&self, cfg: &DecoderConfig) -> (usize, usize) {
+        self.shape
+            .as_ref()
+            .map_or((cfg.head_dim, cfg.n_kv_heads), |s| (s.head_dim, s.n_kv_heads))
+    }
+}
+
+/// An attention layer's own geometry.
+#[derive(Clone, Debug)]
+pub struct AttnShape {
+    /// Dimension per head.
+    pub head_dim: usize,
+    /// Key/value heads (of the source layer's cache when shared).
+    pub n_kv_heads: usize,
+    /// RoPE of this layer.
+    pub rope: Rope,
+}
+
+/// Where an attention layer's keys and values come from.
+#[derive(Clone, Debug)]
+pub enum KvSource {
+    /// The layer projects its own into its own cache.
+    Own {
+        /// Key projection.
+        wk: Matrix,
+        /// Value projection; `None`: the values are the keys before the key norm (Gemma 4's
+        /// `attention_k_eq_v`).
+        wv: Option<Matrix>,
+        /// Key bias.
+        bk: Option<Vec<f32>>,
+        /// Value bias.
+        bv: Option<Vec<f32>>,
+        /// Per-head key norm.
+        k_norm: Option<Vec<f32>>,
+    },
+    /// The layer attends to this earlier layer's cache and keeps none (Gemma 4's KV sharing).
+    Shared(usize),
+}
+
+/// A layer's token mixer.
+#[derive(Clone, Debug)]
+pub enum Mixer {
+    /// Softmax attention over the KV cache.
+    Attention(Box<AttnWeights>),
+    /// LFM2's gated short convolution (a convolution window per sequence).
+    ShortConv(ShortConv),
+    /// Qwen3.5's gated delta-net (a convolution window and a matrix state per sequence).
+    GatedDeltaNet(Box<GatedDeltaNet>),
+}
+
+impl Mixer {
+    /// The attention weights, if this is an attention layer.
+    pub fn attention(&self) -> Option<&AttnWeights> {
+        match self {
+            Mixer::Attention(a) => Some(&**a),
+            _ => None,
+        }
+    }
+
+    /// The attention weights, mutably.
+    pub fn attention_mut(&mut self) -> Option<&mut AttnWeights> {
+        match self {
+            Mixer::Attention(a) => Some(&mut **a),
+            _ => None,
+        }
+    }
+}
+
+/// Weights of one decoder layer: a norm, a mixer, a norm and a feed-forward.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// Pre-mixer norm.
+    pub attn_norm: Vec<f32>,
+    /// Token mixer.
+    pub mixer: Mixer,
+    /// Norm of the mixer output (Gemma).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// Pre-FFN norm.
+    pub ffn_norm: Vec<f32>,
+    /// Norm of the FFN output (Gemma).
+    pub post_ffw_norm: Option<Vec<f32>>,
+    /// Feed-forward block.
+    pub ffn: Ffn,
+}
+
+/// Per-layer embeddings (Gemma 4's PLE): each token gets a `dim`-sized input per layer,
+/// `(norm(projection(e) / sqrt(hidden)) + embed(token) · embed_scale) / sqrt(2)` with `e` the
+/// scaled token embedding, and after its feed-forward layer `l` adds
+/// `post_norm(proj(act(gate(x)) · input_l))`.
+#[derive(Clone, Debug)]
+pub struct Ple {
+    /// Dimension per layer.
+    pub dim: usize,
+    /// Per-layer embedding table (`vocab × n_layers·dim`).
+    pub embed: Matrix,
+    /// Multiplier of its rows (`sqrt(dim)`, in the weight dtype).
+    pub embed_scale: f32,
+    /// Projection of the token embedding (`n_layers·dim × hidden`).
+    pub projection: Matrix,
+    /// Norm of each layer's slice of the projection (`dim`).
+    pub norm: Vec<f32>,
+    /// What each layer does with its input.
+    pub layers: Vec<PleLayer>,
+}
+
+/// One layer's use of its per-layer input.
+#[derive(Clone, Debug)]
+pub struct PleLayer {
+    /// Gate (`dim × hidden`).
+    pub gate: Matrix,
+    /// Projection back to the hidden size (`hidden × dim`).
+    pub proj: Matrix,
+    /// Norm of the projection's output.
+    pub post_norm: Vec<f32>,
+}
+
+pub(crate) fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
+    let h = cfg.hidden;
+    if l.attn_norm.len() != h || l.ffn_norm.len() != h {
+        return Err(PluginError::failed(format!(
+            "layer {i}: norm widths differ from hidden {h}"
+        )));
+    }
+    check_ffn(&l.ffn, cfg, i)?;
+    let mixer_ok = match &l.mixer {
+        Mixer::Attention(a) => return check_attention(a, cfg, i),
+        Mixer::ShortConv(c) => {
+            c.in_proj.rows == 3 * h
+                && c.in_proj.cols == h
+                && c.out_proj.rows == h
+                && c.out_proj.cols == h
+                && c.conv.len() == h * c.kernel
+                && c.kernel >= 1
+        }
+        Mixer::GatedDeltaNet(d) => {
+            let (kd, vd) = (d.k_heads * d.dk, d.v_heads * d.dv);
+            d.k_heads > 0
+                && d.v_heads % d.k_heads == 0
+                && d.in_qkv.rows == 2 * kd + vd
+                && d.in_qkv.cols == h
+                && d.in_z.rows == vd
+                && d.in_b.rows == d.v_heads
+                && d.in_a.rows == d.v_heads
+                && d.conv.len() == d.conv_channels() * d.kernel
+                && d.kernel >= 1
+                && d.neg_a.len() == d.v_heads
+                && d.dt_bias.len() == d.v_heads
+                && d.norm.len() == d.dv
+                && d.out_proj.rows == h
+                && d.out_proj.cols == vd
+        }
+    };
+    if !mixer_ok {
+        return Err(PluginError::failed(format!(
+            "layer {i}: mixer shapes do not fit hidden {h}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_attention(a: &AttnWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
+    let h = cfg.hidden;
+    let (hd, nkv) = a.geometry(cfg);
+    let (q, kv) = (cfg.n_heads * hd, nkv * hd);
+    let q_rows = if a.gated { 2 * q } else { q };
+    let norm_ok = |n: &Option<Vec<f32>>| n.as_ref().is_none_or(|n| n.len() == hd);
+    let bias_ok = |b: &Option<Vec<f32>>, n: usize| b.as_ref().is_none_or(|b| b.len() == n);
+    let kv_ok = match &a.kv {
+        KvSource::Own {
+            wk,
+            wv,
+            bk,
+            bv,
+            k_norm,
+        } => {
+            (wk.rows, wk.cols) == (kv, h)
+                && wv.as_ref().is_none_or(|v| (v.rows, v.cols) == (kv, h))
+                && bias_ok(bk, kv)
+                && bias_ok(bv, kv)
+                && norm_ok(k_norm)
+        }
+        KvSource::Shared(src) => *src < i,
+    };
+    let ok = hd > 0
+        && nkv > 0
+        && cfg.n_heads.is_multiple_of(nkv)
+        && (a.wq.rows, a.wq.cols) == (q_rows, h)
+        && (a.wo.rows, a.wo.cols) == (h, q)
+        && bias_ok(&a.bq, q)
+        && norm_ok(&a.q_norm)
+        && a.shape.as_ref().is_none_or(|s| s.rope.head_dim == hd)
+        && kv_ok;
+    if !ok {
+        return Err(PluginError::failed(format!(
+            "layer {i}: attention q {:?} o {:?} and keys/values {:?} do not fit hidden {h}, {} heads, {nkv} kv heads of {hd}",
+            a.wq, a.wo, a.kv, cfg.n_heads
+        )));
+    }
+    Ok(())
+}
+
+fn check_ffn(f: &Ffn, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
+    let Ffn::DenseMoe(m) = f else { return Ok(()) };
+    let h = cfg.hidden;
+    let ne = m.experts.len();
+    let ok = cfg.moe.is_some()
+        && (m.router.rows, m.router.cols) == (ne, h)
+        && m.expert_scale.len() == ne
+        && [
+            &m.router_scale,
+            &m.post_dense_norm,
+            &m.pre_experts_norm,
+            &m.post_experts_norm,
+        ]
+        .iter()
+        .all(|v| v.len() == h);
+    if !ok {
+        return Err(PluginError::failed(format!(
+            "layer {i}: MoE block with router {:?} and {ne} experts does not fit hidden {h} (or no MoE config)",
+            m.router
+        )));
+    }
+    Ok(())
+}
