@@ -33,31 +33,27 @@ pub struct SeqGroups {
 }
 
 impl SeqGroups {
-    /// Groups `rows` (each row's sequence and position) by sequence.
+    /// Groups `rows` (each row's sequence and position) by sequence, each group in batch order
+    /// (which is position order); reuses its buffers.
     pub fn build(&mut self, rows: &[(usize, usize)]) {
         self.rows.clear();
+        self.rows.extend(0..rows.len());
+        self.rows.sort_unstable_by_key(|&i| (rows[i].0, i));
         self.groups.clear();
-        let mut seqs: Vec<usize> = Vec::new();
-        for &(seq, _) in rows {
-            if !seqs.contains(&seq) {
-                seqs.push(seq);
-            }
-        }
-        for seq in seqs {
-            let start = self.rows.len();
-            self.rows.extend(
-                rows.iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.0 == seq)
-                    .map(|(i, _)| i),
-            );
-            let pos0 = rows[self.rows[start]].1;
+        let mut start = 0;
+        while start < self.rows.len() {
+            let (seq, pos0) = rows[self.rows[start]];
+            let len = self.rows[start..]
+                .iter()
+                .take_while(|&&i| rows[i].0 == seq)
+                .count();
             self.groups.push(Group {
                 seq,
                 start,
-                end: self.rows.len(),
+                end: start + len,
                 pos0,
             });
+            start += len;
         }
     }
 
