@@ -36,7 +36,36 @@ struct Gemm<'a> {
     cut: bool,
 }
 
-impl Gemm<'_> {
+impl<'a> Gemm<'a> {
+    /// `C[m×n] += A[m×kk] · B[kk×n]` with A's rows `ars` apart (its columns adjacent), B's rows
+    /// `brs` apart and C's rows `crs` apart; alpha 1, no triangular shortcuts.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        m: usize,
+        n: usize,
+        kk: usize,
+        a: &'a [f32],
+        ars: usize,
+        b: &'a [f32],
+        brs: usize,
+        crs: usize,
+    ) -> Self {
+        Gemm {
+            m,
+            n,
+            kk,
+            alpha: 1.0,
+            a,
+            ars,
+            acs: 1,
+            b,
+            brs,
+            crs,
+            lower: false,
+            cut: false,
+        }
+    }
+
     /// Panics unless every index the product touches lies inside `a`, `b` and `c`.
     fn check(&self, c: &[f32]) {
         if self.m == 0 || self.n == 0 {
@@ -301,6 +330,21 @@ impl DeltaScratch {
     }
 }
 
+/// Scales the lower triangle of the `l × l` block of `m` (rows `CHUNK` apart) by the decays `dec`
+/// (same layout), with or without the diagonal, and zeroes the rest of the block.
+fn decay_lower(m: &mut [f32], dec: &[f32], l: usize, diagonal: bool) {
+    for r in 0..l {
+        let row = &mut m[r * CHUNK..r * CHUNK + l];
+        for (s2, x) in row.iter_mut().enumerate() {
+            *x = if s2 < r || (diagonal && s2 == r) {
+                *x * dec[r * CHUNK + s2]
+            } else {
+                0.0
+            };
+        }
+    }
+}
+
 /// The chunked (prefill) form over `t` steps of one head, mathematically equal to `t` calls of gated_delta_step:
 /// q, k: [t][dk] contiguous, v: [t][dv], g: [t], beta: [t]; out: [t][dv]; state updated to the final state.
 /// Follow transformers' `torch_chunk_gated_delta_rule` (chunk size 64, decays via cumulative sums of g within a chunk,
@@ -425,44 +469,17 @@ fn chunk(
     // A = -(kb @ k^T) * decay, strictly lower.
     sc.a[..l * C].fill(0.0);
     let g_a = Gemm {
-        m: l,
-        n: l,
-        kk: dk,
         alpha: -1.0,
-        a: &sc.kb,
-        ars: dk,
-        acs: 1,
-        b: &sc.kt,
-        brs: C,
-        crs: C,
-        lower: false,
         cut: true,
+        ..Gemm::new(l, l, dk, &sc.kb, dk, &sc.kt, C, C)
     };
     gemm(&g_a, &mut sc.a);
-    for r in 0..l {
-        let row = &mut sc.a[r * C..r * C + l];
-        for (s2, x) in row.iter_mut().enumerate() {
-            *x = if s2 < r { *x * sc.dec[r * C + s2] } else { 0.0 };
-        }
-    }
+    decay_lower(&mut sc.a, &sc.dec, l, false);
     // Row by row: A[r][:r] += A[r][:r] @ A[:r][:r] (rows above already updated).
     for r in 1..l {
         sc.row[..r].copy_from_slice(&sc.a[r * C..r * C + r]);
         let (top, rest) = sc.a.split_at_mut(r * C);
-        let g_r = Gemm {
-            m: 1,
-            n: r,
-            kk: r,
-            alpha: 1.0,
-            a: &sc.row,
-            ars: 0,
-            acs: 1,
-            b: top,
-            brs: C,
-            crs: 0,
-            lower: false,
-            cut: false,
-        };
+        let g_r = Gemm::new(1, r, r, &sc.row, 0, top, C, 0);
         gemm(&g_r, &mut rest[..r]);
     }
     // T = A + I.
@@ -499,43 +516,18 @@ fn chunk(
     gemm(&tri(l, &sc.a, &sc.tk, dk), &mut sc.w);
     // v_new = U - W @ S.
     let g_vn = Gemm {
-        m: l,
-        n: dv,
-        kk: dk,
         alpha: -1.0,
-        a: &sc.w,
-        ars: dk,
-        acs: 1,
-        b: &*s,
-        brs: dv,
-        crs: dv,
-        lower: false,
-        cut: false,
+        ..Gemm::new(l, dv, dk, &sc.w, dk, &*s, dv, dv)
     };
     gemm(&g_vn, &mut sc.vn);
     // Aqk = (q @ k^T) * decay, lower with diagonal.
     sc.aqk[..l * C].fill(0.0);
     let g_qk = Gemm {
-        m: l,
-        n: l,
-        kk: dk,
-        alpha: 1.0,
-        a: q,
-        ars: dk,
-        acs: 1,
-        b: &sc.kt,
-        brs: C,
-        crs: C,
-        lower: false,
         cut: true,
+        ..Gemm::new(l, l, dk, q, dk, &sc.kt, C, C)
     };
     gemm(&g_qk, &mut sc.aqk);
-    for r in 0..l {
-        let row = &mut sc.aqk[r * C..r * C + l];
-        for (s2, x) in row.iter_mut().enumerate() {
-            *x = if s2 <= r { *x * sc.dec[r * C + s2] } else { 0.0 };
-        }
-    }
+    decay_lower(&mut sc.aqk, &sc.dec, l, true);
     // out = (q * exp(gc)) @ S + Aqk @ v_new.
     for r in 0..l {
         let e = gc[r].exp();
@@ -545,20 +537,7 @@ fn chunk(
     }
     let out = &mut out[..l * dv];
     out.fill(0.0);
-    let g_inter = Gemm {
-        m: l,
-        n: dv,
-        kk: dk,
-        alpha: 1.0,
-        a: &sc.tk,
-        ars: dk,
-        acs: 1,
-        b: &*s,
-        brs: dv,
-        crs: dv,
-        lower: false,
-        cut: false,
-    };
+    let g_inter = Gemm::new(l, dv, dk, &sc.tk, dk, &*s, dv, dv);
     gemm(&g_inter, out);
     gemm(&tri(l, &sc.aqk, &sc.vn, dv), out);
     // S <- S * exp(gc_last) + sum_r (k_r * exp(gc_last - gc_r)) ⊗ v_new_r.
