@@ -5,10 +5,10 @@ mod common;
 
 use berth_registry::testutil::{catalog_toml, sample_gguf, FakeIndex, FakeRelease};
 use common::*;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 
 /// A fake index with a two-part GGUF, and a catalog naming it `tiny:1m` (good), `tiny:2m` (also
 /// good) and `broken:1m` (the catalog's sha256 is wrong).
@@ -150,16 +150,7 @@ fn serve(ix: &Index, home: &Path) -> Server {
     let mut cmd = Command::new(berth_exe());
     cmd.args(["serve", "--port", "0"]);
     ix.env(&mut cmd);
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+    let (child, _, port) = spawn_serve(&mut cmd);
     Server(child, port)
 }
 

@@ -5,10 +5,10 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -40,26 +40,14 @@ struct Server {
 
 impl Server {
     fn start(home: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(berth_exe())
-            .args(["serve", "--port", "0"])
-            .args(extra)
-            .env("BERTH_HOME", home)
-            .env_remove("BERTH_PLUGIN_PATH")
-            .env("BERTH_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("berth serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("berth serve listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-            .to_string();
-        let port = base.rsplit(':').next().unwrap().parse().unwrap();
+        let (child, base, port) = spawn_serve(
+            Command::new(berth_exe())
+                .args(["serve", "--port", "0"])
+                .args(extra)
+                .env("BERTH_HOME", home)
+                .env_remove("BERTH_PLUGIN_PATH")
+                .env("BERTH_LOG", "info"),
+        );
         Server { child, base, port }
     }
 

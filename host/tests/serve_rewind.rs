@@ -123,28 +123,21 @@ impl Drop for Server {
 
 impl Server {
     fn start(home: &Path) -> Server {
-        let mut child = Command::new(berth_exe())
-            .args([
-                "serve",
-                "--port",
-                "0",
-                "--parallel",
-                "4",
-                "--max-loaded-models",
-                "4",
-            ])
-            .env("BERTH_HOME", home)
-            .env_remove("BERTH_PLUGIN_PATH")
-            .env("BERTH_LOG", "info,berth::engine=debug")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("berth serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+        let (child, _, port) = spawn_serve(
+            Command::new(berth_exe())
+                .args([
+                    "serve",
+                    "--port",
+                    "0",
+                    "--parallel",
+                    "4",
+                    "--max-loaded-models",
+                    "4",
+                ])
+                .env("BERTH_HOME", home)
+                .env_remove("BERTH_PLUGIN_PATH")
+                .env("BERTH_LOG", "info,berth::engine=debug"),
+        );
         Server { child, port }
     }
 

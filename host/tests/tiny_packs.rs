@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -170,28 +170,15 @@ impl TinyHome {
     }
 
     fn serve(&self) -> Server {
-        let mut child = self
-            .command()
-            .args(["serve", "--port", "0", "--host", "127.0.0.1"])
-            // Quiet unless asked (`BERTH_LOG=info` shows each request's cached tokens).
-            .env(
-                "BERTH_LOG",
-                std::env::var("BERTH_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("berth serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .trim()
-            .strip_prefix("berth serve listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from berth serve: {line:?}"))
-            .to_string();
-        let port = base.rsplit(':').next().unwrap().parse().unwrap();
+        let (child, _, port) = spawn_serve(
+            self.command()
+                .args(["serve", "--port", "0", "--host", "127.0.0.1"])
+                // Quiet unless asked (`BERTH_LOG=info` shows each request's cached tokens).
+                .env(
+                    "BERTH_LOG",
+                    std::env::var("BERTH_LOG").unwrap_or_else(|_| "warn".into()),
+                ),
+        );
         Server { child, port }
     }
 }

@@ -3,8 +3,9 @@
 #![allow(dead_code)]
 
 use sha2::{Digest, Sha256};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The `berth` binary under test.
 pub fn berth_exe() -> PathBuf {
@@ -99,4 +100,27 @@ pub fn write_scripted_pack(dir: &Path, name: &str, tag: &str, script: &serde_jso
         "name = \"{name}\"\ntag = \"{tag}\"\nfamily = \"scripted\"\narchitecture = \"scripted\"\nformat = \"script\"\ncapabilities = [\"completion\"]\n\n[[files]]\npath = \"script.json\"\nrole = \"weights\"\nsize = {size}\nsha256 = \"{sha}\"\n"
     );
     std::fs::write(dir.join("pack.toml"), toml).unwrap();
+}
+
+/// Starts a configured `berth serve --port 0` command (stdout piped, stderr inherited) and
+/// returns the child, the address from its first line (`berth serve listening on ADDRESS`) and
+/// the port.
+pub fn spawn_serve(cmd: &mut Command) -> (Child, String, u16) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("berth serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("berth serve listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line from berth serve: {line:?}"))
+        .to_string();
+    let port = address.rsplit(':').next().and_then(|p| p.parse().ok());
+    let port = port.unwrap_or_else(|| panic!("no port in berth serve's address {address:?}"));
+    (child, address, port)
 }
