@@ -219,3 +219,37 @@ pub fn check_probe<F: Family>(family: &str, architectures: &[&str]) {
     let m = F::manifest();
     assert_eq!(m.families, [family]);
 }
+
+/// Allocations made by warm single-token decode steps: 16 steps of sequence 0 warm the buffers
+/// up, then a window of 4 steps after a rewind to 8 is counted with `allocations` (the test
+/// binary's counting allocator), up to three times until a window allocates nothing (a pool
+/// worker that first joins a job late may allocate once per thread). The counts per window.
+pub fn warm_step_allocations(m: &mut dyn Model, allocations: fn() -> usize) -> Vec<usize> {
+    let v = m.describe().vocab_size as usize;
+    let mut row = vec![0.0; v];
+    let mut step = |m: &mut dyn Model, i: usize| {
+        let b = BatchView {
+            tokens: &[(7 * i % 500) as i32],
+            positions: &[i as i32],
+            seq_ids: &[0],
+            want_logits: &[1],
+        };
+        m.decode(&b, &mut LogitsOut::new(&mut row, v)).unwrap();
+    };
+    for i in 0..16 {
+        step(m, i);
+    }
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        m.seq_truncate(0, 8).unwrap();
+        let before = allocations();
+        for i in 8..12 {
+            step(m, i);
+        }
+        counts.push(allocations() - before);
+        if counts.last() == Some(&0) {
+            break;
+        }
+    }
+    counts
+}

@@ -1,8 +1,10 @@
 //! A warm single-token decode step allocates nothing (activation quantization buffers,
 //! attention scores and the thread pool are all reused), on the tiny Gemma 3 reference.
 
-use berth_plugin_api::{BatchView, LogitsOut};
-use berth_plugin_common::{Activation, Decoder, DecoderConfig, DecoderWeights, HfNames, Weights};
+use berth_plugin_api::LoadConfig;
+use berth_plugin_common::family::Loaded;
+use berth_plugin_common::testing::warm_step_allocations;
+use berth_plugin_common::{Activation, DecoderConfig, DecoderModel, DecoderWeights, HfNames, Weights};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -44,36 +46,21 @@ fn warm_decode_step_does_not_allocate() {
     cfg.tie_embeddings = true;
     let weights = DecoderWeights::load(&w, &cfg).unwrap();
     for threads in [1, 2] {
-        let mut d = Decoder::new(cfg.clone(), weights.clone(), 1, 64, threads);
-        let mut row = vec![0.0; 512];
-        let mut step = |d: &mut Decoder, i: usize| {
-            let b = BatchView {
-                tokens: &[(7 * i % 500) as i32],
-                positions: &[i as i32],
-                seq_ids: &[0],
-                want_logits: &[1],
-            };
-            d.decode(&b, &mut LogitsOut::new(&mut row, 512)).unwrap();
+        let loaded = Loaded {
+            architecture: "gemma3".into(),
+            cfg: cfg.clone(),
+            weights: weights.clone(),
+            context_length: 64,
+            specials: Default::default(),
+            tools: false,
         };
-        // Warm up past the measured positions (buffers grow with the context), then rewind.
-        for i in 0..16 {
-            step(&mut d, i);
-        }
-        // Steady state: a pool worker that first joins a job late (on a loaded machine the
-        // caller may claim every chunk during warm-up) may make a one-time per-thread
-        // allocation; a window of steps that allocates nothing shows the step itself does not.
-        let mut counts = Vec::new();
-        for _ in 0..3 {
-            d.seq_truncate(0, 8).unwrap();
-            let before = ALLOCS.load(Ordering::Relaxed);
-            for i in 8..12 {
-                step(&mut d, i);
-            }
-            counts.push(ALLOCS.load(Ordering::Relaxed) - before);
-            if counts.last() == Some(&0) {
-                break;
-            }
-        }
+        let load = LoadConfig {
+            threads: Some(threads),
+            max_sequences: Some(1),
+            ..Default::default()
+        };
+        let mut m = DecoderModel::new(loaded, &load).unwrap();
+        let counts = warm_step_allocations(&mut m, || ALLOCS.load(Ordering::Relaxed));
         assert_eq!(
             counts.last(),
             Some(&0),

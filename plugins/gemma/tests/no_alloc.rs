@@ -2,8 +2,8 @@
 //! allocates nothing, like the common decoder's other paths (plugins/common/tests/no_alloc.rs).
 
 use berth_gemma::GemmaFamily;
-use berth_plugin_api::{BatchView, Family, LoadConfig, LogitsOut, Model};
-use berth_plugin_common::testing::tiny_fixture;
+use berth_plugin_api::{Family, LoadConfig};
+use berth_plugin_common::testing::{tiny_fixture, warm_step_allocations};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -46,33 +46,7 @@ fn warm_gemma4_decode_step_does_not_allocate() {
                 ..Default::default()
             };
             let mut m = GemmaFamily::create(&cfg).unwrap();
-            let mut row = vec![0.0; 512];
-            let mut step = |m: &mut dyn Model, i: usize| {
-                let b = BatchView {
-                    tokens: &[(7 * i % 500) as i32],
-                    positions: &[i as i32],
-                    seq_ids: &[0],
-                    want_logits: &[1],
-                };
-                m.decode(&b, &mut LogitsOut::new(&mut row, 512)).unwrap();
-            };
-            // Warm up past the measured positions, then rewind and measure a window of steps (a
-            // pool worker joining late may allocate once per thread; see the common test).
-            for i in 0..16 {
-                step(&mut m, i);
-            }
-            let mut counts = Vec::new();
-            for _ in 0..3 {
-                m.seq_truncate(0, 8).unwrap();
-                let before = ALLOCS.load(Ordering::Relaxed);
-                for i in 8..12 {
-                    step(&mut m, i);
-                }
-                counts.push(ALLOCS.load(Ordering::Relaxed) - before);
-                if counts.last() == Some(&0) {
-                    break;
-                }
-            }
+            let counts = warm_step_allocations(&mut m, || ALLOCS.load(Ordering::Relaxed));
             assert_eq!(
                 counts.last(),
                 Some(&0),
