@@ -33,6 +33,8 @@ VOCAB_SIZE = 512
 PRE_REGEX = {
     "lfm2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "qwen35": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    # o200k (gpt-oss's tokenizer.json regex; llama.cpp's `gpt-4o` pre-tokenizer)
+    "gpt-4o": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 }
 
 # family -> (pre name, special tokens as (id, text), tokenizer_config specials, id of first byte token)
@@ -53,8 +55,19 @@ FAMILIES = {
         first_byte=0,
         prepend_bos=None,
     ),
+    # gpt-oss: the harmony specials at the end, declared as in the real gpt-oss tokenizer_config
+    # (bos <|startoftext|>, eos <|return|>, pad <|endoftext|>); no BOS is prepended.
+    "gpt-oss": dict(
+        pre="gpt-4o",
+        specials=[(507, "<|startoftext|>"), (508, "<|endoftext|>"), (509, "<|return|>"), (510, "<|call|>"),
+                  (511, "<|end|>")],
+        config={"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"},
+        first_byte=0,
+        prepend_bos=None,
+    ),
 }
-MODEL_FAMILY = {"lfm2": "lfm2", "lfm2_moe": "lfm2", "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35"}
+MODEL_FAMILY = {"lfm2": "lfm2", "lfm2_moe": "lfm2", "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35",
+                "gpt_oss": "gpt-oss"}
 
 # Fixed training text for the stand-in merges (deterministic; content is irrelevant to the tests).
 CORPUS = """
@@ -229,13 +242,13 @@ def cmd_convert(llamacpp: str, pre: str, args: list[str]) -> None:
 
 
 NOTES = """
-## What the converter does (llama.cpp@0c1e57098, read from conversion/lfm2.py, conversion/qwen.py, conversion/base.py)
+## What the converter does (llama.cpp@0c1e57098, read from conversion/lfm2.py, conversion/qwen.py, conversion/gpt_oss.py, conversion/base.py)
 
 Every claim below about a tensor is checked numerically in the per-file tables further down
 (`Δundo` column: 0 for plain copies and permutations, ~6e-8 = float32 rounding of (w+1)-1 and of
 log(-(-exp(a)))).
 
-### All four files
+### All LFM2 and Qwen3.5 files
 - Output type f32: every tensor is F32 (`general.file_type` 0). No tensor is transposed: HF
   `W[out, in]` is stored as ne `{in, out}` with identical bytes; stacked experts are `[E, out, in]`,
   ne `{in, out, E}`, expert e = the e-th `[out, in]` slab.
@@ -336,6 +349,33 @@ log(-(-exp(a)))).
   `expert_feed_forward_length` 32, `expert_shared_feed_forward_length` 32, `expert_count` 8,
   `expert_used_count` 2. No gating-func key: llama.cpp QWEN35MOE hardcodes softmax over all
   experts, top-k, renormalise (= HF Qwen3_5MoeTopKRouter).
+
+### gpt-oss (GptOssModel; `general.architecture` = `gpt-oss`)
+- Output type f32 from f32 experts (the MXFP4 path, `*_blocks` / `*_scales` repacked, is not
+  used: the tiny model has no `quantization_config`; see scripts/gen-tiny-mxfp4).
+- Copies: `token_embd`, `output` (= `lm_head`, untied), `output_norm` (= `model.norm`; plain x*w,
+  no +1), `attn_norm` (= `input_layernorm`), `post_attention_norm` (= `post_attention_layernorm`,
+  the pre-FFN norm), `attn_q/k/v/output` weights AND biases (`attention_bias` true),
+  `ffn_gate_inp.weight/.bias` (= `mlp.router.weight/.bias`). `self_attn.sinks` [n_head] becomes
+  `attn_sinks.weight` (the converter appends `.weight`).
+- Experts (HF `x @ W` layout, transposed against a Linear): `mlp.experts.gate_up_proj`
+  [E, n_embd, 2*ff] is transposed to [E, 2*ff, n_embd] and split by rows, even rows (HF columns
+  `::2`) -> `ffn_gate_exps`, odd rows (`1::2`) -> `ffn_up_exps`, ne {n_embd, ff, E} each;
+  `gate_up_proj_bias` [E, 2*ff] -> `ffn_gate_exps.bias` (`::2`) / `ffn_up_exps.bias` (`1::2`),
+  ne {ff, E}; `down_proj` [E, ff, n_embd] transposed -> `ffn_down_exps` ne {ff, n_embd, E};
+  `down_proj_bias` -> `ffn_down_exps.bias` ne {n_embd, E}.
+- Metadata: `attention.sliding_window` 4; no sliding-window pattern key, so llama.cpp uses its
+  gpt-oss default (`set_swa_pattern(2)`: even layers slide, odd layers are full) = HF
+  `layer_types`. `expert_count` 4, `expert_used_count` 2, `expert_feed_forward_length` 32;
+  `attention.key_length` 16. RoPE: `rope.freq_base` 150000, `rope.scaling.type` yarn,
+  `rope.scaling.factor` 32, `rope.scaling.original_context_length` 4096,
+  `rope.scaling.yarn_beta_fast` 32, `rope.scaling.yarn_beta_slow` 1. NOT written: HF's
+  `truncate` (false for gpt-oss; ggml always rounds the YaRN correction range with floor/ceil,
+  which for head_dim 16 changes pairs 3 and 4) and `swiglu_alpha` / `swiglu_limit` (llama.cpp
+  hard-codes 1.702 and 7.0). Router semantics (llama.cpp SOFTMAX_WEIGHT = HF): top-k of the
+  biased logits, softmax over the k.
+- Tokenizer stand-in: `tokenizer.ggml.pre` gpt-4o; specials 507 `<|startoftext|>` (bos),
+  508 `<|endoftext|>` (pad), 509 `<|return|>` (eos), 510 `<|call|>`, 511 `<|end|>`; no BOS added.
 """
 
 # ----------------------------------------------------------------------------------------------
@@ -376,6 +416,8 @@ def _rules(family: str, cfg: dict):
     ident = lambda x: x  # noqa: E731
     minus1 = lambda x: x - 1.0  # noqa: E731
 
+    if family == "gpt-oss":
+        return _gpt_oss_rules(cfg)
     if family == "lfm2":
         top = {
             "token_embd.weight": ("model.embed_tokens.weight", ident, "copy", "copy"),
@@ -479,6 +521,53 @@ def _rules(family: str, cfg: dict):
     return explain
 
 
+def _gpt_oss_rules(cfg: dict):
+    """gpt-oss: like _rules, plus an optional 5th element `select(hf_array)` for GGUF tensors that
+    hold part of an HF tensor (gate / up halves of the fused, interleaved gate_up_proj)."""
+    import re
+
+    ident = lambda x: x  # noqa: E731
+    swap = lambda x: x.transpose(0, 2, 1)  # noqa: E731
+    even = lambda x: x[..., ::2]  # noqa: E731
+    odd = lambda x: x[..., 1::2]  # noqa: E731
+    top = {
+        "token_embd.weight": ("model.embed_tokens.weight", ident, "copy", "copy"),
+        "output.weight": ("lm_head.weight", ident, "copy (untied)", "copy"),
+        "output_norm.weight": ("model.norm.weight", ident, "copy (no +1)", "copy"),
+    }
+    blk = {
+        "attn_norm.weight": ("input_layernorm.weight", ident, "copy (no +1)", "copy"),
+        "post_attention_norm.weight": ("post_attention_layernorm.weight", ident, "copy (no +1; pre-FFN norm)", "copy"),
+        "attn_sinks.weight": ("self_attn.sinks", ident, "copy; `.weight` appended", "copy"),
+        "ffn_gate_inp.weight": ("mlp.router.weight", ident, "copy (router, [n_expert, n_embd])", "copy"),
+        "ffn_gate_inp.bias": ("mlp.router.bias", ident, "copy", "copy"),
+        "ffn_gate_exps.weight": ("mlp.experts.gate_up_proj", swap,
+                                 "HF [E, n_embd, 2ff] columns ::2 (gate), transposed to [E, ff, n_embd]", "perm", even),
+        "ffn_up_exps.weight": ("mlp.experts.gate_up_proj", swap,
+                               "HF [E, n_embd, 2ff] columns 1::2 (up), transposed to [E, ff, n_embd]", "perm", odd),
+        "ffn_down_exps.weight": ("mlp.experts.down_proj", swap, "HF [E, ff, n_embd] transposed to [E, n_embd, ff]", "perm"),
+        "ffn_gate_exps.bias": ("mlp.experts.gate_up_proj_bias", ident, "HF [E, 2ff] columns ::2 (gate)", "copy", even),
+        "ffn_up_exps.bias": ("mlp.experts.gate_up_proj_bias", ident, "HF [E, 2ff] columns 1::2 (up)", "copy", odd),
+        "ffn_down_exps.bias": ("mlp.experts.down_proj_bias", ident, "copy", "copy"),
+    }
+    for p, hf in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("output", "o_proj")):
+        for kind in ("weight", "bias"):
+            blk[f"attn_{p}.{kind}"] = (f"self_attn.{hf}.{kind}", ident, "copy (no rope permutation; NEOX rope)"
+                                       if p in ("q", "k") and kind == "weight" else "copy", "copy")
+
+    def explain(name: str):
+        if name in top:
+            hf, *rest = top[name]
+            return [hf], *rest
+        m = re.match(r"blk\.(\d+)\.(.+)$", name)
+        if not m or m.group(2) not in blk:
+            return None
+        hf, *rest = blk[m.group(2)]
+        return [f"model.layers.{m.group(1)}.{hf}"], *rest
+
+    return explain
+
+
 def _cell(text: str) -> str:
     """Make text safe inside a markdown table cell (also inside code spans)."""
     return text.replace("|", "\\|")
@@ -575,7 +664,7 @@ def cmd_report(llamacpp: str, gguf_dir: str, src_dir: str, out_md: str) -> None:
     w("shapes allow it) to prove that the transformation is really there.\n")
 
     models = [("lfm2", "lfm2"), ("lfm2_moe", "lfm2"), ("qwen3_5", "qwen35"), ("qwen3_5_moe", "qwen35"),
-              ("lfm2.q8_0", "lfm2")]
+              ("lfm2.q8_0", "lfm2"), ("gpt_oss", "gpt-oss")]
     summary: list[str] = []
     for fname, family in models:
         path = gdir / f"{fname}.gguf"
@@ -616,10 +705,12 @@ def cmd_report(llamacpp: str, gguf_dir: str, src_dir: str, out_md: str) -> None:
                 w(f"| `{t.name}` | {ne} | {ttype} | ? | UNEXPLAINED | | |")
                 worst = float("inf")
                 continue
-            names, undo, desc, kind = ex
+            names, undo, desc, kind, *select = ex
             if len(names) == 1:
                 ref = hf[names[0]]
                 src = f"`{names[0]}` {list(ref.shape)}"
+                if select:
+                    ref = select[0](ref)
             else:
                 ref = np.stack([hf[n] for n in names])
                 tmpl = names[0].replace(".experts.0.", ".experts.{e}.")

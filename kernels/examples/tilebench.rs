@@ -13,6 +13,7 @@ fn main() {
     for wtype in [
         WeightType::Q5_0,
         WeightType::Q8_0,
+        WeightType::Mxfp4,
         WeightType::Q4_K,
         WeightType::Q6_K,
     ] {

@@ -7,7 +7,7 @@
 //! heads of a batch on any threads without allocating on a warm step.
 
 use crate::dot::dot_f32;
-use crate::ggml::{dot_f16, softmax_ggml, F16DotOrder};
+use crate::ggml::{dot_f16, softmax_ggml_sink, F16DotOrder};
 use crate::ops::{axpy, round_f16, softcap, softmax};
 
 /// The cached keys and values one query head attends to.
@@ -60,6 +60,21 @@ pub struct HeadOpts {
     /// [`head_attention_f16`] only: multiply the query by `scale` before rounding it to f16
     /// (llama.cpp scales q first for some models) instead of multiplying the scores.
     pub q_prescale: bool,
+    /// The head's learned sink logit (gpt-oss): one more column in the softmax whose
+    /// probability is dropped, so the attended positions' weights sum to less than one.
+    pub sink: Option<f32>,
+}
+
+impl HeadOpts {
+    /// Scores scaled by `scale`, no soft-capping, no sink.
+    pub fn scaled(scale: f32) -> HeadOpts {
+        HeadOpts {
+            scale,
+            softcap: None,
+            q_prescale: false,
+            sink: None,
+        }
+    }
 }
 
 /// First position a query at `pos` attends to: 0, or `pos + 1 - window` with a sliding window.
@@ -67,7 +82,8 @@ pub fn window_start(pos: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| (pos + 1).saturating_sub(w))
 }
 
-/// One query head in f32: `scores = softmax(softcap(q·k_t · scale))` over `kv.start..kv.end`,
+/// One query head in f32: `scores = softmax(softcap(q·k_t · scale))` over `kv.start..kv.end`
+/// (and the sink logit, when there is one, as a last column that is then dropped),
 /// `out = Σ scores_t · v_t`. `out` and `q` have the head dimension; `scores` is scratch.
 ///
 /// The dot products use [`crate::dot::dot_f32`]; the softmax is [`crate::ops::softmax`] (libm
@@ -81,8 +97,10 @@ pub fn head_attention(q: &[f32], kv: &KvRows, opts: &HeadOpts, scores: &mut Vec<
     if let Some(cap) = opts.softcap {
         softcap(scores, cap);
     }
+    scores.extend(opts.sink);
     softmax(scores);
     out.fill(0.0);
+    // With a sink, its probability is the last entry, past the zip.
     for (t, &p) in (kv.start..kv.end).zip(scores.iter()) {
         axpy(out, p, kv.value(t, hd));
     }
@@ -107,7 +125,8 @@ pub struct F16Scratch {
 /// [`crate::ops::round_f16_in_place`]), the query is rounded to f16 (after the scale when
 /// `opts.q_prescale`), scores and the probability-weighted values are f16 dot products summed in
 /// ggml's lane order (`order`: [`F16DotOrder::for_rows`] of the sequence's rows in the batch), the
-/// softmax is [`softmax_ggml`], and the probabilities are rounded to f16.
+/// softmax is [`softmax_ggml_sink`] (with the head's sink, as ggml's `soft_max_add_sinks`), and
+/// the probabilities are rounded to f16.
 pub fn head_attention_f16(
     q: &[f32],
     kv: &KvRows,
@@ -139,7 +158,7 @@ pub fn head_attention_f16(
     if let Some(cap) = opts.softcap {
         softcap(&mut f.scores, cap);
     }
-    softmax_ggml(&mut f.scores, kv.start);
+    softmax_ggml_sink(&mut f.scores, kv.start, opts.sink);
     // The value rows are dotted with the probabilities along the cells (ggml multiplies the
     // transposed V cache by the f16 probabilities): cell t goes to slot `order.slot(t)` of every
     // dimension, cells past the vectorised part to an f64 tail.
@@ -188,9 +207,11 @@ mod tests {
                 opts.softcap.map_or(d, |c| c as f64 * (d / c as f64).tanh())
             })
             .collect();
-        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        // A sink is one more logit in the softmax whose weight multiplies no value.
+        let sink = opts.sink.map(f64::from);
+        let mx = sc.iter().chain(&sink).cloned().fold(f64::NEG_INFINITY, f64::max);
         let ex: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
-        let sum: f64 = ex.iter().sum();
+        let sum: f64 = ex.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
         (0..hd)
             .map(|e| {
                 let acc: f64 = (kv.start..kv.end)
@@ -225,7 +246,7 @@ mod tests {
         if let Some(cap) = opts.softcap {
             softcap(&mut scores, cap);
         }
-        softmax_ggml(&mut scores, kv.start);
+        softmax_ggml_sink(&mut scores, kv.start, opts.sink);
         let mut acc = vec![[0.0f32; 32]; hd];
         let n_cells = kv.end.next_multiple_of(256);
         let nv = order.vector_len(n_cells);
@@ -257,17 +278,20 @@ mod tests {
     #[test]
     fn heads_match_naive_attention() {
         let mut rng = XorShift::new(11);
-        // (kv heads, head_dim, window, softcap, q_prescale)
+        // (kv heads, head_dim, window, softcap, q_prescale, sink)
         let configs = [
-            (1usize, 16usize, None, None, false),
-            (2, 32, None, None, true),
-            (2, 64, Some(5usize), None, false),
-            (3, 24, Some(1), Some(50.0f32), false),
-            (1, 256, Some(100), Some(2.0), true),
-            (4, 8, None, Some(30.0), false),
+            (1usize, 16usize, None, None, false, None),
+            (2, 32, None, None, true, None),
+            (2, 64, Some(5usize), None, false, None),
+            (3, 24, Some(1), Some(50.0f32), false, None),
+            (1, 256, Some(100), Some(2.0), true, None),
+            (4, 8, None, Some(30.0), false, None),
+            (2, 16, Some(4), None, false, Some(0.7f32)),
+            (1, 64, None, None, true, Some(-1.5)),
+            (2, 32, None, None, false, Some(4.0)),
         ];
         let (mut scores, mut f16) = (Vec::new(), F16Scratch::default());
-        for (nkv, hd, window, cap, q_prescale) in configs {
+        for (nkv, hd, window, cap, q_prescale, sink) in configs {
             let n_ctx = 40;
             let stride = nkv * hd + 3; // rows padded: stride need not be nkv * hd
             let r16 = |v: &f32| round_f16(v * 3.0);
@@ -277,6 +301,7 @@ mod tests {
                 scale: 1.0 / (hd as f32).sqrt(),
                 softcap: cap,
                 q_prescale,
+                sink,
             };
             for pos in [0usize, 1, 7, 31, 32, 39] {
                 for kh in 0..nkv {
@@ -318,11 +343,7 @@ mod tests {
             start: 0,
             end: 1,
         };
-        let opts = HeadOpts {
-            scale: 0.5,
-            softcap: None,
-            q_prescale: false,
-        };
+        let opts = HeadOpts::scaled(0.5);
         let mut out = [0.0; 4];
         head_attention(&[1.0; 4], &kv, &opts, &mut Vec::new(), &mut out);
         assert_eq!(out, v);
@@ -351,11 +372,47 @@ mod tests {
             start: 0,
             end: 3,
         };
-        let opts = HeadOpts {
-            scale: 1.0,
-            softcap: None,
-            q_prescale: false,
-        };
+        let opts = HeadOpts::scaled(1.0);
         head_attention(&[1.0; 4], &kv, &opts, &mut Vec::new(), &mut [0.0; 4]);
+    }
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_probability() {
+        // One position with score q·k · scale = 1 and a sink of logit 2: the value is weighted
+        // by e^1 / (e^1 + e^2), the sink's share multiplying nothing.
+        let k = [1.0, 1.0, 0.0, 0.0];
+        let v = [2.0, -4.0, 8.0, 1.0];
+        let kv = KvRows {
+            k: &k,
+            v: &v,
+            stride: 4,
+            start: 0,
+            end: 1,
+        };
+        let opts = HeadOpts {
+            sink: Some(2.0),
+            ..HeadOpts::scaled(0.5)
+        };
+        let w = (1.0f64.exp() / (1.0f64.exp() + 2.0f64.exp())) as f32;
+        let want: Vec<f32> = v.iter().map(|x| x * w).collect();
+        let mut out = [0.0; 4];
+        head_attention(&[1.0; 4], &kv, &opts, &mut Vec::new(), &mut out);
+        close(&out, &want, 1e-6, "f32 with a sink");
+        head_attention_f16(
+            &[1.0; 4],
+            &kv,
+            &opts,
+            F16DotOrder::VecDot,
+            &mut F16Scratch::default(),
+            &mut out,
+        );
+        close(&out, &want, 2e-3, "f16 with a sink");
+        // A sink far below the scores changes nothing.
+        let far = HeadOpts {
+            sink: Some(-1e4),
+            ..opts
+        };
+        head_attention(&[1.0; 4], &kv, &far, &mut Vec::new(), &mut out);
+        assert_eq!(out, v);
     }
 }

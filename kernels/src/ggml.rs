@@ -149,7 +149,17 @@ fn exp_far(n: f32, e: u32, j: f32) -> f32 {
 /// consecutive KV cells (`first_cell` is the cell of `x[0]`; masked cells count as 0) with
 /// [`hsum8`], the groups in f64, then a multiply by `(f32)(1 / sum)`.
 pub fn softmax_ggml(x: &mut [f32], first_cell: usize) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    softmax_ggml_sink(x, first_cell, None)
+}
+
+/// [`softmax_ggml`] with an attention sink, as ggml-cpu adds one (`ggml_soft_max_add_sinks`):
+/// the maximum also covers the sink, and `expf(sink - max)` joins the f64 sum after the cells;
+/// the sink's own probability is not written.
+pub fn softmax_ggml_sink(x: &mut [f32], first_cell: usize, sink: Option<f32>) {
+    let mut max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
     (table().exp_shifted)(x, max);
     let mut sum = 0.0f64;
     let mut lanes = [0.0f32; 8];
@@ -164,6 +174,9 @@ pub fn softmax_ggml(x: &mut [f32], first_cell: usize) {
         lanes[cell % 8] = v;
     }
     sum += hsum8(&lanes) as f64;
+    if let Some(s) = sink {
+        sum += (s - max).exp() as f64;
+    }
     let inv = (1.0 / sum) as f32;
     crate::ops::scale_in_place(x, inv);
 }

@@ -186,6 +186,90 @@ pub struct Rope {
     /// ggml's f32 angles: `theta_j = pos · base^(-2/rot_dim)^j` as a running f32 product, then
     /// `cosf`/`sinf` (instead of f64 angles from `inv_freq`).
     pub ggml: Option<GgmlRope>,
+    /// Multiplier of every cos and sin (YaRN's attention factor, see [`Yarn::attention_scale`];
+    /// 1 otherwise).
+    pub mscale: f32,
+}
+
+/// YaRN context extension (transformers' `rope_type: "yarn"`): the inverse frequencies blend
+/// the original ones (`base^(-2j/dim)`, extrapolation) and those divided by `factor`
+/// (interpolation) with a linear ramp over the pair index between the correction dimensions of
+/// `beta_fast` and `beta_slow` rotations, and cos and sin are multiplied by an attention factor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// Context extension factor.
+    pub factor: f32,
+    /// Context length the model was trained with before the extension.
+    pub original_max_position: usize,
+    /// Rotations below which dimensions are fully extrapolated (default 32).
+    pub beta_fast: f32,
+    /// Rotations above which dimensions are fully interpolated (default 1).
+    pub beta_slow: f32,
+    /// Round the correction range outwards to whole dimensions (transformers' default true;
+    /// gpt-oss says false).
+    pub truncate: bool,
+    /// Explicit multiplier of cos and sin (`attention_factor`); `None`: derived from `factor`.
+    pub attention_factor: Option<f32>,
+    /// DeepSeek's `mscale` and `mscale_all_dim` (both non-zero: the attention factor is
+    /// `m(factor, mscale) / m(factor, mscale_all_dim)`).
+    pub mscale: Option<(f32, f32)>,
+}
+
+impl Yarn {
+    /// YaRN with the usual betas (32, 1), rounding of the correction range, and the attention
+    /// factor derived from `factor`.
+    pub fn new(factor: f32, original_max_position: usize) -> Yarn {
+        Yarn {
+            factor,
+            original_max_position,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: None,
+            mscale: None,
+        }
+    }
+
+    /// The multiplier of cos and sin: `attention_factor` when given, else
+    /// `m(factor, mscale) / m(factor, mscale_all_dim)` when both are given, else
+    /// `m(factor, 1)`, with `m(s, k) = 0.1·k·ln(s) + 1` (1 for `s ≤ 1`).
+    pub fn attention_scale(&self) -> f32 {
+        let m = |s: f64, k: f64| if s <= 1.0 { 1.0 } else { 0.1 * k * s.ln() + 1.0 };
+        let f = self.factor as f64;
+        if let Some(a) = self.attention_factor {
+            return a;
+        }
+        match self.mscale {
+            Some((a, b)) if a != 0.0 && b != 0.0 => (m(f, a as f64) / m(f, b as f64)) as f32,
+            _ => m(f, 1.0) as f32,
+        }
+    }
+
+    /// The inverse frequencies of the `rot_dim / 2` rotated pairs for RoPE base `base`.
+    pub fn inv_freq(&self, base: f32, rot_dim: usize) -> Vec<f32> {
+        let (b, dim) = (base as f64, rot_dim as f64);
+        // The dimension whose wavelength fits `rotations` times into the original context.
+        let corr = |rotations: f64| {
+            dim * (self.original_max_position as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * b.ln())
+        };
+        let (mut low, mut high) = (corr(self.beta_fast as f64), corr(self.beta_slow as f64));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        let factor = self.factor as f64;
+        (0..rot_dim / 2)
+            .map(|j| {
+                let extrapolated = 1.0 / b.powf(2.0 * j as f64 / dim);
+                let ramp = ((j as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                (extrapolated / factor * ramp + extrapolated * (1.0 - ramp)) as f32
+            })
+            .collect()
+    }
 }
 
 /// The f32 quantities ggml-cpu computes RoPE angles from.
@@ -223,6 +307,17 @@ impl Rope {
             neox,
             half: head_dim / 2,
             ggml: None,
+            mscale: 1.0,
+        }
+    }
+
+    /// YaRN-scaled RoPE ([`Yarn`]): its inverse frequencies, and cos and sin multiplied by its
+    /// attention factor.
+    pub fn new_yarn(base: f32, head_dim: usize, rot_dim: usize, neox: bool, yarn: &Yarn) -> Rope {
+        Rope {
+            inv_freq: yarn.inv_freq(base, rot_dim),
+            mscale: yarn.attention_scale(),
+            ..Rope::new(base, head_dim, rot_dim, neox)
         }
     }
 
@@ -257,12 +352,16 @@ impl Rope {
                 cs.push((t.cos(), t.sin()));
                 theta *= g.theta_scale;
             }
-            return;
+        } else {
+            cs.extend(self.inv_freq.iter().map(|&f| {
+                let a = pos as f64 * f as f64;
+                (a.cos() as f32, a.sin() as f32)
+            }));
         }
-        cs.extend(self.inv_freq.iter().map(|&f| {
-            let a = pos as f64 * f as f64;
-            (a.cos() as f32, a.sin() as f32)
-        }));
+        if self.mscale != 1.0 {
+            let m = self.mscale;
+            cs.iter_mut().for_each(|(c, s)| (*c, *s) = (*c * m, *s * m));
+        }
     }
 
     /// Rotates every head of `x` (heads of `head_dim`) by precomputed angles (exact SIMD).
@@ -1147,5 +1246,63 @@ mod tests {
             assert_eq!((c, s), ((0.5 * theta).cos(), (0.5 * theta).sin()));
             theta *= ts;
         }
+    }
+    #[test]
+    fn yarn_matches_transformers() {
+        // transformers 5.24 `_compute_yarn_parameters` for gpt-oss's settings (theta 150000,
+        // factor 32, betas 32/1, original context 4096) with head_dim 16, without and with
+        // `truncate` (which moves pairs 3 and 4).
+        let mut y = Yarn::new(32.0, 4096);
+        y.truncate = false;
+        let want: [f64; 8] = [
+            1.0,
+            0.225418001,
+            0.0508132726,
+            0.00679495931,
+            0.000456483918,
+            1.8188337e-05,
+            4.09997847e-06,
+            9.24208962e-07,
+        ];
+        let truncated = [3usize, 4];
+        let want_t: [f64; 2] = [0.00775546534, 0.000914454344];
+        // Within 1e-6 relative (transformers computes in f32).
+        let near = |got: f32, want: f64| (got as f64 - want).abs() <= 1e-6 * want;
+        for (got, want) in y.inv_freq(150000.0, 16).iter().zip(want) {
+            assert!(near(*got, want), "{got} vs {want}");
+        }
+        y.truncate = true;
+        let t = y.inv_freq(150000.0, 16);
+        for (j, w) in truncated.iter().zip(want_t) {
+            assert!(near(t[*j], w), "pair {j}: {} vs {w}", t[*j]);
+        }
+        assert!((y.attention_scale() - 1.346_573_6).abs() < 1e-6);
+        // Explicit and DeepSeek-style attention factors; no scaling below factor 1.
+        assert_eq!(
+            Yarn {
+                attention_factor: Some(0.5),
+                ..y
+            }
+            .attention_scale(),
+            0.5
+        );
+        let ds = Yarn {
+            mscale: Some((1.0, 1.0)),
+            ..y
+        };
+        assert_eq!(ds.attention_scale(), 1.0);
+        assert_eq!(Yarn::new(1.0, 4096).attention_scale(), 1.0);
+        // Head 64 (gpt-oss's own): the blend of pair 13 and the untouched ends.
+        let f = Yarn { truncate: false, ..y }.inv_freq(150000.0, 64);
+        assert_eq!(f.len(), 32);
+        assert!(near(f[13], 0.00386035908));
+        assert!(near(f[0], 1.0) && near(f[31], 3.0235114e-07));
+        // The rope scales cos and sin by the attention factor.
+        let r = Rope::new_yarn(150000.0, 16, 16, true, &y);
+        let mut cs = Vec::new();
+        r.angles(5, &mut cs);
+        let a = 5.0 * t[1] as f64;
+        let m = y.attention_scale();
+        assert_eq!(cs[1], (a.cos() as f32 * m, a.sin() as f32 * m));
     }
 }

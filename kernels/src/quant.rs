@@ -21,6 +21,12 @@ pub const Q5_K_BYTES: usize = 176;
 pub const Q6_K_BYTES: usize = 210;
 /// Bytes per Q8_K super-block (f32 d + 256 i8 + 16 i16 bsums).
 pub const Q8_K_BYTES: usize = 292;
+/// Bytes per MXFP4 block (one E8M0 exponent byte + 16 bytes of E2M1 nibbles).
+pub const MXFP4_BYTES: usize = 17;
+
+/// The sixteen E2M1 (FP4) code points of the OCP microscaling spec, doubled so they are
+/// integers; an MXFP4 block's values are `KVALUES_MXFP4[code] * e8m0_to_f32_half(e)`.
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// Storage type of a weight tensor, numbered with ggml type ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,11 +50,13 @@ pub enum WeightType {
     Q5_K,
     /// 6-bit K-quant, 256-element super-blocks with 8-bit sub-scales.
     Q6_K,
+    /// OCP MXFP4: 32-element blocks of E2M1 values sharing one E8M0 power-of-two scale.
+    Mxfp4,
 }
 
 impl WeightType {
     /// All supported weight types.
-    pub const ALL: [WeightType; 9] = [
+    pub const ALL: [WeightType; 10] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
@@ -58,6 +66,7 @@ impl WeightType {
         WeightType::Q4_K,
         WeightType::Q5_K,
         WeightType::Q6_K,
+        WeightType::Mxfp4,
     ];
 
     /// The ggml type id (as stored in GGUF tensor infos).
@@ -72,6 +81,7 @@ impl WeightType {
             WeightType::Q5_K => 13,
             WeightType::Q6_K => 14,
             WeightType::BF16 => 30,
+            WeightType::Mxfp4 => 39,
         }
     }
 
@@ -92,6 +102,7 @@ impl WeightType {
             WeightType::Q4_K => "Q4_K",
             WeightType::Q5_K => "Q5_K",
             WeightType::Q6_K => "Q6_K",
+            WeightType::Mxfp4 => "MXFP4",
         }
     }
 
@@ -99,7 +110,7 @@ impl WeightType {
     pub fn block_size(self) -> usize {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => QK,
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::Mxfp4 => QK,
             WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => QK_K,
         }
     }
@@ -115,6 +126,7 @@ impl WeightType {
             WeightType::Q4_K => Q4_K_BYTES,
             WeightType::Q5_K => Q5_K_BYTES,
             WeightType::Q6_K => Q6_K_BYTES,
+            WeightType::Mxfp4 => MXFP4_BYTES,
         }
     }
 
@@ -128,7 +140,7 @@ impl WeightType {
     pub fn act_format(self) -> ActFormat {
         match self {
             WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActFormat::F32,
-            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => ActFormat::Q8_0,
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::Mxfp4 => ActFormat::Q8_0,
             WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => ActFormat::Q8_K,
         }
     }
@@ -145,6 +157,7 @@ impl WeightType {
             WeightType::Q4_K => dequantize_row_q4_k(src, dst),
             WeightType::Q5_K => dequantize_row_q5_k(src, dst),
             WeightType::Q6_K => dequantize_row_q6_k(src, dst),
+            WeightType::Mxfp4 => dequantize_row_mxfp4(src, dst),
         }
     }
 }
@@ -155,7 +168,7 @@ impl WeightType {
 pub enum ActFormat {
     /// Plain f32 (for float weights).
     F32,
-    /// Q8_0 blocks (for the `_0` weight types).
+    /// Q8_0 blocks (for the `_0` weight types and MXFP4).
     Q8_0,
     /// Q8_K super-blocks (for the K weight types).
     Q8_K,
@@ -260,6 +273,18 @@ pub fn f32_to_bf16(f: f32) -> u16 {
         return ((u >> 16) | 64) as u16;
     }
     ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
+/// Half the value of an E8M0 exponent byte, `2^(e - 128)` (exact, subnormal for `e < 2`):
+/// the block scale that goes with the doubled code points of [`KVALUES_MXFP4`].
+#[inline]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    if e < 2 {
+        // 2^-128 and 2^-127 are subnormal: a single mantissa bit.
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(((e as u32) - 1) << 23)
+    }
 }
 
 #[inline]
@@ -386,6 +411,22 @@ pub fn dequantize_row_q8_0(src: &[u8], dst: &mut [f32]) {
         let d = rd_f16(b, 0);
         for j in 0..QK {
             dst[i * QK + j] = b[2 + j] as i8 as f32 * d;
+        }
+    }
+}
+
+/// Decodes a row of MXFP4 blocks (byte 0: E8M0 exponent; byte `1 + j`: value `j` in the low
+/// nibble, value `j + 16` in the high nibble).
+pub fn dequantize_row_mxfp4(src: &[u8], dst: &mut [f32]) {
+    let nb = check(src, dst, QK, MXFP4_BYTES);
+    for i in 0..nb {
+        let b = &src[i * MXFP4_BYTES..(i + 1) * MXFP4_BYTES];
+        let d = e8m0_to_f32_half(b[0]);
+        let y = &mut dst[i * QK..(i + 1) * QK];
+        for j in 0..16 {
+            let q = b[1 + j];
+            y[j] = KVALUES_MXFP4[(q & 0xf) as usize] as f32 * d;
+            y[j + 16] = KVALUES_MXFP4[(q >> 4) as usize] as f32 * d;
         }
     }
 }
@@ -616,6 +657,45 @@ pub fn quantize_row_q5_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Quantizes a row to MXFP4 bytes (reference quantizer, for test data and fixtures).
+///
+/// Per block: the exponent is `floor(log2(amax)) - 2 + 127` (so the largest magnitude lands
+/// in the top binade of E2M1), then each value takes the code point nearest to it, the lowest
+/// code on ties; this is the rounding of ggml's and gguf-py's reference MXFP4 quantizers.
+/// Exponents outside `0..=255` (|x| below 2^-125 or infinite) are clamped.
+pub fn quantize_row_mxfp4(x: &[f32]) -> Vec<u8> {
+    let nb = qcheck(x, QK);
+    let mut out = vec![0u8; nb * MXFP4_BYTES];
+    for i in 0..nb {
+        let xb = &x[i * QK..(i + 1) * QK];
+        let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+        } else {
+            0
+        };
+        let d = e8m0_to_f32_half(e);
+        let nearest = |v: f32| {
+            let mut best = 0usize;
+            let mut best_err = (KVALUES_MXFP4[0] as f32 * d - v).abs();
+            for (k, &kv) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+                let err = (kv as f32 * d - v).abs();
+                if err < best_err {
+                    best = k;
+                    best_err = err;
+                }
+            }
+            best as u8
+        };
+        let b = &mut out[i * MXFP4_BYTES..(i + 1) * MXFP4_BYTES];
+        b[0] = e;
+        for j in 0..16 {
+            b[1 + j] = nearest(xb[j]) | (nearest(xb[j + 16]) << 4);
+        }
+    }
+    out
+}
+
 /// Encodes f32 values as a row of f16 bytes.
 pub fn quantize_row_f16(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect()
@@ -712,6 +792,75 @@ mod tests {
                 assert_eq!((sc[j], m[j]), scale_min_k4(j, &q));
             }
         }
+    }
+
+    #[test]
+    fn mxfp4_quantizer_matches_gguf_py() {
+        // 128 f32 inputs (bit patterns), made by scripts/gen_tiny_mxfp4.py testvec
+        const INPUT_BITS: [u32; 128] = [
+            0x00000000, 0x3e800000, 0x3f000000, 0x3f400000, 0x3f800000, 0x3fa00000, 0x3fc00000, 0x3fe00000,
+            0x40000000, 0x40200000, 0x40400000, 0x40600000, 0x40800000, 0x40a00000, 0x40c00000, 0xbe800000,
+            0xbf400000, 0xbfa00000, 0xbfe00000, 0xc0200000, 0xc0600000, 0xc0a00000, 0xc0c00000, 0x3dcccccd,
+            0xbdcccccd, 0x400ccccd, 0xc08ccccd, 0x40bccccd, 0x3f19999a, 0xbf19999a, 0x3f8ccccd, 0xc0400000,
+            0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000,
+            0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000,
+            0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000,
+            0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000,
+            0x3c37ebbc, 0x3cab9bc1, 0x3c8b4237, 0xbcd2df93, 0xbc6f8db6, 0xbd258dbf, 0xbd21ebbd, 0x3d4b7ede,
+            0x3cbc57bc, 0x3d4d07a9, 0xbc9d054e, 0x3ca18fd5, 0x3d406b70, 0xbc5d23cc, 0xbc866779, 0x3d439cd3,
+            0xbd694bb5, 0xbac46253, 0xbad376c2, 0x3ce3879a, 0xbbd7b979, 0xbc5728ed, 0xbd1faebb, 0x3d1db644,
+            0x3d466d64, 0x3c2aa855, 0x3d742c91, 0x3d1dd842, 0xbca2460b, 0xbcad81c8, 0x3b461a84, 0x3d4f07be,
+            0x419957fd, 0xc31522d1, 0x42609d0b, 0x43194662, 0x4303ea21, 0x421f3410, 0xc294390a, 0xc47a0000,
+            0xc25ddd42, 0x412a6380, 0xc2997b74, 0x432f5de2, 0xc2b81754, 0xc042d07b, 0x4351b4bd, 0xc1bccf53,
+            0x42f8868b, 0x4258ec5e, 0xc2009a0a, 0xc274d67a, 0xc19d3b46, 0xc1faaea1, 0x423e459b, 0x42db3267,
+            0xc2dc3531, 0xc2ea07b0, 0xc163fc43, 0xc2bc5fd9, 0x432e68f7, 0xc31dde8b, 0xc32e9ab9, 0x427a15a7,
+        ];
+        // gguf-py 0.19.0: gguf.quants.quantize(inputs, MXFP4)
+        const EXPECTED: [u8; 68] = [
+            127, 144, 160, 177, 193, 210, 226, 243, 3, 4, 68, 229, 117, 22, 150, 39, 208, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 120, 243, 5, 4, 109, 172, 191, 239, 103, 117, 55, 124, 101, 215,
+            219, 28, 119, 134, 32, 26, 145, 146, 2, 1, 25, 47, 169, 160, 9, 147, 57, 160, 179, 16,
+        ];
+        let x: Vec<f32> = INPUT_BITS.iter().map(|&b| f32::from_bits(b)).collect();
+        assert_eq!(quantize_row_mxfp4(&x), EXPECTED);
+    }
+
+    #[test]
+    fn e8m0_half_is_two_to_the_e_minus_128() {
+        for e in 0..=255u8 {
+            let want = 2f64.powi(e as i32 - 128);
+            assert_eq!(e8m0_to_f32_half(e) as f64, want, "e={e}");
+        }
+    }
+
+    #[test]
+    fn mxfp4_roundtrip_and_layout() {
+        // One block: value j in the low nibble of byte 1 + j, value j + 16 in the high nibble.
+        let mut b = [0u8; MXFP4_BYTES];
+        b[0] = 127; // e8m0_to_f32_half(127) = 1/2: values are KVALUES_MXFP4 / 2
+        b[1] = 0x7f; // value 0: code 15 (-6), value 16: code 7 (6)
+        b[16] = 0x91; // value 15: code 1 (0.5), value 31: code 9 (-0.5)
+        let mut y = [0.0f32; 32];
+        dequantize_row_mxfp4(&b, &mut y);
+        assert_eq!((y[0], y[16], y[15], y[31], y[1]), (-6.0, 6.0, 0.5, -0.5, 0.0));
+        assert_eq!(quantize_row_mxfp4(&y), b.to_vec());
+        // Random rows: every value within half a step of the block's grid (steps up to 2 units of
+        // the scale at the top binade; amax maps into [4, 8) units, so error <= amax / 4).
+        let mut rng = crate::testutil::XorShift::new(31);
+        let x: Vec<f32> = (0..256)
+            .map(|i| rng.range(-1.0, 1.0) * (1 + i / 32) as f32)
+            .collect();
+        let q = quantize_row_mxfp4(&x);
+        let mut y = vec![0.0; 256];
+        WeightType::Mxfp4.dequantize_row(&q, &mut y);
+        for (blk, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            for (a, b) in xb.iter().zip(yb) {
+                assert!((a - b).abs() <= amax / 4.0, "block {blk}: {a} -> {b}");
+            }
+        }
+        assert_eq!(WeightType::Mxfp4.row_bytes(64), 34);
+        assert_eq!(WeightType::from_ggml_id(39), Some(WeightType::Mxfp4));
     }
 
     #[test]

@@ -65,6 +65,14 @@ pub fn random_row(rng: &mut XorShift, wtype: WeightType, n: usize) -> Vec<u8> {
             }
             b
         }
+        WeightType::Mxfp4 => {
+            // Random codes; exponents around 2^-6..2^-4 (values up to about 0.1).
+            let mut b = rng.bytes(wtype.row_bytes(n));
+            for blk in b.chunks_exact_mut(wtype.block_bytes()) {
+                blk[0] = 121 + (rng.next_u64() % 3) as u8;
+            }
+            b
+        }
         WeightType::Q6_K => {
             let mut b = rng.bytes(wtype.row_bytes(n));
             for blk in b.chunks_exact_mut(wtype.block_bytes()) {

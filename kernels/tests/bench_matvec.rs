@@ -29,6 +29,7 @@ fn bench_matvec_qwen_ffn_down() {
         WeightType::Q6_K,
         WeightType::Q5_0,
         WeightType::Q4_0,
+        WeightType::Mxfp4,
         WeightType::F16,
     ] {
         let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();

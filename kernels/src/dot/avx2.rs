@@ -3,8 +3,8 @@
 
 use crate::quant::WeightType;
 use crate::quant::{
-    rd_f16, rd_f32, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES,
-    Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+    e8m0_to_f32_half, rd_f16, rd_f32, unpack_scales_mins_k4, KVALUES_MXFP4, MXFP4_BYTES, Q4_0_BYTES,
+    Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
 };
 use std::arch::x86_64::*;
 
@@ -93,6 +93,24 @@ unsafe fn q5_0_values(x: *const u8) -> __m256i {
     _mm256_sub_epi8(q, _mm256_andnot_si256(hb, _mm256_set1_epi8(16)))
 }
 
+/// MXFP4 block at `x` to its 32 doubled E2M1 values as signed i8 (-12..=12): the 16 code
+/// bytes' low nibbles then high nibbles, each looked up in [`KVALUES_MXFP4`] with a byte shuffle.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn mxfp4_values(x: *const u8) -> __m256i {
+    // SAFETY: KVALUES_MXFP4 is 16 bytes; caller guarantees a 17-byte block at x (codes at 1..17).
+    let (lut, b) = unsafe {
+        (
+            _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i),
+            _mm_loadu_si128(x.add(1) as *const __m128i),
+        )
+    };
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m));
+    let hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    _mm256_set_m128i(hi, lo)
+}
+
 /// Scaled i8 dot product of one 32-element block pair at `x` (weights) and `y` (Q8_0), as
 /// (scale, eight f32 partial sums).
 #[inline]
@@ -130,6 +148,20 @@ unsafe fn block_q8_0(x: *const u8, y: *const u8) -> (__m256, __m256) {
         (
             d,
             _mm256_cvtepi32_ps(dot_i8_epi32(load256(x.add(2)), load256(y.add(2)))),
+        )
+    }
+}
+
+/// MXFP4 counterpart of [`block_q4_0`] (17-byte blocks at `x`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_mxfp4(x: *const u8, y: *const u8) -> (__m256, __m256) {
+    // SAFETY: caller guarantees a 17-byte block at x and a 34-byte block at y.
+    unsafe {
+        let d = _mm256_set1_ps(f16c_at(y) * e8m0_to_f32_half(*x));
+        (
+            d,
+            _mm256_cvtepi32_ps(dot_i8_epi32(mxfp4_values(x), load256(y.add(2)))),
         )
     }
 }
@@ -176,7 +208,7 @@ fn row_0<F: Fn(*const u8, *const u8) -> (__m256, __m256)>(
     hsum_ps(acc)
 }
 
-// SAFETY (the three closures below): `row_0` only passes pointers to whole blocks inside the
+// SAFETY (the four closures below): `row_0` only passes pointers to whole blocks inside the
 // rows it length-checked.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
@@ -191,6 +223,11 @@ fn q5_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     row_0(w, a, n, Q8_0_BYTES, |x, y| unsafe { block_q8_0(x, y) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mxfp4_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
+    row_0(w, a, n, MXFP4_BYTES, |x, y| unsafe { block_mxfp4(x, y) })
 }
 
 /// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])` (`y`: a Q8_K block).
@@ -413,7 +450,7 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 // block once (used by prefill matmul).
 // ---------------------------------------------------------------------------
 
-/// Decodes a Q4_0/Q5_0/Q8_0 weight block to (scale, 32 signed i8 values).
+/// Decodes a Q4_0/Q5_0/Q8_0/MXFP4 weight block to (scale, 32 signed i8 values).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode_0(wtype: WeightType, x: &[u8]) -> (f32, __m256i) {
@@ -438,6 +475,11 @@ fn decode_0(wtype: WeightType, x: &[u8]) -> (f32, __m256i) {
             let q = unsafe { nibbles_32(x.as_ptr().add(6)) };
             let q = _mm256_sub_epi8(q, _mm256_andnot_si256(hb, _mm256_set1_epi8(16)));
             (f16c(x, 0), q)
+        }
+        WeightType::Mxfp4 => {
+            assert!(x.len() >= MXFP4_BYTES);
+            // SAFETY: 17-byte block asserted.
+            (e8m0_to_f32_half(x[0]), unsafe { mxfp4_values(x.as_ptr()) })
         }
         _ => {
             assert!(x.len() >= Q8_0_BYTES);
@@ -540,6 +582,9 @@ fn tile_0_typed<const W: usize, const R: usize>(
         }),
         WeightType::Q8_0 => tile_0(Q8_0_BYTES, w, a, n, out, |x| unsafe {
             (f16c_at(x), load256(x.add(2)))
+        }),
+        WeightType::Mxfp4 => tile_0(MXFP4_BYTES, w, a, n, out, |x| unsafe {
+            (e8m0_to_f32_half(*x), mxfp4_values(x))
         }),
         _ => return false,
     }
@@ -699,7 +744,9 @@ pub(crate) fn dot4(wtype: WeightType, w: &[u8], a: &[&[u8]; 4], n: usize) -> Opt
     // SAFETY: only installed in the dispatch table after AVX2+FMA+F16C were detected.
     unsafe {
         match wtype {
-            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => Some(rows_0(wtype, w, a, n)),
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::Mxfp4 => {
+                Some(rows_0(wtype, w, a, n))
+            }
             WeightType::Q4_K => Some(rows_k45(false, false, w, a, n)),
             WeightType::Q5_K => Some(rows_k45(true, false, w, a, n)),
             WeightType::Q6_K => Some(rows_q6_k(w, a, n)),
@@ -934,6 +981,11 @@ pub(crate) fn q5_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
 pub(crate) fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: see the note above the wrappers.
     unsafe { q8_0_q8_0_impl(w, a, n) }
+}
+/// AVX2 MXFP4·Q8_0 (only call when AVX2+FMA+F16C are present).
+pub(crate) fn mxfp4_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    // SAFETY: see the note above the wrappers.
+    unsafe { mxfp4_q8_0_impl(w, a, n) }
 }
 /// AVX2 Q4_K·Q8_K (only call when AVX2+FMA+F16C are present).
 pub(crate) fn q4_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {

@@ -27,6 +27,8 @@ pub struct DotTable {
     pub q5_0: QDotFn,
     /// Q8_0 · Q8_0.
     pub q8_0: QDotFn,
+    /// MXFP4 · Q8_0.
+    pub mxfp4: QDotFn,
     /// Q4_K · Q8_K.
     pub q4_k: QDotFn,
     /// Q5_K · Q8_K.
@@ -66,6 +68,7 @@ impl DotTable {
             q4_0: scalar::q4_0_q8_0,
             q5_0: scalar::q5_0_q8_0,
             q8_0: scalar::q8_0_q8_0,
+            mxfp4: scalar::mxfp4_q8_0,
             q4_k: scalar::q4_k_q8_k,
             q5_k: scalar::q5_k_q8_k,
             q6_k: scalar::q6_k_q8_k,
@@ -90,6 +93,7 @@ impl DotTable {
                     q4_0: avx2::q4_0_q8_0,
                     q5_0: avx2::q5_0_q8_0,
                     q8_0: avx2::q8_0_q8_0,
+                    mxfp4: avx2::mxfp4_q8_0,
                     q4_k: avx2::q4_k_q8_k,
                     q5_k: avx2::q5_k_q8_k,
                     q6_k: avx2::q6_k_q8_k,
@@ -154,7 +158,7 @@ impl DotTable {
 
     /// Dot products of every weight row in `rows` with every activation row in `acts` (at
     /// most 4) into `out[wi * acts.len() + r]`, using a tile kernel where one exists
-    /// (2 rows × 4 activation rows of a `_0` type), else the 4-row or 1-row kernels.
+    /// (2 rows × 4 activation rows of a `_0` type or MXFP4), else the 4-row or 1-row kernels.
     pub fn vec_dot_tile(
         &self,
         wtype: WeightType,
@@ -201,6 +205,7 @@ impl DotTable {
             (WeightType::Q4_0, ActRow::Q8_0(a)) => (self.q4_0)(row, a, n),
             (WeightType::Q5_0, ActRow::Q8_0(a)) => (self.q5_0)(row, a, n),
             (WeightType::Q8_0, ActRow::Q8_0(a)) => (self.q8_0)(row, a, n),
+            (WeightType::Mxfp4, ActRow::Q8_0(a)) => (self.mxfp4)(row, a, n),
             (WeightType::Q4_K, ActRow::Q8_K(a)) => (self.q4_k)(row, a, n),
             (WeightType::Q5_K, ActRow::Q8_K(a)) => (self.q5_k)(row, a, n),
             (WeightType::Q6_K, ActRow::Q8_K(a)) => (self.q6_k)(row, a, n),

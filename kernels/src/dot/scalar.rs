@@ -2,8 +2,8 @@
 //! scaled by the product of weight and activation block scales).
 
 use crate::quant::{
-    q6_quad, rd_f16, rd_f32, rd_i16, unpack_scales_mins_k4, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES,
-    Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+    e8m0_to_f32_half, q6_quad, rd_f16, rd_f32, rd_i16, unpack_scales_mins_k4, KVALUES_MXFP4, MXFP4_BYTES,
+    Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
 };
 
 /// Q4_0 weights · Q8_0 activations.
@@ -54,6 +54,23 @@ pub fn q8_0_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
             sumi += (x[2 + j] as i8 as i32) * (y[2 + j] as i8 as i32);
         }
         sum += sumi as f32 * (rd_f16(x, 0) * rd_f16(y, 0));
+    }
+    sum
+}
+
+/// MXFP4 weights · Q8_0 activations.
+pub fn mxfp4_q8_0(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for i in 0..n / QK {
+        let x = &w[i * MXFP4_BYTES..(i + 1) * MXFP4_BYTES];
+        let y = &a[i * Q8_0_BYTES..(i + 1) * Q8_0_BYTES];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let q = x[1 + j];
+            sumi += KVALUES_MXFP4[(q & 0xf) as usize] as i32 * (y[2 + j] as i8 as i32);
+            sumi += KVALUES_MXFP4[(q >> 4) as usize] as i32 * (y[18 + j] as i8 as i32);
+        }
+        sum += sumi as f32 * (rd_f16(y, 0) * e8m0_to_f32_half(x[0]));
     }
     sum
 }

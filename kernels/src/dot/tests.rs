@@ -233,3 +233,52 @@ fn single_order_four_row_kernels_equal_single_rows_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn mxfp4_every_exponent_and_code_matches_scalar() {
+    // All 256 E8M0 exponents (subnormal scales at 0 and 1) and all 16 codes in each block, in
+    // the single-row, four-row and tile kernels.
+    let mut rng = XorShift::new(23);
+    let best = DotTable::best();
+    let scalar = DotTable::scalar();
+    let wtype = WeightType::Mxfp4;
+    let n = 256;
+    for e0 in (0..256usize).step_by(8) {
+        let rows: Vec<Vec<u8>> = (0..2)
+            .map(|r| {
+                let mut b = rng.bytes(wtype.row_bytes(n));
+                for (i, blk) in b.chunks_exact_mut(wtype.block_bytes()).enumerate() {
+                    // Keep products finite: scales 2^-128 .. 2^(e-128) with e < 200.
+                    blk[0] = ((e0 + i + r) % 200) as u8;
+                    blk[1..9].copy_from_slice(&[0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe]);
+                }
+                b
+            })
+            .collect();
+        let x = rng.vec(4 * n);
+        let mut q = QuantizedActivations::new();
+        q.quantize_into(wtype, &x, n);
+        let acts = [q.row(0), q.row(1), q.row(2), q.row(3)];
+        let mut tile = [0.0f32; 8];
+        best.vec_dot_tile(wtype, &[&rows[0], &rows[1]], &acts, n, &mut tile);
+        for (wi, row) in rows.iter().enumerate() {
+            let mut wd = vec![0.0; n];
+            wtype.dequantize_row(row, &mut wd);
+            let four = best.vec_dot4(wtype, row, acts, n);
+            for (r, a) in acts.iter().enumerate() {
+                let want = scalar.vec_dot(wtype, row, *a, n);
+                let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + f32::MIN_POSITIVE;
+                for (what, got) in [
+                    ("single", best.vec_dot(wtype, row, *a, n)),
+                    ("dot4", four[r]),
+                    ("tile", tile[wi * 4 + r]),
+                ] {
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "e0={e0} w{wi} r{r} {what}: {got} vs scalar {want}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -7,11 +7,11 @@ use crate::ggml::F16DotOrder;
 use crate::kv::KvCache;
 use crate::layers::check_layer;
 pub use crate::layers::{
-    Activation, AttnShape, AttnWeights, DenseMoe, Ffn, GatedDeltaNet, GatedFfn, KvSource, LayerWeights,
-    Mixer, MoeConfig, Ple, PleLayer, RouterScoring, SharedExpert, ShortConv,
+    Activation, AttnShape, AttnWeights, DenseMoe, Ffn, FfnBias, GatedDeltaNet, GatedFfn, KvSource,
+    LayerWeights, Mixer, MoeBiases, MoeConfig, Ple, PleLayer, RouterScoring, SharedExpert, ShortConv,
 };
 use crate::linear::{matmul, matmul_shared, par_units, MatmulScratch};
-use crate::ops::{rms_norm, rms_norm_heads, round_f16, softcap, softmax, Rope};
+use crate::ops::{rms_norm, rms_norm_heads, round_f16, softcap, softmax, Rope, Yarn};
 use crate::recurrent::{gated_delta_net, short_conv, RecurrentScratch, SeqGroups};
 use crate::state::{LayerStateDims, SeqStates};
 use crate::weights::{Matrix, Role, TensorId, Weights};
@@ -63,6 +63,8 @@ pub struct DecoderConfig {
     pub attn_softcap: Option<f32>,
     /// Linear RoPE scaling factor per layer: frequencies are divided by it (default 1).
     pub rope_scale: Vec<f32>,
+    /// YaRN scaling of every layer's RoPE (gpt-oss); replaces `rope_scale` and `rope_f32`.
+    pub rope_yarn: Option<Yarn>,
     /// Use the embedding matrix as the LM head even if an output tensor exists.
     pub tie_embeddings: bool,
     /// Routing of the mixture-of-experts FFNs ([`DecoderWeights::load`]: one in every layer).
@@ -113,6 +115,7 @@ impl DecoderConfig {
             final_softcap: None,
             attn_softcap: None,
             rope_scale: vec![1.0; n_layers],
+            rope_yarn: None,
             tie_embeddings: false,
             moe: None,
             kv_f16: false,
@@ -195,6 +198,7 @@ impl DecoderWeights {
                             .collect(),
                         selection_bias: None,
                         shared: None,
+                        biases: None,
                     }
                 }
             };
@@ -203,6 +207,8 @@ impl DecoderWeights {
                 mixer: Mixer::Attention(Box::new(AttnWeights {
                     wq: w.matrix(&id(Role::AttnQ))?,
                     wo: w.matrix(&id(Role::AttnOut))?,
+                    bo: None,
+                    sinks: None,
                     bq: need(w, id(Role::AttnQ).bias(), cfg.qkv_bias)?,
                     q_norm: need(w, id(Role::AttnQNorm), cfg.qk_norm)?,
                     kv: KvSource::Own {
@@ -464,6 +470,13 @@ impl Decoder {
                     .and_then(|l| l.mixer.attention()?.shape.as_ref())
                 {
                     return shape.rope.clone();
+                }
+                if let Some(y) = &cfg.rope_yarn {
+                    let mut r = Rope::new_yarn(b, cfg.head_dim, cfg.rope_dim, cfg.rope_neox, y);
+                    if cfg.rope_partial_pairs {
+                        r.half = cfg.rope_dim / 2;
+                    }
+                    return r;
                 }
                 let f = cfg.rope_scale.get(l).copied().unwrap_or(1.0);
                 if cfg.rope_f32 {
@@ -801,13 +814,16 @@ impl Decoder {
                         kv.write(seq, l, pos, kr, vr);
                     }
                     let att = grow(&mut s.att, n * qd);
-                    attention(cfg, kv, g, &s.rows, &s.per_seq, q, att, threads);
+                    attention(cfg, kv, g, p.sinks, &s.rows, &s.per_seq, q, att, threads);
                     if p.gated {
                         att.iter_mut()
                             .zip(&s.qgate[..n * qd])
                             .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()));
                     }
                     matmul(p.wo, att, n, o, &mut s.mm, threads);
+                    if p.bo.is_some() {
+                        o.chunks_exact_mut(h).for_each(|row| add_bias(row, p.bo));
+                    }
                 }
                 Mixer::ShortConv(c) => short_conv(
                     c,
@@ -861,6 +877,7 @@ impl Decoder {
             match &lw.ffn {
                 Ffn::Dense(f) => gated_ffn(
                     f,
+                    None,
                     cfg.activation,
                     xn,
                     n,
@@ -875,11 +892,16 @@ impl Decoder {
                     experts,
                     selection_bias,
                     shared,
+                    biases,
                 } => {
                     let moe = cfg.moe.expect("MoE weights need a MoE config");
                     let ne = router.rows;
                     let r = grow(&mut s.router, n * ne);
                     matmul(router, xn, n, r, &mut s.mm, threads);
+                    if let Some(b) = biases {
+                        r.chunks_exact_mut(ne)
+                            .for_each(|row| add_bias(row, Some(&b.router)));
+                    }
                     route(&moe, r, ne, selection_bias.as_deref(), None, &mut s.assign);
                     // Experts see subsets of rows: tile them all (MoE batches are not split).
                     s.mm.gemm_rows = None;
@@ -890,11 +912,23 @@ impl Decoder {
                         up: &mut s.up,
                         mm: &mut s.mm,
                     };
-                    run_experts(experts, cfg.activation, xn, h, &s.assign, out, ex, threads);
+                    let biases = biases.as_ref().map(|b| b.experts.as_slice());
+                    run_experts(
+                        experts,
+                        biases,
+                        cfg.activation,
+                        xn,
+                        h,
+                        &s.assign,
+                        out,
+                        ex,
+                        threads,
+                    );
                     if let Some(se) = shared {
                         let so = grow(&mut s.moe_out, n * h);
                         gated_ffn(
                             &se.ffn,
+                            None,
                             cfg.activation,
                             xn,
                             n,
@@ -925,6 +959,7 @@ impl Decoder {
                     let moe = cfg.moe.expect("MoE weights need a MoE config");
                     gated_ffn(
                         &m.dense,
+                        None,
                         cfg.activation,
                         xn,
                         n,
@@ -967,7 +1002,17 @@ impl Decoder {
                         up: &mut s.up,
                         mm: &mut s.mm,
                     };
-                    run_experts(&m.experts, cfg.activation, xin, h, &s.assign, acc, ex, threads);
+                    run_experts(
+                        &m.experts,
+                        None,
+                        cfg.activation,
+                        xin,
+                        h,
+                        &s.assign,
+                        acc,
+                        ex,
+                        threads,
+                    );
                     s.mm.gemm_rows = Some(gemm.0);
                     // out = post_dense(dense) + post_experts(experts).
                     for i in 0..n {
@@ -1087,10 +1132,12 @@ fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
     }
 }
 
-/// `out = down(act(gate(x)) * up(x))` for `n` rows.
+/// `out = down(act(gate(x)) * up(x))` for `n` rows ([`Activation::glu`]), with each
+/// projection's bias when `bias` is given.
 #[allow(clippy::too_many_arguments)]
 fn gated_ffn(
     f: &GatedFfn,
+    bias: Option<&FfnBias>,
     act: Activation,
     x: &[f32],
     n: usize,
@@ -1104,10 +1151,18 @@ fn gated_ffn(
     let g = grow(gate, n * d);
     let u = grow(up, n * d);
     matmul_shared(x, n, &mut [(&f.gate, &mut *g), (&f.up, &mut *u)], mm, threads);
-    g.iter_mut()
-        .zip(u.iter())
-        .for_each(|(a, b)| *a = act.apply(*a) * b);
+    if let Some(b) = bias {
+        g.chunks_exact_mut(d).for_each(|row| add_bias(row, Some(&b.gate)));
+        u.chunks_exact_mut(d).for_each(|row| add_bias(row, Some(&b.up)));
+    }
+    g.iter_mut().zip(u.iter()).for_each(|(a, &b)| *a = act.glu(*a, b));
     matmul(&f.down, g, n, out, mm, threads);
+    if let Some(b) = bias {
+        let h = f.down.rows;
+        out[..n * h]
+            .chunks_exact_mut(h)
+            .for_each(|row| add_bias(row, Some(&b.down)));
+    }
 }
 
 /// Scratch of [`run_experts`].
@@ -1139,6 +1194,7 @@ fn route(
         match moe.scoring {
             RouterScoring::Softmax => softmax(p),
             RouterScoring::Sigmoid => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+            RouterScoring::TopKSoftmax => {}
         }
         let score = |e: usize| p[e] + selection_bias.map_or(0.0, |b| b[e]);
         let mut picked = [(0usize, 0.0f32); 64];
@@ -1155,6 +1211,12 @@ fn route(
             }
             picked[slot] = (best, p[best]);
         }
+        if moe.scoring == RouterScoring::TopKSoftmax {
+            let mut w = [0.0f32; 64];
+            w[..k].iter_mut().zip(&picked[..k]).for_each(|(w, p)| *w = p.1);
+            softmax(&mut w[..k]);
+            picked[..k].iter_mut().zip(&w[..k]).for_each(|(p, &w)| p.1 = w);
+        }
         let sum: f32 = picked[..k].iter().map(|x| x.1).sum::<f32>() + moe.norm_eps;
         for &(e, pe) in &picked[..k] {
             let wgt = if moe.norm_topk_prob { pe / sum } else { pe };
@@ -1168,6 +1230,7 @@ fn route(
 #[allow(clippy::too_many_arguments)]
 fn run_experts(
     experts: &[GatedFfn],
+    biases: Option<&[FfnBias]>,
     act: Activation,
     x: &[f32],
     h: usize,
@@ -1187,7 +1250,8 @@ fn run_experts(
             inp[j * h..(j + 1) * h].copy_from_slice(&x[i * h..(i + 1) * h]);
         }
         let eo = grow(s.output, m * h);
-        gated_ffn(&experts[e], act, inp, m, eo, s.gate, s.up, s.mm, threads);
+        let bias = biases.map(|b| &b[e]);
+        gated_ffn(&experts[e], bias, act, inp, m, eo, s.gate, s.up, s.mm, threads);
         for (j, &(i, wgt)) in rows.iter().enumerate() {
             out[i * h..(i + 1) * h]
                 .iter_mut()
@@ -1210,6 +1274,8 @@ fn norm_heads_unweighted(x: &mut [f32], d: usize, eps: f32, tmp: &mut Vec<f32>) 
 struct AttnProj<'a> {
     wq: &'a Matrix,
     wo: &'a Matrix,
+    bo: Option<&'a [f32]>,
+    sinks: Option<&'a [f32]>,
     /// Key and value projections when the layer fills its own cache (no value projection: the
     /// values are the keys).
     kv: Option<(&'a Matrix, Option<&'a Matrix>)>,
@@ -1245,6 +1311,8 @@ impl<'a> AttnProj<'a> {
         AttnProj {
             wq: &a.wq,
             wo: &a.wo,
+            bo: a.bo.as_deref(),
+            sinks: a.sinks.as_deref(),
             kv,
             bq: a.bq.as_deref(),
             bk,
@@ -1269,6 +1337,7 @@ fn attention(
     cfg: &DecoderConfig,
     kv: &KvCache,
     g: AttnGeometry,
+    sinks: Option<&[f32]>,
     rows: &[(usize, usize)],
     per_seq: &[usize],
     q: &[f32],
@@ -1281,6 +1350,7 @@ fn attention(
         scale: cfg.attn_scale,
         softcap: cfg.attn_softcap,
         q_prescale: cfg.q_prescale,
+        sink: None,
     };
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
@@ -1313,6 +1383,10 @@ fn attention(
                 start: window_start(pos, g.window),
                 end: pos + 1,
             };
+            let opts = HeadOpts {
+                sink: sinks.map(|s| s[head]),
+                ..opts
+            };
             match order(seq) {
                 Some(ord) => head_attention_f16(qh, &rows, &opts, ord, &mut f16, o),
                 None => head_attention(qh, &rows, &opts, &mut scores, o),
@@ -1338,6 +1412,50 @@ const GGML_ORDER_MAX_ROWS: usize = 32;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_softmax_routes_by_raw_logits_and_normalises_the_picked() {
+        let moe = MoeConfig {
+            scoring: RouterScoring::TopKSoftmax,
+            ..MoeConfig::softmax(4, 2, false)
+        };
+        // Two rows: experts 1 and 2 win the first, 0 and 3 the second.
+        let mut r = [1.0, 3.0, 2.0, 0.0, 5.0, -1.0, -2.0, 4.0];
+        let mut assign = Vec::new();
+        route(&moe, &mut r, 4, None, None, &mut assign);
+        let e = std::f64::consts::E;
+        let (hi, lo) = ((e / (e + 1.0)) as f32, (1.0 / (e + 1.0)) as f32);
+        let close = |got: &[(usize, f32)], want: &[(usize, f32)]| {
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert!(g.0 == w.0 && (g.1 - w.1).abs() < 1e-6, "{got:?} vs {want:?}");
+            }
+        };
+        // assign[expert] = [(row, weight)].
+        close(&assign[0], &[(1, hi)]);
+        close(&assign[1], &[(0, hi)]);
+        close(&assign[2], &[(0, lo)]);
+        close(&assign[3], &[(1, lo)]);
+    }
+
+    #[test]
+    fn clamped_swiglu_clamps_gate_above_and_up_both_ways() {
+        let act = Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+        // gate 10 -> 7, up -9 -> -7: 7·σ(1.702·7)·(-7 + 1).
+        let want = 7.0 * sig(1.702 * 7.0) * -6.0;
+        assert!((act.glu(10.0, -9.0) as f64 - want).abs() < 1e-5);
+        // No lower clamp of the gate; up inside the limits: -10·σ(-17.02)·(2 + 1).
+        let want = -10.0 * sig(-17.02) * 3.0;
+        assert!((act.glu(-10.0, 2.0) as f64 - want).abs() < 1e-9);
+        // Up above the limit.
+        let want = 0.5 * sig(0.851) * 8.0;
+        assert!((act.glu(0.5, 100.0) as f64 - want).abs() < 1e-6);
+        assert_eq!(Activation::Silu.glu(2.0, 3.0), Activation::Silu.apply(2.0) * 3.0);
+    }
 
     #[test]
     fn snapshots_per_sequence_follow_the_memory_budget() {

@@ -5,6 +5,7 @@
 
 use crate::decoder::{Decoder, DecoderConfig, DecoderWeights, GatedFfn};
 use crate::linear::resolve_threads;
+use crate::ops::Yarn;
 use crate::weights::{GgufFile, WeightFormat, Weights};
 /// The plugin SDK, for [`decoder_family!`](crate::decoder_family).
 pub use berth_plugin_api as api;
@@ -164,6 +165,50 @@ impl HfConfig<'_> {
             .map(|t| t.iter().map(|t| t == "full_attention").collect())
     }
 
+    /// YaRN RoPE scaling when `rope_parameters` (or the older `rope_scaling`) has `rope_type`
+    /// `"yarn"`, read as transformers' `_compute_yarn_parameters` reads it: `factor` (default
+    /// `max_position_embeddings / original_max_position_embeddings`), the betas (32 and 1 when
+    /// absent or 0), `truncate` (default true), and `attention_factor` or `mscale` /
+    /// `mscale_all_dim`.
+    pub fn yarn(&self) -> Result<Option<Yarn>, PluginError> {
+        let Some(r) = ["rope_parameters", "rope_scaling"]
+            .iter()
+            .find_map(|k| self.0.get(*k).filter(|r| r.is_object()))
+        else {
+            return Ok(None);
+        };
+        let kind = r
+            .get("rope_type")
+            .or_else(|| r.get("type"))
+            .and_then(Value::as_str);
+        if kind != Some("yarn") {
+            return Ok(None);
+        }
+        let f = |k: &str| r.get(k).and_then(Value::as_f64);
+        let original = f("original_max_position_embeddings")
+            .ok_or_else(|| bad("config.json: YaRN without original_max_position_embeddings"))?;
+        let factor = match f("factor") {
+            Some(v) => v,
+            None => {
+                self.float("max_position_embeddings")
+                    .ok_or_else(|| bad("config.json: YaRN without factor"))?
+                    / original
+            }
+        };
+        let nonzero = |k: &str, default: f64| f(k).filter(|&v| v != 0.0).unwrap_or(default) as f32;
+        Ok(Some(Yarn {
+            factor: factor as f32,
+            original_max_position: original as usize,
+            beta_fast: nonzero("beta_fast", 32.0),
+            beta_slow: nonzero("beta_slow", 1.0),
+            truncate: r.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            attention_factor: f("attention_factor").map(|v| v as f32),
+            mscale: f("mscale")
+                .zip(f("mscale_all_dim"))
+                .map(|(a, b)| (a as f32, b as f32)),
+        }))
+    }
+
     /// The decoder shape every HF text config states the same way: layers, widths, heads, norm
     /// epsilon (`rms_norm_eps` or `norm_eps`), RoPE base and tied embeddings.
     pub fn decoder_config(&self) -> Result<DecoderConfig, PluginError> {
@@ -261,6 +306,29 @@ impl<'a> GgufKeys<'a> {
         cfg.eps = self.float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6);
         cfg.rope_base = vec![self.float("rope.freq_base").unwrap_or(10000.0); n_layers];
         Ok(cfg)
+    }
+
+    /// YaRN RoPE scaling when `rope.scaling.type` is `"yarn"`: `rope.scaling.factor`,
+    /// `rope.scaling.original_context_length`, the betas (`rope.scaling.yarn_beta_fast` /
+    /// `_slow`, default 32 and 1) and `rope.scaling.yarn_attn_factor` (the converter writes HF's
+    /// `attention_factor` there). GGUF does not record whether the correction range is rounded:
+    /// `truncate` says (transformers' default is true; gpt-oss's configs say false).
+    pub fn yarn(&self, truncate: bool) -> Result<Option<Yarn>, PluginError> {
+        if self.file.get_str(&self.key("rope.scaling.type")) != Some("yarn") {
+            return Ok(None);
+        }
+        let factor = self
+            .float("rope.scaling.factor")
+            .ok_or_else(|| bad(format!("GGUF: YaRN without {}", self.key("rope.scaling.factor"))))?;
+        Ok(Some(Yarn {
+            factor,
+            original_max_position: self.req("rope.scaling.original_context_length")?,
+            beta_fast: self.float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+            beta_slow: self.float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+            truncate,
+            attention_factor: self.float("rope.scaling.yarn_attn_factor"),
+            mscale: None,
+        }))
     }
 
     /// The model's own context length (default 32768).

@@ -7,8 +7,8 @@ use crate::ops::{gelu_tanh, gelu_tanh_f16, silu, Rope};
 use crate::weights::Matrix;
 use berth_plugin_api::PluginError;
 
-/// The gated activation of the FFN: `down(act(gate(x)) * up(x))`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The gated activation of the FFN: `down(act(gate(x)) * up(x))` ([`Activation::glu`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// SiLU (SwiGLU): Llama, Qwen.
     Silu,
@@ -16,16 +16,37 @@ pub enum Activation {
     GeluTanh,
     /// GELU with the tanh approximation through ggml-cpu's f16 table ([`gelu_tanh_f16`]).
     GeluTanhF16,
+    /// gpt-oss's clamped SwiGLU: with `g = min(gate, limit)` and `u = clamp(up, ±limit)`,
+    /// `g · sigmoid(alpha · g) · (u + 1)`.
+    ClampedSwiglu {
+        /// Slope inside the sigmoid (`swiglu_alpha`).
+        alpha: f32,
+        /// Upper clamp of the gate, and clamp of the up projection both ways (`swiglu_limit`).
+        limit: f32,
+    },
 }
 
 impl Activation {
-    /// Applies the activation.
+    /// Applies the activation to a gate value (the clamped SwiGLU: its gate half).
     #[inline]
     pub fn apply(self, x: f32) -> f32 {
         match self {
             Activation::Silu => silu(x),
             Activation::GeluTanh => gelu_tanh(x),
             Activation::GeluTanhF16 => gelu_tanh_f16(x),
+            Activation::ClampedSwiglu { alpha, limit } => {
+                let g = x.min(limit);
+                g * (1.0 / (1.0 + (-(g * alpha)).exp()))
+            }
+        }
+    }
+
+    /// The gated unit: `act(gate) · up`, or for the clamped SwiGLU `act(gate) · (clamp(up) + 1)`.
+    #[inline]
+    pub fn glu(self, gate: f32, up: f32) -> f32 {
+        match self {
+            Activation::ClampedSwiglu { limit, .. } => (up.clamp(-limit, limit) + 1.0) * self.apply(gate),
+            _ => self.apply(gate) * up,
         }
     }
 }
@@ -38,6 +59,9 @@ pub enum RouterScoring {
     Softmax,
     /// An independent sigmoid per expert (LFM2-MoE).
     Sigmoid,
+    /// The raw logits pick the top k; the weights are a softmax over the k picked logits
+    /// (gpt-oss).
+    TopKSoftmax,
 }
 
 /// Mixture-of-experts FFN settings.
@@ -82,6 +106,26 @@ pub struct GatedFfn {
     pub down: Matrix,
 }
 
+/// Biases of a gated FFN's projections (gpt-oss's experts).
+#[derive(Clone, Debug)]
+pub struct FfnBias {
+    /// Added to the gate projection (`ffn`).
+    pub gate: Vec<f32>,
+    /// Added to the up projection (`ffn`).
+    pub up: Vec<f32>,
+    /// Added to the down projection (`hidden`).
+    pub down: Vec<f32>,
+}
+
+/// The biases of a MoE block with biased linear layers (gpt-oss).
+#[derive(Clone, Debug)]
+pub struct MoeBiases {
+    /// Added to the router's logits (`n_experts`).
+    pub router: Vec<f32>,
+    /// Each expert's projection biases.
+    pub experts: Vec<FfnBias>,
+}
+
 /// A shared expert that every token goes through beside the routed ones (Qwen3.5-MoE).
 #[derive(Clone, Debug)]
 pub struct SharedExpert {
@@ -106,6 +150,8 @@ pub enum Ffn {
         selection_bias: Option<Vec<f32>>,
         /// Shared expert, if the model has one.
         shared: Option<SharedExpert>,
+        /// The router's and the experts' biases (gpt-oss).
+        biases: Option<Box<MoeBiases>>,
     },
     /// A dense FFN and routed experts side by side, each with its own norms (Gemma 4).
     DenseMoe(Box<DenseMoe>),
@@ -213,6 +259,11 @@ pub struct AttnWeights {
     pub wq: Matrix,
     /// Output projection.
     pub wo: Matrix,
+    /// Output projection bias (gpt-oss).
+    pub bo: Option<Vec<f32>>,
+    /// Per query head, a learned sink logit in the softmax (gpt-oss; see
+    /// [`berth_kernels::attention::HeadOpts::sink`]).
+    pub sinks: Option<Vec<f32>>,
     /// Query bias.
     pub bq: Option<Vec<f32>>,
     /// Per-head query norm.
@@ -233,6 +284,8 @@ impl AttnWeights {
         AttnWeights {
             wq,
             wo,
+            bo: None,
+            sinks: None,
             bq: None,
             q_norm: None,
             kv: KvSource::Own {
@@ -446,6 +499,8 @@ fn check_attention(a: &AttnWeights, cfg: &DecoderConfig, i: usize) -> Result<(),
         && cfg.n_heads.is_multiple_of(nkv)
         && (a.wq.rows, a.wq.cols) == (q_rows, h)
         && (a.wo.rows, a.wo.cols) == (h, q)
+        && bias_ok(&a.bo, h)
+        && bias_ok(&a.sinks, cfg.n_heads)
         && bias_ok(&a.bq, q)
         && norm_ok(&a.q_norm)
         && a.shape.as_ref().is_none_or(|s| s.rope.head_dim == hd)
@@ -460,8 +515,37 @@ fn check_attention(a: &AttnWeights, cfg: &DecoderConfig, i: usize) -> Result<(),
 }
 
 fn check_ffn(f: &Ffn, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
-    let Ffn::DenseMoe(m) = f else { return Ok(()) };
     let h = cfg.hidden;
+    if let Ffn::Moe {
+        router,
+        experts,
+        biases,
+        ..
+    } = f
+    {
+        let ne = experts.len();
+        let shapes_ok = experts.iter().all(|e| {
+            (e.gate.cols, e.up.cols, e.down.rows) == (h, h, h)
+                && e.up.rows == e.gate.rows
+                && e.down.cols == e.gate.rows
+        });
+        let biases_ok = biases.as_ref().is_none_or(|b| {
+            b.router.len() == ne
+                && b.experts.len() == ne
+                && b.experts
+                    .iter()
+                    .zip(experts)
+                    .all(|(b, e)| (b.gate.len(), b.up.len(), b.down.len()) == (e.gate.rows, e.up.rows, h))
+        });
+        if cfg.moe.is_none() || (router.rows, router.cols) != (ne, h) || !shapes_ok || !biases_ok {
+            return Err(PluginError::failed(format!(
+                "layer {i}: MoE block with router {router:?} and {ne} experts does not fit hidden {h} \
+                 (or its biases do not fit the experts, or there is no MoE config)"
+            )));
+        }
+        return Ok(());
+    }
+    let Ffn::DenseMoe(m) = f else { return Ok(()) };
     let ne = m.experts.len();
     let ok = cfg.moe.is_some()
         && (m.router.rows, m.router.cols) == (ne, h)

@@ -2,6 +2,7 @@
 //! blocks.
 //!
 //! - [`weights`]: GGUF / safetensors tensors as zero-copy [`weights::Matrix`]es, names both ways.
+//! - [`mxfp4`]: HF MXFP4 expert tensors (`*_blocks` / `*_scales`) repacked as GGUF MXFP4 matrices.
 //! - [`linear`]: batched, threaded matrix products over any weight type.
 //! - [`ops`]: f32 RMS norm, activations, softmax, RoPE, softcap (re-exported from `berth_kernels`).
 //! - [`kv`]: the per-sequence KV cache.
@@ -25,6 +26,7 @@ pub mod ggml;
 pub mod kv;
 pub mod layers;
 pub mod linear;
+pub mod mxfp4;
 pub mod npy;
 pub mod ops;
 pub mod recurrent;
@@ -33,10 +35,11 @@ pub mod testing;
 pub mod weights;
 
 pub use decoder::{
-    Activation, AttnShape, AttnWeights, Decoder, DecoderConfig, DecoderWeights, DenseMoe, Ffn, GatedDeltaNet,
-    GatedFfn, KvSource, LayerWeights, Mixer, MoeConfig, Ple, PleLayer, RouterScoring, SharedExpert,
-    ShortConv,
+    Activation, AttnShape, AttnWeights, Decoder, DecoderConfig, DecoderWeights, DenseMoe, Ffn, FfnBias,
+    GatedDeltaNet, GatedFfn, KvSource, LayerWeights, Mixer, MoeBiases, MoeConfig, Ple, PleLayer,
+    RouterScoring, SharedExpert, ShortConv,
 };
 pub use family::DecoderModel;
 pub use kv::KvCache;
+pub use ops::Yarn;
 pub use weights::{HfNames, Matrix, Role, TensorId, WeightFormat, Weights};

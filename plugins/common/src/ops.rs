@@ -4,4 +4,5 @@
 
 pub use berth_kernels::ops::{
     gelu_tanh, gelu_tanh_f16, rms_norm, rms_norm_heads, round_f16, silu, softcap, softmax, GgmlRope, Rope,
+    Yarn,
 };

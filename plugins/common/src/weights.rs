@@ -646,6 +646,28 @@ impl Weights {
         }
     }
 
+    /// The shape and raw bytes of a one-byte-per-element safetensors tensor (`U8`, `I8`, `F8_*`)
+    /// by name: packed formats such as MXFP4's `*_blocks` and `*_scales` (see [`crate::mxfp4`]).
+    pub fn bytes_named(&self, name: &str) -> Result<(Vec<usize>, &[u8]), PluginError> {
+        let (f, dtype, shape, _) = self
+            .find_st(name)
+            .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
+        if !matches!(
+            dtype,
+            Dtype::U8 | Dtype::I8 | Dtype::F8_E4M3 | Dtype::F8_E5M2 | Dtype::F8_E8M0
+        ) {
+            return Err(PluginError::failed(format!(
+                "{name}: dtype {} is not one byte per element",
+                dtype.name()
+            )));
+        }
+        let bytes = f
+            .tensor_data(name)
+            .filter(|b| b.len() == shape.iter().product::<usize>())
+            .ok_or_else(|| PluginError::failed(format!("{name}: data does not match shape {shape:?}")))?;
+        Ok((shape, bytes))
+    }
+
     /// Whether a tensor exists, by its file-format name.
     pub fn has_named(&self, name: &str) -> bool {
         match &self.files {

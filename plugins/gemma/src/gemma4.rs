@@ -145,6 +145,8 @@ pub fn load(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, DecoderWeights
             mixer: Mixer::Attention(Box::new(AttnWeights {
                 wq: mat(layer(i, "self_attn.q_proj.weight"))?,
                 wo: mat(layer(i, "self_attn.o_proj.weight"))?,
+                bo: None,
+                sinks: None,
                 bq: None,
                 q_norm: Some(q_norm),
                 kv,
@@ -208,5 +210,6 @@ pub fn proportional_rope(base: f32, head_dim: usize, partial: f32, factor: f32) 
         neox: true,
         half: head_dim / 2,
         ggml: None,
+        mscale: 1.0,
     }
 }

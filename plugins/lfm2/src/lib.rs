@@ -298,6 +298,7 @@ fn load_layers(
                     None
                 },
                 shared: None,
+                biases: None,
             },
             _ => Ffn::Dense(dense(i)?),
         };

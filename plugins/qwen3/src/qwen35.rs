@@ -261,6 +261,7 @@ fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<
                 } else {
                     None
                 },
+                biases: None,
             },
         };
         layers.push(LayerWeights {
