@@ -122,8 +122,9 @@ pub enum Command {
         /// Most tokens per answer.
         #[arg(long, default_value_t = 1024)]
         max_tokens: usize,
-        /// Thinking on or off, for models that think.
-        #[arg(long, value_parser = ["on", "off"])]
+        /// Thinking on or off, for models that think; or a reasoning effort (low, medium, high),
+        /// which is all gpt-oss takes (it always reasons).
+        #[arg(long, value_parser = ["on", "off", "low", "medium", "high"])]
         think: Option<String>,
         /// A system message.
         #[arg(long)]
@@ -319,7 +320,8 @@ pub fn run(cli: Cli) -> Result<()> {
                     ..Default::default()
                 },
                 max_tokens,
-                think: think.map(|t| t == "on"),
+                think: think.as_deref().map(|t| t != "off"),
+                reasoning_effort: think.as_deref().and_then(crate::harmony::parse_effort),
                 system,
                 threads,
             };

@@ -69,6 +69,9 @@ pub struct Session {
     pub load_duration: Duration,
     /// The chat format and reasoning markup detected from the template and vocabulary.
     pub chat_format: crate::chat::Detected,
+    /// openai-harmony's renderer, for a harmony pack with the o200k vocabulary (it renders the
+    /// prompts instead of the template).
+    pub harmony: Option<crate::harmony::Harmony>,
     stop_tokens: HashSet<u32>,
     /// Tokens currently held in the model's cache for [`SEQ`].
     cached: Vec<u32>,
@@ -88,6 +91,7 @@ impl Session {
         let vocab = opened.model.description().vocab_size as usize;
         Ok(Session {
             chat_format: opened.detected,
+            harmony: opened.harmony,
             reference: opened.entry.reference,
             model: opened.model,
             tokenizer: opened.tokenizer,
@@ -304,6 +308,8 @@ pub struct OpenedPack {
     pub stop_tokens: HashSet<u32>,
     /// The chat format and reasoning markup detected from the template and vocabulary.
     pub detected: crate::chat::Detected,
+    /// openai-harmony's renderer, for a harmony pack with the o200k vocabulary.
+    pub harmony: Option<crate::harmony::Harmony>,
 }
 
 /// Opens a pack from the store with the best plugin on the search path (discovered afresh, so
@@ -347,6 +353,10 @@ pub fn open_pack(
     let detected = crate::chat::detect(template.as_ref().map(|t| t.source()), |tok| {
         tokenizer.token_id(tok).is_some()
     });
+    detected
+        .format
+        .drop_never_stops(&mut stop_tokens, |t| tokenizer.token_id(t));
+    let harmony = crate::harmony::for_pack(&entry.reference, &detected, &tokenizer);
     let plugin = record.name().to_string();
     let manifest = m.clone();
     Ok(OpenedPack {
@@ -358,6 +368,7 @@ pub fn open_pack(
         template,
         stop_tokens,
         detected,
+        harmony,
     })
 }
 

@@ -1,6 +1,7 @@
 //! Commands for people debugging prompts: `berth show NAME --template` prints the chat template a
 //! pack is rendered with, `berth render NAME --messages FILE` the exact prompt a conversation
-//! becomes (and, on stderr, the chat format detected and where parsing of the reply starts).
+//! becomes (and, on stderr, the chat format detected and where parsing of the reply starts). A
+//! harmony (gpt-oss) pack is rendered by openai-harmony, as `berth serve` renders it.
 
 use crate::template::{ChatTemplate, RenderInput};
 use crate::tokenizer::Tokenizer;
@@ -23,41 +24,67 @@ pub struct RenderRequest {
     pub kwargs: Option<Value>,
 }
 
-/// The template of a pack and the tokenizer that gives it `bos_token` and `eos_token`.
-fn open(store: &Store, reference: &str) -> Result<(String, Tokenizer, ChatTemplate)> {
+/// The tokenizer and chat template of a pack (the template is `None` when it has none).
+fn open(store: &Store, reference: &str) -> Result<(String, Tokenizer, Option<ChatTemplate>)> {
     let entry = store.get(reference)?;
     let (tokenizer, template) = crate::generate::load_text_side(&entry)?;
-    let template = template.ok_or_else(|| {
-        anyhow!(
-            "{} has no chat template (a base model?); re-import it with `--template FILE`",
-            entry.reference
-        )
-    })?;
     Ok((entry.reference, tokenizer, template))
+}
+
+fn no_template(reference: &str) -> anyhow::Error {
+    anyhow!("{reference} has no chat template (a base model?); re-import it with `--template FILE`")
 }
 
 /// `berth show NAME --template`: the template source.
 pub fn template_text(store: &Store, reference: &str) -> Result<String> {
-    let (_, _, template) = open(store, reference)?;
+    let (reference, _, template) = open(store, reference)?;
+    let template = template.ok_or_else(|| no_template(&reference))?;
     Ok(template.source().to_owned())
 }
 
-/// `berth render`: the exact prompt, and the load-time log line for stderr.
+/// `berth render`: the exact prompt, and the load-time log line for stderr. A harmony pack with
+/// the o200k vocabulary is rendered by openai-harmony (the prompt is its tokens' text).
 pub fn render(store: &Store, reference: &str, req: &RenderRequest) -> Result<(String, String)> {
     let (reference, tokenizer, template) = open(store, reference)?;
+    let detected = crate::chat::detect(template.as_ref().map(|t| t.source()), |t| {
+        tokenizer.token_id(t).is_some()
+    });
     let input = render_input(req, &tokenizer)?;
-    let prompt = template
-        .render(&input)
-        .with_context(|| format!("rendering the chat template of {reference}"))?;
-    let detected = crate::chat::detect(Some(template.source()), |t| tokenizer.token_id(t).is_some());
+    let (prompt, how) = match crate::harmony::for_pack(&reference, &detected, &tokenizer) {
+        Some(harmony) => {
+            let effort = match input.extra.get("reasoning_effort") {
+                None => crate::harmony::ReasoningEffort::Medium,
+                Some(v) => v.as_str().and_then(crate::harmony::parse_effort).ok_or_else(|| {
+                    anyhow!("reasoning_effort: gpt-oss knows low, medium and high; got {v}")
+                })?,
+            };
+            let tokens = harmony
+                .render(&crate::harmony::HarmonyInput {
+                    messages: &input.messages,
+                    tools: input.tools.as_deref(),
+                    effort,
+                    date: None,
+                    add_generation_prompt: input.add_generation_prompt,
+                })
+                .with_context(|| format!("rendering {reference} with openai-harmony"))?;
+            (tokenizer.decode(&tokens, false), "; rendered by openai-harmony")
+        }
+        None => {
+            let template = template.ok_or_else(|| no_template(&reference))?;
+            let prompt = template
+                .render(&input)
+                .with_context(|| format!("rendering the chat template of {reference}"))?;
+            (prompt, "")
+        }
+    };
     let start = crate::chat::prefill(detected.format, &prompt);
-    let note = format!("{detected}; the reply is parsed from {start:?}");
+    let note = format!("{detected}{how}; the reply is parsed from {start:?}");
     Ok((prompt, note))
 }
 
 fn render_input(req: &RenderRequest, tokenizer: &Tokenizer) -> Result<RenderInput> {
-    let (messages, mut tools, mut kwargs) = match &req.messages {
-        Value::Array(list) => (list.clone(), None, None),
+    let (messages, mut tools, mut kwargs, effort) = match &req.messages {
+        Value::Array(list) => (list.clone(), None, None, None),
         Value::Object(body) => {
             let Some(Value::Array(list)) = body.get("messages") else {
                 bail!("the request object has no `messages` list");
@@ -66,6 +93,7 @@ fn render_input(req: &RenderRequest, tokenizer: &Tokenizer) -> Result<RenderInpu
                 list.clone(),
                 body.get("tools").cloned(),
                 body.get("chat_template_kwargs").cloned(),
+                body.get("reasoning_effort").filter(|v| !v.is_null()).cloned(),
             )
         }
         _ => bail!("messages: expected a JSON list of messages or a request object with `messages`"),
@@ -82,7 +110,7 @@ fn render_input(req: &RenderRequest, tokenizer: &Tokenizer) -> Result<RenderInpu
         Some(_) => bail!("tools: expected a JSON list of tools"),
     };
     let token = |id: Option<u32>| id.map(|i| tokenizer.token_to_piece(i)).unwrap_or_default();
-    let input = RenderInput {
+    let mut input = RenderInput {
         messages,
         tools,
         add_generation_prompt: req.add_generation_prompt,
@@ -90,6 +118,10 @@ fn render_input(req: &RenderRequest, tokenizer: &Tokenizer) -> Result<RenderInpu
         eos_token: token(tokenizer.eos_id()),
         ..RenderInput::default()
     };
+    // The request's `reasoning_effort` reaches templates (and harmony) as a variable.
+    if let Some(effort) = effort {
+        input.extra.insert("reasoning_effort".into(), effort);
+    }
     Ok(input.with_request_kwargs(kwargs.as_ref(), None)?)
 }
 

@@ -11,6 +11,7 @@ pub mod constraint;
 pub mod decoding;
 pub mod engine;
 pub mod generate;
+pub mod harmony;
 pub mod inspect;
 pub mod models;
 pub mod packs;

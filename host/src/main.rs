@@ -15,6 +15,11 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn main() {
+    // openai-harmony reads its vocabulary from $TIKTOKEN_ENCODINGS_BASE and downloads it when the
+    // variable is unset; Berth writes that file itself (from the pack's own tokenizer) and never
+    // downloads it. Set here, first, because changing the environment is only sound while no
+    // other thread runs (the server's runtime and the engines start later).
+    berth::harmony::set_encodings_base();
     let cli = berth::cli::Cli::parse();
     if let Err(e) = berth::cli::run(cli) {
         eprintln!("berth: {}", one_line(&e));

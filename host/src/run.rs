@@ -23,6 +23,8 @@ pub struct RunOptions {
     pub max_tokens: usize,
     /// Ask for thinking on or off; `None` leaves it to the template.
     pub think: Option<bool>,
+    /// gpt-oss's reasoning effort (`None`: medium); gpt-oss always reasons, whatever `think` says.
+    pub reasoning_effort: Option<crate::harmony::ReasoningEffort>,
     /// A system message to start the conversation with.
     pub system: Option<String>,
     /// Compute threads.
@@ -43,7 +45,7 @@ pub fn run(
     if opts.verbose {
         eprintln!("{}", session.chat_format);
     }
-    if !opts.raw && session.template.is_none() {
+    if !opts.raw && session.template.is_none() && session.harmony.is_none() {
         bail!(
             "{} has no chat template (a base model?); complete text with `berth run --raw {} PROMPT`, \
              or re-import it with `--template FILE`",
@@ -110,21 +112,9 @@ impl Chat {
         } else {
             self.history
                 .push(serde_json::json!({"role": "user", "content": text}));
-            let mut extra = serde_json::Map::new();
-            if let Some(t) = self.think {
-                extra.insert("enable_thinking".into(), t.into());
-            }
-            let template = session.template.as_ref().expect("checked at start");
-            let prompt = template.render(&RenderInput {
-                messages: self.history.clone(),
-                tools: None,
-                add_generation_prompt: true,
-                extra,
-                bos_token: token_text(&session.tokenizer, session.tokenizer.bos_id()),
-                eos_token: token_text(&session.tokenizer, session.tokenizer.eos_id()),
-            })?;
+            let (prompt, tokens) = self.render(session)?;
             start = crate::chat::prefill(session.chat_format.format, &prompt);
-            session.tokenizer.encode(&prompt, false)
+            tokens
         };
         let constraint = match &self.constraints {
             Some((factory, req)) => factory
@@ -147,7 +137,11 @@ impl Chat {
         })?;
         let _ = writeln!(out);
         drop(out);
-        if !self.opts.raw {
+        if !self.opts.raw && session.chat_format.format == crate::chat::ChatFormat::Harmony {
+            // Harmony history holds the reply's channels apart (analysis, final), not its markup.
+            let reply = crate::chat::parse(session.chat_format.format, start, &answer, None, false);
+            self.history.push(reply.to_openai());
+        } else if !self.opts.raw {
             self.history
                 .push(serde_json::json!({"role": "assistant", "content": answer}));
         }
@@ -155,6 +149,42 @@ impl Chat {
             print_stats(session, &stats);
         }
         Ok(())
+    }
+
+    /// The prompt (text and tokens) of the conversation so far: openai-harmony's rendering for a
+    /// harmony pack with the o200k vocabulary, else the chat template's.
+    fn render(&self, session: &Session) -> Result<(String, Vec<u32>)> {
+        if let Some(harmony) = &session.harmony {
+            let tokens = harmony.render(&crate::harmony::HarmonyInput {
+                messages: &self.history,
+                tools: None,
+                effort: self
+                    .opts
+                    .reasoning_effort
+                    .unwrap_or(crate::harmony::ReasoningEffort::Medium),
+                date: None,
+                add_generation_prompt: true,
+            })?;
+            return Ok((session.tokenizer.decode(&tokens, false), tokens));
+        }
+        let mut extra = serde_json::Map::new();
+        if let Some(t) = self.think {
+            extra.insert("enable_thinking".into(), t.into());
+        }
+        if let Some(effort) = self.opts.reasoning_effort {
+            extra.insert("reasoning_effort".into(), effort_name(effort).into());
+        }
+        let template = session.template.as_ref().expect("checked at start");
+        let prompt = template.render(&RenderInput {
+            messages: self.history.clone(),
+            tools: None,
+            add_generation_prompt: true,
+            extra,
+            bos_token: token_text(&session.tokenizer, session.tokenizer.bos_id()),
+            eos_token: token_text(&session.tokenizer, session.tokenizer.eos_id()),
+        })?;
+        let tokens = session.tokenizer.encode(&prompt, false);
+        Ok((prompt, tokens))
     }
 
     fn interactive(&mut self, session: &mut Session) -> Result<()> {
@@ -247,6 +277,15 @@ fn print_stats(session: &Session, s: &GenerationStats) {
     eprintln!("eval count:           {} token(s)", s.generated_tokens);
     eprintln!("eval duration:        {:?}", s.generation_duration);
     eprintln!("eval rate:            {:.2} tokens/s", s.generation_rate());
+}
+
+/// The name a template reads for a reasoning effort.
+fn effort_name(effort: crate::harmony::ReasoningEffort) -> &'static str {
+    match effort {
+        crate::harmony::ReasoningEffort::Low => "low",
+        crate::harmony::ReasoningEffort::Medium => "medium",
+        crate::harmony::ReasoningEffort::High => "high",
+    }
 }
 
 /// The text of a special token, or "" when the model has none.

@@ -192,7 +192,9 @@ fn to_template_messages(messages: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// The prompt's template variables: `think`.
+/// The prompt's template variables: `think`. A level (`low`, `medium`, `high`) is also the
+/// reasoning effort; gpt-oss cannot stop reasoning, so for it a boolean leaves the default effort
+/// (`medium`), as Ollama ignores `true`/`false` for gpt-oss.
 fn think_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
     let mut extra = Map::new();
     match f.raw("think") {
@@ -254,12 +256,13 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
         return Ok(axum::Json(v).into_response());
     }
     check_messages(&messages)?;
-    let (rendered, prompt) = render(
-        &model,
-        to_template_messages(&messages),
-        tools.clone(),
-        extra.clone(),
-    )?;
+    // openai-harmony reads Ollama's messages itself (`thinking`, `tool_name`, object arguments).
+    let rendered_messages = if model.harmony.is_some() {
+        messages.clone()
+    } else {
+        to_template_messages(&messages)
+    };
+    let (rendered, prompt) = render(&model, rendered_messages, tools.clone(), extra.clone())?;
     let start = chat::prefill(model.detected.format, &rendered);
     decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
     let parser = StreamParser::new(model.detected.format, start, tools.as_deref());
@@ -672,8 +675,55 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::rfc3339;
+    use super::{parse_object, rfc3339, think_extra, Fields};
+    use crate::api::openai::harmony_effort;
+    use crate::harmony::ReasoningEffort;
+    use axum::http::StatusCode;
     use std::time::{Duration, UNIX_EPOCH};
+
+    /// The reasoning effort a gpt-oss model renders for an `/api/chat` body, or the error.
+    fn effort(body: &str) -> Result<ReasoningEffort, (StatusCode, Option<String>)> {
+        let obj = parse_object(body.as_bytes()).unwrap();
+        think_extra(&Fields::new(&obj, ""))
+            .and_then(|extra| harmony_effort(&extra))
+            .map_err(|e| (e.status, e.param))
+    }
+
+    #[test]
+    fn think_levels_reach_gpt_oss_and_booleans_keep_the_default() {
+        assert_eq!(effort(r#"{"think": "low"}"#), Ok(ReasoningEffort::Low));
+        assert_eq!(effort(r#"{"think": "medium"}"#), Ok(ReasoningEffort::Medium));
+        assert_eq!(effort(r#"{"think": "high"}"#), Ok(ReasoningEffort::High));
+        assert_eq!(effort(r#"{"think": false}"#), Ok(ReasoningEffort::Medium));
+        assert_eq!(effort(r#"{"think": true}"#), Ok(ReasoningEffort::Medium));
+        assert_eq!(effort(r#"{}"#), Ok(ReasoningEffort::Medium));
+        for bad in [
+            r#"{"think": "extreme"}"#,
+            r#"{"think": "none"}"#,
+            r#"{"think": 1}"#,
+        ] {
+            assert_eq!(
+                effort(bad),
+                Err((StatusCode::BAD_REQUEST, Some("think".into()))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn think_keeps_its_meaning_for_other_templates() {
+        let extra = |body: &str| {
+            let obj = parse_object(body.as_bytes()).unwrap();
+            think_extra(&Fields::new(&obj, "")).unwrap()
+        };
+        assert_eq!(extra(r#"{"think": false}"#)["enable_thinking"], false);
+        let high = extra(r#"{"think": "high"}"#);
+        assert_eq!(
+            (&high["enable_thinking"], &high["reasoning_effort"]),
+            (&true.into(), &"high".into())
+        );
+        assert!(extra("{}").is_empty());
+    }
 
     #[test]
     fn times_are_rfc3339_utc() {

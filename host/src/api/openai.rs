@@ -1,10 +1,11 @@
 //! The OpenAI API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
 use super::{parse_object, ApiError, Fields};
-use crate::chat::{self, ParseStart, StreamParser};
+use crate::chat::{self, ChatFormat, ParseStart, StreamParser};
 use crate::constraint::{ParamError, RequestConstraints, SequenceConstraint};
 use crate::decoding::DecodeOptions;
 use crate::engine::{Event, Finish, Job, SubmitError};
+use crate::harmony::{HarmonyInput, ReasoningEffort};
 use crate::sampling::SamplingParams;
 use crate::server::models::{Model, ModelError};
 use crate::server::{RequestId, Shared};
@@ -176,7 +177,11 @@ pub(crate) fn param_error(e: ParamError) -> ApiError {
 }
 
 /// Whether the rendered prompt leaves the model thinking (the constraint allows reasoning first).
+/// gpt-oss always reasons (on its analysis channel): thinking cannot be turned off.
 pub(crate) fn thinking(model: &Model, start: ParseStart, extra: &Map<String, Value>) -> bool {
+    if model.detected.format == ChatFormat::Harmony {
+        return true;
+    }
     match start {
         ParseStart::Reasoning => true,
         ParseStart::ReasoningClosed => false,
@@ -357,13 +362,45 @@ pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Renders a conversation with the model's template; returns (rendered text, tokens).
+/// The reasoning effort of a request to a harmony (gpt-oss) model: `low`, `medium` (the default)
+/// or `high`, from `reasoning_effort` or `think`. gpt-oss cannot reason less than `low`, so
+/// `none` and `minimal` are refused; a boolean `think` leaves the default, as Ollama does.
+pub(crate) fn harmony_effort(extra: &Map<String, Value>) -> Result<ReasoningEffort, ApiError> {
+    let known = "gpt-oss knows the reasoning efforts low, medium and high";
+    match extra.get("reasoning_effort") {
+        None | Some(Value::Null) => Ok(ReasoningEffort::Medium),
+        Some(Value::String(s)) => crate::harmony::parse_effort(s)
+            .ok_or_else(|| ApiError::param("reasoning_effort", format!("'{s}' is not supported: {known}"))),
+        Some(_) => Err(ApiError::param(
+            "reasoning_effort",
+            format!("'reasoning_effort' must be a string: {known}"),
+        )),
+    }
+}
+
+/// Renders a conversation with openai-harmony (a harmony pack with the o200k vocabulary) or the
+/// model's template; returns (rendered text, tokens).
 pub(crate) fn render(
     model: &Model,
     messages: Vec<Value>,
     tools: Option<Vec<Value>>,
     extra: Map<String, Value>,
 ) -> Result<(String, Vec<u32>), ApiError> {
+    if model.detected.format == ChatFormat::Harmony {
+        let effort = harmony_effort(&extra)?;
+        if let Some(harmony) = &model.harmony {
+            let tokens = harmony
+                .render(&HarmonyInput {
+                    messages: &messages,
+                    tools: tools.as_deref(),
+                    effort,
+                    date: None,
+                    add_generation_prompt: true,
+                })
+                .map_err(|e| ApiError::param(&e.param, e.message))?;
+            return Ok((model.tokenizer.decode(&tokens, false), tokens));
+        }
+    }
     let template = model.template.as_ref().ok_or_else(|| {
         ApiError::param(
             "model",
@@ -694,5 +731,94 @@ pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Resu
     match st.models.store().get(id) {
         Ok(e) if e.manifest.is_some() => Ok(axum::Json(model_object(&e)).into_response()),
         _ => Err(ApiError::model_not_found(id)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{harmony_effort, template_extra};
+    use crate::api::{parse_object, ApiError, Fields};
+    use crate::harmony::ReasoningEffort;
+    use axum::http::StatusCode;
+    use serde_json::{Map, Value};
+
+    fn extra(body: &str) -> Result<Map<String, Value>, ApiError> {
+        let obj = parse_object(body.as_bytes()).unwrap();
+        template_extra(&Fields::new(&obj, ""))
+    }
+
+    /// The reasoning effort a gpt-oss model renders for a chat body, or the error's (status, param).
+    fn effort(body: &str) -> Result<ReasoningEffort, (StatusCode, Option<String>)> {
+        extra(body)
+            .and_then(|e| harmony_effort(&e))
+            .map_err(|e| (e.status, e.param))
+    }
+
+    #[test]
+    fn reasoning_effort_reaches_gpt_oss() {
+        assert_eq!(effort(r#"{"reasoning_effort": "low"}"#), Ok(ReasoningEffort::Low));
+        assert_eq!(
+            effort(r#"{"reasoning_effort": "medium"}"#),
+            Ok(ReasoningEffort::Medium)
+        );
+        assert_eq!(
+            effort(r#"{"reasoning_effort": "high"}"#),
+            Ok(ReasoningEffort::High)
+        );
+        assert_eq!(effort(r#"{"think": "high"}"#), Ok(ReasoningEffort::High));
+        assert_eq!(effort("{}"), Ok(ReasoningEffort::Medium));
+        assert_eq!(
+            effort(r#"{"reasoning_effort": null}"#),
+            Ok(ReasoningEffort::Medium)
+        );
+        // A boolean `think` cannot turn gpt-oss's reasoning off: the default effort stays.
+        assert_eq!(effort(r#"{"think": false}"#), Ok(ReasoningEffort::Medium));
+        // The template kwargs may carry it too (as for the Hugging Face template).
+        assert_eq!(
+            effort(r#"{"chat_template_kwargs": {"reasoning_effort": "low"}}"#),
+            Ok(ReasoningEffort::Low)
+        );
+    }
+
+    #[test]
+    fn efforts_gpt_oss_does_not_know_are_400s_naming_reasoning_effort() {
+        let bad = Err((StatusCode::BAD_REQUEST, Some("reasoning_effort".to_string())));
+        // Valid OpenAI values that gpt-oss cannot honour.
+        assert_eq!(effort(r#"{"reasoning_effort": "none"}"#), bad);
+        assert_eq!(effort(r#"{"reasoning_effort": "minimal"}"#), bad);
+        assert_eq!(
+            effort(r#"{"chat_template_kwargs": {"reasoning_effort": 3}}"#),
+            bad
+        );
+        // Not an OpenAI value at all: refused for every model.
+        let e = extra(r#"{"reasoning_effort": "extreme"}"#).unwrap_err();
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("reasoning_effort"))
+        );
+        let e = extra(r#"{"think": "extreme"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("think"));
+        // The error body is OpenAI's shape.
+        let e = harmony_effort(&extra(r#"{"reasoning_effort": "none"}"#).unwrap()).unwrap_err();
+        assert!(
+            e.message.contains("'none'") && e.message.contains("low, medium and high"),
+            "{}",
+            e.message
+        );
+        assert!(!e.ollama);
+    }
+
+    #[test]
+    fn other_templates_still_see_effort_and_thinking() {
+        let e = extra(r#"{"reasoning_effort": "none"}"#).unwrap();
+        assert_eq!(
+            (&e["reasoning_effort"], &e["enable_thinking"]),
+            (&"none".into(), &false.into())
+        );
+        let e = extra(r#"{"reasoning_effort": "high", "think": false}"#).unwrap();
+        assert_eq!(
+            (&e["reasoning_effort"], &e["enable_thinking"]),
+            (&"high".into(), &false.into())
+        );
     }
 }

@@ -49,6 +49,23 @@ impl ChatFormat {
     }
 }
 
+impl ChatFormat {
+    /// Removes from `stops` the tokens this format never stops at, whatever a tokenizer's generic
+    /// stop list says: harmony's `<|end|>` closes every message, and gpt-oss goes on after an
+    /// analysis one (its turn ends at `<|return|>` or `<|call|>`; spec §1.5).
+    pub fn drop_never_stops(
+        self,
+        stops: &mut std::collections::HashSet<u32>,
+        token_id: impl Fn(&str) -> Option<u32>,
+    ) {
+        if self == ChatFormat::Harmony {
+            if let Some(end) = token_id("<|end|>") {
+                stops.remove(&end);
+            }
+        }
+    }
+}
+
 impl fmt::Display for ChatFormat {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

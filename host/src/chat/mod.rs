@@ -4,6 +4,8 @@
 //! fails: markup that cannot be understood stays content.
 
 pub mod format;
+#[cfg(test)]
+mod harmony_corpus;
 pub mod message;
 pub mod parse;
 pub mod stream;

@@ -1224,6 +1224,7 @@ const H_START: &str = "<|start|>";
 const H_CHANNEL: &str = "<|channel|>";
 const H_MESSAGE: &str = "<|message|>";
 const H_CONSTRAIN: &str = "<|constrain|>";
+/// What ends a message body: the end tokens, or a new header the model opened without one.
 const H_ENDS: [&str; 6] = [
     "<|end|>",
     "<|call|>",
@@ -1232,63 +1233,191 @@ const H_ENDS: [&str; 6] = [
     H_CHANNEL,
     "<|endoftext|>",
 ];
+/// What ends a header before its `<|message|>`: the header is broken (no body was opened).
+/// `<|channel|>` is not among them: gpt-oss-20b writes a stray `<|channel|>commentary` before
+/// its real channel, and the last channel of a header wins.
+const H_HEADER_ENDS: [&str; 5] = ["<|end|>", "<|call|>", "<|return|>", H_START, "<|endoftext|>"];
+/// What may open a header; outside text ends at these and at [`H_ENDS`].
+const H_OPENS: [&str; 3] = [H_START, H_CHANNEL, H_MESSAGE];
 
+/// One harmony message: its recipient and channel, where its body starts, and where the body
+/// ends and parsing resumes when the header already fixed that (a broken header's text).
+struct HarmonyMessage<'t> {
+    recipient: &'t str,
+    channel: &'t str,
+    body: usize,
+    end: Option<(usize, usize)>,
+}
+
+/// What reading a header found.
+enum HarmonyHeader<'t> {
+    /// A message to take in.
+    Message(HarmonyMessage<'t>),
+    /// A header with nothing to show (cut short, or empty); parsing resumes at the offset.
+    Skip(usize),
+    /// The header is not finished yet (partial output): show nothing more.
+    Hold,
+}
+
+/// A harmony header word (`to=functions.x`, `json`) ends at whitespace or a special token.
+fn header_word_end(s: &str, i: usize) -> usize {
+    s[i..]
+        .find(|c: char| c.is_whitespace() || c == '<')
+        .map_or(s.len(), |n| i + n)
+}
+
+/// The header at `pos` (`<|start|>`, `<|channel|>`, `<|message|>`, or the first message's
+/// ` to=` when the prompt wrote the role) up to its `<|message|>`. The channel is the word after
+/// the last `<|channel|>`; the recipient is the first `to=` word, in the role part or the channel
+/// part (the docs allow both). A header that meets an end token or the end of the output first
+/// is broken: text after its channel, recipient and content type is the body the model forgot to
+/// open (so nothing it wrote is lost); a lone content-type word or nothing at all is a header cut
+/// short (by `max_tokens`) and shows nothing.
+fn harmony_header<'t>(out: &Out, text: &'t str, pos: usize) -> HarmonyHeader<'t> {
+    let rest = &text[pos..];
+    let msg_at = rest.find(H_MESSAGE);
+    let opener = if rest.starts_with(H_START) {
+        H_START.len()
+    } else {
+        0
+    };
+    let stop = find_first(rest, opener, &H_HEADER_ENDS).filter(|&(i, _)| msg_at.is_none_or(|m| i < m));
+    let (len, broken, next) = match (msg_at, stop) {
+        (_, Some((i, m))) => (i, true, pos + if m == H_START { i } else { i + m.len() }),
+        (Some(m), None) => (m, false, pos + m + H_MESSAGE.len()),
+        (None, None) if out.partial => return HarmonyHeader::Hold,
+        (None, None) => (rest.len(), true, text.len()),
+    };
+    let h = &rest[..len];
+    let role_end = h.find(H_CHANNEL).unwrap_or(h.len());
+    let role = h[..role_end].strip_prefix(H_START).unwrap_or(&h[..role_end]);
+    let (chan, chan_at) = match h.rfind(H_CHANNEL) {
+        Some(c) => (&h[c + H_CHANNEL.len()..], Some(c + H_CHANNEL.len())),
+        None => ("", None),
+    };
+    let channel = &chan[..header_word_end(chan, 0)];
+    let words = |s: &'t str| {
+        s.split_whitespace()
+            .flat_map(|w| w.split(H_CONSTRAIN))
+            .filter(|w| !w.is_empty())
+    };
+    let recipient = words(role)
+        .chain(words(chan))
+        .find_map(|w| w.strip_prefix("to="))
+        .unwrap_or("");
+    if !broken {
+        return HarmonyHeader::Message(HarmonyMessage {
+            recipient,
+            channel,
+            body: next,
+            end: None,
+        });
+    }
+    // A broken header: skip the channel word (or the role word), a `to=` word and a
+    // `<|constrain|>` content type; what is left, unless it is one content-type word, is the body.
+    let mut i = match chan_at {
+        Some(c) => header_word_end(h, c),
+        None => {
+            let r = skip_ws(h, opener);
+            if h[r..].starts_with("assistant") {
+                header_word_end(h, r)
+            } else {
+                r
+            }
+        }
+    };
+    i = skip_ws(h, i);
+    if h[i..].starts_with("to=") {
+        i = skip_ws(h, header_word_end(h, i));
+    }
+    if h[i..].starts_with(H_CONSTRAIN) {
+        i = skip_ws(h, header_word_end(h, i + H_CONSTRAIN.len()));
+    }
+    let tail = h[i..].trim_end();
+    let content_type = tail
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if content_type {
+        return HarmonyHeader::Skip(next);
+    }
+    let body = pos + i;
+    HarmonyHeader::Message(HarmonyMessage {
+        recipient,
+        channel,
+        body,
+        end: Some((pos + len, next)),
+    })
+}
+
+/// Harmony: a sequence of messages (spec §1.5). Bodies on `analysis` are reasoning; bodies on any
+/// other channel are content (`final`, and a `commentary` preamble); `to=functions.NAME` is a call
+/// when the request has tools; other recipients (`browser.*`, `python`) are built-in calls: dropped.
 fn harmony(out: &mut Out, text: &str, start: ParseStart) {
+    // Markers a partial parse holds back the start of, at the end of a body or outside text.
+    let held: Vec<&str> = H_ENDS.iter().chain([&H_MESSAGE]).copied().collect();
     let mut pos = 0;
     let mut first = true;
-    loop {
+    while pos < text.len() {
         let rest = &text[pos..];
-        if rest.is_empty() {
-            return;
-        }
-        let header = if first && start == ParseStart::Reasoning {
-            Some((String::new(), "analysis".to_string(), pos))
-        } else if rest.starts_with(H_START) || rest.starts_with(H_CHANNEL) {
-            let Some(m) = rest.find(H_MESSAGE) else {
-                return; // an unfinished header (or a broken one at the end): nothing to show
-            };
-            let h = &rest[..m];
-            let (role, chan) = match h.rfind(H_CHANNEL) {
-                Some(c) => (&h[..c], &h[c + H_CHANNEL.len()..]),
-                None => (h, ""),
-            };
-            let role = role.split(H_CHANNEL).next().unwrap_or("");
-            let role = role.strip_prefix(H_START).unwrap_or(role);
-            let chan = chan.replace(H_CONSTRAIN, &format!(" {H_CONSTRAIN}"));
-            let channel = chan
-                .split(|c: char| c.is_whitespace() || c == '<')
-                .next()
-                .unwrap_or("")
-                .to_string();
-            let recipient = role
-                .split_whitespace()
-                .chain(chan.split_whitespace())
-                .find_map(|t| t.strip_prefix("to="))
-                .unwrap_or("")
-                .to_string();
-            Some((recipient, channel, pos + m + H_MESSAGE.len()))
-        } else if out.partial && (H_START.starts_with(rest) || H_CHANNEL.starts_with(rest)) {
+        // With `<|start|>assistant` in the prompt, the first header may begin with its recipient.
+        let role_given = first && start == ParseStart::AssistantHeader;
+        let opens = H_OPENS.iter().any(|m| rest.starts_with(m))
+            || (role_given && rest.trim_start().starts_with("to="));
+        let message = if first && start == ParseStart::Reasoning {
+            Some(HarmonyMessage {
+                recipient: "",
+                channel: "analysis",
+                body: pos,
+                end: None,
+            })
+        } else if opens {
+            match harmony_header(out, text, pos) {
+                HarmonyHeader::Message(m) => Some(m),
+                HarmonyHeader::Skip(next) => {
+                    pos = next;
+                    first = false;
+                    continue;
+                }
+                HarmonyHeader::Hold => return,
+            }
+        } else if out.partial
+            && (H_OPENS.iter().any(|m| m.starts_with(rest))
+                || (role_given && "to=".starts_with(rest.trim_start())))
+        {
             return;
         } else {
             None
         };
         first = false;
-        let Some((recipient, channel, body)) = header else {
-            // Text outside any message (a model ignoring the format): content.
-            let bare = [H_START, H_CHANNEL];
-            match find_first(text, pos, &H_ENDS) {
-                Some((i, m)) => {
-                    out.content.push_str(&text[pos..i]);
-                    pos = if bare.contains(&m) { i } else { i + m.len() };
-                }
-                None => return out.content_tail(text, pos, &H_ENDS),
+        let Some(HarmonyMessage {
+            recipient,
+            channel,
+            body,
+            end,
+        }) = message
+        else {
+            // Text outside any message (a model ignoring the format): content, a piece of its
+            // own, up to the next end token or header.
+            let end = match find_first(text, pos, &held) {
+                Some((i, m)) if H_OPENS.contains(&m) => Some((i, i)),
+                Some((i, m)) => Some((i, i + m.len())),
+                None => None,
+            };
+            let body_end = end.map_or_else(|| out.safe_end(text, pos, &held), |(e, _)| e);
+            push_piece(&mut out.content, &text[pos..body_end]);
+            match end {
+                Some((_, next)) => pos = next,
+                None => return,
             }
             continue;
         };
-        let (body_end, next) = match find_first(text, body, &H_ENDS) {
-            Some((i, m)) if m == H_START || m == H_CHANNEL => (i, Some(i)),
-            Some((i, m)) => (i, Some(i + m.len())),
-            None => (out.safe_end(text, body, &H_ENDS), None),
+        let (body_end, next) = match end {
+            Some((e, n)) => (e, Some(n)),
+            None => match find_first(text, body, &H_ENDS) {
+                Some((i, m)) if H_OPENS.contains(&m) => (i, Some(i)),
+                Some((i, m)) => (i, Some(i + m.len())),
+                None => (out.safe_end(text, body, &held), None),
+            },
         };
         let body_text = &text[body..body_end];
         if let Some(name) = recipient.strip_prefix("functions.").filter(|_| out.has_tools()) {
@@ -1304,10 +1433,7 @@ fn harmony(out: &mut Out, text: &str, start: ParseStart) {
             } else {
                 &mut out.content
             };
-            if !field.trim().is_empty() {
-                field.push('\n');
-            }
-            field.push_str(body_text);
+            push_piece(field, body_text);
         }
         // Any other recipient (browser.*, python, assistant) is a built-in call: dropped.
         match next {
@@ -1315,6 +1441,17 @@ fn harmony(out: &mut Out, text: &str, start: ParseStart) {
             None => return,
         }
     }
+}
+
+/// Appends one message's text to a field, on a new line after earlier text.
+fn push_piece(field: &mut String, piece: &str) {
+    if piece.is_empty() {
+        return;
+    }
+    if !field.trim().is_empty() {
+        field.push('\n');
+    }
+    field.push_str(piece);
 }
 
 #[cfg(test)]
@@ -1821,6 +1958,51 @@ pub(crate) mod tests {
         );
     }
 
+    #[test]
+    fn harmony_broken_headers_keep_what_the_model_wrote() {
+        // The prompt's `<|start|>assistant` wrote the role: the first header starts at ` to=`.
+        let out = " to=functions.get_time<|channel|>commentary json<|message|>{\"tz\":\"CET\"}";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(None, None, &[("get_time", r#"{"tz":"CET"}"#)])
+        );
+        // No `<|message|>`: the text after the header words is the body.
+        let out = "<|channel|>commentary to=functions.get_time <|constrain|>json {\"tz\": \"CET\"}";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)])
+        );
+        let out = "<|channel|>final Hello there.";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(None, Some("Hello there."), &[])
+        );
+        // A header ended by `<|end|>` has no body; the next message is read as usual.
+        let out = "<|channel|>analysis<|end|><|start|>assistant<|channel|>final<|message|>Hi.";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(None, Some("Hi."), &[])
+        );
+        // A header cut short by max_tokens shows nothing; `<|message|>` alone opens a message.
+        for cut in [
+            "<|start|>assistant",
+            "<|start|>assistant<|channel|>commentary to=functions.get_wea",
+            "<|start|>assistant to=functions.get_time<|channel|>commentary json",
+        ] {
+            let out = format!("<|channel|>analysis<|message|>ok<|end|>{cut}");
+            assert_eq!(
+                run(Harmony, S::AssistantHeader, &out, true),
+                msg(Some("ok"), Some(""), &[]),
+                "{cut}"
+            );
+        }
+        let out = "<|message|>Hi.<|return|>more";
+        assert_eq!(
+            run(Harmony, S::AssistantHeader, out, true),
+            msg(None, Some("Hi.\nmore"), &[])
+        );
+    }
+
     /// A corpus of outputs for every format: (format, start, text).
     pub(crate) fn corpus() -> Vec<(ChatFormat, ParseStart, &'static str)> {
         vec![
@@ -1835,6 +2017,7 @@ pub(crate) mod tests {
             (Lfm2Pythonic, S::Content, "A <|tool_call_start|>[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}]<|tool_call_end|> B <|tool_call_start|>[]<|tool_call_end|> C [not echo"),
             (Harmony, S::AssistantHeader, "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"SF\"}<|call|><|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>"),
             (Harmony, S::AssistantHeader, "<|channel|>commentary<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=browser.search<|channel|>analysis<|message|>{}<|call|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|>plain <|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{\"tz\": 12"),
+            (Harmony, S::AssistantHeader, " to=functions.get_time<|channel|>commentary json<|message|>{\"tz\":\"CET\"}<|call|><|channel|>final Hello there.<|end|><|message|>bare<|end|><|start|>assistant<|channel|>analysis<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json {\"location\": \"Paris\"}<|call|>text<|start|>assistant<|channel|>commentary to=functions.get_wea"),
             (ContentOnly, S::Content, "<think>hm</think>Hi <tool_call> there é\n"),
             (MiniCpmXml, S::Reasoning, "plan\n</think>\n\nOk <function name=\"get_weather\"><param name=\"location\"><![CDATA[a\n<b>]]></param><param name=\"days\">07</param></function>\n<function name=\"get_time\"><param name=\"tz\">CET<param name=\"x\">1</function> after <function name=\"get_time\"><param name=\"tz\">]]></param>"),
         ]

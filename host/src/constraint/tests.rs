@@ -271,7 +271,7 @@ fn other_formats_force_calls_in_their_own_markup() {
         (
             ChatFormat::Harmony,
             Some(Reasoning::HarmonyAnalysis),
-            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}",
             "<|channel|>final<|message|>Sunny.",
         ),
     ];
@@ -432,8 +432,8 @@ fn samples() -> Vec<Samples> {
             reasoning: Reasoning::HarmonyAnalysis,
             think: "<|channel|>analysis<|message|>hm<|end|><|start|>assistant",
             text: "<|channel|>final<|message|>It is sunny.",
-            weather: "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
-            time: "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"UTC\"}",
+            weather: "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}",
+            time: "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\":\"UTC\"}",
             // A harmony call ends the turn (`<|call|>`): one call per turn.
             two: None,
         },

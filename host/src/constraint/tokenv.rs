@@ -25,7 +25,9 @@ impl TokenizerEnv for BerthTokEnv {
 }
 
 /// The token environment for a tokenizer, over `padded_vocab` ids (the model's output rows).
-pub fn tok_env(tokenizer: &Tokenizer, padded_vocab: usize) -> Result<TokEnv> {
+/// `markers`: tokens the grammars write by id; never end-of-sequence tokens to llguidance, even
+/// where the tokenizer lists them as stops (harmony's `<|end|>` closes every analysis message).
+pub fn tok_env(tokenizer: &Tokenizer, padded_vocab: usize, markers: &[u32]) -> Result<TokEnv> {
     let n = tokenizer.vocab_size();
     if padded_vocab < n {
         bail!("the model's vocabulary ({padded_vocab}) is smaller than its tokenizer's ({n})");
@@ -52,15 +54,18 @@ pub fn tok_env(tokenizer: &Tokenizer, padded_vocab: usize) -> Result<TokEnv> {
             words.push(bytes.to_vec());
         }
     }
-    let stops: Vec<u32> = tokenizer.stop_ids().to_vec();
+    let stop = |id: &u32| !markers.contains(id);
+    let stops: Vec<u32> = tokenizer.stop_ids().iter().copied().filter(stop).collect();
+    let eot = tokenizer.eot_id().filter(stop);
     let eos = tokenizer
         .eos_id()
-        .or(tokenizer.eot_id())
+        .filter(stop)
+        .or(eot)
         .or(stops.first().copied())
         .unwrap_or(0);
     let mut info = TokRxInfo::new(padded_vocab as u32, eos);
     info.tok_bos = tokenizer.bos_id();
-    info.tok_end_of_turn = tokenizer.eot_id();
+    info.tok_end_of_turn = eot;
     let mut trie = TokTrie::from(&info, &words);
     if !stops.is_empty() {
         trie = trie.with_eos_tokens(&stops);

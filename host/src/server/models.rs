@@ -48,6 +48,9 @@ pub struct Model {
     pub template: Option<ChatTemplate>,
     /// Chat format detected from the template and vocabulary.
     pub detected: Detected,
+    /// openai-harmony's renderer, for a harmony pack with the o200k vocabulary (it renders the
+    /// prompts instead of the template).
+    pub harmony: Option<crate::harmony::Harmony>,
     /// Capabilities from the pack (`completion`, `tools`, `thinking`, ...).
     pub capabilities: Vec<String>,
     /// Family of the pack.
@@ -264,6 +267,7 @@ impl Models {
             template,
             stop_tokens,
             detected,
+            harmony,
         } = opened;
         let context_length = model.description().context_length as usize;
         let mut model = model;
@@ -294,6 +298,7 @@ impl Models {
             tokenizer,
             template,
             detected,
+            harmony,
             capabilities: m.capabilities.clone(),
             family: m.family.clone(),
             size: entry.size,
