@@ -1,5 +1,6 @@
 //! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
 
+use crate::chat::StreamParser;
 use crate::constraint::{ConstraintFactory, RequestConstraints};
 use crate::decoding::DecodeOptions;
 use crate::generate::{GenerationStats, Session};
@@ -130,11 +131,14 @@ impl Chat {
         };
         let mut out = std::io::stdout().lock();
         let mut answer = String::new();
+        let mut printer = ReplyPrinter::new(
+            (!self.opts.raw).then(|| StreamParser::new(session.chat_format.format, start, None)),
+        );
         let stats = session.generate_with(&tokens, decode, |piece| {
             answer.push_str(piece);
-            let _ = out.write_all(piece.as_bytes());
-            let _ = out.flush();
+            printer.piece(&mut out, piece);
         })?;
+        printer.finish(&mut out);
         let _ = writeln!(out);
         drop(out);
         if !self.opts.raw && session.chat_format.format == crate::chat::ChatFormat::Harmony {
@@ -291,4 +295,117 @@ fn effort_name(effort: crate::harmony::ReasoningEffort) -> &'static str {
 /// The text of a special token, or "" when the model has none.
 fn token_text(tokenizer: &crate::tokenizer::Tokenizer, id: Option<u32>) -> String {
     id.map(|i| tokenizer.token_to_piece(i)).unwrap_or_default()
+}
+
+/// Prints a reply as it streams, the way `ollama run` does: reasoning between `Thinking...` and
+/// `...done thinking.`, then the answer, then any tool calls; chat markup is never shown. Raw
+/// mode (no parser) prints the text as generated.
+struct ReplyPrinter {
+    parser: Option<StreamParser>,
+    /// Where the printed reply is: 0 nothing yet, 1 inside the reasoning, 2 past it.
+    stage: u8,
+}
+
+impl ReplyPrinter {
+    fn new(parser: Option<StreamParser>) -> ReplyPrinter {
+        ReplyPrinter { parser, stage: 0 }
+    }
+
+    /// Prints what a newly generated piece of text adds.
+    fn piece(&mut self, out: &mut impl Write, piece: &str) {
+        let delta = match &mut self.parser {
+            None => {
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
+                return;
+            }
+            Some(p) => p.push(piece),
+        };
+        if let Some(d) = delta {
+            self.show(out, &d);
+        }
+    }
+
+    /// Prints the rest once generation ends, and the tool calls.
+    fn finish(&mut self, out: &mut impl Write) {
+        let Some(p) = &mut self.parser else { return };
+        let (delta, msg) = p.finish();
+        if let Some(d) = delta {
+            self.show(out, &d);
+        }
+        for call in &msg.tool_calls {
+            let _ = write!(out, "\n[tool call] {}({})", call.name, call.arguments);
+        }
+        let _ = out.flush();
+    }
+
+    fn show(&mut self, out: &mut impl Write, d: &serde_json::Value) {
+        if let Some(r) = d["reasoning_content"].as_str().filter(|r| !r.is_empty()) {
+            if self.stage == 0 {
+                let _ = writeln!(out, "Thinking...");
+                self.stage = 1;
+            }
+            let _ = out.write_all(r.as_bytes());
+        }
+        if let Some(c) = d["content"].as_str().filter(|c| !c.is_empty()) {
+            if self.stage == 1 {
+                let _ = write!(out, "\n...done thinking.\n\n");
+            }
+            self.stage = 2;
+            let _ = out.write_all(c.as_bytes());
+        }
+        let _ = out.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{ChatFormat, ParseStart};
+
+    fn printed(format: ChatFormat, start: ParseStart, pieces: &[&str], raw: bool) -> String {
+        let mut out = Vec::new();
+        let mut p = ReplyPrinter::new((!raw).then(|| StreamParser::new(format, start, None)));
+        for piece in pieces {
+            p.piece(&mut out, piece);
+        }
+        p.finish(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn harmony_reply_prints_thinking_then_the_answer_without_markup() {
+        let pieces = [
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "Easy.",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "final",
+            "<|message|>",
+            "Paris",
+            ".",
+        ];
+        let start = crate::chat::prefill(ChatFormat::Harmony, "<|start|>assistant");
+        assert_eq!(
+            printed(ChatFormat::Harmony, start, &pieces, false),
+            "Thinking...\nEasy.\n...done thinking.\n\nParis."
+        );
+        assert_eq!(
+            printed(ChatFormat::Harmony, start, &pieces, true),
+            pieces.concat()
+        );
+    }
+
+    #[test]
+    fn a_reply_without_reasoning_prints_only_its_content() {
+        let pieces = ["The capital", " is Paris."];
+        assert_eq!(
+            printed(ChatFormat::ContentOnly, ParseStart::Content, &pieces, false),
+            "The capital is Paris."
+        );
+    }
 }

@@ -356,16 +356,21 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
             loop {
                 match rx.recv().await {
                     Some(Event::Text(t)) => {
-                        if let Some(d) = parser.push(&t) {
+                        if let Some(d) = parser.push(&t).and_then(without_calls) {
                             let v = shape(Some(&d), None);
                             return Some((Ok(line(&v)), (rx, parser, shape, false)));
                         }
                     }
                     Some(Event::Done(fin)) => {
-                        let (d, _) = parser.finish();
+                        let (d, msg) = parser.finish();
                         let mut out = String::new();
-                        if let Some(d) = d {
+                        if let Some(d) = d.and_then(without_calls) {
                             out.push_str(&format!("{}\n", shape(Some(&d), None)));
+                        }
+                        // Ollama sends each tool call whole, never argument fragments.
+                        if !msg.tool_calls.is_empty() {
+                            let calls: Vec<Value> = msg.tool_calls.iter().map(|c| c.to_openai()).collect();
+                            out.push_str(&format!("{}\n", shape(Some(&json!({"tool_calls": calls})), None)));
                         }
                         out.push_str(&format!("{}\n", shape(None, Some(final_stats(&fin, started)))));
                         return Some((Ok(Bytes::from(out)), (rx, parser, shape, true)));
@@ -379,6 +384,16 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
         },
     );
     Ok(ndjson(s))
+}
+
+/// An OpenAI-style stream delta without its tool-call fragments (Ollama streams whole calls at
+/// the end); `None` when nothing else is left in it.
+fn without_calls(mut d: Value) -> Option<Value> {
+    if let Some(o) = d.as_object_mut() {
+        o.remove("tool_calls");
+    }
+    let text = |k: &str| d[k].as_str().is_some_and(|s| !s.is_empty());
+    (text("content") || text("reasoning_content")).then_some(d)
 }
 
 /// `POST /api/generate`.
@@ -675,7 +690,7 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_object, rfc3339, think_extra, Fields};
+    use super::{parse_object, rfc3339, think_extra, without_calls, Fields};
     use crate::api::openai::harmony_effort;
     use crate::harmony::ReasoningEffort;
     use axum::http::StatusCode;
@@ -730,5 +745,16 @@ mod tests {
         let t = UNIX_EPOCH + Duration::from_secs(1_709_251_200) + Duration::from_millis(5);
         assert_eq!(rfc3339(t), "2024-03-01T00:00:00.005000000Z");
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
+    }
+
+    #[test]
+    fn streamed_chunks_leave_call_fragments_for_the_whole_calls_at_the_end() {
+        let delta = serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"ci"}}]});
+        assert_eq!(without_calls(delta), None);
+        let delta = serde_json::json!({"reasoning_content": "hmm", "tool_calls": []});
+        assert_eq!(
+            without_calls(delta),
+            Some(serde_json::json!({"reasoning_content": "hmm"}))
+        );
     }
 }
