@@ -5,8 +5,8 @@ calls: it never writes a harmony channel header by itself. This script trains a 
 `GptOssForCausalLM` (transformers' own model, so the architecture is exactly gpt-oss) to speak
 harmony on a small synthetic task: prompts rendered by OpenAI's `openai-harmony` package, with or
 without a `get_weather` tool, asking for the weather or a capital; answers reason on the `analysis`
-channel, then either call the tool on `commentary to=functions.get_weather` or answer on `final`,
-and after a tool result answer from it.
+channel, then either call the tool on `commentary to=functions.get_weather` (compact JSON arguments,
+as gpt-oss writes them) or answer on `final`, and after a tool result answer from it.
 
 The vocabulary is gpt-oss's real o200k_harmony (201,088 ids). Only the tokens the corpus uses get
 trained embedding and output rows; every other row is zero (an unused token's logit is exactly 0),
