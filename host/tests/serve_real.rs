@@ -7,9 +7,9 @@ mod common;
 use common::*;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Server tests run one at a time: they measure throughput and share two cores.
@@ -91,25 +91,9 @@ impl Drop for Server {
     }
 }
 
-fn python() -> PathBuf {
-    static PY: OnceLock<PathBuf> = OnceLock::new();
-    PY.get_or_init(|| {
-        let out = Command::new(repo_root().join("scripts/python-test-deps"))
-            .output()
-            .expect("scripts/python-test-deps runs");
-        assert!(
-            out.status.success(),
-            "python-test-deps: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-    .clone()
-}
-
 /// Runs one check of tests/serve/openai_checks.py; returns its `ok` line.
 fn openai_check(server: &Server, check: &str, args: &[&str]) -> String {
-    let out = Command::new(python())
+    let out = Command::new(client_python())
         .arg(repo_root().join("tests/serve/openai_checks.py"))
         .args([server.base.as_str(), MODEL, check])
         .args(args)
@@ -133,7 +117,7 @@ fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
     for check in ["chat", "tools", "parse", "usage", "errors", "disconnect"] {
         openai_check(&server, check, &[]);
     }
-    let out = Command::new(python())
+    let out = Command::new(client_python())
         .arg(repo_root().join("tests/serve/ollama_checks.py"))
         .args([server.base.as_str(), MODEL])
         .output()

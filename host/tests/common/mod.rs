@@ -69,18 +69,32 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Path of a real model, fetched (or found in the cache) by the repo's own script.
-pub fn real_model(name: &str) -> PathBuf {
-    let out = Command::new(repo_root().join("scripts/fetch-models"))
-        .arg(name)
+/// The trimmed stdout of one of the repo's scripts (`scripts/NAME ARGS`); panics with its stderr
+/// when it fails.
+pub fn script_stdout(name: &str, args: &[&str]) -> String {
+    let out = Command::new(repo_root().join("scripts").join(name))
+        .args(args)
         .output()
-        .expect("fetch-models runs");
+        .unwrap_or_else(|e| panic!("scripts/{name} runs: {e}"));
     assert!(
         out.status.success(),
-        "fetch-models {name}: {}",
+        "scripts/{name} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Path of a real model, fetched (or found in the cache) by the repo's own script.
+pub fn real_model(name: &str) -> PathBuf {
+    PathBuf::from(script_stdout("fetch-models", &[name]))
+}
+
+/// The python of the venv with the official `openai` and `ollama` client packages
+/// (scripts/python-test-deps, made once per machine).
+pub fn client_python() -> PathBuf {
+    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PY.get_or_init(|| PathBuf::from(script_stdout("python-test-deps", &[])))
+        .clone()
 }
 
 /// Hex sha256 of a file.
