@@ -7,7 +7,9 @@
 //! small persistent thread pool ([`pool`]), element-wise operations such as RMS norm,
 //! softmax, activations and RoPE ([`ops`]), one query head's attention over a KV cache
 //! ([`attention`]), the emulation of llama.cpp's own float arithmetic that greedy parity needs
-//! ([`ggml`]), and the recurrent mixers of hybrid models ([`recurrent`]). Every kernel has a
+//! ([`ggml`]), the recurrent mixers of hybrid models ([`recurrent`]), and the primitives of vision
+//! encoders: LayerNorm, exact GELU, masked bidirectional attention, antialiased resampling
+//! ([`vision`]). Every kernel has a
 //! portable scalar reference; on x86_64 the hot ones also have AVX2+FMA (some AVX-512) versions
 //! picked at runtime by CPU-feature detection (`BERTH_FORCE_SCALAR=1` forces the scalar ones).
 //! [`testutil`] has a tiny deterministic RNG and random-block generators for tests and
@@ -25,3 +27,4 @@ pub mod quant;
 /// Recurrent mixers of hybrid models: LFM2's short convolution and Qwen3.5's gated delta rule.
 pub mod recurrent;
 pub mod testutil;
+pub mod vision;

@@ -14,7 +14,8 @@
 //!   plugin `Model` over the decoder ([`DecoderModel`]).
 //! - [`testing`]: checks every family runs in its tests (reference logits, batching, fork,
 //!   rewind).
-//! - [`npy`]: a float32 `.npy` reader for reference comparisons.
+//! - [`npy`]: `.npy` / `.npz` readers for reference comparisons.
+//! - [`vision`]: vision towers (SigLIP, SigLIP2 NaViT) and multimodal projectors (LFM2-VL).
 //! - [`ggml`]: emulation of llama.cpp's (ggml-cpu's) f16 attention arithmetic (re-exported from
 //!   `berth_kernels`).
 
@@ -32,6 +33,7 @@ pub mod ops;
 pub mod recurrent;
 pub mod state;
 pub mod testing;
+pub mod vision;
 pub mod weights;
 
 pub use decoder::{
