@@ -12,6 +12,7 @@ pub mod decoding;
 pub mod engine;
 pub mod generate;
 pub mod harmony;
+pub mod image;
 pub mod inspect;
 pub mod models;
 pub mod packs;

@@ -1,0 +1,287 @@
+//! MiniCPM-V 4.6 preprocessing: an overview image resized to about `scale_resolution²`
+//! pixels plus, for large images, a grid of slices of the same size; bicubic resize,
+//! `(x/255 - mean)/std`; and the `<image>…</image><slice>…</slice>` placeholder layout of the
+//! model's processor.
+
+use super::resample::{resize, Arithmetic, Filter};
+use super::{crop, normalize, PixelSlice, PreprocessedImage, RgbImage};
+
+/// How many image tokens one merged patch area yields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownsampleMode {
+    /// Two 2×2 merges: one token per 4×4 patches.
+    X16,
+    /// One 2×2 merge: one token per 2×2 patches.
+    X4,
+}
+
+impl DownsampleMode {
+    /// Side of the patch block that becomes one token.
+    fn merge_factor(self) -> usize {
+        match self {
+            Self::X16 => 4,
+            Self::X4 => 2,
+        }
+    }
+}
+
+/// The image processor settings (`preprocessor_config.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MiniCpmVParams {
+    /// Most slices an image is cut into.
+    pub max_slice_nums: usize,
+    /// Side of the square whose area a slice (and the overview) is resized to.
+    pub scale_resolution: usize,
+    /// The vision encoder's patch size.
+    pub patch_size: usize,
+    /// Whether large images are sliced at all.
+    pub slice_mode: bool,
+    /// Token downsampling of the resampler / merger.
+    pub downsample_mode: DownsampleMode,
+    /// Whether `<image_id>N</image_id>` precedes each image.
+    pub use_image_id: bool,
+    /// Per-channel mean.
+    pub image_mean: [f32; 3],
+    /// Per-channel standard deviation.
+    pub image_std: [f32; 3],
+    /// Whose resize arithmetic to match (the PIL or the torchvision image processor).
+    pub arithmetic: Arithmetic,
+}
+
+impl Default for MiniCpmVParams {
+    fn default() -> Self {
+        Self {
+            max_slice_nums: 9,
+            scale_resolution: 448,
+            patch_size: 14,
+            slice_mode: true,
+            downsample_mode: DownsampleMode::X16,
+            use_image_id: true,
+            image_mean: [0.5; 3],
+            image_std: [0.5; 3],
+            arithmetic: Arithmetic::Pillow,
+        }
+    }
+}
+
+/// The tokenizer's marker strings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MiniCpmVTokens {
+    /// The token repeated once per image feature.
+    pub image: String,
+    /// Opens the overview image.
+    pub image_start: String,
+    /// Closes the overview image.
+    pub image_end: String,
+    /// Opens a slice.
+    pub slice_start: String,
+    /// Closes a slice.
+    pub slice_end: String,
+    /// Opens the image id.
+    pub image_id_start: String,
+    /// Closes the image id.
+    pub image_id_end: String,
+}
+
+impl Default for MiniCpmVTokens {
+    fn default() -> Self {
+        Self {
+            image: "<unk>".into(),
+            image_start: "<image>".into(),
+            image_end: "</image>".into(),
+            slice_start: "<slice>".into(),
+            slice_end: "</slice>".into(),
+            image_id_start: "<image_id>".into(),
+            image_id_end: "</image_id>".into(),
+        }
+    }
+}
+
+/// Python's `round` (half to even).
+fn py_round(x: f64) -> i64 {
+    x.round_ties_even() as i64
+}
+
+/// A multiple of `divisor` near `length`, at least `divisor`.
+fn ensure_divide(length: f64, divisor: usize) -> usize {
+    (py_round(length / divisor as f64) * divisor as i64).max(divisor as i64) as usize
+}
+
+/// The `(height, width)` of an overview or slice: about `scale_resolution²` pixels with the
+/// same aspect ratio when larger (or always, with `allow_upscale`), rounded to whole tokens.
+fn best_resize(height: f64, width: f64, p: &MiniCpmVParams, allow_upscale: bool) -> (usize, usize) {
+    let (mut h, mut w) = (height, width);
+    let s = p.scale_resolution as f64;
+    if h * w > s * s || allow_upscale {
+        let aspect = w / h;
+        h = (s / aspect.sqrt()).trunc();
+        w = (h * aspect).trunc();
+    }
+    let unit = p.patch_size * p.downsample_mode.merge_factor();
+    (ensure_divide(h, unit), ensure_divide(w, unit))
+}
+
+/// The size the whole image is resized to before it is cut into `grid` slices.
+fn refine_size(height: usize, width: usize, grid: (usize, usize), p: &MiniCpmVParams) -> (usize, usize) {
+    let (rows, cols) = grid;
+    let rw = ensure_divide(width as f64, cols);
+    let rh = ensure_divide(height as f64, rows);
+    let (bh, bw) = best_resize(rh as f64 / rows as f64, rw as f64 / cols as f64, p, true);
+    (bh * rows, bw * cols)
+}
+
+/// The `(rows, cols)` slice grid for an image, or `None` when it is not sliced.
+pub fn slice_grid(height: usize, width: usize, p: &MiniCpmVParams) -> Option<(usize, usize)> {
+    if !p.slice_mode {
+        return None;
+    }
+    let log_ratio = (width as f64 / height as f64).ln();
+    let ratio = (width * height) as f64 / (p.scale_resolution * p.scale_resolution) as f64;
+    let multiple = (ratio.ceil() as usize).min(p.max_slice_nums);
+    if multiple <= 1 {
+        return None;
+    }
+    let mut best = (1, 1);
+    let mut min_error = f64::INFINITY;
+    for n in [multiple - 1, multiple, multiple + 1] {
+        if n == 1 || n > p.max_slice_nums {
+            continue;
+        }
+        for rows in (1..=n).filter(|r| n % r == 0) {
+            let cols = n / rows;
+            let error = (log_ratio - (cols as f64 / rows as f64).ln()).abs();
+            if error < min_error || (error == min_error && rows > best.0) {
+                best = (rows, cols);
+                min_error = error;
+            }
+        }
+    }
+    Some(best)
+}
+
+/// Preprocesses one decoded image; `image_index` is its position among the prompt's images
+/// (the `<image_id>` number).
+pub fn preprocess(
+    img: &RgbImage,
+    p: &MiniCpmVParams,
+    tokens: &MiniCpmVTokens,
+    image_index: usize,
+) -> PreprocessedImage {
+    let (h, w) = (img.height, img.width);
+    let grid = slice_grid(h, w, p);
+    let (sh, sw) = best_resize(h as f64, w as f64, p, grid.is_none());
+    let source = resize(img, sw, sh, Filter::Bicubic, p.arithmetic);
+    let mut slices = vec![normalize(&source, p.image_mean, p.image_std)];
+    if let Some((rows, cols)) = grid {
+        let (rh, rw) = refine_size(h, w, (rows, cols), p);
+        let refined = resize(img, rw, rh, Filter::Bicubic, p.arithmetic);
+        let (ph, pw) = (rh / rows, rw / cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                let tile = crop(&refined, c * pw, r * ph, pw, ph);
+                slices.push(normalize(&tile, p.image_mean, p.image_std));
+            }
+        }
+    }
+    let divisor = p.downsample_mode.merge_factor().pow(2);
+    let counts: Vec<usize> = slices
+        .iter()
+        .map(|s| (s.height / p.patch_size) * (s.width / p.patch_size) / divisor)
+        .collect();
+    let mut text = String::new();
+    if p.use_image_id {
+        text.push_str(&format!(
+            "{}{image_index}{}",
+            tokens.image_id_start, tokens.image_id_end
+        ));
+    }
+    text.push_str(&tokens.image_start);
+    text.push_str(&tokens.image.repeat(counts[0]));
+    text.push_str(&tokens.image_end);
+    if let Some((rows, cols)) = grid {
+        for r in 0..rows {
+            if r > 0 {
+                text.push('\n');
+            }
+            for c in 0..cols {
+                text.push_str(&tokens.slice_start);
+                text.push_str(&tokens.image.repeat(counts[1 + r * cols + c]));
+                text.push_str(&tokens.slice_end);
+            }
+        }
+    }
+    PreprocessedImage {
+        grid: grid.unwrap_or((0, 0)),
+        image_tokens: counts.iter().sum(),
+        slices,
+        placeholder: text,
+    }
+}
+
+/// Rearranges a slice into the vision tower's NaViT layout `[3, patch, (H/patch)·(W/patch)·patch]`:
+/// for each channel and each row inside a patch, the patches in raster order, each
+/// contributing its `patch` pixels of that row.
+pub fn patchify(s: &PixelSlice, patch: usize) -> Vec<f32> {
+    let (h, w) = (s.height, s.width);
+    let (nh, nw) = (h / patch, w / patch);
+    let mut out = Vec::with_capacity(3 * nh * nw * patch * patch);
+    for c in 0..3 {
+        let plane = &s.data[c * h * w..(c + 1) * h * w];
+        for py in 0..patch {
+            for i in 0..nh {
+                for j in 0..nw {
+                    let start = (i * patch + py) * w + j * patch;
+                    out.extend_from_slice(&plane[start..start + patch]);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_images_are_not_sliced() {
+        let p = MiniCpmVParams::default();
+        assert_eq!(slice_grid(448, 448, &p), None);
+        assert_eq!(slice_grid(5, 3, &p), None);
+    }
+
+    #[test]
+    fn grid_follows_the_aspect_ratio() {
+        let p = MiniCpmVParams::default();
+        // 1344 x 448 is three squares side by side.
+        assert_eq!(slice_grid(448, 1344, &p), Some((1, 3)));
+        assert_eq!(slice_grid(1344, 448, &p), Some((3, 1)));
+    }
+
+    #[test]
+    fn ensure_divide_rounds_half_to_even() {
+        assert_eq!(ensure_divide(2.5 * 56.0, 56), 112);
+        assert_eq!(ensure_divide(3.5 * 56.0, 56), 224);
+        assert_eq!(ensure_divide(3.0, 56), 56);
+    }
+
+    #[test]
+    fn patchify_orders_rows_within_patches() {
+        // One channel plane of 2x4 with patch 2 -> two patches side by side.
+        let data: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        let s = PixelSlice {
+            height: 2,
+            width: 4,
+            data,
+        };
+        let out = patchify(&s, 2);
+        assert_eq!(&out[..8], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+        let s2 = PixelSlice {
+            height: 4,
+            width: 2,
+            data: (0..24).map(|v| v as f32).collect(),
+        };
+        // Two patches stacked: row 0 of both patches, then row 1 of both.
+        assert_eq!(&patchify(&s2, 2)[..8], &[0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]);
+    }
+}
