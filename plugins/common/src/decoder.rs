@@ -586,8 +586,36 @@ impl Decoder {
     /// Runs a batch (the plugin `decode` contract): each row's position must be its sequence's
     /// next one; one logits row is written per row that wants logits, in batch order.
     pub fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
+        self.decode_with_embeddings(batch, &[], logits)
+    }
+
+    /// [`Decoder::decode`] with some rows' input embeddings given by the caller: each
+    /// `(row, embedding)` of `embeds` (a batch row index and `hidden` floats) replaces that row's
+    /// token embedding (after any embedding scale) as the first layer's input, as transformers
+    /// places `inputs_embeds` (image features at image-token positions). The row's token must
+    /// still be a valid id; per-layer embeddings (Gemma 4) still come from it.
+    pub fn decode_with_embeddings(
+        &mut self,
+        batch: &BatchView<'_>,
+        embeds: &[(usize, &[f32])],
+        logits: &mut LogitsOut<'_>,
+    ) -> Result<(), PluginError> {
         batch.validate()?;
         let n = batch.len();
+        for (k, &(row, e)) in embeds.iter().enumerate() {
+            if row >= n || e.len() != self.cfg.hidden {
+                return Err(PluginError::invalid_argument(format!(
+                    "embedding for row {row} of {n}: {} floats, hidden size {}",
+                    e.len(),
+                    self.cfg.hidden
+                )));
+            }
+            if embeds[..k].iter().any(|&(r, _)| r == row) {
+                return Err(PluginError::invalid_argument(format!(
+                    "row {row} is given two embeddings"
+                )));
+            }
+        }
         let vocab = self.vocab_size();
         let want = batch.logit_rows();
         if want > 0 && logits.row_len() < vocab {
@@ -687,7 +715,15 @@ impl Decoder {
         if self.states.is_recurrent() {
             self.s.groups.build(&self.s.rows);
         }
-        self.forward(&tokens, &want, (gemm, head_gemm), &dest, logits);
+        // The given embeddings by forward-pass row (rows run in `order`); no allocation without.
+        let placed: Vec<(usize, &[f32])> = embeds
+            .iter()
+            .map(|&(row, e)| {
+                let j = self.s.order.iter().position(|&i| i == row);
+                (j.expect("every row is in the order"), e)
+            })
+            .collect();
+        self.forward(&tokens, &placed, &want, (gemm, head_gemm), &dest, logits);
         (self.s.tokens, self.s.want, self.s.dest) = (tokens, want, dest);
         let s = &mut self.s;
         for (seq, next) in s.seq_next.iter().enumerate() {
@@ -699,11 +735,12 @@ impl Decoder {
     }
 
     /// The forward pass over validated rows (`self.s.rows` holds each row's sequence and position).
-    /// `gemm`: rows (all, then those wanting logits) tiled as one matrix, the rest rounding as
+    /// `embeds`: rows (in this order) whose input is given rather than their token's. `gemm`: rows (all, then those wanting logits) tiled as one matrix, the rest rounding as
     /// single rows; `dest`: the logits row of each row that wants logits.
     fn forward(
         &mut self,
         tokens: &[i32],
+        embeds: &[(usize, &[f32])],
         want_logits: &[u8],
         gemm: (usize, usize),
         dest: &[usize],
@@ -725,6 +762,9 @@ impl Decoder {
             if let Some(scale) = cfg.embed_scale {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
+        }
+        for &(i, e) in embeds {
+            x[i * h..(i + 1) * h].copy_from_slice(e);
         }
 
         // Per-layer inputs: (norm(projection(x) / sqrt(hidden)) + embed(token) · scale) / sqrt(2).
@@ -1455,6 +1495,117 @@ mod tests {
         let want = 0.5 * sig(0.851) * 8.0;
         assert!((act.glu(0.5, 100.0) as f64 - want).abs() < 1e-6);
         assert_eq!(Activation::Silu.glu(2.0, 3.0), Activation::Silu.apply(2.0) * 3.0);
+    }
+
+    /// A random two-layer decoder (a short convolution, then attention) of hidden size 16.
+    fn tiny_decoder() -> Decoder {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.6
+                })
+                .collect()
+        };
+        let (h, vocab, ff) = (16, 32, 24);
+        let mut mat = |r: usize, c: usize| Matrix::from_f32(r, c, &rand(r * c));
+        let ffn = |mat: &mut dyn FnMut(usize, usize) -> Matrix| {
+            Ffn::Dense(GatedFfn {
+                gate: mat(ff, h),
+                up: mat(ff, h),
+                down: mat(h, ff),
+            })
+        };
+        let cfg = DecoderConfig::new(2, h, 4, 2, 4);
+        let conv = LayerWeights {
+            attn_norm: vec![1.0; h],
+            mixer: Mixer::ShortConv(ShortConv {
+                in_proj: mat(3 * h, h),
+                conv: vec![0.3; h * 3],
+                kernel: 3,
+                out_proj: mat(h, h),
+            }),
+            post_attn_norm: None,
+            ffn_norm: vec![1.0; h],
+            post_ffw_norm: None,
+            ffn: ffn(&mut mat),
+        };
+        let attn = LayerWeights {
+            attn_norm: vec![1.0; h],
+            mixer: Mixer::Attention(Box::new(AttnWeights::new(
+                mat(16, h),
+                mat(8, h),
+                mat(8, h),
+                mat(h, 16),
+            ))),
+            post_attn_norm: None,
+            ffn_norm: vec![1.0; h],
+            post_ffw_norm: None,
+            ffn: ffn(&mut mat),
+        };
+        let (embed, output) = (mat(vocab, h), mat(vocab, h));
+        let weights = DecoderWeights::new(&cfg, embed, vec![conv, attn], vec![1.0; h], output).unwrap();
+        Decoder::new(cfg, weights, 2, 16, 1)
+    }
+
+    /// Logits of every row of a batch: sequence 0 takes three rows, sequence 1 one (so the rows
+    /// are reordered inside), with `embeds` given.
+    fn run(tokens: &[i32; 4], embeds: &[(usize, &[f32])]) -> Vec<f32> {
+        let mut d = tiny_decoder();
+        let vocab = d.vocab_size();
+        let mut out = vec![0.0; 4 * vocab];
+        let batch = BatchView {
+            tokens,
+            positions: &[0, 0, 1, 2],
+            seq_ids: &[0, 1, 0, 0],
+            want_logits: &[1; 4],
+        };
+        d.decode_with_embeddings(&batch, embeds, &mut LogitsOut::new(&mut out, vocab))
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn given_embeddings_replace_the_token_rows_they_name() {
+        let tokens = [3, 7, 11, 5];
+        let plain = run(&tokens, &[]);
+        let d = tiny_decoder();
+        let h = d.cfg.hidden;
+        let row_of = |t: i32| {
+            let mut r = vec![0.0; h];
+            d.weights.embed.dequantize_row(t as usize, &mut r);
+            r
+        };
+        // A row's own embedding changes nothing, bit for bit.
+        let (e7, e11) = (row_of(7), row_of(11));
+        assert_eq!(run(&tokens, &[(1, &e7), (2, &e11)]), plain);
+        // Another token's embedding is that token: rows 1 (alone in its sequence) and 2 (inside
+        // a prompt) each take the given vector, and the rest of sequence 0 sees it.
+        let (e20, e9) = (row_of(20), row_of(9));
+        let swapped = run(&tokens, &[(2, &e20), (1, &e9)]);
+        assert_eq!(swapped, run(&[3, 9, 20, 5], &[]));
+        assert_ne!(swapped, plain);
+        // A wrong width, a row outside the batch or a row given twice is refused.
+        let mut dd = tiny_decoder();
+        let mut out = vec![0.0; 32];
+        let batch = BatchView {
+            tokens: &[1],
+            positions: &[0],
+            seq_ids: &[0],
+            want_logits: &[1],
+        };
+        let mut lo = LogitsOut::new(&mut out, 32);
+        assert!(dd
+            .decode_with_embeddings(&batch, &[(0, &e7[..8])], &mut lo)
+            .is_err());
+        assert!(dd.decode_with_embeddings(&batch, &[(1, &e7)], &mut lo).is_err());
+        assert!(dd
+            .decode_with_embeddings(&batch, &[(0, &e7), (0, &e9)], &mut lo)
+            .is_err());
+        assert!(dd.decode_with_embeddings(&batch, &[(0, &e7)], &mut lo).is_ok());
     }
 
     #[test]

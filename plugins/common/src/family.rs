@@ -576,6 +576,17 @@ impl DecoderModel {
     pub fn decoder(&self) -> &Decoder {
         &self.decoder
     }
+
+    /// [`Model::decode`] with some rows' input embeddings given by the caller
+    /// ([`Decoder::decode_with_embeddings`]: image features at image-token rows).
+    pub fn decode_with_embeddings(
+        &mut self,
+        batch: &BatchView<'_>,
+        embeds: &[(usize, &[f32])],
+        logits: &mut LogitsOut<'_>,
+    ) -> Result<(), PluginError> {
+        self.decoder.decode_with_embeddings(batch, embeds, logits)
+    }
 }
 
 impl Model for DecoderModel {

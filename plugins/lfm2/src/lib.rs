@@ -1,7 +1,8 @@
 //! The LFM2 plugin: Liquid's LFM2 (gated short convolutions between grouped-query attention
 //! layers) and LFM2-MoE (sigmoid-routed experts with a selection bias after the first dense
 //! layers), from HF safetensors or llama.cpp GGUF files. This crate is the config and the weight
-//! map; the runtime is `berth-plugin-common`.
+//! map; the runtime is `berth-plugin-common`. [`vl`] adds LFM2-VL's vision encoder and places its
+//! image features in the language model.
 
 #![warn(missing_docs)]
 
@@ -14,6 +15,8 @@ use berth_plugin_common::{
     RouterScoring, ShortConv, Weights,
 };
 use serde_json::Value;
+
+pub mod vl;
 
 /// Architectures served: GGUF `general.architecture` values and HF `model_type`s.
 pub const ARCHITECTURES: [&str; 2] = ["lfm2", "lfm2_moe"];
@@ -51,32 +54,42 @@ struct Names {
     layer: fn(usize, &str) -> String,
 }
 
+/// The HF name of a layer tensor under the language model's prefix (`layers.{i}.…`).
+fn hf_layer(i: usize, role: &str) -> String {
+    let stem = match role {
+        "mixer_norm" => "operator_norm.weight",
+        "ffn_norm" => "ffn_norm.weight",
+        "conv_in" => "conv.in_proj.weight",
+        "conv" => "conv.conv.weight",
+        "conv_out" => "conv.out_proj.weight",
+        "q" => "self_attn.q_proj.weight",
+        "k" => "self_attn.k_proj.weight",
+        "v" => "self_attn.v_proj.weight",
+        "o" => "self_attn.out_proj.weight",
+        "q_norm" => "self_attn.q_layernorm.weight",
+        "k_norm" => "self_attn.k_layernorm.weight",
+        "gate" => "feed_forward.w1.weight",
+        "up" => "feed_forward.w3.weight",
+        "down" => "feed_forward.w2.weight",
+        "router" => "feed_forward.gate.weight",
+        "expert_bias" => "feed_forward.expert_bias",
+        other => return format!("layers.{i}.feed_forward.experts.{other}"),
+    };
+    format!("layers.{i}.{stem}")
+}
+
 /// HF names, by the role names used below.
 const HF: Names = Names {
     embed: "model.embed_tokens.weight",
     final_norm: "model.embedding_norm.weight",
-    layer: |i, role| {
-        let stem = match role {
-            "mixer_norm" => "operator_norm.weight",
-            "ffn_norm" => "ffn_norm.weight",
-            "conv_in" => "conv.in_proj.weight",
-            "conv" => "conv.conv.weight",
-            "conv_out" => "conv.out_proj.weight",
-            "q" => "self_attn.q_proj.weight",
-            "k" => "self_attn.k_proj.weight",
-            "v" => "self_attn.v_proj.weight",
-            "o" => "self_attn.out_proj.weight",
-            "q_norm" => "self_attn.q_layernorm.weight",
-            "k_norm" => "self_attn.k_layernorm.weight",
-            "gate" => "feed_forward.w1.weight",
-            "up" => "feed_forward.w3.weight",
-            "down" => "feed_forward.w2.weight",
-            "router" => "feed_forward.gate.weight",
-            "expert_bias" => "feed_forward.expert_bias",
-            other => return format!("model.layers.{i}.feed_forward.experts.{other}"),
-        };
-        format!("model.layers.{i}.{stem}")
-    },
+    layer: |i, role| format!("model.{}", hf_layer(i, role)),
+};
+
+/// HF names of LFM2-VL's language model (`model.language_model.*`).
+const HF_VL: Names = Names {
+    embed: "model.language_model.embed_tokens.weight",
+    final_norm: "model.language_model.embedding_norm.weight",
+    layer: |i, role| format!("model.language_model.{}", hf_layer(i, role)),
 };
 
 /// llama.cpp's names (`convert_hf_to_gguf.py`, LFM2 and LFM2-MoE).
@@ -130,6 +143,8 @@ berth_plugin_common::decoder_family!(
     safetensors: load_safetensors,
 );
 
+/// The LFM2 language model of an HF pack: `lfm2`, `lfm2_moe`, or the `text_config` and
+/// `model.language_model.*` tensors of an `lfm2_vl` pack.
 fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginError> {
     let dir = &config.pack_dir;
     let c = hf_config(dir)?;
@@ -178,7 +193,9 @@ fn load_safetensors(w: Weights, config: &LoadConfig) -> Result<Loaded, PluginErr
         None => None,
     };
     let kernel = hc.num("conv_L_cache").unwrap_or(3);
-    let weights = load_layers(&w, &mut cfg, &HF, &kinds, kernel, moe.as_ref())?;
+    // LFM2-VL keeps the language model under `model.language_model`.
+    let names = if w.has_named(HF_VL.embed) { &HF_VL } else { &HF };
+    let weights = load_layers(&w, &mut cfg, names, &kinds, kernel, moe.as_ref())?;
     let template = chat_template(&w, dir);
     Ok(Loaded {
         architecture: if moe.is_some() { "lfm2moe" } else { "lfm2" }.into(),
