@@ -4,7 +4,7 @@
 mod common;
 
 use berth::plugins::{PluginSet, PluginState};
-use berth_plugin_api::{BatchView, ErrorKind, LoadConfig, Rewind};
+use berth_plugin_api::{abi, BatchView, ErrorKind, ImageInput, LoadConfig, Rewind};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,7 +102,9 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(status_of(&json, "libhello_plugin.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_scripted.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_newer.so")["status"], "ok");
-    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.3");
+    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.4");
+    assert_eq!(status_of(&json, "libberth_abi_v1_2.so")["status"], "ok");
+    assert_eq!(status_of(&json, "libberth_abi_v1_2.so")["abi"], "1.2");
     assert_eq!(status_of(&json, "libberth_abi_v1_1.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_v1_1.so")["abi"], "1.1");
     assert_eq!(status_of(&json, "libberth_abi_older.so")["status"], "ok");
@@ -112,7 +114,7 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(v2["status"], "refused");
     assert_eq!(
         v2["reason"],
-        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.2"
+        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.3"
     );
     let nosym = status_of(&json, "libberth_abi_nosymbol.so");
     assert_eq!(nosym["status"], "refused");
@@ -183,11 +185,13 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
     })
     .unwrap();
 
-    // 1.3 fills the 1.2 rewind fields (snapshots every 16); 1.1 and 1.0 end before them.
-    for (file, minor, rewind) in [
-        ("libberth_abi_newer.so", 3, Rewind::Snapshots { every: 16 }),
-        ("libberth_abi_v1_1.so", 1, Rewind::Anywhere),
-        ("libberth_abi_older.so", 0, Rewind::Anywhere),
+    // 1.4 and 1.2 fill the 1.2 rewind fields (snapshots every 16); 1.1 and 1.0 end before them.
+    // Only 1.4 fills the 1.3 image fields: 1.2 claims CAP_VISION without them, so it has none.
+    for (file, minor, rewind, images) in [
+        ("libberth_abi_newer.so", 4, Rewind::Snapshots { every: 16 }, true),
+        ("libberth_abi_v1_2.so", 2, Rewind::Snapshots { every: 16 }, false),
+        ("libberth_abi_v1_1.so", 1, Rewind::Anywhere, false),
+        ("libberth_abi_older.so", 0, Rewind::Anywhere, false),
     ] {
         let plugin = find(file)
             .ready()
@@ -197,6 +201,24 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
         let mut m = plugin.create(&config).unwrap();
         assert_eq!(m.description().vocab_size, 16);
         assert_eq!(m.description().rewind, rewind, "{file}");
+        assert_eq!(m.supports_images(), images, "{file}");
+        assert_eq!(m.vision().is_some(), images, "{file}");
+        assert_eq!(
+            m.description().capabilities & abi::CAP_VISION != 0,
+            images,
+            "{file}"
+        );
+        let image = ImageInput {
+            shape: &[3, 4, 4],
+            pixels: &[0.25; 48],
+            patch_mask: None,
+            grid: None,
+            positions: &[1],
+        };
+        match m.encode_images(0, &[image]) {
+            Ok(()) => assert!(images, "{file} took an image"),
+            Err(e) => assert!(!images && e.kind == ErrorKind::Unsupported, "{file}: {e}"),
+        }
         let mut logits = vec![0.0; 32];
         let b = BatchView {
             tokens: &[3, 4],

@@ -4,7 +4,7 @@ mod common;
 
 use berth::models::LoadedModel;
 use berth::plugins::{PluginSet, PluginState};
-use berth_plugin_api::{BatchView, ErrorKind, LoadConfig};
+use berth_plugin_api::{BatchView, ErrorKind, ImageInput, LoadConfig};
 use common::*;
 
 fn greedy(row: &[f32]) -> usize {
@@ -110,4 +110,109 @@ fn a_panic_in_decode_is_contained_and_the_next_call_runs_on_a_reloaded_instance(
     assert_eq!(model.decode(&ok, &mut logits).unwrap(), 1);
     assert_eq!(greedy(&logits), 7);
     assert_eq!(model.reloads(), 1);
+}
+
+#[test]
+fn a_1_3_plugin_reports_vision_and_receives_each_image_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugins = tmp.path().join("plugins");
+    berth_ok(
+        tmp.path(),
+        None,
+        &[
+            "plugins",
+            "install",
+            scripted_library().to_str().unwrap(),
+            "--dir",
+            plugins.to_str().unwrap(),
+        ],
+    );
+    let set = PluginSet::discover(&[plugins]);
+    let plugin = set.records[0].ready().unwrap().clone();
+    assert_eq!(plugin.abi_version(), (1, 3));
+
+    let pack = tmp.path().join("pack");
+    let log = tmp.path().join("images.jsonl");
+    write_scripted_pack(
+        &pack,
+        "v",
+        "latest",
+        &serde_json::json!({"image_log": log, "stop_tokens": [2], "entries": [{"reply": [7]}],
+            "vision": {"scheme": "minicpmv", "layout": "patch_strip", "patch_size": 2,
+                "image_token_id": 9, "params": {"max_slice_nums": 9, "query_num": 3}}}),
+    );
+    let config = LoadConfig {
+        pack_dir: pack.clone(),
+        family: "scripted".into(),
+        weights: vec![pack.join("script.json")],
+        ..Default::default()
+    };
+    let mut model = plugin.create(&serde_json::to_string(&config).unwrap()).unwrap();
+    assert!(model.supports_images());
+    assert_ne!(
+        model.description().capabilities & berth_plugin_api::abi::CAP_VISION,
+        0
+    );
+    let spec = model.vision().unwrap();
+    assert_eq!(
+        (spec.scheme.as_str(), spec.patch_size, spec.image_token_id),
+        ("minicpmv", 2, 9)
+    );
+    assert_eq!(spec.params["query_num"], 3);
+
+    // Two slices, with values whose bits are easy to lose (negative zero, a subnormal).
+    let a: Vec<f32> = (0..24).map(|i| (i as f32 - 11.5) / 7.0).collect();
+    let mut b: Vec<f32> = (0..12).map(|i| f32::from_bits(0x3f80_0000 ^ (i * 977))).collect();
+    b[0] = -0.0;
+    b[1] = f32::MIN_POSITIVE / 3.0;
+    let images = [
+        ImageInput {
+            shape: &[3, 2, 4],
+            pixels: &a,
+            patch_mask: Some(&[1, 1, 0]),
+            grid: Some((1, 2)),
+            positions: &[1, 2, 3],
+        },
+        ImageInput {
+            shape: &[3, 4],
+            pixels: &b,
+            patch_mask: None,
+            grid: None,
+            positions: &[5, 6, 7],
+        },
+    ];
+    model.encode_images(1, &images).unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            serde_json::json!({"seq": 1, "shape": [3, 2, 4], "pixels": berth_scripted::pixel_checksum(&a),
+                "patch_mask": [1, 1, 0], "grid": [1, 2], "positions": [1, 2, 3]}),
+            serde_json::json!({"seq": 1, "shape": [3, 4], "pixels": berth_scripted::pixel_checksum(&b),
+                "patch_mask": null, "grid": null, "positions": [5, 6, 7]}),
+        ]
+    );
+    // A shape that does not hold the pixels is refused before it crosses.
+    let bad = ImageInput {
+        shape: &[3, 3],
+        ..images[1]
+    };
+    assert_eq!(
+        model.encode_images(1, &[bad]).unwrap_err().kind,
+        ErrorKind::InvalidArgument
+    );
+    // The decode after the images runs as before.
+    let mut logits = vec![0.0f32; model.description().vocab_size as usize];
+    let rows = BatchView {
+        tokens: &[1, 9],
+        positions: &[0, 1],
+        seq_ids: &[1, 1],
+        want_logits: &[0, 1],
+    };
+    assert_eq!(model.decode(&rows, &mut logits).unwrap(), 1);
+    assert_eq!(greedy(&logits), 7);
 }

@@ -32,6 +32,12 @@
 /* Size of a 1.0-1.1 model info: everything before rewind (appended in 1.2). */
 #define BERTH_MODEL_INFO_SIZE_V1_1 offsetof(struct BerthModelInfo, rewind)
 
+/* Size of a 1.1-1.2 vtable: everything before encode_images (appended in 1.3). */
+#define BERTH_MODEL_VTABLE_SIZE_V1_2 offsetof(struct BerthModelVtable, encode_images)
+
+/* Size of a 1.2 model info: everything before vision_json (appended in 1.3). */
+#define BERTH_MODEL_INFO_SIZE_V1_2 offsetof(struct BerthModelInfo, vision_json)
+
 /*
  Major version of the ABI this crate speaks; a different major is never loaded.
  */
@@ -40,7 +46,7 @@
 /*
  Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
  */
-#define BERTH_ABI_MINOR 2
+#define BERTH_ABI_MINOR 3
 
 /*
  Plugin flag: the library was built with `panic = "unwind"`, so panics can be caught.
@@ -58,7 +64,8 @@
 #define BERTH_CAP_THINKING (1 << 1)
 
 /*
- Capability flag: the model accepts images.
+ Capability flag: the model accepts images (honoured from ABI 1.3, with
+ [`ModelInfo::vision_json`] and [`ModelVtable::encode_images`]; a host clears it otherwise).
  */
 #define BERTH_CAP_VISION (1 << 2)
 
@@ -190,6 +197,12 @@ typedef struct BerthModelInfo {
    With `REWIND_SNAPSHOTS`: the spacing of the positions a sequence can rewind to (ABI 1.2).
    */
   uint32_t rewind_every;
+  /*
+   JSON object stating how the model takes images: `scheme`, `layout`, `patch_size`,
+   `image_token_id`, scheme `params`; empty when it takes none (ABI 1.3). Borrowed until
+   `destroy`.
+   */
+  struct BerthStrRef vision_json;
 } BerthModelInfo;
 
 /*
@@ -253,6 +266,62 @@ typedef struct BerthLogits {
 } BerthLogits;
 
 /*
+ One image (one slice or tile of it) for [`ModelVtable::encode_images`], borrowed for the call:
+ f32 pixels in the layout the model's `vision_json` asks for, and the sequence positions whose
+ placeholder tokens its features replace, in order.
+ */
+typedef struct BerthImageInput {
+  /*
+   Struct header (written by the host).
+   */
+  struct BerthHeader header;
+  /*
+   Number of dimensions used in `shape` (1 to 4).
+   */
+  uint32_t ndim;
+  /*
+   Padding that keeps the layout explicit; always 0.
+   */
+  uint32_t reserved;
+  /*
+   Dimensions of `pixels`, outermost first; entries at or after `ndim` are 0.
+   */
+  uint32_t shape[4];
+  /*
+   The pixel values, row-major over `shape`.
+   */
+  const float *pixels;
+  /*
+   Number of floats in `pixels` (the product of the shape).
+   */
+  size_t n_pixels;
+  /*
+   Per patch: non-zero for a real patch, 0 for padding; null when every patch is real.
+   */
+  const uint8_t *patch_mask;
+  /*
+   Number of bytes in `patch_mask`.
+   */
+  size_t n_patch_mask;
+  /*
+   Rows of the image's patch grid (its spatial shape); 0 when not given.
+   */
+  uint32_t grid_rows;
+  /*
+   Columns of the image's patch grid; 0 when not given.
+   */
+  uint32_t grid_cols;
+  /*
+   Positions in the sequence of the placeholder tokens the image's features fill, in order.
+   */
+  const int32_t *positions;
+  /*
+   Number of `positions`.
+   */
+  size_t n_positions;
+} BerthImageInput;
+
+/*
  The functions of a model instance. Entries may be `None` (NULL) when not supported.
  */
 typedef struct BerthModelVtable {
@@ -292,6 +361,13 @@ typedef struct BerthModelVtable {
    Copies the state of sequence `src` into `dst` (ABI 1.1).
    */
   BerthStatus (*seq_fork)(void *handle, int32_t src, int32_t dst, struct BerthErrorBuf *err);
+  /*
+   Encodes `n_images` images of sequence `seq` and keeps their features until the rows at
+   their placeholder positions are decoded, which then take the features in place of the
+   token embeddings (ABI 1.3). `images` points at `n_images` pointers, each to an
+   [`ImageInput`] read no further than its own `struct_size`; all are borrowed for the call.
+   */
+  BerthStatus (*encode_images)(void *handle, int32_t seq, const struct BerthImageInput *const *images, uint32_t n_images, struct BerthErrorBuf *err);
 } BerthModelVtable;
 
 /*

@@ -9,14 +9,15 @@
 //! - each side frees what it allocated; the host owns the logits and error buffers.
 //!
 //! Minor versions of ABI 1: 1.0 is the base; 1.1 appended [`ModelVtable::seq_fork`]; 1.2 appended
-//! [`ModelInfo::rewind`] and [`ModelInfo::rewind_every`].
+//! [`ModelInfo::rewind`] and [`ModelInfo::rewind_every`]; 1.3 appended [`ModelInfo::vision_json`]
+//! and [`ModelVtable::encode_images`], which takes [`ImageInput`]s.
 
 use std::ffi::{c_char, c_void};
 
 /// Major version of the ABI this crate speaks; a different major is never loaded.
 pub const ABI_MAJOR: u16 = 1;
 /// Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
-pub const ABI_MINOR: u16 = 2;
+pub const ABI_MINOR: u16 = 3;
 /// Name of the exported entry symbol; it carries the major version.
 pub const ENTRY_SYMBOL: &str = "berth_plugin_entry_v1";
 /// Name of the version-independent manifest symbol (`extern "C" fn() -> *const c_char`,
@@ -43,7 +44,8 @@ pub const STATUS_INVALID_ARGUMENT: Status = 4;
 pub const CAP_TOOLS: u64 = 1 << 0;
 /// Capability flag: the model can produce a reasoning block.
 pub const CAP_THINKING: u64 = 1 << 1;
-/// Capability flag: the model accepts images.
+/// Capability flag: the model accepts images (honoured from ABI 1.3, with
+/// [`ModelInfo::vision_json`] and [`ModelVtable::encode_images`]; a host clears it otherwise).
 pub const CAP_VISION: u64 = 1 << 2;
 
 /// Rewind rule: `seq_truncate` accepts any length (attention-only state; the 1.0-1.1 behaviour).
@@ -192,6 +194,19 @@ pub struct ModelVtable {
     /// Copies the state of sequence `src` into `dst` (ABI 1.1).
     pub seq_fork:
         Option<unsafe extern "C" fn(handle: *mut c_void, src: i32, dst: i32, err: *mut ErrorBuf) -> Status>,
+    /// Encodes `n_images` images of sequence `seq` and keeps their features until the rows at
+    /// their placeholder positions are decoded, which then take the features in place of the
+    /// token embeddings (ABI 1.3). `images` points at `n_images` pointers, each to an
+    /// [`ImageInput`] read no further than its own `struct_size`; all are borrowed for the call.
+    pub encode_images: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            seq: i32,
+            images: *const *const ImageInput,
+            n_images: u32,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
 }
 
 /// What a model is, filled by the plugin into a host-allocated struct.
@@ -224,6 +239,10 @@ pub struct ModelInfo {
     pub rewind: u32,
     /// With `REWIND_SNAPSHOTS`: the spacing of the positions a sequence can rewind to (ABI 1.2).
     pub rewind_every: u32,
+    /// JSON object stating how the model takes images: `scheme`, `layout`, `patch_size`,
+    /// `image_token_id`, scheme `params`; empty when it takes none (ABI 1.3). Borrowed until
+    /// `destroy`.
+    pub vision_json: StrRef,
 }
 
 /// A batch of tokens to decode, shaped like `llama_batch`.
@@ -244,6 +263,38 @@ pub struct Batch {
     pub seq_ids: *const i32,
     /// Per row: non-zero when the host wants that row's logits.
     pub want_logits: *const u8,
+}
+
+/// One image (one slice or tile of it) for [`ModelVtable::encode_images`], borrowed for the call:
+/// f32 pixels in the layout the model's `vision_json` asks for, and the sequence positions whose
+/// placeholder tokens its features replace, in order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ImageInput {
+    /// Struct header (written by the host).
+    pub header: Header,
+    /// Number of dimensions used in `shape` (1 to 4).
+    pub ndim: u32,
+    /// Padding that keeps the layout explicit; always 0.
+    pub reserved: u32,
+    /// Dimensions of `pixels`, outermost first; entries at or after `ndim` are 0.
+    pub shape: [u32; 4],
+    /// The pixel values, row-major over `shape`.
+    pub pixels: *const f32,
+    /// Number of floats in `pixels` (the product of the shape).
+    pub n_pixels: usize,
+    /// Per patch: non-zero for a real patch, 0 for padding; null when every patch is real.
+    pub patch_mask: *const u8,
+    /// Number of bytes in `patch_mask`.
+    pub n_patch_mask: usize,
+    /// Rows of the image's patch grid (its spatial shape); 0 when not given.
+    pub grid_rows: u32,
+    /// Columns of the image's patch grid; 0 when not given.
+    pub grid_cols: u32,
+    /// Positions in the sequence of the placeholder tokens the image's features fill, in order.
+    pub positions: *const i32,
+    /// Number of `positions`.
+    pub n_positions: usize,
 }
 
 /// The host-owned buffer a plugin writes logits into.
@@ -271,6 +322,10 @@ pub type ManifestFn = unsafe extern "C" fn() -> *const c_char;
 pub const MODEL_VTABLE_SIZE_V1_0: usize = std::mem::offset_of!(ModelVtable, seq_fork);
 /// Size of the 1.0-1.1 model info: everything before `rewind`.
 pub const MODEL_INFO_SIZE_V1_1: usize = std::mem::offset_of!(ModelInfo, rewind);
+/// Size of the 1.1-1.2 vtable: everything before `encode_images`.
+pub const MODEL_VTABLE_SIZE_V1_2: usize = std::mem::offset_of!(ModelVtable, encode_images);
+/// Size of the 1.2 model info: everything before `vision_json`.
+pub const MODEL_INFO_SIZE_V1_2: usize = std::mem::offset_of!(ModelInfo, vision_json);
 
 // Layout of ABI v1, frozen: these must never change (only new fields at the ends).
 const _: () = {
@@ -284,20 +339,30 @@ const _: () = {
     assert!(offset_of!(EntryTable, probe) == 32);
     assert!(offset_of!(EntryTable, create) == 40);
     assert!(size_of::<Instance>() == 24);
-    assert!(size_of::<ModelVtable>() == 72);
+    assert!(size_of::<ModelVtable>() == 80);
     assert!(offset_of!(ModelVtable, destroy) == 8);
     assert!(offset_of!(ModelVtable, decode) == 24);
     assert!(offset_of!(ModelVtable, seq_truncate) == 56);
     assert!(offset_of!(ModelVtable, seq_fork) == 64);
-    assert!(size_of::<ModelInfo>() == 72);
+    assert!(offset_of!(ModelVtable, encode_images) == 72);
+    assert!(MODEL_VTABLE_SIZE_V1_2 == 72);
+    assert!(size_of::<ModelInfo>() == 88);
     assert!(offset_of!(ModelInfo, capabilities) == 24);
     assert!(offset_of!(ModelInfo, stop_tokens) == 32);
     assert!(offset_of!(ModelInfo, extra_json) == 48);
     assert!(offset_of!(ModelInfo, rewind) == 64);
     assert!(offset_of!(ModelInfo, rewind_every) == 68);
+    assert!(offset_of!(ModelInfo, vision_json) == 72);
     assert!(MODEL_INFO_SIZE_V1_1 == 64);
+    assert!(MODEL_INFO_SIZE_V1_2 == 72);
     assert!(size_of::<Batch>() == 48);
     assert!(offset_of!(Batch, want_logits) == 40);
+    assert!(size_of::<ImageInput>() == 88);
+    assert!(offset_of!(ImageInput, shape) == 16);
+    assert!(offset_of!(ImageInput, pixels) == 32);
+    assert!(offset_of!(ImageInput, patch_mask) == 48);
+    assert!(offset_of!(ImageInput, grid_rows) == 64);
+    assert!(offset_of!(ImageInput, positions) == 72);
     assert!(size_of::<Logits>() == 32);
     assert!(offset_of!(Logits, rows_written) == 28);
 };
@@ -319,6 +384,8 @@ unsafe impl AbiStruct for ModelVtable {}
 unsafe impl AbiStruct for ModelInfo {}
 // SAFETY: as above.
 unsafe impl AbiStruct for Batch {}
+// SAFETY: as above (the `[u32; 4]` shape is plain integers too).
+unsafe impl AbiStruct for ImageInput {}
 
 /// Reads a struct written by the other side, copying at most its writer's `struct_size` bytes;
 /// fields beyond that read as zero (absent). Returns `None` for null or a size below the header.

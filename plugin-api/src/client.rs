@@ -3,8 +3,9 @@
 //! table pointer to [`Plugin::from_entry`].
 
 use crate::abi::{self, ErrorBuf, Header, Instance, ModelInfo, ModelVtable, StrRef};
-use crate::types::{BatchView, ErrorKind, ModelDescription, PluginError, Rewind};
+use crate::types::{BatchView, ErrorKind, ImageInput, ModelDescription, PluginError, Rewind, VisionSpec};
 use std::ffi::c_void;
+use std::mem::size_of;
 
 /// Why an entry table was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,8 +134,11 @@ impl Plugin {
             err,
             poisoned: None,
             description: ModelDescription::default(),
+            vision: None,
         };
-        instance.description = instance.fetch_info()?;
+        let (description, vision) = instance.fetch_info()?;
+        instance.description = description;
+        instance.vision = vision;
         Ok(instance)
     }
 }
@@ -188,6 +192,7 @@ pub struct ModelInstance {
     err: ErrorStorage,
     poisoned: Option<String>,
     description: ModelDescription,
+    vision: Option<VisionSpec>,
 }
 
 // SAFETY: the instance is used by one thread at a time (`&mut self` on every call that reaches
@@ -198,6 +203,17 @@ impl ModelInstance {
     /// What the model reported when it was created.
     pub fn description(&self) -> &ModelDescription {
         &self.description
+    }
+
+    /// How the model takes images; `None` when it takes none (every plugin older than ABI 1.3,
+    /// and any whose vision spec is missing or unreadable or that has no `encode_images`).
+    pub fn vision(&self) -> Option<&VisionSpec> {
+        self.vision.as_ref()
+    }
+
+    /// Whether the model takes images: it stated a [`VisionSpec`] and has `encode_images`.
+    pub fn supports_images(&self) -> bool {
+        self.vision.is_some()
     }
 
     /// The ABI version (major, minor) of the plugin's vtable.
@@ -221,7 +237,7 @@ impl ModelInstance {
         Err(e)
     }
 
-    fn fetch_info(&mut self) -> Result<ModelDescription, PluginError> {
+    fn fetch_info(&mut self) -> Result<(ModelDescription, Option<VisionSpec>), PluginError> {
         let f = self
             .vtable
             .model_info
@@ -253,15 +269,33 @@ impl ModelInstance {
         } else {
             Rewind::Anywhere
         };
-        Ok(ModelDescription {
+        // ABI 1.3: the vision spec, honoured only with an `encode_images` entry; without both,
+        // the model takes no images whatever its capability bits say.
+        let vision = if written >= std::mem::offset_of!(ModelInfo, vision_json) + size_of::<StrRef>()
+            && self.vtable.encode_images.is_some()
+        {
+            // SAFETY: the plugin keeps the string alive until destroy; we copy it now.
+            let text = unsafe { info.vision_json.as_str() };
+            serde_json::from_str::<VisionSpec>(&text).ok()
+        } else {
+            None
+        };
+        let mut capabilities = info.capabilities;
+        if vision.is_some() {
+            capabilities |= abi::CAP_VISION;
+        } else {
+            capabilities &= !abi::CAP_VISION;
+        }
+        let description = ModelDescription {
             vocab_size: info.vocab_size,
             context_length: info.context_length,
             max_sequences: info.max_sequences.max(1),
-            capabilities: info.capabilities,
+            capabilities,
             stop_tokens,
             extra,
             rewind,
-        })
+        };
+        Ok((description, vision))
     }
 
     /// Runs a batch; `logits` receives one row of `vocab_size` floats per row that wants logits.
@@ -353,6 +387,54 @@ impl ModelInstance {
         let err = self.err.as_abi();
         // SAFETY: handle is live; err is valid for the call.
         let status = unsafe { f(self.handle, src, dst, err) };
+        self.check(status)
+    }
+}
+
+impl ModelInstance {
+    /// Hands the images of sequence `seq` to the model, which encodes them and gives their
+    /// features to the rows at their placeholder positions when those are decoded (ABI 1.3).
+    /// Call it before decoding those rows. Unsupported unless [`Self::supports_images`].
+    pub fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
+        let f = match self.vtable.encode_images {
+            Some(f) if self.vision.is_some() => f,
+            _ => {
+                return Err(PluginError::unsupported(
+                    "encode_images: the model takes no images",
+                ))
+            }
+        };
+        for (i, img) in images.iter().enumerate() {
+            img.validate()
+                .map_err(|e| PluginError::invalid_argument(format!("image {i}: {}", e.message)))?;
+        }
+        let n = u32::try_from(images.len()).map_err(|_| PluginError::invalid_argument("too many images"))?;
+        let raw: Vec<abi::ImageInput> = images
+            .iter()
+            .map(|img| {
+                let mut shape = [0u32; 4];
+                shape[..img.shape.len()].copy_from_slice(img.shape);
+                let (grid_rows, grid_cols) = img.grid.unwrap_or((0, 0));
+                abi::ImageInput {
+                    header: Header::for_struct::<abi::ImageInput>(),
+                    ndim: img.shape.len() as u32,
+                    reserved: 0,
+                    shape,
+                    pixels: img.pixels.as_ptr(),
+                    n_pixels: img.pixels.len(),
+                    patch_mask: img.patch_mask.map_or(std::ptr::null(), <[u8]>::as_ptr),
+                    n_patch_mask: img.patch_mask.map_or(0, <[u8]>::len),
+                    grid_rows,
+                    grid_cols,
+                    positions: img.positions.as_ptr(),
+                    n_positions: img.positions.len(),
+                }
+            })
+            .collect();
+        let ptrs: Vec<*const abi::ImageInput> = raw.iter().map(|r| r as *const abi::ImageInput).collect();
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; every image struct and the arrays it points to outlive the call.
+        let status = unsafe { f(self.handle, seq, ptrs.as_ptr(), n, err) };
         self.check(status)
     }
 }

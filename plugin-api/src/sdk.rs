@@ -4,7 +4,8 @@
 
 use crate::abi::{self, ErrorBuf, Instance, ModelInfo, ModelVtable, StrRef};
 use crate::types::{
-    BatchView, ErrorKind, LoadConfig, LogitsOut, ModelDescription, PluginError, PluginManifest,
+    BatchView, ErrorKind, ImageInput, LoadConfig, LogitsOut, ModelDescription, PluginError, PluginManifest,
+    VisionSpec,
 };
 use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -54,6 +55,20 @@ pub trait Model: Send + 'static {
     /// Copies sequence `src` into `dst`.
     fn seq_fork(&mut self, _src: i32, _dst: i32) -> Result<(), PluginError> {
         Err(PluginError::unsupported("seq_fork"))
+    }
+
+    /// How the model takes images (ABI 1.3); `None`, the default, when it takes none. When
+    /// `Some`, the SDK also sets `CAP_VISION` in the reported capabilities.
+    fn vision(&self) -> Option<VisionSpec> {
+        None
+    }
+
+    /// Encodes the images of sequence `seq` and keeps their features until the rows at their
+    /// placeholder positions are decoded; those rows then take the features in place of the
+    /// token embeddings (ABI 1.3). Each input has been validated ([`ImageInput::validate`]).
+    /// A truncate below a pending image's positions drops it.
+    fn encode_images(&mut self, _seq: i32, _images: &[ImageInput<'_>]) -> Result<(), PluginError> {
+        Err(PluginError::unsupported("encode_images"))
     }
 }
 
@@ -179,6 +194,7 @@ unsafe extern "C" fn create_entry<F: Family>(
         poisoned: None,
         stop_tokens: Vec::new(),
         extra_json: String::new(),
+        vision_json: String::new(),
     });
     let vt: *const ModelVtable = &guarded.vtable;
     let handle = Box::into_raw(guarded) as *mut c_void;
@@ -208,6 +224,8 @@ struct Guarded<M: Model> {
     stop_tokens: Vec<i32>,
     /// Backing storage for the last `model_info` answer.
     extra_json: String,
+    /// Backing storage for the last `model_info` answer (empty: no images).
+    vision_json: String,
 }
 
 fn vtable<M: Model>() -> ModelVtable {
@@ -221,6 +239,7 @@ fn vtable<M: Model>() -> ModelVtable {
         tools_enabled: Some(tools_entry::<M>),
         seq_truncate: Some(seq_truncate_entry::<M>),
         seq_fork: Some(seq_fork_entry::<M>),
+        encode_images: Some(encode_images_entry::<M>),
     }
 }
 
@@ -288,6 +307,16 @@ unsafe extern "C" fn model_info_entry<M: Model>(
         let d = g.model.describe();
         g.stop_tokens = d.stop_tokens;
         g.extra_json = d.extra.to_string();
+        let vision = g.model.vision();
+        g.vision_json = match &vision {
+            Some(v) => serde_json::to_string(v)
+                .map_err(|e| PluginError::failed(format!("vision spec does not serialize: {e}")))?,
+            None => String::new(),
+        };
+        let mut capabilities = d.capabilities;
+        if vision.is_some() {
+            capabilities |= abi::CAP_VISION;
+        }
         let (rewind, rewind_every) = d.rewind.to_abi();
         let info = ModelInfo {
             header: abi::Header::for_struct::<ModelInfo>(),
@@ -295,13 +324,14 @@ unsafe extern "C" fn model_info_entry<M: Model>(
             context_length: d.context_length,
             max_sequences: d.max_sequences,
             reserved: 0,
-            capabilities: d.capabilities,
+            capabilities,
             stop_tokens: g.stop_tokens.as_ptr(),
             n_stop_tokens: g.stop_tokens.len() as u32,
             reserved2: 0,
             extra_json: StrRef::borrow(&g.extra_json),
             rewind,
             rewind_every,
+            vision_json: StrRef::borrow(&g.vision_json),
         };
         // SAFETY: `out` is the host's ModelInfo with its header set to its allocated size.
         if unsafe { abi::write_versioned(out, &info) } {
@@ -429,6 +459,93 @@ unsafe extern "C" fn seq_fork_entry<M: Model>(
 ) -> abi::Status {
     // SAFETY: forwarded host contract.
     status_of(unsafe { guarded_call::<M, ()>(handle, err, |g| g.model.seq_fork(src, dst)) })
+}
+
+/// Borrows `n` elements at `ptr` as a slice; an empty slice when `n` is 0.
+///
+/// # Safety
+/// When `n > 0`, `ptr` must be non-null and point to `n` elements valid for `'a`.
+unsafe fn borrow_slice<'a, T>(ptr: *const T, n: usize) -> &'a [T] {
+    if n == 0 {
+        &[]
+    } else {
+        // SAFETY: per the caller, ptr holds n elements valid for 'a.
+        unsafe { std::slice::from_raw_parts(ptr, n) }
+    }
+}
+
+/// Reads the host's image inputs: each struct within its own size, each array within its length.
+///
+/// # Safety
+/// `images` must be null or point to `n` pointers to valid [`abi::ImageInput`]s whose arrays
+/// hold the lengths they state, all valid for the call.
+unsafe fn read_images(
+    images: *const *const abi::ImageInput,
+    n: u32,
+) -> Result<Vec<abi::ImageInput>, PluginError> {
+    if n > 0 && images.is_null() {
+        return Err(PluginError::invalid_argument("null image list"));
+    }
+    // SAFETY: per the caller, images holds n pointers.
+    let ptrs = unsafe { borrow_slice(images, n as usize) };
+    let mut raw = Vec::with_capacity(ptrs.len());
+    for (i, &p) in ptrs.iter().enumerate() {
+        // SAFETY: per the caller, p is null or a valid ImageInput; read within its size.
+        let Some((img, _)) = (unsafe { abi::read_versioned(p) }) else {
+            return Err(PluginError::invalid_argument(format!(
+                "image {i} is null or malformed"
+            )));
+        };
+        if img.ndim as usize > img.shape.len()
+            || (img.n_pixels > 0 && img.pixels.is_null())
+            || (img.n_patch_mask > 0 && img.patch_mask.is_null())
+            || (img.n_positions > 0 && img.positions.is_null())
+        {
+            return Err(PluginError::invalid_argument(format!(
+                "image {i} has a null array or more than 4 dimensions"
+            )));
+        }
+        raw.push(img);
+    }
+    Ok(raw)
+}
+
+unsafe extern "C" fn encode_images_entry<M: Model>(
+    handle: *mut c_void,
+    seq: i32,
+    images: *const *const abi::ImageInput,
+    n_images: u32,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    let work = |g: &mut Guarded<M>| {
+        // SAFETY: the host passes n_images valid image pointers for the call.
+        let raw = unsafe { read_images(images, n_images) }?;
+        let views: Vec<ImageInput<'_>> = raw
+            .iter()
+            .map(|img| {
+                // SAFETY: read_images checked each non-empty array is non-null; the host keeps
+                // them valid, with the stated lengths, for the call.
+                unsafe {
+                    ImageInput {
+                        shape: &img.shape[..img.ndim as usize],
+                        pixels: borrow_slice(img.pixels, img.n_pixels),
+                        patch_mask: (!img.patch_mask.is_null())
+                            .then(|| borrow_slice(img.patch_mask, img.n_patch_mask)),
+                        grid: (img.grid_rows != 0 || img.grid_cols != 0)
+                            .then_some((img.grid_rows, img.grid_cols)),
+                        positions: borrow_slice(img.positions, img.n_positions),
+                    }
+                }
+            })
+            .collect();
+        for (i, v) in views.iter().enumerate() {
+            v.validate()
+                .map_err(|e| PluginError::invalid_argument(format!("image {i}: {}", e.message)))?;
+        }
+        g.model.encode_images(seq, &views)
+    };
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, work) })
 }
 
 /// Reads a NUL-terminated manifest string (helper for hosts reading `berth_plugin_manifest`).

@@ -155,6 +155,97 @@ pub struct ModelDescription {
     pub rewind: Rewind,
 }
 
+/// How the pixels of an [`ImageInput`] are laid out (the model asks for one in its
+/// [`VisionSpec`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PixelLayout {
+    /// Channel-first normalised pixels, shape `[C, H, W]`.
+    Chw,
+    /// Flattened patches, shape `[N, C·p·p]`: one row per patch, row-major over the patch grid,
+    /// the values within a patch in the order the scheme's processor uses (SigLIP2 NaViT style);
+    /// padded patches are marked in the patch mask.
+    Patches,
+    /// MiniCPM-V's NaViT strip, shape `[C, p, (H/p)·(W/p)·p]`: the patches of the grid laid side
+    /// by side, row-major.
+    PatchStrip,
+}
+
+/// How a model takes images (ABI 1.3, `ModelInfo.vision_json`): the host decodes, resizes,
+/// slices and normalises with the named scheme, puts the placeholder tokens in the prompt and
+/// hands the pixels to `encode_images`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VisionSpec {
+    /// Preprocessing scheme the host's image processor knows, e.g. `minicpmv` or `lfm2_vl`.
+    pub scheme: String,
+    /// Layout of each image's pixels.
+    pub layout: PixelLayout,
+    /// Side of a vision-encoder patch, in pixels.
+    pub patch_size: u32,
+    /// Token id of the placeholder whose rows take the image features.
+    pub image_token_id: i32,
+    /// The scheme's own settings (slicing limits, tokens per image or slice, normalisation, the
+    /// other special tokens ...), a JSON object the scheme defines.
+    #[serde(default)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One image (or one slice or tile of it) for `encode_images`, in safe form.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ImageInput<'a> {
+    /// Dimensions of `pixels`, outermost first (1 to 4 of them).
+    pub shape: &'a [u32],
+    /// The pixel values, row-major over `shape`, in the model's [`PixelLayout`].
+    pub pixels: &'a [f32],
+    /// Per patch: non-zero for a real patch, 0 for padding; `None` when every patch is real.
+    pub patch_mask: Option<&'a [u8]>,
+    /// The image's patch grid as (rows, cols), when the layout needs it.
+    pub grid: Option<(u32, u32)>,
+    /// Positions in the sequence of the placeholder tokens its features fill, in order.
+    pub positions: &'a [i32],
+}
+
+impl ImageInput<'_> {
+    /// Checks the shape has 1 to 4 dimensions whose product is the pixel count, that there are
+    /// placeholder positions, none negative, and that a mask and grid are not empty.
+    pub fn validate(&self) -> Result<(), PluginError> {
+        if self.shape.is_empty() || self.shape.len() > 4 {
+            return Err(PluginError::invalid_argument(format!(
+                "image shape has {} dimensions; 1 to 4 are allowed",
+                self.shape.len()
+            )));
+        }
+        let count = self
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+        if count != Some(self.pixels.len()) {
+            return Err(PluginError::invalid_argument(format!(
+                "image shape {:?} does not hold the {} pixel values given",
+                self.shape,
+                self.pixels.len()
+            )));
+        }
+        if self.positions.is_empty() {
+            return Err(PluginError::invalid_argument(
+                "image has no placeholder positions",
+            ));
+        }
+        if self.positions.iter().any(|&p| p < 0) {
+            return Err(PluginError::invalid_argument(
+                "image placeholder position is negative",
+            ));
+        }
+        if self.patch_mask.is_some_and(|m| m.is_empty()) {
+            return Err(PluginError::invalid_argument("image patch mask is empty"));
+        }
+        if self.grid.is_some_and(|(r, c)| r == 0 || c == 0) {
+            return Err(PluginError::invalid_argument("image patch grid has a zero side"));
+        }
+        Ok(())
+    }
+}
+
 /// Why a plugin call failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -338,6 +429,80 @@ mod tests {
         assert_eq!(snap.floor(15, 40), 0);
         assert_eq!(Rewind::OnlyToStart.floor(37, 40), 0);
         assert_eq!(Rewind::default(), Rewind::Anywhere);
+    }
+
+    #[test]
+    fn a_vision_spec_round_trips_through_json_and_an_unknown_layout_is_refused() {
+        let spec = VisionSpec {
+            scheme: "lfm2_vl".into(),
+            layout: PixelLayout::Patches,
+            patch_size: 16,
+            image_token_id: 396,
+            params: serde_json::json!({"min_image_tokens": 64, "max_image_tokens": 256})
+                .as_object()
+                .unwrap()
+                .clone(),
+        };
+        let text = serde_json::to_string(&spec).unwrap();
+        assert!(text.contains(r#""layout":"patches""#), "{text}");
+        assert_eq!(serde_json::from_str::<VisionSpec>(&text).unwrap(), spec);
+        let strip: VisionSpec = serde_json::from_str(
+            r#"{"scheme": "minicpmv", "layout": "patch_strip", "patch_size": 14, "image_token_id": 7}"#,
+        )
+        .unwrap();
+        assert_eq!(strip.layout, PixelLayout::PatchStrip);
+        assert!(strip.params.is_empty());
+        assert!(serde_json::from_str::<VisionSpec>(
+            r#"{"scheme": "x", "layout": "hwc", "patch_size": 14, "image_token_id": 7}"#
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn image_inputs_are_validated() {
+        let pixels = [0.0f32; 12];
+        let good = ImageInput {
+            shape: &[3, 2, 2],
+            pixels: &pixels,
+            patch_mask: None,
+            grid: Some((1, 1)),
+            positions: &[4, 5],
+        };
+        good.validate().unwrap();
+        let bad = [
+            ImageInput {
+                shape: &[3, 2, 3],
+                ..good
+            },
+            ImageInput { shape: &[], ..good },
+            ImageInput {
+                shape: &[1, 1, 1, 3, 4],
+                ..good
+            },
+            ImageInput {
+                positions: &[],
+                ..good
+            },
+            ImageInput {
+                positions: &[3, -1],
+                ..good
+            },
+            ImageInput {
+                patch_mask: Some(&[]),
+                ..good
+            },
+            ImageInput {
+                grid: Some((0, 2)),
+                ..good
+            },
+        ];
+        for b in bad {
+            assert_eq!(
+                b.validate().unwrap_err().kind,
+                ErrorKind::InvalidArgument,
+                "{b:?}"
+            );
+        }
     }
 
     #[test]

@@ -59,7 +59,7 @@ fn header_declares_the_constants_structs_and_function_types() {
     let h = generate();
     for needle in [
         "#define BERTH_ABI_MAJOR 1",
-        "#define BERTH_ABI_MINOR 2",
+        "#define BERTH_ABI_MINOR 3",
         "#define BERTH_REWIND_SNAPSHOTS 1",
         "#define BERTH_FLAG_PANIC_UNWIND 1",
         "#define BERTH_STATUS_UNSUPPORTED 3",
@@ -69,12 +69,18 @@ fn header_declares_the_constants_structs_and_function_types() {
         "typedef struct BerthModelInfo {",
         "typedef struct BerthBatch {",
         "typedef struct BerthLogits {",
+        "typedef struct BerthImageInput {",
         "typedef int32_t BerthStatus;",
         "typedef const struct BerthEntryTable *(*BerthEntryFn)(void);",
         "typedef const char *(*BerthManifestFn)(void);",
         "BERTH_MODEL_VTABLE_SIZE_V1_0",
         "BERTH_MODEL_INFO_SIZE_V1_1",
         "uint32_t rewind_every;",
+        "BERTH_MODEL_VTABLE_SIZE_V1_2",
+        "BERTH_MODEL_INFO_SIZE_V1_2",
+        "struct BerthStrRef vision_json;",
+        "uint32_t shape[4];",
+        "BerthStatus (*encode_images)(void *handle, int32_t seq, const struct BerthImageInput *const *images, uint32_t n_images, struct BerthErrorBuf *err);",
     ] {
         assert!(
             h.contains(needle),
@@ -118,6 +124,7 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
         ("BerthModelInfo", size_of::<abi::ModelInfo>()),
         ("BerthBatch", size_of::<abi::Batch>()),
         ("BerthLogits", size_of::<abi::Logits>()),
+        ("BerthImageInput", size_of::<abi::ImageInput>()),
     ];
     let mut c = String::from("#include \"berth_plugin.h\"\n\n");
     c.push_str("const BerthEntryTable *berth_plugin_entry_v1(void);\n");
@@ -137,6 +144,23 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
         "_Static_assert(BERTH_MODEL_INFO_SIZE_V1_1 == {}, \"1.1 model info size\");\n",
         abi::MODEL_INFO_SIZE_V1_1
     ));
+    c.push_str(&format!(
+        "_Static_assert(BERTH_MODEL_VTABLE_SIZE_V1_2 == {}, \"1.2 vtable size\");\n",
+        abi::MODEL_VTABLE_SIZE_V1_2
+    ));
+    c.push_str(&format!(
+        "_Static_assert(BERTH_MODEL_INFO_SIZE_V1_2 == {}, \"1.2 model info size\");\n",
+        abi::MODEL_INFO_SIZE_V1_2
+    ));
+    for (field, offset) in [
+        ("positions", std::mem::offset_of!(abi::ImageInput, positions)),
+        ("grid_rows", std::mem::offset_of!(abi::ImageInput, grid_rows)),
+        ("pixels", std::mem::offset_of!(abi::ImageInput, pixels)),
+    ] {
+        c.push_str(&format!(
+            "_Static_assert(offsetof(BerthImageInput, {field}) == {offset}, \"image input {field}\");\n"
+        ));
+    }
     c.push_str("int use_them(void) { return entry_fn != 0 && manifest_fn != 0; }\n");
     std::fs::write(&source, c).unwrap();
     let include = header_path();

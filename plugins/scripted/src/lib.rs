@@ -14,10 +14,16 @@
 //! which refuses even a truncate to 0), so a test can make it refuse rewinds the host believed
 //! allowed. When the script names a `truncate_log`, every `seq_truncate` call is appended to it
 //! as a JSON line (`{"seq", "from", "len", "ok"}`).
+//!
+//! Images (ABI 1.3): a script with a `vision` spec reports it and accepts `encode_images`; every
+//! image it receives is appended to `image_log` as a JSON line (`{"seq", "shape", "pixels"
+//! (the [`pixel_checksum`]), "patch_mask", "grid", "positions"}`). A placeholder position the
+//! sequence already holds is refused, as a real model must (its row was decoded without it).
 
 use berth_plugin_api::abi::{CAP_THINKING, CAP_TOOLS};
 use berth_plugin_api::{
-    BatchView, Family, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest, Rewind,
+    BatchView, Family, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PluginError,
+    PluginManifest, Rewind, VisionSpec,
 };
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -76,6 +82,12 @@ pub struct Script {
     /// A file every `seq_truncate` call is appended to, one JSON line each.
     #[serde(default)]
     pub truncate_log: Option<PathBuf>,
+    /// How the model takes images; `None` takes none.
+    #[serde(default)]
+    pub vision: Option<VisionSpec>,
+    /// A file every image `encode_images` receives is appended to, one JSON line each.
+    #[serde(default)]
+    pub image_log: Option<PathBuf>,
     /// The replies.
     pub entries: Vec<ScriptEntry>,
 }
@@ -125,6 +137,47 @@ pub struct TruncateCall {
     pub len: u32,
     /// Whether the call was accepted.
     pub ok: bool,
+}
+
+/// One image as `encode_images` received it (a line of the script's `image_log`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ImageCall {
+    /// The sequence.
+    pub seq: i32,
+    /// The pixel tensor's shape.
+    pub shape: Vec<u32>,
+    /// [`pixel_checksum`] of the pixel values.
+    pub pixels: String,
+    /// The patch mask, when one came.
+    pub patch_mask: Option<Vec<u8>>,
+    /// The patch grid, when one came.
+    pub grid: Option<(u32, u32)>,
+    /// The placeholder positions.
+    pub positions: Vec<i32>,
+}
+
+/// FNV-1a (64-bit) over the little-endian bytes of the values, as 16 hex digits: equal only
+/// when every bit of every value arrived.
+pub fn pixel_checksum(values: &[f32]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in values.iter().flat_map(|v| v.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Appends one JSON line to `path`, reporting (not failing on) an I/O error.
+fn append_line(path: &std::path::Path, value: &impl serde::Serialize) {
+    let line = serde_json::to_string(value).expect("a log line serializes");
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(e) = appended {
+        eprintln!("scripted: cannot append to {}: {e}", path.display());
+    }
 }
 
 fn default_vocab() -> u32 {
@@ -212,15 +265,7 @@ impl ScriptedModel {
     /// Appends a truncate call to the script's `truncate_log`, if it names one.
     fn record(&self, call: TruncateCall) {
         if let Some(path) = &self.script.truncate_log {
-            let line = serde_json::to_string(&call).expect("a truncate call serializes");
-            let appended = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .and_then(|mut f| writeln!(f, "{line}"));
-            if let Err(e) = appended {
-                eprintln!("scripted: cannot append to {}: {e}", path.display());
-            }
+            append_line(path, &call);
         }
     }
 
@@ -354,6 +399,41 @@ impl Model for ScriptedModel {
         self.check_seq(dst)?;
         let h = self.sequences.get(&src).cloned().unwrap_or_default();
         self.sequences.insert(dst, h);
+        Ok(())
+    }
+
+    fn vision(&self) -> Option<VisionSpec> {
+        self.script.vision.clone()
+    }
+
+    fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
+        if self.script.vision.is_none() {
+            return Err(PluginError::unsupported(
+                "encode_images: this script takes no images",
+            ));
+        }
+        self.check_seq(seq)?;
+        let held = self.sequences.get(&seq).map_or(0, Vec::len);
+        for img in images {
+            if let Some(&p) = img.positions.iter().find(|&&p| (p as usize) < held) {
+                return Err(PluginError::invalid_argument(format!(
+                    "sequence {seq} already holds position {p} ({held} tokens)"
+                )));
+            }
+        }
+        for img in images {
+            let call = ImageCall {
+                seq,
+                shape: img.shape.to_vec(),
+                pixels: pixel_checksum(img.pixels),
+                patch_mask: img.patch_mask.map(<[u8]>::to_vec),
+                grid: img.grid,
+                positions: img.positions.to_vec(),
+            };
+            if let Some(path) = &self.script.image_log {
+                append_line(path, &call);
+            }
+        }
         Ok(())
     }
 }
@@ -561,6 +641,71 @@ mod tests {
         m.decode(&b, &mut logits).unwrap();
         assert!(m.seq_truncate(0, 0).is_err());
         m.seq_truncate(0, 7).unwrap();
+    }
+
+    #[test]
+    fn a_script_with_a_vision_spec_reports_it_and_logs_the_images_it_receives() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("images.jsonl");
+        let cfg = load_config(
+            dir.path(),
+            serde_json::json!({"image_log": log, "entries": [{"reply": [5]}],
+                "vision": {"scheme": "lfm2_vl", "layout": "patches", "patch_size": 2,
+                    "image_token_id": 9, "params": {"max_image_tokens": 4}}}),
+        );
+        let mut m = plugin().create(&cfg).unwrap();
+        assert!(m.supports_images());
+        assert_ne!(
+            m.description().capabilities & berth_plugin_api::abi::CAP_VISION,
+            0
+        );
+        let spec = m.vision().unwrap();
+        assert_eq!((spec.scheme.as_str(), spec.image_token_id), ("lfm2_vl", 9));
+        let pixels: Vec<f32> = (0..24).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let img = ImageInput {
+            shape: &[2, 12],
+            pixels: &pixels,
+            patch_mask: Some(&[1, 0]),
+            grid: Some((1, 2)),
+            positions: &[1, 2],
+        };
+        m.encode_images(0, &[img]).unwrap();
+        let line: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&log).unwrap().trim()).unwrap();
+        assert_eq!(
+            line,
+            serde_json::json!({"seq": 0, "shape": [2, 12], "pixels": pixel_checksum(&pixels),
+                "patch_mask": [1, 0], "grid": [1, 2], "positions": [1, 2]})
+        );
+        // Once position 1 is decoded, an image for it comes too late.
+        let mut logits = vec![0.0; 1024];
+        let b = BatchView {
+            tokens: &[1, 9],
+            positions: &[0, 1],
+            seq_ids: &[0, 0],
+            want_logits: &[0, 1],
+        };
+        m.decode(&b, &mut logits).unwrap();
+        let late = m.encode_images(0, &[img]).unwrap_err();
+        assert_eq!(late.kind, berth_plugin_api::ErrorKind::InvalidArgument, "{late}");
+        // A script without a spec takes no images.
+        let plain = load_config(dir.path(), serde_json::json!({"entries": [{"reply": [5]}]}));
+        let mut m = plugin().create(&plain).unwrap();
+        assert!(!m.supports_images() && m.vision().is_none());
+        assert_eq!(
+            m.encode_images(0, &[img]).unwrap_err().kind,
+            berth_plugin_api::ErrorKind::Unsupported
+        );
+    }
+
+    #[test]
+    fn the_pixel_checksum_sees_every_bit() {
+        let a = [1.0f32, -2.5, 0.0];
+        let mut b = a;
+        b[2] = -0.0;
+        assert_ne!(pixel_checksum(&a), pixel_checksum(&b));
+        assert_eq!(pixel_checksum(&a), pixel_checksum(&[1.0, -2.5, 0.0]));
+        assert_eq!(pixel_checksum(&[]).len(), 16);
     }
 
     #[test]

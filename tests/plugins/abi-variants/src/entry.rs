@@ -2,6 +2,8 @@
 //! against the C ABI. Struct layouts differ per variant; the functions are shared.
 
 use crate::{ABI_MAJOR, ABI_MINOR, MANIFEST};
+#[cfg(feature = "newer")]
+use berth_plugin_api::abi::ImageInput;
 use berth_plugin_api::abi::{
     self, Batch, ErrorBuf, Header, Instance, Logits, Status, StrRef, STATUS_INVALID_ARGUMENT, STATUS_OK,
 };
@@ -14,18 +16,30 @@ pub const VOCAB: u32 = 16;
 pub const CONTEXT: u32 = 64;
 /// Most sequences at once.
 pub const MAX_SEQUENCES: u32 = 4;
+/// The capability bits reported: `v1_2` claims `CAP_VISION`, as a 1.2 plugin could, though 1.2
+/// has no way to take images (the host must clear it); `newer` claims it with the 1.3 fields.
+#[cfg(any(feature = "newer", feature = "v1_2"))]
+const CAPABILITIES: u64 = abi::CAP_VISION;
+/// The capability bits reported.
+#[cfg(not(any(feature = "newer", feature = "v1_2")))]
+const CAPABILITIES: u64 = 0;
 /// Tokens that end generation (borrowed by the host until destroy: static).
 static STOP_TOKENS: [i32; 1] = [0];
 /// Everything else the model reports.
 const EXTRA_JSON: &str = r#"{"architecture": "abi-test"}"#;
-/// The `newer` variant rewinds to snapshots every this many positions (an ABI 1.2 field).
+/// The `newer` and `v1_2` variants rewind to snapshots every this many positions (an ABI 1.2
+/// field).
 pub const SNAPSHOT_EVERY: u32 = 16;
+/// How the `newer` variant takes images (an ABI 1.3 field), with a key no host knows.
+#[cfg(feature = "newer")]
+pub const VISION_JSON: &str =
+    r#"{"scheme": "abi-test", "layout": "chw", "patch_size": 4, "image_token_id": 15, "future_knob": 1}"#;
 
-/// The 1.2 layout of the entry table (unchanged since 1.0) plus one trailing field (ABI 1.3).
+/// The 1.3 layout of the entry table (unchanged since 1.0) plus one trailing field (ABI 1.4).
 #[cfg(feature = "newer")]
 #[repr(C)]
 pub struct EntryTable {
-    /// Struct header: this struct's own (larger) size, ABI 1.3.
+    /// Struct header: this struct's own (larger) size, ABI 1.4.
     pub header: Header,
     /// `FLAG_*` bits.
     pub flags: u32,
@@ -37,7 +51,7 @@ pub struct EntryTable {
     pub create: Option<
         unsafe extern "C" fn(load_config_json: StrRef, out: *mut Instance, err: *mut ErrorBuf) -> Status,
     >,
-    /// A field from the future that a 1.2 host never reads.
+    /// A field from the future that a 1.3 host never reads.
     pub future_flags: u64,
 }
 /// The entry table layout of ABI 1.0 to 2.0 (unchanged).
@@ -45,8 +59,8 @@ pub struct EntryTable {
 pub use abi::EntryTable;
 
 /// The 1.1-1.2 vtable (its `model_info` filling this variant's model info), plus, in `newer`,
-/// one trailing entry (ABI 1.3).
-#[cfg(any(feature = "newer", feature = "v1_1"))]
+/// the 1.3 `encode_images` and one trailing entry (ABI 1.4).
+#[cfg(any(feature = "newer", feature = "v1_1", feature = "v1_2"))]
 #[repr(C)]
 pub struct ModelVtable {
     /// Struct header: this struct's own size (larger than the host's in `newer`).
@@ -78,7 +92,18 @@ pub struct ModelVtable {
     /// Copies a sequence (ABI 1.1).
     pub seq_fork:
         Option<unsafe extern "C" fn(handle: *mut c_void, src: i32, dst: i32, err: *mut ErrorBuf) -> Status>,
-    /// An entry from the future that a 1.2 host never calls.
+    /// Encodes images (ABI 1.3).
+    #[cfg(feature = "newer")]
+    pub encode_images: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            seq: i32,
+            images: *const *const ImageInput,
+            n_images: u32,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
+    /// An entry from the future that a 1.3 host never calls.
     #[cfg(feature = "newer")]
     pub future_entry: Option<unsafe extern "C" fn(handle: *mut c_void) -> Status>,
 }
@@ -115,16 +140,16 @@ pub struct ModelVtable {
         Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, len: u32, err: *mut ErrorBuf) -> Status>,
 }
 
-/// The vtable layout of ABI 1.1-1.2 (the `v2` variant reuses it under another major).
+/// The vtable layout of ABI 1.3 (the `v2` variant reuses it under another major).
 #[cfg(feature = "v2")]
 pub use abi::ModelVtable;
 
-/// The 1.2 model info plus one trailing field (ABI 1.3).
+/// The 1.3 model info plus one trailing field (ABI 1.4).
 #[cfg(feature = "newer")]
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ModelInfo {
-    /// Struct header: how much was written, ABI 1.3.
+    /// Struct header: how much was written, ABI 1.4.
     pub header: Header,
     /// Logits per row.
     pub vocab_size: u32,
@@ -148,8 +173,41 @@ pub struct ModelInfo {
     pub rewind: u32,
     /// Snapshot spacing for `REWIND_SNAPSHOTS` (ABI 1.2).
     pub rewind_every: u32,
-    /// A field from the future that a 1.2 host has no room for.
+    /// How the model takes images, as JSON (ABI 1.3).
+    pub vision_json: StrRef,
+    /// A field from the future that a 1.3 host has no room for.
     pub max_batch_tokens: u64,
+}
+
+/// The model info of ABI 1.2: it ends before the 1.3 `vision_json`.
+#[cfg(feature = "v1_2")]
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModelInfo {
+    /// Struct header: how much was written, ABI 1.2.
+    pub header: Header,
+    /// Logits per row.
+    pub vocab_size: u32,
+    /// Longest sequence accepted.
+    pub context_length: u32,
+    /// Most sequences at once.
+    pub max_sequences: u32,
+    /// Always 0.
+    pub reserved: u32,
+    /// `CAP_*` bits.
+    pub capabilities: u64,
+    /// Tokens that end generation.
+    pub stop_tokens: *const i32,
+    /// Number of `stop_tokens`.
+    pub n_stop_tokens: u32,
+    /// Always 0.
+    pub reserved2: u32,
+    /// Everything else, as JSON.
+    pub extra_json: StrRef,
+    /// How far a sequence rewinds: a `REWIND_*` value (ABI 1.2).
+    pub rewind: u32,
+    /// Snapshot spacing for `REWIND_SNAPSHOTS` (ABI 1.2).
+    pub rewind_every: u32,
 }
 
 /// The model info of ABI 1.0-1.1: it ends before the 1.2 rewind fields.
@@ -179,7 +237,7 @@ pub struct ModelInfo {
     pub extra_json: StrRef,
 }
 
-/// The model info layout of ABI 1.2 (the `v2` variant reuses it under another major).
+/// The model info layout of ABI 1.3 (the `v2` variant reuses it under another major).
 #[cfg(feature = "v2")]
 pub use abi::ModelInfo;
 
@@ -196,12 +254,20 @@ const _: () = {
         assert!(offset_of!(ModelInfo, extra_json) == offset_of!(abi::ModelInfo, extra_json));
         assert!(offset_of!(ModelInfo, rewind) == offset_of!(abi::ModelInfo, rewind));
         assert!(offset_of!(ModelInfo, rewind_every) == offset_of!(abi::ModelInfo, rewind_every));
+        assert!(offset_of!(ModelInfo, vision_json) == offset_of!(abi::ModelInfo, vision_json));
+        assert!(offset_of!(ModelVtable, encode_images) == offset_of!(abi::ModelVtable, encode_images));
     }
-    #[cfg(feature = "v1_1")]
+    #[cfg(any(feature = "v1_1", feature = "v1_2"))]
     {
         use std::mem::offset_of;
-        assert!(size_of::<ModelVtable>() == size_of::<abi::ModelVtable>());
+        assert!(size_of::<ModelVtable>() == abi::MODEL_VTABLE_SIZE_V1_2);
         assert!(offset_of!(ModelVtable, seq_fork) == offset_of!(abi::ModelVtable, seq_fork));
+    }
+    #[cfg(feature = "v1_2")]
+    {
+        use std::mem::offset_of;
+        assert!(size_of::<ModelInfo>() == abi::MODEL_INFO_SIZE_V1_2);
+        assert!(offset_of!(ModelInfo, rewind_every) == offset_of!(abi::ModelInfo, rewind_every));
     }
     #[cfg(any(feature = "v1_1", feature = "older"))]
     {
@@ -256,10 +322,14 @@ static VTABLE: Shared<ModelVtable> = Shared(ModelVtable {
     #[cfg(not(feature = "older"))]
     seq_fork: Some(seq_fork),
     #[cfg(feature = "newer")]
+    encode_images: Some(encode_images),
+    #[cfg(feature = "v2")]
+    encode_images: None,
+    #[cfg(feature = "newer")]
     future_entry: Some(future_entry),
 });
 
-/// Entry symbol of ABI 1 (the `newer`, `v1_1` and `older` variants).
+/// Entry symbol of ABI 1 (the `newer`, `v1_2`, `v1_1` and `older` variants).
 #[cfg(not(feature = "v2"))]
 #[no_mangle]
 pub extern "C" fn berth_plugin_entry_v1() -> *const EntryTable {
@@ -372,7 +442,7 @@ unsafe extern "C" fn model_info(handle: *mut c_void, out: *mut ModelInfo, err: *
         context_length: CONTEXT,
         max_sequences: MAX_SEQUENCES,
         reserved: 0,
-        capabilities: 0,
+        capabilities: CAPABILITIES,
         stop_tokens: STOP_TOKENS.as_ptr(),
         n_stop_tokens: STOP_TOKENS.len() as u32,
         reserved2: 0,
@@ -380,16 +450,23 @@ unsafe extern "C" fn model_info(handle: *mut c_void, out: *mut ModelInfo, err: *
             ptr: EXTRA_JSON.as_ptr(),
             len: EXTRA_JSON.len(),
         },
-        #[cfg(feature = "newer")]
+        #[cfg(any(feature = "newer", feature = "v1_2"))]
         rewind: abi::REWIND_SNAPSHOTS,
-        #[cfg(feature = "newer")]
+        #[cfg(any(feature = "newer", feature = "v1_2"))]
         rewind_every: SNAPSHOT_EVERY,
+        #[cfg(feature = "newer")]
+        vision_json: StrRef {
+            ptr: VISION_JSON.as_ptr(),
+            len: VISION_JSON.len(),
+        },
         #[cfg(feature = "newer")]
         max_batch_tokens: 512,
         #[cfg(feature = "v2")]
         rewind: abi::REWIND_ANYWHERE,
         #[cfg(feature = "v2")]
         rewind_every: 0,
+        #[cfg(feature = "v2")]
+        vision_json: StrRef::EMPTY,
     };
     // SAFETY: `out` is the host's ModelInfo, its header set to its allocated size (which may be
     // smaller than our struct: write_prefix never writes past it).
@@ -493,6 +570,40 @@ unsafe extern "C" fn seq_fork(handle: *mut c_void, _src: i32, _dst: i32, err: *m
     }
 }
 
+/// Accepts images whose structs and placeholder positions are present, counting a call.
+#[cfg(feature = "newer")]
+unsafe extern "C" fn encode_images(
+    handle: *mut c_void,
+    _seq: i32,
+    images: *const *const ImageInput,
+    n_images: u32,
+    err: *mut ErrorBuf,
+) -> Status {
+    // SAFETY: forwarded host contract.
+    if !unsafe { touch(handle) } {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null handle");
+    }
+    if n_images == 0 || images.is_null() {
+        return fail(err, STATUS_INVALID_ARGUMENT, "no images");
+    }
+    // SAFETY: the host passes n_images image pointers, valid for the call.
+    let ptrs = unsafe { std::slice::from_raw_parts(images, n_images as usize) };
+    for &p in ptrs {
+        // SAFETY: each pointer is null or a valid image struct; read within its struct_size.
+        match unsafe { abi::read_versioned(p) } {
+            Some((img, _)) if img.n_positions > 0 && !img.positions.is_null() => {}
+            _ => {
+                return fail(
+                    err,
+                    STATUS_INVALID_ARGUMENT,
+                    "an image without placeholder positions",
+                )
+            }
+        }
+    }
+    STATUS_OK
+}
+
 #[cfg(feature = "newer")]
 unsafe extern "C" fn future_entry(_handle: *mut c_void) -> Status {
     STATUS_OK
@@ -579,6 +690,81 @@ mod tests {
         assert_eq!(
             ENTRY.0.header.struct_size as usize,
             size_of::<abi::EntryTable>() + 8
+        );
+    }
+
+    #[cfg(feature = "newer")]
+    #[test]
+    fn the_1_3_image_fields_are_read_and_images_reach_its_encode_entry() {
+        let mut m = plugin().create("{}").unwrap();
+        assert!(m.supports_images());
+        assert_ne!(m.description().capabilities & abi::CAP_VISION, 0);
+        let spec = m.vision().unwrap();
+        assert_eq!(
+            (
+                spec.scheme.as_str(),
+                spec.layout,
+                spec.patch_size,
+                spec.image_token_id
+            ),
+            ("abi-test", berth_plugin_api::PixelLayout::Chw, 4, 15)
+        );
+        let pixels = [0.5f32; 48];
+        let img = berth_plugin_api::ImageInput {
+            shape: &[3, 4, 4],
+            pixels: &pixels,
+            patch_mask: None,
+            grid: Some((1, 1)),
+            positions: &[2],
+        };
+        m.encode_images(0, &[img, img]).unwrap();
+    }
+
+    #[cfg(feature = "v1_2")]
+    #[test]
+    fn model_info_ends_before_vision_json_and_the_vision_bit_is_cleared() {
+        // A 1.3 host's ModelInfo with vision_json pre-set: the plugin must leave it.
+        // SAFETY: all-zero is valid for these plain integers and pointers.
+        let mut info: abi::ModelInfo = unsafe { std::mem::zeroed() };
+        info.header = Header::for_struct::<abi::ModelInfo>();
+        info.vision_json.len = 0xaaaa;
+        let mut inst: Instance = unsafe { std::mem::zeroed() };
+        inst.header = Header::for_struct::<Instance>();
+        // SAFETY: valid out-structs and a null error buffer (allowed).
+        unsafe {
+            assert_eq!(create(StrRef::EMPTY, &mut inst, std::ptr::null_mut()), STATUS_OK);
+            let out = &mut info as *mut abi::ModelInfo as *mut ModelInfo;
+            assert_eq!(model_info(inst.handle, out, std::ptr::null_mut()), STATUS_OK);
+            destroy(inst.handle);
+        }
+        assert_eq!(info.header.struct_size as usize, abi::MODEL_INFO_SIZE_V1_2);
+        assert_eq!(info.vision_json.len, 0xaaaa, "written past a 1.2 model info");
+        assert_ne!(
+            info.capabilities & abi::CAP_VISION,
+            0,
+            "the variant claims vision"
+        );
+        assert_eq!(VTABLE.0.header.struct_size as usize, abi::MODEL_VTABLE_SIZE_V1_2);
+
+        let mut m = plugin().create("{}").unwrap();
+        assert!(!m.supports_images() && m.vision().is_none());
+        assert_eq!(m.description().capabilities & abi::CAP_VISION, 0);
+        assert_eq!(
+            m.description().rewind,
+            berth_plugin_api::Rewind::Snapshots {
+                every: SNAPSHOT_EVERY
+            }
+        );
+        let img = berth_plugin_api::ImageInput {
+            shape: &[1],
+            pixels: &[0.0],
+            patch_mask: None,
+            grid: None,
+            positions: &[0],
+        };
+        assert_eq!(
+            m.encode_images(0, &[img]).unwrap_err().kind,
+            berth_plugin_api::ErrorKind::Unsupported
         );
     }
 
