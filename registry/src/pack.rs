@@ -444,8 +444,8 @@ pub fn family_for_architecture(arch: &str) -> Option<&'static str> {
         "gemma" | "gemma2" | "gemma3" | "gemma3n" | "gemma4" | "gemma3text" | "gemma3ntext"
         | "gemma4text" => "gemma",
         "gptoss" => "gpt-oss",
-        "lfm2" | "lfm2moe" => "lfm2",
-        "minicpmv" => "minicpm-v",
+        "lfm2" | "lfm2moe" | "lfm2vl" => "lfm2",
+        "minicpmv" | "minicpmv46" => "minicpm-v",
         _ => return None,
     })
 }
@@ -679,8 +679,10 @@ stop = ["<|im_end|>"]
             ("gpt_oss", "gpt-oss"),
             ("lfm2_moe", "lfm2"),
             ("lfm2", "lfm2"),
+            ("lfm2_vl", "lfm2"),
             ("minicpm-v", "minicpm-v"),
             ("minicpmv", "minicpm-v"),
+            ("minicpmv4_6", "minicpm-v"),
         ] {
             assert_eq!(family_for_architecture(arch), Some(fam), "{arch}");
             assert!(KNOWN_FAMILIES.contains(&fam));

@@ -2,24 +2,30 @@
 //! layers) and LFM2-MoE (sigmoid-routed experts with a selection bias after the first dense
 //! layers), from HF safetensors or llama.cpp GGUF files. This crate is the config and the weight
 //! map; the runtime is `berth-plugin-common`. [`vl`] adds LFM2-VL's vision encoder and places its
-//! image features in the language model.
+//! image features in the language model; an `lfm2_vl` safetensors pack loads as
+//! [`Lfm2Model::Vision`] and takes images through the plugin ABI.
 
 #![warn(missing_docs)]
 
-use berth_plugin_api::{LoadConfig, PluginError};
+use berth_plugin_api::{
+    BatchView, Family, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PluginError,
+    PluginManifest, VisionSpec,
+};
 use berth_plugin_common::family::{
-    bad, chat_template, hf_config, load_experts, template_has_tools, GgufKeys, HfConfig, Loaded, Specials,
+    bad, chat_template, family_manifest, hf_config, load_experts, load_pack, probe_family,
+    template_has_tools, GgufKeys, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
     AttnWeights, DecoderConfig, DecoderModel, DecoderWeights, Ffn, GatedFfn, LayerWeights, Mixer, MoeConfig,
     RouterScoring, ShortConv, Weights,
 };
 use serde_json::Value;
+use vl::Lfm2VlModel;
 
 pub mod vl;
 
 /// Architectures served: GGUF `general.architecture` values and HF `model_type`s.
-pub const ARCHITECTURES: [&str; 2] = ["lfm2", "lfm2_moe"];
+pub const ARCHITECTURES: [&str; 3] = ["lfm2", "lfm2_moe", "lfm2_vl"];
 
 /// Special tokens looked up by text in the vocabulary and reported in the model info.
 const SPECIAL_TOKENS: [&str; 9] = [
@@ -37,8 +43,87 @@ const SPECIAL_TOKENS: [&str; 9] = [
 /// Special tokens that end generation when present.
 const STOP_TEXTS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
 
-/// A loaded LFM2 model.
-pub type Lfm2Model = DecoderModel;
+/// A loaded LFM2 pack: a text model, or LFM2-VL's language model with its vision encoder.
+pub enum Lfm2Model {
+    /// LFM2 or LFM2-MoE (GGUF or safetensors), or the language model of a GGUF LFM2-VL pack.
+    Text(Box<DecoderModel>),
+    /// LFM2-VL from a safetensors `lfm2_vl` pack: takes images.
+    Vision(Box<Lfm2VlModel>),
+}
+
+impl Lfm2Model {
+    /// The model the plugin calls.
+    fn inner(&self) -> &dyn Model {
+        match self {
+            Lfm2Model::Text(m) => m.as_ref(),
+            Lfm2Model::Vision(m) => m.as_ref(),
+        }
+    }
+
+    /// The model the plugin calls, mutably.
+    fn inner_mut(&mut self) -> &mut dyn Model {
+        match self {
+            Lfm2Model::Text(m) => m.as_mut(),
+            Lfm2Model::Vision(m) => m.as_mut(),
+        }
+    }
+
+    /// The language model.
+    pub fn text(&self) -> &DecoderModel {
+        match self {
+            Lfm2Model::Text(m) => m,
+            Lfm2Model::Vision(m) => &m.text,
+        }
+    }
+}
+
+impl Model for Lfm2Model {
+    fn describe(&self) -> ModelDescription {
+        self.inner().describe()
+    }
+
+    fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
+        self.inner_mut().decode(batch, logits)
+    }
+
+    fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError> {
+        self.inner_mut().force_token(seq, token)
+    }
+
+    fn thinking_enabled(&self, requested: Option<bool>) -> bool {
+        self.inner().thinking_enabled(requested)
+    }
+
+    fn tools_enabled(&self) -> bool {
+        self.inner().tools_enabled()
+    }
+
+    fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
+        self.inner_mut().seq_truncate(seq, len)
+    }
+
+    fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
+        self.inner_mut().seq_fork(src, dst)
+    }
+
+    fn vision(&self) -> Option<VisionSpec> {
+        self.inner().vision()
+    }
+
+    fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
+        self.inner_mut().encode_images(seq, images)
+    }
+}
+
+/// Whether an architecture name is one of ours (HF class names included).
+fn knows(a: &str) -> bool {
+    let a = a.to_ascii_lowercase();
+    ARCHITECTURES.contains(&a.as_str())
+        || matches!(
+            a.as_str(),
+            "lfm2-vl" | "lfm2forcausallm" | "lfm2moeforcausallm" | "lfm2vlforconditionalgeneration"
+        )
+}
 
 /// Which mixer a layer has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,18 +215,36 @@ struct MoeLayout {
     expert_bias: bool,
 }
 
-berth_plugin_common::decoder_family!(
-    Lfm2Family,
-    name: "lfm2",
-    description: "LFM2 and LFM2-MoE text models (GGUF, safetensors)",
-    architectures: ARCHITECTURES,
-    knows: |a| {
-        let a = a.to_ascii_lowercase();
-        ARCHITECTURES.contains(&a.as_str()) || a == "lfm2forcausallm" || a == "lfm2moeforcausallm"
-    },
-    gguf: load_gguf,
-    safetensors: load_safetensors,
-);
+/// The LFM2 family: text packs on the common decoder, `lfm2_vl` safetensors packs as
+/// [`Lfm2VlModel`].
+pub struct Lfm2Family;
+
+impl Family for Lfm2Family {
+    type Model = Lfm2Model;
+
+    fn manifest() -> PluginManifest {
+        family_manifest(
+            "lfm2",
+            env!("CARGO_PKG_VERSION"),
+            "LFM2 and LFM2-MoE text models (GGUF, safetensors) and LFM2-VL with images (safetensors)",
+            &ARCHITECTURES,
+        )
+    }
+
+    fn probe(model_config: &Value) -> u32 {
+        probe_family(model_config, "lfm2", knows)
+    }
+
+    fn create(config: &LoadConfig) -> Result<Lfm2Model, PluginError> {
+        if vl::is_vl_pack(config) {
+            return Ok(Lfm2Model::Vision(Box::new(Lfm2VlModel::load(config)?)));
+        }
+        let loaded = load_pack(config, load_gguf, load_safetensors)?;
+        Ok(Lfm2Model::Text(Box::new(DecoderModel::new(loaded, config)?)))
+    }
+}
+
+berth_plugin_api::export_plugin!(Lfm2Family);
 
 /// The LFM2 language model of an HF pack: `lfm2`, `lfm2_moe`, or the `text_config` and
 /// `model.language_model.*` tensors of an `lfm2_vl` pack.
@@ -348,7 +451,13 @@ mod tests {
     fn probe_accepts_lfm2_packs_only() {
         berth_plugin_common::testing::check_probe::<Lfm2Family>(
             "lfm2",
-            &["lfm2", "lfm2_moe", "Lfm2ForCausalLM"],
+            &[
+                "lfm2",
+                "lfm2_moe",
+                "lfm2_vl",
+                "Lfm2ForCausalLM",
+                "Lfm2VlForConditionalGeneration",
+            ],
         );
     }
 }
