@@ -1,15 +1,16 @@
-//! Qwen3.5 (dense and MoE): config and weight map. Layers alternate gated delta-net (linear
+//! Qwen3.5 (dense and MoE): config and weight map, shared by the qwen3 plugin and MiniCPM-V's
+//! Qwen3.5 backbone (a plugin crate cannot link another plugin: both export the entry points). Layers alternate gated delta-net (linear
 //! attention) and gated full attention; every norm of the main path is the zero-centred
 //! `(1 + w)` RMSNorm in HF checkpoints (llama.cpp's converter folds the 1 in), except the
 //! delta-net's gated output norm (plain `w`). llama.cpp's GGUF also stores `-exp(A_log)` and
 //! the delta-net's value heads tiled over the key heads (tests/fixtures/gguf-tiny/TENSORS.md).
 
-use berth_plugin_api::PluginError;
-use berth_plugin_common::family::{bad, load_experts, GgufKeys, HfConfig};
-use berth_plugin_common::{
+use crate::family::{bad, load_experts, GgufKeys, HfConfig};
+use crate::{
     AttnWeights, DecoderConfig, DecoderWeights, Ffn, GatedDeltaNet, GatedFfn, LayerWeights, Mixer,
     SharedExpert, Weights,
 };
+use berth_plugin_api::PluginError;
 
 /// Which mixer a layer has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,11 +199,18 @@ fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<
     }
     cfg.rope_partial_pairs = true;
     cfg.qk_norm = true;
+    // A multimodal checkpoint (Qwen3.5's own, MiniCPM-V 4.6) keeps the language model under
+    // `model.language_model.*`.
+    let nested = w.has_named("model.language_model.embed_tokens.weight");
+    let rebase = |n: String| match n.strip_prefix("model.") {
+        Some(rest) if nested => format!("model.language_model.{rest}"),
+        _ => n,
+    };
     let mat = |n: String| w.matrix_named(&n);
     let vec = |n: String| w.vector_named(&n);
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for (i, kind) in l.kinds.iter().enumerate() {
-        let t = |role: &str| (f.name)(i, role);
+        let t = |role: &str| rebase((f.name)(i, role));
         let mixer = match kind {
             Kind::Full => Mixer::Attention(Box::new(AttnWeights {
                 gated: true,
@@ -274,11 +282,11 @@ fn load(w: &Weights, cfg: &mut DecoderConfig, l: &Layout, f: &Format) -> Result<
         });
     }
     let [embed_name, norm_name, head_name] = f.globals;
-    let embed = mat(embed_name.into())?;
+    let embed = mat(rebase(embed_name.into()))?;
     let output = if !cfg.tie_embeddings && w.has_named(head_name) {
         mat(head_name.into())?
     } else {
         embed.clone()
     };
-    DecoderWeights::new(cfg, embed, layers, vec(norm_name.into())?, output)
+    DecoderWeights::new(cfg, embed, layers, vec(rebase(norm_name.into()))?, output)
 }
