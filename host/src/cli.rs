@@ -135,6 +135,10 @@ pub enum Command {
         /// Constrain the answer: `json`, or a JSON schema (inline or a file), as Ollama's `format`.
         #[arg(long)]
         format: Option<String>,
+        /// An image to attach to the (first) message; repeatable. Image files named in the
+        /// prompt are attached too.
+        #[arg(long = "image", value_name = "FILE")]
+        images: Vec<std::path::PathBuf>,
     },
     /// Measure prompt processing (ppN) and generation (tgN) tokens/s, as llama-bench does.
     Bench {
@@ -306,9 +310,11 @@ pub fn run(cli: Cli) -> Result<()> {
             system,
             threads,
             format,
+            images,
         } => {
             let opts = crate::run::RunOptions {
                 format,
+                images,
                 raw,
                 verbose,
                 sampling: crate::sampling::SamplingParams {

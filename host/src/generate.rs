@@ -3,6 +3,7 @@
 //! as the plugin's rewind rule allows; a refused rewind costs a full prefill).
 
 use crate::decoding::{DecodeOptions, DecodeState, FinishReason};
+use crate::engine::JobImage;
 use crate::models::LoadedModel;
 use crate::packs;
 use crate::plugins::PluginSet;
@@ -75,6 +76,8 @@ pub struct Session {
     stop_tokens: HashSet<u32>,
     /// Tokens currently held in the model's cache for [`SEQ`].
     cached: Vec<u32>,
+    /// The images whose rows the cache holds: (first position, last position, hash).
+    cached_images: Vec<(usize, usize, u64)>,
     /// The plugin's sequence may hold tokens `cached` does not (a step failed): reset it first.
     stale: bool,
     logits: Vec<f32>,
@@ -99,6 +102,7 @@ impl Session {
             load_duration: start.elapsed(),
             stop_tokens: opened.stop_tokens,
             cached: Vec::new(),
+            cached_images: Vec::new(),
             stale: false,
             logits: vec![0.0; vocab],
         })
@@ -108,6 +112,7 @@ impl Session {
     pub fn clear(&mut self) -> Result<()> {
         self.model.instance()?.seq_truncate(SEQ, 0)?;
         self.cached.clear();
+        self.cached_images.clear();
         self.stale = false;
         Ok(())
     }
@@ -174,6 +179,25 @@ impl Session {
         &mut self,
         tokens: &[u32],
         opts: DecodeOptions,
+        on_text: impl FnMut(&str),
+    ) -> Result<GenerationStats> {
+        self.generate_with_images(tokens, &[], opts, on_text)
+    }
+
+    /// How the model takes images (its plugin's vision spec), if it does.
+    pub fn vision(&mut self) -> Option<berth_plugin_api::VisionSpec> {
+        self.model.instance().ok().and_then(|i| i.vision().cloned())
+    }
+
+    /// Like [`Session::generate_with`], for a prompt whose placeholder rows take `images`
+    /// (slices with their positions, from `api::images::expand_for`). Cached image rows are
+    /// reused only for the same image bytes at the same place; the others are encoded before
+    /// their rows are fed.
+    pub fn generate_with_images(
+        &mut self,
+        tokens: &[u32],
+        images: &[JobImage],
+        opts: DecodeOptions,
         mut on_text: impl FnMut(&str),
     ) -> Result<GenerationStats> {
         if tokens.is_empty() {
@@ -189,10 +213,38 @@ impl Session {
         // and rewind no further than to a point the plugin can rewind to.
         let mut keep = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
         keep = keep.min(tokens.len() - 1);
+        let rule = self.model.description().rewind;
+        // No image is cut in two, and a cached image row counts only for the same image.
+        let spans: Vec<(usize, usize, u64)> = images
+            .iter()
+            .filter_map(|img| {
+                let first = *img.positions.first()? as usize;
+                Some((first, *img.positions.last()? as usize, img.hash))
+            })
+            .collect();
+        while let Some(&(first, ..)) = spans
+            .iter()
+            .find(|s| s.0 < keep && (keep <= s.1 || !self.cached_images.contains(s)))
+        {
+            keep = rule.floor(first as u32, self.cached.len() as u32) as usize;
+        }
         if self.stale || keep < self.cached.len() {
-            let rule = self.model.description().rewind;
             keep = rule.floor(keep as u32, self.cached.len() as u32) as usize;
             keep = self.rewind(keep)?;
+        }
+        self.cached_images.retain(|s| s.1 < keep);
+        let pending: Vec<_> = images
+            .iter()
+            .filter(|img| img.positions.first().is_some_and(|&p| p as usize >= keep))
+            .map(JobImage::as_input)
+            .collect();
+        if !pending.is_empty() {
+            if let Err(e) = self.model.instance()?.encode_images(SEQ, &pending) {
+                self.stale = true;
+                return Err(anyhow!("the model cannot encode the images: {}", e.message));
+            }
+            self.cached_images
+                .extend(spans.iter().filter(|s| s.0 >= keep).copied());
         }
         stats.cached_tokens = keep;
         let rest = &tokens[keep..];
@@ -282,6 +334,7 @@ impl Session {
         if let Err(e) = self.model.decode(&batch, &mut self.logits) {
             // A failed (or poisoned) step leaves the cache in an unknown state: start over.
             self.cached.clear();
+            self.cached_images.clear();
             self.stale = true;
             return Err(e.into());
         }

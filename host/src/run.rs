@@ -1,5 +1,6 @@
 //! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
 
+use crate::api::images::{self, RequestImage};
 use crate::chat::StreamParser;
 use crate::constraint::{ConstraintFactory, RequestConstraints};
 use crate::decoding::DecodeOptions;
@@ -7,6 +8,7 @@ use crate::generate::{GenerationStats, Session};
 use crate::sampling::SamplingParams;
 use crate::template::RenderInput;
 use anyhow::{anyhow, bail, Context, Result};
+use berth_plugin_api::VisionSpec;
 use berth_registry::store::Store;
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -32,6 +34,57 @@ pub struct RunOptions {
     pub threads: Option<u32>,
     /// Ollama-style `format`: `json` or a JSON schema (inline or a file path).
     pub format: Option<String>,
+    /// Image files for the first message (`--image`).
+    pub images: Vec<std::path::PathBuf>,
+}
+
+/// The file extensions of images found in a prompt.
+const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "webp", "gif"];
+
+/// Reads an image file for a message (at most [`images::MAX_IMAGE_BYTES`]).
+fn read_image(path: &Path) -> Result<RequestImage> {
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("reading image {}", path.display()))?
+        .len();
+    if len > images::MAX_IMAGE_BYTES as u64 {
+        bail!(
+            "image {} is too large: {len} bytes, at most {} are accepted",
+            path.display(),
+            images::MAX_IMAGE_BYTES
+        );
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading image {}", path.display()))?;
+    Ok(RequestImage {
+        place: path.display().to_string(),
+        bytes,
+    })
+}
+
+/// Image files named in a prompt, as `ollama run` finds them: words (optionally quoted) ending
+/// in an image extension that name an existing file. Returns the prompt without them and the
+/// images, in order.
+fn images_in_prompt(text: &str) -> Result<(String, Vec<RequestImage>)> {
+    let mut out = text.to_string();
+    let mut found = Vec::new();
+    for word in text.split_whitespace() {
+        let path = word.trim_matches(|c| c == '"' || c == '\'' || c == '`');
+        let ext = Path::new(path)
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        if !ext.is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.as_str())) {
+            continue;
+        }
+        let expanded = match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+            (Some(rest), Some(home)) => Path::new(&home).join(rest),
+            _ => Path::new(path).to_path_buf(),
+        };
+        if expanded.is_file() {
+            found.push(read_image(&expanded)?);
+            out = out.replacen(word, "", 1);
+        }
+    }
+    Ok((out.trim().to_string(), found))
 }
 
 /// Runs `berth run`.
@@ -58,11 +111,20 @@ pub fn run(
         Some(f) if !opts.raw => Some(format_constraints(&mut session, f)?),
         _ => None,
     };
+    let pending = opts
+        .images
+        .iter()
+        .map(|p| read_image(p))
+        .collect::<Result<Vec<_>>>()?;
+    let vision = session.vision();
     let mut chat = Chat {
         think: opts.think,
         history: Vec::new(),
         opts,
         constraints,
+        vision,
+        images: Vec::new(),
+        pending,
     };
     if let Some(s) = &chat.opts.system {
         chat.history
@@ -80,6 +142,12 @@ struct Chat {
     history: Vec<serde_json::Value>,
     /// The `--format` constraint's factory and request, when one was asked for.
     constraints: Option<(ConstraintFactory, RequestConstraints)>,
+    /// How the model takes images, if it does.
+    vision: Option<VisionSpec>,
+    /// The images of the conversation so far, in order (their markers are in `history`).
+    images: Vec<RequestImage>,
+    /// `--image` files not yet sent (they go with the first message).
+    pending: Vec<RequestImage>,
 }
 
 /// Parses `--format` (Ollama's `format`: `json`, or a schema inline or in a file) and builds the
@@ -108,14 +176,42 @@ impl Chat {
     /// Renders the prompt for a new user message (or the raw text), generates and prints.
     fn turn(&mut self, session: &mut Session, text: &str) -> Result<()> {
         let mut start = crate::chat::ParseStart::Content;
-        let tokens = if self.opts.raw {
-            session.tokenizer.encode(text, true)
+        let (text, found) = images_in_prompt(text)?;
+        let mut new: Vec<RequestImage> = std::mem::take(&mut self.pending);
+        new.extend(found);
+        if !new.is_empty() && self.vision.is_none() {
+            bail!("{} does not take images", session.reference);
+        }
+        // Images go before the text of their message, as Ollama puts them.
+        let offset = if self.opts.raw { 0 } else { self.images.len() };
+        let markers: String = (0..new.len()).map(|k| images::marker(offset + k)).collect();
+        let text = format!("{markers}{text}");
+        let expand = |session: &Session, prompt: &str, all: &[RequestImage], add_special: bool| {
+            images::expand_for(
+                &session.tokenizer,
+                self.vision.as_ref(),
+                &session.reference,
+                prompt,
+                all,
+                add_special,
+            )
+            .map_err(|e| anyhow!("{}", e.message))
+        };
+        let (tokens, slices) = if self.opts.raw {
+            let (_, tokens, slices) = expand(session, &text, &new, true)?;
+            (tokens, slices)
         } else {
+            self.images.extend(new);
             self.history
                 .push(serde_json::json!({"role": "user", "content": text}));
             let (prompt, tokens) = self.render(session)?;
+            let (prompt, tokens, slices) = if self.images.is_empty() {
+                (prompt, tokens, Vec::new())
+            } else {
+                expand(session, &prompt, &self.images, false)?
+            };
             start = crate::chat::prefill(session.chat_format.format, &prompt);
-            tokens
+            (tokens, slices)
         };
         let constraint = match &self.constraints {
             Some((factory, req)) => factory
@@ -134,7 +230,7 @@ impl Chat {
         let mut printer = ReplyPrinter::new(
             (!self.opts.raw).then(|| StreamParser::new(session.chat_format.format, start, None)),
         );
-        let stats = session.generate_with(&tokens, decode, |piece| {
+        let stats = session.generate_with_images(&tokens, &slices, decode, |piece| {
             answer.push_str(piece);
             printer.piece(&mut out, piece);
         })?;
@@ -225,6 +321,7 @@ impl Chat {
             ["bye"] | ["exit"] | ["quit"] => return Ok(true),
             ["clear"] => {
                 self.history.retain(|m| m["role"] == "system");
+                self.images.clear();
                 session.clear()?;
                 eprintln!("Cleared session context");
             }
@@ -371,6 +468,21 @@ mod tests {
         }
         p.finish(&mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn image_files_named_in_a_prompt_are_attached_and_taken_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("cat.PNG");
+        std::fs::write(&img, b"png bytes").unwrap();
+        let prompt = format!("describe '{}' and ./missing.png please", img.display());
+        let (text, found) = super::images_in_prompt(&prompt).unwrap();
+        assert_eq!(text, "describe  and ./missing.png please");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].bytes, b"png bytes");
+        assert_eq!(found[0].place, img.display().to_string());
+        let (text, found) = super::images_in_prompt("no images here.txt").unwrap();
+        assert_eq!((text.as_str(), found.len()), ("no images here.txt", 0));
     }
 
     #[test]

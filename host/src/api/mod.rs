@@ -2,6 +2,7 @@
 //! the engine. Handlers are plain async functions; every client mistake becomes a 4xx in the
 //! API's own error shape, never a 500.
 
+pub mod images;
 pub mod ollama;
 pub mod openai;
 

@@ -238,7 +238,7 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
     let obj = parse_object(&body(b)?)?;
     let f = Fields::new(&obj, "");
     let name = f.required_str("model")?;
-    let messages = f.array("messages")?.cloned().unwrap_or_default();
+    let mut messages = f.array("messages")?.cloned().unwrap_or_default();
     let ka = keep_alive(&f)?;
     let mut decode = options(&f)?;
     let rc = RequestConstraints::from_ollama(f.raw("tools"), f.raw("format")).map_err(param_error)?;
@@ -256,17 +256,23 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
         return Ok(axum::Json(v).into_response());
     }
     check_messages(&messages)?;
+    let images = super::images::take_ollama(&mut messages)?;
+    super::images::check_vision(&model, &images)?;
     // openai-harmony reads Ollama's messages itself (`thinking`, `tool_name`, object arguments).
     let rendered_messages = if model.harmony.is_some() {
         messages.clone()
     } else {
         to_template_messages(&messages)
     };
-    let (rendered, prompt) = render(&model, rendered_messages, tools.clone(), extra.clone())?;
+    let (mut rendered, mut prompt) = render(&model, rendered_messages, tools.clone(), extra.clone())?;
+    let mut slices = Vec::new();
+    if !images.is_empty() {
+        (rendered, prompt, slices) = super::images::expand(&model, &rendered, &images, false)?;
+    }
     let start = chat::prefill(model.detected.format, &rendered);
     decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
     let parser = StreamParser::new(model.detected.format, start, tools.as_deref());
-    let rx = submit(&model, &id, prompt, decode)?;
+    let rx = submit(&model, &id, prompt, slices, decode)?;
     respond(
         Gen {
             model,
@@ -417,7 +423,7 @@ async fn generate_inner(
     let prompt = f.str("prompt")?.unwrap_or("");
     let system = f.str("system")?;
     let raw = f.bool("raw")?.unwrap_or(false);
-    f.array("images")?;
+    let image_list = f.array("images")?;
     let ka = keep_alive(&f)?;
     let mut decode = options(&f)?;
     let rc = RequestConstraints::from_ollama(None, f.raw("format")).map_err(param_error)?;
@@ -432,22 +438,35 @@ async fn generate_inner(
             "response": "", "done_reason": "load", "done": true});
         return Ok(axum::Json(v).into_response());
     }
-    let (parser, tokens) = if raw || model.template.is_none() {
+    let (images, markers) = super::images::take_ollama_generate(image_list)?;
+    super::images::check_vision(&model, &images)?;
+    let marked = format!("{markers}{prompt}");
+    let prompt = marked.as_str();
+    let (parser, tokens, slices) = if raw || model.template.is_none() {
         let p = StreamParser::new(chat::ChatFormat::ContentOnly, chat::ParseStart::Content, None);
         decode.constraint = constraint_for(&model, &rc, false, chat::ParseStart::Content)?;
-        (p, model.tokenizer.encode(prompt, true))
+        let (_, tokens, slices) = super::images::expand(&model, prompt, &images, true)?;
+        (p, tokens, slices)
     } else {
         let mut messages = Vec::new();
         if let Some(s) = system {
             messages.push(json!({"role": "system", "content": s}));
         }
         messages.push(json!({"role": "user", "content": prompt}));
-        let (rendered, tokens) = render(&model, messages, None, extra.clone())?;
+        let (mut rendered, mut tokens) = render(&model, messages, None, extra.clone())?;
+        let mut slices = Vec::new();
+        if !images.is_empty() {
+            (rendered, tokens, slices) = super::images::expand(&model, &rendered, &images, false)?;
+        }
         let start = chat::prefill(model.detected.format, &rendered);
         decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
-        (StreamParser::new(model.detected.format, start, None), tokens)
+        (
+            StreamParser::new(model.detected.format, start, None),
+            tokens,
+            slices,
+        )
     };
-    let rx = submit(&model, &id, tokens, decode)?;
+    let rx = submit(&model, &id, tokens, slices, decode)?;
     respond(
         Gen {
             model,
@@ -532,7 +551,7 @@ pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         "template": template,
         "details": details(&e),
         "model_info": info,
-        "capabilities": m.capabilities,
+        "capabilities": super::openai::capabilities(&st, &e),
         "modified_at": rfc3339(e.modified),
     }))
     .into_response())

@@ -4,7 +4,7 @@ use super::{parse_object, ApiError, Fields};
 use crate::chat::{self, ChatFormat, ParseStart, StreamParser};
 use crate::constraint::{ParamError, RequestConstraints, SequenceConstraint};
 use crate::decoding::DecodeOptions;
-use crate::engine::{Event, Finish, Job, SubmitError};
+use crate::engine::{Event, Finish, Job, JobImage, SubmitError};
 use crate::harmony::{HarmonyInput, ReasoningEffort};
 use crate::sampling::SamplingParams;
 use crate::server::models::{Model, ModelError};
@@ -236,6 +236,7 @@ pub(crate) fn submit(
     model: &Model,
     id: &str,
     prompt: Vec<u32>,
+    images: Vec<JobImage>,
     decode: DecodeOptions,
 ) -> Result<UnboundedReceiver<Event>, ApiError> {
     if prompt.is_empty() {
@@ -260,6 +261,7 @@ pub(crate) fn submit(
         decode,
         events: tx,
         received: Instant::now(),
+        images,
     };
     match model.engine.submit(job) {
         Ok(()) => Ok(rx),
@@ -357,6 +359,27 @@ pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
                     format!("'{p}.content' must be a string or an array of parts"),
                 ))
             }
+        }
+    }
+    Ok(())
+}
+
+/// A 400 naming the first `image_url` part, for a model that takes no images (before any is
+/// fetched).
+pub(crate) fn refuse_images(model: &Model, messages: &[Value]) -> Result<(), ApiError> {
+    for (i, m) in messages.iter().enumerate() {
+        let Some(Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        if let Some(j) = parts
+            .iter()
+            .position(|p| p.get("type").and_then(Value::as_str) == Some("image_url"))
+        {
+            let place = format!("messages[{i}].content[{j}]");
+            return Err(ApiError::param(
+                &place,
+                format!("{place}: model {} does not take images", model.reference),
+            ));
         }
     }
     Ok(())
@@ -478,7 +501,7 @@ pub async fn chat_completions(
     let f = Fields::new(&obj, "");
     f.only(CHAT_FIELDS)?;
     let name = f.required_str("model")?;
-    let messages = f
+    let mut messages = f
         .array("messages")?
         .ok_or_else(|| ApiError::param("messages", "'messages' is required"))?
         .clone();
@@ -509,11 +532,19 @@ pub async fn chat_completions(
         rc.parser_tools().map(<[Value]>::to_vec)
     };
     let model = model_for(&st, name, None).await?;
-    let (rendered, prompt) = render(&model, messages, render_tools.clone(), extra.clone())?;
+    if model.vision.is_none() {
+        refuse_images(&model, &messages)?;
+    }
+    let images = super::images::take_openai(&mut messages).await?;
+    let (mut rendered, mut prompt) = render(&model, messages, render_tools.clone(), extra.clone())?;
+    let mut slices = Vec::new();
+    if !images.is_empty() {
+        (rendered, prompt, slices) = super::images::expand(&model, &rendered, &images, false)?;
+    }
     let start = chat::prefill(model.detected.format, &rendered);
     decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
     let parser = StreamParser::new(model.detected.format, start, render_tools.as_deref());
-    let rx = submit(&model, &id, prompt, decode)?;
+    let rx = submit(&model, &id, prompt, slices, decode)?;
     let cid = format!("chatcmpl-{}", id.trim_start_matches("req-"));
     let created = now_secs();
     let model_name = model.reference.clone();
@@ -648,7 +679,7 @@ pub async fn completions(
     }
     let model = model_for(&st, name, None).await?;
     let tokens = model.tokenizer.encode(&prompt, true);
-    let rx = submit(&model, &id, tokens, decode)?;
+    let rx = submit(&model, &id, tokens, Vec::new(), decode)?;
     let cid = format!("cmpl-{}", id.trim_start_matches("req-"));
     let created = now_secs();
     let model_name = model.reference.clone();
@@ -696,14 +727,29 @@ pub async fn completions(
     Ok(sse(stream))
 }
 
-/// One `/v1/models` entry.
-fn model_object(e: &berth_registry::store::PackEntry) -> Value {
-    let created = e.modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let caps = e
+/// A pack's capabilities: its manifest's, plus `vision` when it is loaded and its plugin
+/// reports a vision spec.
+pub(crate) fn capabilities(st: &Shared, e: &berth_registry::store::PackEntry) -> Vec<String> {
+    let mut caps = e
         .manifest
         .as_ref()
         .map(|m| m.capabilities.clone())
         .unwrap_or_default();
+    let vision = st
+        .models
+        .loaded()
+        .iter()
+        .any(|m| m.reference == e.reference && m.vision.is_some());
+    if vision && !caps.iter().any(|c| c == "vision") {
+        caps.push("vision".into());
+    }
+    caps
+}
+
+/// One `/v1/models` entry.
+fn model_object(st: &Shared, e: &berth_registry::store::PackEntry) -> Value {
+    let created = e.modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let caps = capabilities(st, e);
     json!({
         "id": e.reference,
         "object": "model",
@@ -720,7 +766,7 @@ pub async fn list_models(State(st): State<Shared>) -> Response {
         .catalog()
         .iter()
         .filter(|e| e.manifest.is_some() && e.problems.is_empty())
-        .map(model_object)
+        .map(|e| model_object(&st, e))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -729,7 +775,7 @@ pub async fn list_models(State(st): State<Shared>) -> Response {
 pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = id.trim_start_matches('/');
     match st.models.store().get(id) {
-        Ok(e) if e.manifest.is_some() => Ok(axum::Json(model_object(&e)).into_response()),
+        Ok(e) if e.manifest.is_some() => Ok(axum::Json(model_object(&st, &e)).into_response()),
         _ => Err(ApiError::model_not_found(id)),
     }
 }

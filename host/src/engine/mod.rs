@@ -22,7 +22,7 @@ use metrics::Metrics;
 use sequence::{DecodeOptions, FinishReason, SequenceDecoder};
 
 use crate::tokenizer::Tokenizer;
-use berth_plugin_api::{BatchView, Rewind};
+use berth_plugin_api::{BatchView, ImageInput, Rewind};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
@@ -54,6 +54,76 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
     /// When the HTTP request arrived.
     pub received: Instant,
+    /// The images (one entry per slice or tile) whose features fill placeholder rows of the
+    /// prompt; empty for a text-only prompt.
+    pub images: Vec<JobImage>,
+}
+
+/// One slice or tile of an image, ready for the plugin's `encode_images`.
+#[derive(Clone, Debug)]
+pub struct JobImage {
+    /// Dimensions of `pixels`, outermost first.
+    pub shape: Vec<u32>,
+    /// The pixel values in the model's layout.
+    pub pixels: Vec<f32>,
+    /// Per patch: 1 real, 0 padding (when the layout pads).
+    pub patch_mask: Option<Vec<u8>>,
+    /// The patch grid (rows, cols), when the layout has one.
+    pub grid: Option<(u32, u32)>,
+    /// Prompt positions of the placeholder tokens its features fill, ascending.
+    pub positions: Vec<i32>,
+    /// Hash of the image's bytes (and the slice's index): placeholder rows are reused from a
+    /// slot's cache only when the same bytes come again at the same place.
+    pub hash: u64,
+}
+
+impl JobImage {
+    /// The ABI view of this slice.
+    pub fn as_input(&self) -> ImageInput<'_> {
+        ImageInput {
+            shape: &self.shape,
+            pixels: &self.pixels,
+            patch_mask: self.patch_mask.as_deref(),
+            grid: self.grid,
+            positions: &self.positions,
+        }
+    }
+}
+
+/// The prefix-cache key of a prompt: its tokens, except that each placeholder row of an image
+/// gets a value derived from the image's hash and the row (never equal to a token id), so a
+/// cached image row matches only the same image bytes at the same position.
+pub fn prompt_key(prompt: &[u32], images: &[JobImage]) -> Vec<u64> {
+    let mut key: Vec<u64> = prompt.iter().map(|&t| u64::from(t)).collect();
+    for img in images {
+        for (k, &p) in img.positions.iter().enumerate() {
+            if let Some(slot) = key.get_mut(p as usize) {
+                let mixed = img.hash ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                *slot = (1 << 63) | (mixed >> 1);
+            }
+        }
+    }
+    key
+}
+
+/// Cuts a reusable prefix length back until no image straddles it (an image's slice is encoded
+/// whole, so either all its rows are reused or none), then to a chunk boundary and a length the
+/// plugin can rewind to.
+fn clear_of_images(mut keep: usize, images: &[JobImage], cached: usize, rewind: Rewind) -> usize {
+    while let Some(first) = images
+        .iter()
+        .filter_map(|img| Some((*img.positions.first()? as usize, *img.positions.last()? as usize)))
+        .find(|&(first, last)| first < keep && keep <= last)
+        .map(|(first, _)| first)
+    {
+        let cut = first - first % PREFILL_CHUNK;
+        keep = if cut >= cached {
+            cut
+        } else {
+            rewind.floor(cut as u32, cached as u32) as usize
+        };
+    }
+    keep
 }
 
 /// What the engine tells a request.
@@ -198,6 +268,8 @@ impl Drop for Engine {
 /// A sequence holding a slot.
 struct Running {
     job: Job,
+    /// The prompt's prefix-cache key ([`prompt_key`]).
+    key: Vec<u64>,
     dec: SequenceDecoder,
     /// Prompt tokens already in the cache.
     fed: usize,
@@ -209,8 +281,9 @@ struct Running {
 }
 
 struct Slot {
-    /// Tokens in the plugin's cache for this slot's sequence id.
-    cached: Vec<u32>,
+    /// Keys ([`prompt_key`]; generated tokens as themselves) of the rows in the plugin's cache
+    /// for this slot's sequence id.
+    cached: Vec<u64>,
     /// Leading cached tokens computed as whole aligned prompt chunks (safe to reuse exactly).
     exact: usize,
     run: Option<Running>,
@@ -224,7 +297,7 @@ struct Slot {
 /// prompt chunks) a prompt can reuse: the common prefix, no further than the exact part, leaving
 /// at least one prompt token to prefill (for logits), cut back to a whole chunk and then to a
 /// length the plugin can rewind to (keeping the whole cache needs no rewind).
-fn reusable_prefix(cached: &[u32], exact: usize, prompt: &[u32], rewind: Rewind) -> usize {
+fn reusable_prefix<T: PartialEq>(cached: &[T], exact: usize, prompt: &[T], rewind: Rewind) -> usize {
     let lcp = cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
     let keep = lcp.min(exact).min(prompt.len().saturating_sub(1));
     let keep = keep - keep % PREFILL_CHUNK;
@@ -316,8 +389,13 @@ impl Scheduler {
     fn place(&mut self, mut job: Job) {
         self.tick += 1;
         let rewind = self.model.description().rewind;
-        let prompt = &job.prompt;
-        let reusable = |s: &Slot| reusable_prefix(&s.cached, s.exact, prompt, rewind);
+        let key = prompt_key(&job.prompt, &job.images);
+        let prompt = &key;
+        let images = &job.images;
+        let reusable = |s: &Slot| {
+            let keep = reusable_prefix(&s.cached, s.exact, prompt, rewind);
+            clear_of_images(keep, images, s.cached.len(), rewind)
+        };
         let i = (0..self.slots.len())
             .filter(|&i| self.slots[i].run.is_none())
             .max_by_key(|&i| {
@@ -326,7 +404,8 @@ impl Scheduler {
             })
             .expect("a free slot");
         let mut keep = reusable(&self.slots[i]);
-        let context_left = (self.model.description().context_length as usize).saturating_sub(prompt.len());
+        let context_left =
+            (self.model.description().context_length as usize).saturating_sub(job.prompt.len());
         let dec = SequenceDecoder::new(
             std::mem::take(&mut job.decode),
             &self.text.tokenizer,
@@ -372,11 +451,35 @@ impl Scheduler {
         }
         slot.cached.truncate(keep);
         slot.exact = slot.exact.min(keep);
+        // Images whose rows are not reused go to the plugin before any of their rows is decoded.
+        let pending: Vec<ImageInput<'_>> = job
+            .images
+            .iter()
+            .filter(|img| img.positions.first().is_some_and(|&p| p as usize >= keep))
+            .map(JobImage::as_input)
+            .collect();
+        if !pending.is_empty() {
+            let encoded = self
+                .model
+                .instance()
+                .and_then(|m| m.encode_images(i as i32, &pending));
+            if let Err(e) = encoded {
+                // The plugin may hold some of them: the next use of the slot truncates first.
+                slot.stale = true;
+                tracing::warn!(request = %job.id, slot = i, error = %e.message, "encode_images failed");
+                let _ = job.events.send(Event::Error(format!(
+                    "model error: cannot encode the images: {}",
+                    e.message
+                )));
+                return;
+            }
+        }
         self.shared.metrics.active_sequences.fetch_add(1, Relaxed);
         self.shared.metrics.cached_tokens.fetch_add(keep as u64, Relaxed);
         tracing::debug!(request = %job.id, slot = i, prompt = prompt.len(), cached = keep, "sequence admitted");
         slot.run = Some(Running {
             job,
+            key,
             dec,
             fed: keep,
             next: None,
@@ -391,6 +494,10 @@ impl Scheduler {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if slot.run.as_ref().is_some_and(|r| r.job.events.is_closed()) {
                 let r = slot.run.take().expect("checked");
+                // Images handed over for rows never decoded may still wait in the plugin.
+                if r.next.is_none() && !r.job.images.is_empty() {
+                    slot.stale = true;
+                }
                 tracing::info!(request = %r.job.id, slot = i, "client gone; sequence freed");
                 self.shared.metrics.active_sequences.fetch_sub(1, Relaxed);
             }
@@ -495,10 +602,14 @@ impl Scheduler {
         for &(i, n) in &plan {
             let slot = &mut self.slots[i];
             let r = slot.run.as_mut().expect("running");
-            let fed: Vec<u32> = tokens[k..k + n].iter().map(|&t| t as u32).collect();
             let wants = want[k..k + n].iter().any(|&w| w != 0);
+            if r.next.is_none() {
+                slot.cached.extend_from_slice(&r.key[r.fed..r.fed + n]);
+            } else {
+                slot.cached
+                    .extend(tokens[k..k + n].iter().map(|&t| u64::from(t as u32)));
+            }
             k += n;
-            slot.cached.extend_from_slice(&fed);
             if r.next.is_none() {
                 r.fed += n;
                 m.prompt_tokens.fetch_add(n as u64, Relaxed);
@@ -585,6 +696,39 @@ mod tests {
         ] {
             assert_eq!(reusable_prefix(&cached, 128, &tokens(140), rule), 128, "{rule:?}");
         }
+    }
+
+    fn image(hash: u64, positions: std::ops::Range<i32>) -> JobImage {
+        JobImage {
+            shape: vec![1],
+            pixels: vec![0.0],
+            patch_mask: None,
+            grid: None,
+            positions: positions.collect(),
+            hash,
+        }
+    }
+
+    #[test]
+    fn image_rows_match_only_the_same_image_bytes() {
+        let prompt = tokens(200);
+        let a = prompt_key(&prompt, &[image(7, 70..140)]);
+        let b = prompt_key(&prompt, &[image(8, 70..140)]);
+        assert_eq!(a, prompt_key(&prompt, &[image(7, 70..140)]));
+        assert_eq!(a[..70], b[..70]);
+        assert!(a[70..140].iter().zip(&b[70..140]).all(|(x, y)| x != y));
+        assert!(a[70..140].iter().all(|&k| k >= 1 << 32));
+        assert_eq!(reusable_prefix(&a, 192, &b, Rewind::Anywhere), 64);
+        assert_eq!(reusable_prefix(&a, 192, &a, Rewind::Anywhere), 192);
+    }
+
+    #[test]
+    fn reuse_never_cuts_through_an_image() {
+        let imgs = [image(1, 100..150)];
+        assert_eq!(clear_of_images(128, &imgs, 200, Rewind::Anywhere), 64);
+        assert_eq!(clear_of_images(192, &imgs, 200, Rewind::Anywhere), 192);
+        assert_eq!(clear_of_images(64, &imgs, 200, Rewind::Anywhere), 64);
+        assert_eq!(clear_of_images(128, &imgs, 200, Rewind::OnlyToStart), 0);
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub struct Model {
     /// openai-harmony's renderer, for a harmony pack with the o200k vocabulary (it renders the
     /// prompts instead of the template).
     pub harmony: Option<crate::harmony::Harmony>,
+    /// How the model takes images (its plugin's vision spec); `None` takes none.
+    pub vision: Option<berth_plugin_api::VisionSpec>,
     /// Capabilities from the pack (`completion`, `tools`, `thinking`, ...).
     pub capabilities: Vec<String>,
     /// Family of the pack.
@@ -272,6 +274,11 @@ impl Models {
         let context_length = model.description().context_length as usize;
         let mut model = model;
         let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
+        let vision = model.instance().ok().and_then(|i| i.vision().cloned());
+        let mut capabilities = m.capabilities.clone();
+        if vision.is_some() && !capabilities.iter().any(|c| c == "vision") {
+            capabilities.push("vision".into());
+        }
         let vocab = model.description().vocab_size as usize;
         let constraints =
             ConstraintFactory::new(&tokenizer, &detected, vocab, tools_enabled).map_err(|e| format!("{e:#}"));
@@ -299,7 +306,8 @@ impl Models {
             template,
             detected,
             harmony,
-            capabilities: m.capabilities.clone(),
+            vision,
+            capabilities,
             family: m.family.clone(),
             size: entry.size,
             loaded_at: SystemTime::now(),

@@ -1,0 +1,508 @@
+//! Image inputs of a request: OpenAI `image_url` parts (`data:` URLs and `http(s)` URLs) and
+//! Ollama `images`, loaded, decoded and preprocessed by the model's [`VisionSpec`] scheme, their
+//! placeholder text put where the image was in the message, and their slices matched to the
+//! placeholder tokens of the tokenized prompt. Every failure is a 400 naming the part.
+//!
+//! While the conversation is rendered, each image stands in its message's content as a marker
+//! ([`marker`]); the rendered text then gets each image's placeholder in place of its marker, as a
+//! model's own processor expands the image token the template wrote.
+
+use super::ApiError;
+use crate::engine::JobImage;
+use crate::image::resample::Arithmetic;
+use crate::image::{lfm2vl, minicpmv, DecodeLimits, PreprocessedImage};
+use crate::server::models::Model;
+use crate::tokenizer::Tokenizer;
+use axum::http::StatusCode;
+use base64::Engine as _;
+use berth_plugin_api::{PixelLayout, VisionSpec};
+use serde_json::{Map, Value};
+use sha2::Digest;
+use std::io::Read;
+use std::time::Duration;
+
+/// The largest image accepted, in bytes (after base64 decoding, or as fetched).
+pub const MAX_IMAGE_BYTES: usize = 20 << 20;
+/// How long fetching an `http(s)` image may take.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One image of a request, with where it was.
+#[derive(Debug, Clone)]
+pub struct RequestImage {
+    /// Where it was, for errors (`messages[1].content[2]`, `images[0]`).
+    pub place: String,
+    /// Its bytes (any accepted format).
+    pub bytes: Vec<u8>,
+}
+
+/// The marker standing for image `k` in rendered text (noncharacters that no client text has).
+pub fn marker(k: usize) -> String {
+    format!("\u{FDD0}berth-image-{k}\u{FDD1}")
+}
+
+fn bad(place: &str, message: impl std::fmt::Display) -> ApiError {
+    ApiError::param(place, format!("{place}: {message}"))
+}
+
+/// Decodes the standard (or URL-safe) base64 of an image.
+fn base64_bytes(place: &str, text: &str) -> Result<Vec<u8>, ApiError> {
+    let clean: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    if clean.len() / 4 * 3 > MAX_IMAGE_BYTES + 3 {
+        return Err(bad(
+            place,
+            format!("image too large: more than {MAX_IMAGE_BYTES} bytes"),
+        ));
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(&clean)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&clean))
+        .map_err(|e| bad(place, format!("the image is not valid base64: {e}")))
+}
+
+/// Fetches an `http(s)` image with the size and time limits (blocking; run off the runtime).
+fn fetch(url: &str) -> Result<Vec<u8>, String> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(FETCH_TIMEOUT)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let resp = client.get(url).send().map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("HTTP {}", resp.status()));
+    }
+    let mut bytes = Vec::new();
+    resp.take(MAX_IMAGE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() > MAX_IMAGE_BYTES {
+        return Err(format!("image too large: more than {MAX_IMAGE_BYTES} bytes"));
+    }
+    Ok(bytes)
+}
+
+/// The bytes an `image_url` names: a `data:` URL's payload or an `http(s)` URL's body.
+async fn load_url(place: &str, url: &str) -> Result<Vec<u8>, ApiError> {
+    if let Some(rest) = url.strip_prefix("data:") {
+        let Some((meta, payload)) = rest.split_once(',') else {
+            return Err(bad(place, "the data URL has no ',' before its data"));
+        };
+        if !meta.ends_with(";base64") {
+            return Err(bad(place, "only base64 data URLs are accepted"));
+        }
+        return base64_bytes(place, payload);
+    }
+    if url.starts_with("http://") || url.starts_with("https://") {
+        let u = url.to_string();
+        return match tokio::task::spawn_blocking(move || fetch(&u)).await {
+            Ok(Ok(bytes)) => Ok(bytes),
+            Ok(Err(e)) => Err(bad(place, format!("cannot fetch the image at {url}: {e}"))),
+            Err(e) => Err(bad(place, format!("cannot fetch the image at {url}: {e}"))),
+        };
+    }
+    let shown: String = url.chars().take(40).collect();
+    Err(bad(
+        place,
+        format!("the image URL '{shown}' is neither a data: URL nor an http(s) URL"),
+    ))
+}
+
+/// Takes the `image_url` parts out of OpenAI messages: each message with images gets its parts
+/// joined into one string with a [`marker`] where each image was. Returns the images in order.
+pub async fn take_openai(messages: &mut [Value]) -> Result<Vec<RequestImage>, ApiError> {
+    let mut images = Vec::new();
+    for (i, m) in messages.iter_mut().enumerate() {
+        let Some(Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        if !parts
+            .iter()
+            .any(|p| p.get("type").and_then(Value::as_str) == Some("image_url"))
+        {
+            continue;
+        }
+        let mut text = String::new();
+        for (j, part) in parts.iter().enumerate() {
+            let place = format!("messages[{i}].content[{j}]");
+            match part.get("type").and_then(Value::as_str) {
+                Some("text") => text.push_str(part.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("image_url") => {
+                    let url = match part.get("image_url") {
+                        Some(Value::String(s)) => s.as_str(),
+                        Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or(""),
+                        _ => "",
+                    };
+                    if url.is_empty() {
+                        return Err(bad(&place, "'image_url.url' is required"));
+                    }
+                    let bytes = load_url(&place, url).await?;
+                    text.push_str(&marker(images.len()));
+                    images.push(RequestImage { place, bytes });
+                }
+                _ => {}
+            }
+        }
+        m["content"] = Value::String(text);
+    }
+    Ok(images)
+}
+
+/// Takes Ollama `images` (base64) out of chat messages: each message's images go before its
+/// text, as Ollama puts them. Returns the images in order.
+pub fn take_ollama(messages: &mut [Value]) -> Result<Vec<RequestImage>, ApiError> {
+    let mut images = Vec::new();
+    for (i, m) in messages.iter_mut().enumerate() {
+        let Some(o) = m.as_object_mut() else { continue };
+        let list = match o.remove("images") {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(a)) => a,
+            Some(_) => {
+                return Err(bad(
+                    &format!("messages[{i}].images"),
+                    "must be an array of base64 strings",
+                ))
+            }
+        };
+        let mut prefix = String::new();
+        for (j, v) in list.iter().enumerate() {
+            let place = format!("messages[{i}].images[{j}]");
+            let s = v.as_str().ok_or_else(|| bad(&place, "must be a base64 string"))?;
+            let bytes = base64_bytes(&place, s)?;
+            prefix.push_str(&marker(images.len()));
+            images.push(RequestImage { place, bytes });
+        }
+        let content = o.get("content").and_then(Value::as_str).unwrap_or("").to_string();
+        o.insert("content".into(), Value::String(prefix + &content));
+    }
+    Ok(images)
+}
+
+/// Ollama `/api/generate`'s top-level `images`: the images and the markers to put before the prompt.
+pub fn take_ollama_generate(list: Option<&Vec<Value>>) -> Result<(Vec<RequestImage>, String), ApiError> {
+    let mut images = Vec::new();
+    let mut prefix = String::new();
+    for (j, v) in list.into_iter().flatten().enumerate() {
+        let place = format!("images[{j}]");
+        let s = v.as_str().ok_or_else(|| bad(&place, "must be a base64 string"))?;
+        let bytes = base64_bytes(&place, s)?;
+        prefix.push_str(&marker(images.len()));
+        images.push(RequestImage { place, bytes });
+    }
+    Ok((images, prefix))
+}
+
+/// A 400 unless the model takes images.
+pub fn check_vision<'a>(
+    model: &'a Model,
+    images: &[RequestImage],
+) -> Result<Option<&'a VisionSpec>, ApiError> {
+    vision_for(model.vision.as_ref(), &model.reference, images)
+}
+
+/// A 400 naming the first image unless there is a vision spec (`reference` names the model).
+fn vision_for<'a>(
+    vision: Option<&'a VisionSpec>,
+    reference: &str,
+    images: &[RequestImage],
+) -> Result<Option<&'a VisionSpec>, ApiError> {
+    match (images.first(), vision) {
+        (None, _) => Ok(None),
+        (Some(_), Some(v)) => Ok(Some(v)),
+        (Some(img), None) => Err(bad(&img.place, format!("model {reference} does not take images"))),
+    }
+}
+
+fn param<T: serde::de::DeserializeOwned>(
+    params: &Map<String, Value>,
+    key: &str,
+    default: T,
+) -> Result<T, String> {
+    match params.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("vision param '{key}': {e}")),
+    }
+}
+
+/// A scheme's settings from a vision spec, with the scheme's defaults for what it leaves out.
+enum Scheme {
+    MiniCpmV(minicpmv::MiniCpmVParams, minicpmv::MiniCpmVTokens),
+    Lfm2Vl(lfm2vl::Lfm2VlParams, lfm2vl::Lfm2VlTokens),
+}
+
+fn scheme(spec: &VisionSpec, image_token: String) -> Result<Scheme, String> {
+    let p = &spec.params;
+    let patch = spec.patch_size as usize;
+    match spec.scheme.as_str() {
+        "minicpmv" => {
+            let d = minicpmv::MiniCpmVParams::default();
+            let mode = match param(p, "downsample_mode", "16x".to_string())?.as_str() {
+                "16x" => minicpmv::DownsampleMode::X16,
+                "4x" => minicpmv::DownsampleMode::X4,
+                m => return Err(format!("vision param 'downsample_mode': unknown '{m}'")),
+            };
+            let arithmetic = match param(p, "arithmetic", "pillow".to_string())?.as_str() {
+                "pillow" => Arithmetic::Pillow,
+                "torch" => Arithmetic::TorchU8,
+                a => return Err(format!("vision param 'arithmetic': unknown '{a}'")),
+            };
+            let params = minicpmv::MiniCpmVParams {
+                max_slice_nums: param(p, "max_slice_nums", d.max_slice_nums)?,
+                scale_resolution: param(p, "scale_resolution", d.scale_resolution)?,
+                patch_size: patch,
+                slice_mode: param(p, "slice_mode", d.slice_mode)?,
+                downsample_mode: mode,
+                use_image_id: param(p, "use_image_id", d.use_image_id)?,
+                image_mean: param(p, "image_mean", d.image_mean)?,
+                image_std: param(p, "image_std", d.image_std)?,
+                arithmetic,
+            };
+            Ok(Scheme::MiniCpmV(
+                params,
+                minicpmv::MiniCpmVTokens {
+                    image: image_token,
+                    ..Default::default()
+                },
+            ))
+        }
+        "lfm2_vl" => {
+            let d = lfm2vl::Lfm2VlParams::default();
+            let params = lfm2vl::Lfm2VlParams {
+                downsample_factor: param(p, "downsample_factor", d.downsample_factor)?,
+                do_image_splitting: param(p, "do_image_splitting", d.do_image_splitting)?,
+                min_tiles: param(p, "min_tiles", d.min_tiles)?,
+                max_tiles: param(p, "max_tiles", d.max_tiles)?,
+                use_thumbnail: param(p, "use_thumbnail", d.use_thumbnail)?,
+                min_image_tokens: param(p, "min_image_tokens", d.min_image_tokens)?,
+                max_image_tokens: param(p, "max_image_tokens", d.max_image_tokens)?,
+                encoder_patch_size: patch,
+                tile_size: param(p, "tile_size", d.tile_size)?,
+                max_pixels_tolerance: param(p, "max_pixels_tolerance", d.max_pixels_tolerance)?,
+                image_mean: param(p, "image_mean", d.image_mean)?,
+                image_std: param(p, "image_std", d.image_std)?,
+            };
+            if params.downsample_factor == 0
+                || params.tile_size < patch
+                || params.min_tiles > params.max_tiles
+            {
+                return Err("vision params out of range".into());
+            }
+            Ok(Scheme::Lfm2Vl(
+                params,
+                lfm2vl::Lfm2VlTokens {
+                    image: image_token,
+                    use_special_tokens: param(p, "use_image_special_tokens", true)?,
+                    ..Default::default()
+                },
+            ))
+        }
+        s => Err(format!("unknown image preprocessing scheme '{s}'")),
+    }
+}
+
+/// An image preprocessed for the model, with its slices in the plugin's layout and each slice's
+/// placeholder token count.
+struct Prepared {
+    pre: PreprocessedImage,
+    slices: Vec<(JobImage, usize)>,
+}
+
+fn prepare(
+    spec: &VisionSpec,
+    scheme: &Scheme,
+    img: &RequestImage,
+    index: usize,
+) -> Result<Prepared, ApiError> {
+    let decoded =
+        crate::image::decode(&img.bytes, DecodeLimits::default()).map_err(|e| bad(&img.place, e))?;
+    let p = spec.patch_size as usize;
+    let hash = {
+        let d = sha2::Sha256::digest(&img.bytes);
+        u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+    };
+    let pre = match scheme {
+        Scheme::MiniCpmV(params, tokens) => minicpmv::preprocess(&decoded, params, tokens, index),
+        Scheme::Lfm2Vl(params, tokens) => lfm2vl::preprocess(&decoded, params, tokens),
+    };
+    let mut slices = Vec::with_capacity(pre.slices.len());
+    for (k, s) in pre.slices.iter().enumerate() {
+        let (nh, nw) = (s.height / p, s.width / p);
+        let count = match scheme {
+            Scheme::MiniCpmV(params, _) => {
+                let f = match params.downsample_mode {
+                    minicpmv::DownsampleMode::X16 => 16,
+                    minicpmv::DownsampleMode::X4 => 4,
+                };
+                nh * nw / f
+            }
+            Scheme::Lfm2Vl(params, _) => {
+                nh.div_ceil(params.downsample_factor) * nw.div_ceil(params.downsample_factor)
+            }
+        };
+        let grid = Some((nh as u32, nw as u32));
+        let (shape, pixels, patch_mask) = match spec.layout {
+            PixelLayout::Chw => (vec![3, s.height as u32, s.width as u32], s.data.clone(), None),
+            PixelLayout::PatchStrip => {
+                let strip = minicpmv::patchify(s, p);
+                (vec![3, p as u32, (nh * nw * p) as u32], strip, None)
+            }
+            PixelLayout::Patches => {
+                let max = match scheme {
+                    Scheme::Lfm2Vl(params, _) => params.max_num_patches(),
+                    Scheme::MiniCpmV(..) => nh * nw,
+                };
+                let t = lfm2vl::patchify(s, p, max);
+                let rows = t.patches.len() / (3 * p * p);
+                let mask: Vec<u8> = (0..rows).map(|r| u8::from(r < t.valid_patches)).collect();
+                (vec![rows as u32, (3 * p * p) as u32], t.patches, Some(mask))
+            }
+        };
+        let job = JobImage {
+            shape,
+            pixels,
+            patch_mask,
+            grid,
+            positions: Vec::new(),
+            hash: hash ^ (k as u64).wrapping_mul(0xff51_afd7_ed55_8ccd),
+        };
+        slices.push((job, count));
+    }
+    Ok(Prepared { pre, slices })
+}
+
+/// Puts each image's placeholder text in place of its marker in the rendered prompt, tokenizes
+/// it, and gives each slice the positions of its placeholder tokens. Returns the text, the
+/// tokens and the slices for the engine.
+pub fn expand(
+    model: &Model,
+    rendered: &str,
+    images: &[RequestImage],
+    add_special: bool,
+) -> Result<(String, Vec<u32>, Vec<JobImage>), ApiError> {
+    expand_for(
+        &model.tokenizer,
+        model.vision.as_ref(),
+        &model.reference,
+        rendered,
+        images,
+        add_special,
+    )
+}
+
+/// [`expand`] for any tokenizer and vision spec (`berth run`'s session as well as the server's
+/// models); `reference` names the model in errors.
+pub fn expand_for(
+    tokenizer: &Tokenizer,
+    vision: Option<&VisionSpec>,
+    reference: &str,
+    rendered: &str,
+    images: &[RequestImage],
+    add_special: bool,
+) -> Result<(String, Vec<u32>, Vec<JobImage>), ApiError> {
+    let Some(spec) = vision_for(vision, reference, images)? else {
+        return Ok((
+            rendered.to_string(),
+            tokenizer.encode(rendered, add_special),
+            Vec::new(),
+        ));
+    };
+    let unusable = |e: String| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("model {reference} cannot take images: {e}"),
+        )
+    };
+    let image_id =
+        u32::try_from(spec.image_token_id).map_err(|_| unusable("negative image token id".into()))?;
+    let image_token = tokenizer.decode(&[image_id], false);
+    let scheme = scheme(spec, image_token).map_err(unusable)?;
+    let mut text = rendered.to_string();
+    let mut prepared = Vec::with_capacity(images.len());
+    for (k, img) in images.iter().enumerate() {
+        let m = marker(k);
+        if text.matches(&m).count() != 1 {
+            return Err(bad(&img.place, "the chat template dropped or repeated the image"));
+        }
+        let p = prepare(spec, &scheme, img, k)?;
+        text = text.replacen(&m, &p.pre.placeholder, 1);
+        prepared.push(p);
+    }
+    let tokens = tokenizer.encode(&text, add_special);
+    let mut at = tokens
+        .iter()
+        .enumerate()
+        .filter(|&(_, &t)| t == image_id)
+        .map(|(i, _)| i as i32);
+    let mut out = Vec::new();
+    for (img, p) in images.iter().zip(prepared) {
+        let want: usize = p.slices.iter().map(|s| s.1).sum();
+        if want != p.pre.image_tokens {
+            return Err(unusable(format!(
+                "the slices of {} need {want} placeholder tokens but the placeholder holds {}",
+                img.place, p.pre.image_tokens
+            )));
+        }
+        for (mut job, count) in p.slices {
+            job.positions = at.by_ref().take(count).collect();
+            if job.positions.len() != count {
+                return Err(bad(
+                    &img.place,
+                    "the prompt does not hold the image's placeholder tokens (does the text contain image tokens?)",
+                ));
+            }
+            out.push(job);
+        }
+    }
+    if at.next().is_some() {
+        return Err(ApiError::param(
+            "messages",
+            "the prompt holds more image placeholder tokens than its images fill",
+        ));
+    }
+    Ok((text, tokens, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_and_data_urls_decode_and_bad_ones_name_the_part() {
+        assert_eq!(base64_bytes("images[0]", "aGk=\n").unwrap(), b"hi");
+        let e = base64_bytes("images[1]", "not base64!").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("images[1]: "), "{}", e.message);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let got = rt.block_on(load_url("p", "data:image/png;base64,aGk=")).unwrap();
+        assert_eq!(got, b"hi");
+        let e = rt.block_on(load_url("p", "ftp://x/y.png")).unwrap_err();
+        assert!(e.message.contains("ftp://x/y.png"), "{}", e.message);
+    }
+
+    #[test]
+    fn openai_parts_become_markers_in_order() {
+        let mut msgs = vec![serde_json::json!({"role": "user", "content": [
+            {"type": "text", "text": "a "},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}},
+            {"type": "text", "text": " b"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}},
+        ]})];
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let imgs = rt.block_on(take_openai(&mut msgs)).unwrap();
+        assert_eq!(imgs.len(), 2);
+        assert_eq!(imgs[1].place, "messages[0].content[3]");
+        assert_eq!(msgs[0]["content"], format!("a {} b{}", marker(0), marker(1)));
+    }
+
+    #[test]
+    fn ollama_images_go_before_the_text() {
+        let mut msgs = vec![serde_json::json!({"role": "user", "content": "hi", "images": ["aGk="]})];
+        let imgs = take_ollama(&mut msgs).unwrap();
+        assert_eq!(imgs.len(), 1);
+        assert_eq!(msgs[0]["content"], format!("{}hi", marker(0)));
+        assert!(msgs[0].get("images").is_none());
+    }
+}
