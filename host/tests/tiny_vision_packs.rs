@@ -1,0 +1,466 @@
+//! Tiny vision packs that serve: the random-weight LFM2-VL and MiniCPM-V 4.6 reference models
+//! (`../shared/fixtures/reference-tiny-vision/{lfm2_vl,minicpmv4_6}`, vocabulary 512) made into
+//! packs and driven through the real `berth serve` by the official `openai` and `ollama` clients
+//! (tests/serve/vision_pack_checks.py): an image as a data URL, as an http URL served here on the
+//! loopback interface and as Ollama `images`; `usage.prompt_tokens` holding the image's
+//! placeholder; the same image bytes again reusing the prefix past the image, other bytes not; a
+//! corrupt image a 400 after which the server keeps serving.
+//!
+//! Tokenizers: derived here from the committed 512-token tiny tokenizer
+//! (`tests/fixtures/tiny-packs/tokenizer.json`, scripts/gen-tiny-tokenizer): the last merges give
+//! their ids to the vision markers the host inserts (so every marker is one token and the
+//! vocabulary stays exactly 512), then the image token swaps ids with whatever holds the config's
+//! `image_token_id`. Templates: no LFM2-VL or MiniCPM-V 4.6 chat template is available, so each
+//! pack gets its backbone's real one (LFM2's `lfm2.jinja`, Qwen3.5's `qwen3_5.jinja`); the host
+//! turns image parts into text before rendering, so any text template carries them.
+//!
+//! Random weights answer gibberish: only status, structure, usage and equalities are asserted.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Mutex;
+
+/// Server tests run one at a time (two shared cores).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The image sent (64×48 PNG), a different one (same size, GIF) and a broken one.
+const IMAGE: &str = "fmt.png";
+const OTHER: &str = "fmt.gif";
+const CORRUPT: &str = "corrupt.png";
+/// The user's text after the image: long enough that a prefill chunk boundary (64 tokens) falls
+/// after the image's placeholder, so the same image again is reused past its last image token.
+const TEXT: &str = "What is this? Please describe the picture in one sentence, then tell me a short \
+    story about a little house by the river, an old man and his cat, the market where he buys \
+    bread, milk and apples every morning, and the warm light of the fire in the cold winter \
+    evenings.";
+
+/// One tiny vision model made into a pack.
+struct TinyVision {
+    /// Directory under `reference-tiny-vision/`.
+    model: &'static str,
+    /// Chat template in `tests/fixtures/tiny-packs/`.
+    template: &'static str,
+    /// The workspace plugin serving it (`libberth_<plugin>.so`).
+    plugin: &'static str,
+    /// Pack name given to `berth import --name`.
+    name: &'static str,
+    /// Architecture `berth import` must record.
+    architecture: &'static str,
+    /// The image token's text, as the model's processor writes it.
+    image_token: &'static str,
+}
+
+const LFM2_VL: TinyVision = TinyVision {
+    model: "lfm2_vl",
+    template: "lfm2.jinja",
+    plugin: "lfm2",
+    name: "tiny-lfm2-vl:test",
+    architecture: "lfm2_vl",
+    image_token: "<image>",
+};
+
+const MINICPMV4_6: TinyVision = TinyVision {
+    model: "minicpmv4_6",
+    template: "qwen3_5.jinja",
+    plugin: "minicpm_v",
+    name: "tiny-minicpm-v4.6:test",
+    architecture: "minicpmv4_6",
+    image_token: "<unk>",
+};
+
+impl TinyVision {
+    fn reference(&self) -> PathBuf {
+        let dir = repo_root()
+            .join("../shared/fixtures/reference-tiny-vision")
+            .join(self.model);
+        assert!(
+            dir.join("model.safetensors").is_file(),
+            "tiny vision model missing: {}",
+            dir.display()
+        );
+        dir
+    }
+
+    fn config(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.reference().join("config.json")).unwrap()).unwrap()
+    }
+
+    fn image_token_id(&self) -> u32 {
+        self.config()["image_token_id"].as_u64().unwrap() as u32
+    }
+
+    /// The markers the host's preprocessing writes around and between image tokens, besides
+    /// the image token itself: LFM2-VL's (tile markers for grids up to 3×3) or MiniCPM-V's.
+    fn markers(&self) -> Vec<String> {
+        if self.model == "lfm2_vl" {
+            let mut m: Vec<String> = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"]
+                .map(String::from)
+                .to_vec();
+            for r in 1..=3 {
+                for c in 1..=3 {
+                    m.push(format!("<|img_row_{r}_col_{c}|>"));
+                }
+            }
+            m
+        } else {
+            [
+                "<image>",
+                "</image>",
+                "<slice>",
+                "</slice>",
+                "<image_id>",
+                "</image_id>",
+            ]
+            .map(String::from)
+            .to_vec()
+        }
+    }
+
+    /// The image's placeholder as the host builds it with the plugin's default settings.
+    fn placeholder(&self, bytes: &[u8]) -> berth::image::PreprocessedImage {
+        use berth::image::{decode, lfm2vl, minicpmv, DecodeLimits};
+        let img = decode(bytes, DecodeLimits::default()).unwrap();
+        let patch = self.config()["vision_config"]["patch_size"].as_u64().unwrap() as usize;
+        if self.model == "lfm2_vl" {
+            let p = lfm2vl::Lfm2VlParams {
+                encoder_patch_size: patch,
+                downsample_factor: self.config()["downsample_factor"].as_u64().unwrap() as usize,
+                ..Default::default()
+            };
+            let t = lfm2vl::Lfm2VlTokens {
+                image: self.image_token.into(),
+                ..Default::default()
+            };
+            lfm2vl::preprocess(&img, &p, &t)
+        } else {
+            let p = minicpmv::MiniCpmVParams {
+                patch_size: patch,
+                ..Default::default()
+            };
+            let t = minicpmv::MiniCpmVTokens {
+                image: self.image_token.into(),
+                ..Default::default()
+            };
+            minicpmv::preprocess(&img, &p, &t, 0)
+        }
+    }
+}
+
+/// The committed tiny tokenizer with `markers` (and the image token) made single tokens and the
+/// image token at `image_id`; still exactly 512 ids.
+fn vision_tokenizer(image_token: &str, image_id: u32, markers: &[String]) -> Value {
+    let path = repo_root().join("tests/fixtures/tiny-packs/tokenizer.json");
+    let mut tj: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut new: Vec<String> = Vec::new();
+    for m in std::iter::once(image_token.to_string()).chain(markers.iter().cloned()) {
+        if tj["model"]["vocab"].get(&m).is_none() && !new.contains(&m) {
+            new.push(m);
+        }
+    }
+    let size = tj["model"]["vocab"].as_object().unwrap().len();
+    assert_eq!(size, 512);
+    // The last merges (nothing merges their results further) give up their ids.
+    let merges = tj["model"]["merges"].as_array_mut().unwrap();
+    let dropped: Vec<Value> = merges.split_off(merges.len() - new.len());
+    let vocab = tj["model"]["vocab"].as_object_mut().unwrap();
+    for (k, pair) in dropped.iter().enumerate() {
+        let joined = format!("{}{}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
+        let id = vocab.remove(&joined).unwrap().as_u64().unwrap() as usize;
+        assert_eq!(
+            id,
+            size - new.len() + k,
+            "merge {joined} is not among the last ids"
+        );
+    }
+    let mut added_tokens = tj["added_tokens"].take();
+    let vocab = tj["model"]["vocab"].as_object_mut().unwrap();
+    let added = added_tokens.as_array_mut().unwrap();
+    for (k, m) in new.iter().enumerate() {
+        let id = size - new.len() + k;
+        vocab.insert(m.clone(), json!(id));
+        added.push(
+            json!({"id": id, "content": m, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    // The image token swaps ids with the token at `image_id`.
+    let from = vocab[image_token].as_u64().unwrap();
+    let other = vocab
+        .iter()
+        .find(|(_, v)| v.as_u64() == Some(u64::from(image_id)))
+        .map(|(k, _)| k.clone())
+        .unwrap();
+    vocab.insert(other.clone(), json!(from));
+    vocab.insert(image_token.to_string(), json!(image_id));
+    for a in added.iter_mut() {
+        if a["content"] == image_token {
+            a["id"] = json!(image_id);
+        } else if a["content"] == other.as_str() {
+            a["id"] = json!(from);
+        }
+    }
+    added.sort_by_key(|a| a["id"].as_u64());
+    tj["added_tokens"] = added_tokens;
+    tj
+}
+
+/// A Berth home holding one imported tiny vision pack, with its plugin in a directory of its own.
+struct Home {
+    tmp: tempfile::TempDir,
+}
+
+impl Home {
+    fn new(tiny: &TinyVision) -> Home {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("berth-tiny-{}-", tiny.model))
+            .tempdir()
+            .unwrap();
+        let home = Home { tmp };
+        std::fs::create_dir_all(home.plugin_dir()).unwrap();
+        let lib = plugin_library(tiny.plugin);
+        home.ok(&[
+            "plugins",
+            "install",
+            lib.to_str().unwrap(),
+            "--dir",
+            home.plugin_dir().to_str().unwrap(),
+        ]);
+        let src = home.path().join("src").join(tiny.model);
+        std::fs::create_dir_all(&src).unwrap();
+        for f in ["config.json", "generation_config.json", "model.safetensors"] {
+            std::fs::copy(tiny.reference().join(f), src.join(f)).unwrap();
+        }
+        let tok = vision_tokenizer(tiny.image_token, tiny.image_token_id(), &tiny.markers());
+        std::fs::write(src.join("tokenizer.json"), tok.to_string()).unwrap();
+        std::fs::copy(
+            repo_root().join("tests/fixtures/tiny-packs/tokenizer_config.json"),
+            src.join("tokenizer_config.json"),
+        )
+        .unwrap();
+        let template = repo_root().join("tests/fixtures/tiny-packs").join(tiny.template);
+        home.ok(&[
+            "import",
+            src.to_str().unwrap(),
+            "--name",
+            tiny.name,
+            "--template",
+            template.to_str().unwrap(),
+        ]);
+        let show = home.ok(&["show", tiny.name, "--json"]);
+        assert!(
+            show.contains(&format!("\"architecture\":\"{}\"", tiny.architecture))
+                || show.contains(&format!("\"architecture\": \"{}\"", tiny.architecture)),
+            "{} imported with the wrong architecture: {show}",
+            tiny.name
+        );
+        home
+    }
+
+    fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    fn plugin_dir(&self) -> PathBuf {
+        self.path().join("plugins-debug")
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(berth_exe());
+        cmd.env("BERTH_HOME", self.path())
+            .env("BERTH_PLUGIN_PATH", self.plugin_dir())
+            .env_remove("BERTH_PORT")
+            .env_remove("BERTH_HOST");
+        cmd
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.command().args(args).output().expect("berth runs");
+        assert!(
+            out.status.success(),
+            "berth {args:?} failed ({}): {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A running `berth serve`, killed on drop.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Serves `body` at `http://127.0.0.1:PORT/image.png` (any other path is a 404); returns the URL.
+fn serve_image(body: Vec<u8>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/image.png", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+            }
+            let (status, bytes) = match line.split_whitespace().nth(1) {
+                Some("/image.png") => ("200 OK", body.as_slice()),
+                _ => ("404 Not Found", &b"not found"[..]),
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.0 {status}\r\nContent-Type: image/png\r\nContent-Length: {}\r\n\r\n",
+                bytes.len()
+            );
+            let _ = conn.write_all(bytes);
+        }
+    });
+    url
+}
+
+fn image_path(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures/images").join(name)
+}
+
+/// Serves the pack and runs the official clients against it; checks the numbers they report.
+fn serve_with_official_clients(tiny: &TinyVision) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let home = Home::new(tiny);
+
+    // What the host must put in the prompt for the image, with the pack's own tokenizer.
+    let tokenizer = berth::tokenizer::Tokenizer::from_tokenizer_json(
+        &home.path().join("src").join(tiny.model).join("tokenizer.json"),
+    )
+    .unwrap();
+    assert_eq!(tokenizer.vocab_size(), 512);
+    let image_id = tiny.image_token_id();
+    assert_eq!(tokenizer.token_id(tiny.image_token), Some(image_id));
+    for m in tiny.markers() {
+        assert_eq!(tokenizer.encode(&m, false).len(), 1, "{m} is not one token");
+    }
+    let bytes = std::fs::read(image_path(IMAGE)).unwrap();
+    let pre = tiny.placeholder(&bytes);
+    let placeholder = tokenizer.encode(&pre.placeholder, false);
+    let image_tokens = placeholder.iter().filter(|&&t| t == image_id).count();
+    assert_eq!(image_tokens, pre.image_tokens);
+    assert!(image_tokens > 0);
+    // The placeholder's last image token, counted from the end of the placeholder.
+    let after_last = placeholder.len() - 1 - placeholder.iter().rposition(|&t| t == image_id).unwrap();
+
+    let (child, _, port) = spawn_serve(
+        home.command()
+            .args(["serve", "--port", "0", "--host", "127.0.0.1"])
+            .env(
+                "BERTH_LOG",
+                std::env::var("BERTH_LOG").unwrap_or_else(|_| "warn".into()),
+            ),
+    );
+    let _server = Server(child);
+    let url = serve_image(bytes.clone());
+    let out = Command::new(client_python())
+        .arg(repo_root().join("tests/serve/vision_pack_checks.py"))
+        .arg(format!("http://127.0.0.1:{port}"))
+        .arg(tiny.name)
+        .arg(image_path(IMAGE))
+        .arg(&url)
+        .arg(image_path(OTHER))
+        .arg(image_path(CORRUPT))
+        .arg(TEXT)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}: vision checks failed:\n{stdout}\n{}",
+        tiny.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cases: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let get = |case: &str| -> (i64, Option<i64>) {
+        let c = cases
+            .iter()
+            .find(|c| c["case"] == case)
+            .unwrap_or_else(|| panic!("no {case} in {stdout}"));
+        (
+            c["prompt_tokens"].as_i64().unwrap_or(-1),
+            c["cached_tokens"].as_i64(),
+        )
+    };
+    let (text, _) = get("text");
+    let (first, _) = get("data_url");
+    let (again, again_cached) = get("data_url_again");
+    let (http, http_cached) = get("http_url");
+    let (other, other_cached) = get("other_image");
+    let (after, _) = get("after_corrupt");
+    let (ollama, _) = get("ollama_chat");
+    let _ = get("corrupt_400");
+    let l = placeholder.len() as i64;
+    eprintln!(
+        "{}: image {IMAGE}: {image_tokens} image tokens, placeholder {} tokens; prompt tokens: \
+         text {text}, data url {first}, again {again} (cached {again_cached:?}), http {http} \
+         (cached {http_cached:?}), other image {other} (cached {other_cached:?}), after the 400 \
+         {after}, ollama {ollama}",
+        tiny.name,
+        placeholder.len()
+    );
+    // The image's placeholder is in the prompt, whichever way the image came.
+    assert_eq!(first - text, l, "prompt tokens with the image - without");
+    for (case, n) in [
+        ("again", again),
+        ("http", http),
+        ("after", after),
+        ("ollama", ollama),
+    ] {
+        assert_eq!(n, first, "{case}: the same image and text, other prompt tokens");
+    }
+    // The image opens the user's content: its placeholder starts after the template's prefix,
+    // which is at most `text - TEXT's tokens - 1` long (the end of turn and the generation prompt
+    // follow the content), so its last image token lies at or before `last_image_pos`.
+    let text_tokens = tokenizer.encode(TEXT, false).len() as i64;
+    let last_image_pos = (text - text_tokens - 1) + l - 1 - after_last as i64;
+    eprintln!("{}: last image token at or before {last_image_pos}", tiny.name);
+    for (case, cached) in [("again", again_cached), ("http", http_cached)] {
+        let cached = cached.unwrap_or_else(|| panic!("{case}: no cached_tokens"));
+        assert!(
+            cached > last_image_pos && cached <= first,
+            "{case}: the same image bytes again reuse only {cached} of {first} tokens"
+        );
+    }
+    // Other bytes (same size, so the same placeholder) do not reuse the image's tokens.
+    assert_eq!(other, first);
+    let other_cached = other_cached.unwrap_or(0);
+    assert!(
+        other_cached + image_tokens as i64 <= first,
+        "another image reused {other_cached} of {first} tokens"
+    );
+}
+
+#[test]
+fn tiny_lfm2_vl_serves_images_to_the_official_clients() {
+    serve_with_official_clients(&LFM2_VL);
+}
+
+#[test]
+fn tiny_minicpm_v4_6_serves_images_to_the_official_clients() {
+    serve_with_official_clients(&MINICPMV4_6);
+}
