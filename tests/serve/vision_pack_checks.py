@@ -1,4 +1,5 @@
-"""A real vision pack (random weights) through `berth serve` with the official clients.
+"""A real vision pack (random weights) through `berth serve` with the official clients; bad images
+(corrupt, unsupported, a URL that 404s, oversized) are 400s naming the part, and serving goes on.
 
 Usage: python vision_pack_checks.py BASE_URL MODEL IMAGE_FILE IMAGE_URL OTHER_FILE CORRUPT_FILE TEXT
 
@@ -11,7 +12,9 @@ test to compare with the placeholder it computes. Raises on any failure.
 
 import base64
 import json
+import struct
 import sys
+import zlib
 
 import ollama
 import openai
@@ -62,7 +65,36 @@ except openai.BadRequestError as e:
     assert e.status_code == 400 and "messages[0].content[0]" in msg, msg
     report("corrupt_400", None)
 
-# Still serving after the 400.
+
+
+def oversized_png():
+    """A PNG whose header claims 20000 x 20000 pixels (valid chunks and CRCs, no pixel data)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"") + chunk(b"IEND", b"")
+
+
+def raw_data_url(data, mime):
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+# Each of these is a 400 naming the part and what was wrong; none stops the server.
+for case, url, words in [
+    ("unsupported_400", raw_data_url(b"BM\x3a\0\0\0\0\0\0\0\x36\0\0\0", "image/bmp"), "unsupported"),
+    ("missing_url_400", URL.rsplit("/", 1)[0] + "/missing.png", "404"),
+    ("oversized_400", raw_data_url(oversized_png(), "image/png"), "too large"),
+]:
+    try:
+        ask(url)
+        raise AssertionError(f"{case}: accepted")
+    except openai.BadRequestError as e:
+        msg = str(e)
+        assert e.status_code == 400 and "messages[0].content[0]" in msg and words in msg, (case, msg)
+        report(case, None)
+
+# Still serving after the 400s.
 report("after_corrupt", *ask(data_url(IMAGE)))
 
 oc = ollama.Client(host=BASE, timeout=300)
