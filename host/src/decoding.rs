@@ -55,13 +55,16 @@ impl FinishReason {
     }
 }
 
-/// OpenAI's `stop`: a string or up to 4 strings (`null` = none); a 400 on `stop` otherwise.
-pub fn parse_stop(v: Option<&serde_json::Value>) -> Result<Vec<String>, ParamError> {
+/// A `stop` field: a string or an array of up to `max` strings (`null` = none; empty strings are
+/// dropped). `param` is the name the client used (`stop` for OpenAI, which allows 4;
+/// `options.stop` for Ollama); a wrong shape or too many sequences is an error naming it.
+pub fn parse_stop(v: Option<&serde_json::Value>, param: &str, max: usize) -> Result<Vec<String>, ParamError> {
     use serde_json::Value;
-    let bad = |m: &str| ParamError {
-        param: "stop".into(),
-        message: m.into(),
+    let bad = |m: String| ParamError {
+        param: param.into(),
+        message: m,
     };
+    let shape = || bad(format!("'{param}' must be a string or an array of strings"));
     let list = match v {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -69,11 +72,14 @@ pub fn parse_stop(v: Option<&serde_json::Value>) -> Result<Vec<String>, ParamErr
             .iter()
             .map(|x| x.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("must be a string or an array of strings"))?,
-        Some(_) => return Err(bad("must be a string or an array of strings")),
+            .ok_or_else(shape)?,
+        Some(_) => return Err(shape()),
     };
-    if list.len() > 4 {
-        return Err(bad("at most 4 stop sequences"));
+    if list.len() > max {
+        return Err(bad(format!(
+            "'{param}' takes at most {max} sequences; got {}",
+            list.len()
+        )));
     }
     Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
 }
@@ -418,13 +424,30 @@ mod tests {
     #[test]
     fn stop_parameter_forms() {
         use serde_json::json;
-        assert_eq!(parse_stop(None).unwrap(), Vec::<String>::new());
-        assert_eq!(parse_stop(Some(&json!(null))).unwrap(), Vec::<String>::new());
-        assert_eq!(parse_stop(Some(&json!("x"))).unwrap(), vec!["x"]);
-        assert_eq!(parse_stop(Some(&json!(["a", "b"]))).unwrap(), vec!["a", "b"]);
+        assert_eq!(parse_stop(None, "stop", 4).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            parse_stop(Some(&json!(null)), "stop", 4).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(parse_stop(Some(&json!("x")), "stop", 4).unwrap(), vec!["x"]);
+        assert_eq!(
+            parse_stop(Some(&json!(["a", "b"])), "stop", 4).unwrap(),
+            vec!["a", "b"]
+        );
+        assert_eq!(parse_stop(Some(&json!(["", "b"])), "stop", 4).unwrap(), vec!["b"]);
+        let four = json!(["a", "b", "c", "d"]);
+        assert_eq!(parse_stop(Some(&four), "stop", 4).unwrap().len(), 4);
         for bad in [json!(3), json!([1]), json!(["a", "b", "c", "d", "e"])] {
-            assert_eq!(parse_stop(Some(&bad)).unwrap_err().param, "stop");
+            let e = parse_stop(Some(&bad), "stop", 4).unwrap_err();
+            assert_eq!(e.param, "stop");
+            assert!(e.message.contains("'stop'"), "{}", e.message);
         }
+        // Ollama's options allow more, and errors name the option as the client spelled it.
+        let five = json!(["a", "b", "c", "d", "e"]);
+        assert_eq!(parse_stop(Some(&five), "options.stop", 16).unwrap().len(), 5);
+        let e = parse_stop(Some(&json!({"a": 1})), "options.stop", 16).unwrap_err();
+        assert_eq!(e.param, "options.stop");
+        assert!(e.message.contains("'options.stop'"), "{}", e.message);
     }
 
     #[test]

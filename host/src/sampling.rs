@@ -83,7 +83,7 @@ pub fn parse_logit_bias(
     let map = match v {
         None | Some(serde_json::Value::Null) => return Ok(Vec::new()),
         Some(serde_json::Value::Object(m)) => m,
-        Some(_) => return Err(bad("must be an object of token id to bias".into())),
+        Some(_) => return Err(bad("'logit_bias' must be an object of token id to bias".into())),
     };
     let mut out = Vec::with_capacity(map.len());
     for (k, b) in map {
@@ -91,11 +91,19 @@ pub fn parse_logit_bias(
             .parse()
             .ok()
             .filter(|&id| (id as usize) < vocab)
-            .ok_or_else(|| bad(format!("'{k}' is not a token id of this model")))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "'logit_bias' key '{k}' is not a token id of this model, whose vocabulary has {vocab} tokens"
+                ))
+            })?;
         let bias = b
             .as_f64()
             .filter(|b| (-100.0..=100.0).contains(b))
-            .ok_or_else(|| bad(format!("the bias of {k} must be a number in -100..100")))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "'logit_bias' values are numbers in -100..100; {k} has {b}"
+                ))
+            })?;
         out.push((id, bias as f32));
     }
     Ok(out)
@@ -514,9 +522,26 @@ mod tests {
             vec![(5, -100.0), (7, 2.5)]
         );
         assert!(parse_logit_bias(None, 10).unwrap().is_empty());
-        for bad in [json!({"10": 1}), json!({"x": 1}), json!({"1": 101}), json!([1])] {
+        assert_eq!(
+            parse_logit_bias(Some(&json!({"9": 100})), 10).unwrap(),
+            vec![(9, 100.0)],
+            "the last id of the vocabulary is in it"
+        );
+        for bad in [
+            json!({"10": 1}),
+            json!({"x": 1}),
+            json!({"-1": 1}),
+            json!({"1": 101}),
+            json!([1]),
+        ] {
             assert_eq!(parse_logit_bias(Some(&bad), 10).unwrap_err().param, "logit_bias");
         }
+        let e = parse_logit_bias(Some(&json!({"3": 1, "4000000000": 1})), 10).unwrap_err();
+        assert!(
+            e.message.contains("4000000000"),
+            "the error names the id: {}",
+            e.message
+        );
     }
 
     #[test]

@@ -230,30 +230,6 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// `stop`: a string or an array of up to `max` strings.
-    pub fn stop(&self, key: &str, max: usize) -> Result<Vec<String>, ApiError> {
-        let out: Vec<String> = match self.raw(key) {
-            None => Vec::new(),
-            Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| self.wrong(key, "an array of strings", v))
-                })
-                .collect::<Result<_, _>>()?,
-            Some(v) => return Err(self.wrong(key, "a string or an array of strings", v)),
-        };
-        if out.len() > max {
-            return Err(ApiError::param(
-                &self.name(key),
-                format!("'{}' takes at most {max} sequences", self.name(key)),
-            ));
-        }
-        Ok(out)
-    }
-
     fn wrong(&self, key: &str, what: &str, v: &Value) -> ApiError {
         let got = match v {
             Value::Null => "null",
@@ -286,7 +262,6 @@ mod tests {
         );
         assert_eq!(f.int("n", 0, 5).unwrap(), Some(2));
         assert!(f.int("n", 3, 5).is_err());
-        assert_eq!(f.stop("stop", 4).unwrap_err().param.as_deref(), Some("stop"));
         assert!(f.only(&["a", "t", "n"]).is_err());
         assert!(parse_object(b"[1]").is_err() && parse_object(b"{").is_err());
     }

@@ -115,7 +115,7 @@ fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
     Ok(DecodeOptions {
         sampling: s,
         max_tokens,
-        stop: o.stop("stop", 16)?,
+        stop: crate::decoding::parse_stop(o.raw("stop"), "options.stop", 16).map_err(param_error)?,
         constraint: None,
     })
 }
@@ -709,7 +709,7 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_object, rfc3339, think_extra, without_calls, Fields};
+    use super::{options, parse_object, rfc3339, think_extra, without_calls, Fields};
     use crate::api::openai::harmony_effort;
     use crate::harmony::ReasoningEffort;
     use axum::http::StatusCode;
@@ -721,6 +721,32 @@ mod tests {
         think_extra(&Fields::new(&obj, ""))
             .and_then(|extra| harmony_effort(&extra))
             .map_err(|e| (e.status, e.param))
+    }
+
+    #[test]
+    fn options_stop_goes_through_parse_stop() {
+        let obj = parse_object(br#"{"options": {"stop": ["a", "", "b", "c", "d", "e"]}}"#).unwrap();
+        assert_eq!(
+            options(&Fields::new(&obj, "")).unwrap().stop,
+            vec!["a", "b", "c", "d", "e"]
+        );
+        let obj = parse_object(br#"{"options": {"stop": "\n\n"}}"#).unwrap();
+        assert_eq!(options(&Fields::new(&obj, "")).unwrap().stop, vec!["\n\n"]);
+        let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
+        for bad in [
+            serde_json::json!({"options": {"stop": 3}}),
+            serde_json::json!({"options": {"stop": [1]}}),
+            serde_json::json!({"options": {"stop": many}}),
+        ] {
+            let obj = bad.as_object().unwrap();
+            let e = options(&Fields::new(obj, "")).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (StatusCode::BAD_REQUEST, Some("options.stop")),
+                "{bad}"
+            );
+            assert!(e.message.contains("'options.stop'"), "{}", e.message);
+        }
     }
 
     #[test]

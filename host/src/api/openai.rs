@@ -106,7 +106,8 @@ pub(crate) fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> 
     })
 }
 
-/// Sampling and stopping fields shared by chat and completions (OpenAI names).
+/// Sampling and stopping fields shared by chat and completions (OpenAI names), all but
+/// `logit_bias`, which needs the model's vocabulary (see [`logit_bias`]).
 pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeOptions, ApiError> {
     let mut s = SamplingParams::default();
     if let Some(t) = f.num("temperature", 0.0, 2.0)? {
@@ -133,25 +134,6 @@ pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeO
     if let Some(p) = f.num("repetition_penalty", 0.0, 10.0)? {
         s.repeat_penalty = p as f32;
     }
-    if let Some(bias) = f.object("logit_bias")? {
-        for (k, v) in bias {
-            let Ok(id) = k.parse::<u32>() else {
-                return Err(ApiError::param(
-                    "logit_bias",
-                    format!("'logit_bias' keys are token ids; got '{k}'"),
-                ));
-            };
-            match v.as_f64().filter(|x| (-100.0..=100.0).contains(x)) {
-                Some(b) => s.logit_bias.push((id, b as f32)),
-                None => {
-                    return Err(ApiError::param(
-                        "logit_bias",
-                        "'logit_bias' values are numbers between -100 and 100",
-                    ))
-                }
-            }
-        }
-    }
     if let Some(n) = f.int("n", 1, 128)? {
         if n != 1 {
             return Err(ApiError::param("n", "only n = 1 is supported"));
@@ -166,9 +148,29 @@ pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeO
     Ok(DecodeOptions {
         sampling: s,
         max_tokens,
-        stop: f.stop("stop", 4)?,
+        stop: crate::decoding::parse_stop(f.raw("stop"), "stop", 4).map_err(param_error)?,
         constraint: None,
     })
+}
+
+/// OpenAI's `logit_bias`, checked against the loaded model's vocabulary: a token id outside it is
+/// a 400 on `logit_bias` naming the id.
+pub(crate) fn logit_bias(f: &Fields<'_>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    crate::sampling::parse_logit_bias(f.raw("logit_bias"), vocab).map_err(param_error)
+}
+
+/// The legacy `functions` / `function_call` fields (superseded by `tools` / `tool_choice`) are
+/// not served: a 400 naming the field rather than a reply that silently ignores them.
+pub(crate) fn refuse_legacy_functions(f: &Fields<'_>) -> Result<(), ApiError> {
+    for (legacy, current) in [("functions", "tools"), ("function_call", "tool_choice")] {
+        if f.raw(legacy).is_some() {
+            return Err(ApiError::param(
+                legacy,
+                format!("'{legacy}' (the legacy function-calling API) is not supported; use '{current}'"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A constraint error as a 400 naming the parameter.
@@ -500,6 +502,7 @@ pub async fn chat_completions(
     let obj = parse_object(&body)?;
     let f = Fields::new(&obj, "");
     f.only(CHAT_FIELDS)?;
+    refuse_legacy_functions(&f)?;
     let name = f.required_str("model")?;
     let mut messages = f
         .array("messages")?
@@ -532,6 +535,7 @@ pub async fn chat_completions(
         rc.parser_tools().map(<[Value]>::to_vec)
     };
     let model = model_for(&st, name, None).await?;
+    decode.sampling.logit_bias = logit_bias(&f, model.vocab_size)?;
     if model.vision.is_none() {
         refuse_images(&model, &messages)?;
     }
@@ -678,6 +682,7 @@ pub async fn completions(
         decode.max_tokens = Some(16);
     }
     let model = model_for(&st, name, None).await?;
+    decode.sampling.logit_bias = logit_bias(&f, model.vocab_size)?;
     let tokens = model.tokenizer.encode(&prompt, true);
     let rx = submit(&model, &id, tokens, Vec::new(), decode)?;
     let cid = format!("cmpl-{}", id.trim_start_matches("req-"));
@@ -782,7 +787,7 @@ pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::{harmony_effort, template_extra};
+    use super::{decode_options, harmony_effort, logit_bias, refuse_legacy_functions, template_extra};
     use crate::api::{parse_object, ApiError, Fields};
     use crate::harmony::ReasoningEffort;
     use axum::http::StatusCode;
@@ -866,5 +871,108 @@ mod tests {
             (&e["reasoning_effort"], &e["enable_thinking"]),
             (&"high".into(), &false.into())
         );
+    }
+
+    /// The (status, param, message) of a request body's error from `check`.
+    fn refusal<T: std::fmt::Debug>(
+        body: &str,
+        check: impl Fn(&Fields<'_>) -> Result<T, ApiError>,
+    ) -> (StatusCode, Option<String>, String) {
+        let obj = parse_object(body.as_bytes()).unwrap();
+        let e = check(&Fields::new(&obj, "")).unwrap_err();
+        (e.status, e.param, e.message)
+    }
+
+    #[test]
+    fn stop_goes_through_parse_stop() {
+        let obj = parse_object(br#"{"stop": ["</s>", ""]}"#).unwrap();
+        let d = decode_options(&Fields::new(&obj, ""), &["max_tokens"]).unwrap();
+        assert_eq!(
+            d.stop,
+            vec!["</s>"],
+            "empty stop strings are dropped, as parse_stop does"
+        );
+        let obj = parse_object(br#"{"stop": "x"}"#).unwrap();
+        assert_eq!(
+            decode_options(&Fields::new(&obj, ""), &[]).unwrap().stop,
+            vec!["x"]
+        );
+        for bad in [
+            r#"{"stop": 7}"#,
+            r#"{"stop": ["a", 1]}"#,
+            r#"{"stop": ["a","b","c","d","e"]}"#,
+        ] {
+            let (status, param, _) = refusal(bad, |f| decode_options(f, &[]));
+            assert_eq!(
+                (status, param.as_deref()),
+                (StatusCode::BAD_REQUEST, Some("stop")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn logit_bias_is_checked_against_the_vocabulary() {
+        let obj = parse_object(br#"{"logit_bias": {"0": -100, "99": 5}}"#).unwrap();
+        assert_eq!(
+            logit_bias(&Fields::new(&obj, ""), 100).unwrap(),
+            vec![(0, -100.0), (99, 5.0)]
+        );
+        let (status, param, message) = refusal(r#"{"logit_bias": {"100": 1}}"#, |f| logit_bias(f, 100));
+        assert_eq!(
+            (status, param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("logit_bias"))
+        );
+        assert!(
+            message.contains("'100'") && message.contains("100 tokens"),
+            "{message}"
+        );
+        for bad in [
+            r#"{"logit_bias": {"1": 101}}"#,
+            r#"{"logit_bias": {"a": 1}}"#,
+            r#"{"logit_bias": [1]}"#,
+        ] {
+            let (status, param, _) = refusal(bad, |f| logit_bias(f, 100));
+            assert_eq!(
+                (status, param.as_deref()),
+                (StatusCode::BAD_REQUEST, Some("logit_bias")),
+                "{bad}"
+            );
+        }
+        let obj = parse_object(br#"{"logit_bias": null}"#).unwrap();
+        assert!(logit_bias(&Fields::new(&obj, ""), 100).unwrap().is_empty());
+        // decode_options leaves logit_bias to the handler, which knows the model.
+        let obj = parse_object(br#"{"logit_bias": {"100000000": 1}}"#).unwrap();
+        assert!(decode_options(&Fields::new(&obj, ""), &[])
+            .unwrap()
+            .sampling
+            .logit_bias
+            .is_empty());
+    }
+
+    #[test]
+    fn legacy_functions_are_refused_naming_the_field() {
+        let (status, param, message) = refusal(
+            r#"{"functions": [{"name": "f", "parameters": {}}]}"#,
+            refuse_legacy_functions,
+        );
+        assert_eq!(
+            (status, param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("functions"))
+        );
+        assert!(message.contains("'tools'"), "{message}");
+        let (status, param, message) = refusal(r#"{"function_call": "auto"}"#, refuse_legacy_functions);
+        assert_eq!(
+            (status, param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("function_call"))
+        );
+        assert!(message.contains("'tool_choice'"), "{message}");
+        for ok in [
+            r#"{"functions": null, "function_call": null}"#,
+            r#"{"tools": []}"#,
+        ] {
+            let obj = parse_object(ok.as_bytes()).unwrap();
+            assert!(refuse_legacy_functions(&Fields::new(&obj, "")).is_ok(), "{ok}");
+        }
     }
 }

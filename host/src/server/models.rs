@@ -63,6 +63,8 @@ pub struct Model {
     pub loaded_at: SystemTime,
     /// Context length per sequence.
     pub context_length: usize,
+    /// Length of the model's logits row: token ids at or past it do not exist (`logit_bias`).
+    pub vocab_size: usize,
     /// Grammars for tools and response formats (the error when they cannot be built).
     pub constraints: Result<ConstraintFactory, String>,
     usage: Mutex<Usage>,
@@ -312,6 +314,7 @@ impl Models {
             size: entry.size,
             loaded_at: SystemTime::now(),
             context_length,
+            vocab_size: vocab,
             constraints,
             usage: Mutex::new(Usage {
                 last_used: Instant::now(),
