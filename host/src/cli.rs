@@ -658,11 +658,21 @@ fn show(store: &Store, home: &Path, name: &str, json: bool) -> Result<()> {
 
 fn list_plugins(home: &Path, json: bool) -> Result<()> {
     let set = PluginSet::discover_default(home);
+    let sources = plugins::search_path_sources(home);
+    // Where a record came from: which entry of the search path named its directory.
+    let from = |r: &plugins::PluginRecord| -> String {
+        sources
+            .iter()
+            .find(|(d, _)| *d == r.found_in)
+            .map(|(_, label)| label.to_string())
+            .unwrap_or_else(|| "-".into())
+    };
     if json {
         let arr: Vec<serde_json::Value> = set
             .records
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 let (status, reason) = match &r.state {
                     PluginState::Ready(_) => ("ok", None),
                     PluginState::Refused(why) => ("refused", Some(why.clone())),
@@ -675,6 +685,9 @@ fn list_plugins(home: &Path, json: bool) -> Result<()> {
                         .or_else(|| r.manifest.as_ref().map(|m| format!("{}.{}", m.abi_major, m.abi_minor))),
                     "status": status,
                     "reason": reason,
+                    "from": from(r),
+                    "dir": r.found_in,
+                    "loses_ties_to": set.tie_winner(i).map(|w| w.library.clone()),
                 })
             })
             .collect();
@@ -694,6 +707,7 @@ fn list_plugins(home: &Path, json: bool) -> Result<()> {
             };
             vec![
                 r.library.display().to_string(),
+                from(r),
                 r.name(),
                 m.map(|m| m.version.clone()).unwrap_or("-".into()),
                 abi,
@@ -709,6 +723,7 @@ fn list_plugins(home: &Path, json: bool) -> Result<()> {
     print_table(
         &[
             "FILE",
+            "FROM",
             "NAME",
             "VERSION",
             "ABI",
@@ -718,6 +733,28 @@ fn list_plugins(home: &Path, json: bool) -> Result<()> {
         ],
         &rows,
     );
+    // Several plugins of one family: the highest probe score serves a model, and on a tie the
+    // one earlier on the search path (BERTH_PLUGIN_PATH, next to the binary, BERTH_HOME) wins.
+    let ties: Vec<String> = (0..set.records.len())
+        .filter_map(|i| {
+            let (r, w) = (&set.records[i], set.tie_winner(i)?);
+            r.ready()?;
+            Some(format!(
+                "{} ({}) wins ties over {} ({}): earlier on the search path",
+                w.library.display(),
+                from(w),
+                r.library.display(),
+                from(r)
+            ))
+        })
+        .collect();
+    if !ties.is_empty() {
+        println!();
+        println!("same family found twice: a model goes to the highest probe score, a tie to");
+        for t in ties {
+            println!("  {t}");
+        }
+    }
     let refused: Vec<_> = set
         .records
         .iter()

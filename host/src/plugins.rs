@@ -37,6 +37,8 @@ pub enum PluginState {
 pub struct PluginRecord {
     /// Path of the library.
     pub library: PathBuf,
+    /// The search-path directory it was found in.
+    pub found_in: PathBuf,
     /// Manifest from the sidecar, when there is a readable one.
     pub manifest: Option<PluginManifest>,
     /// Ready or refused.
@@ -77,17 +79,30 @@ fn file_name(p: &Path) -> String {
 /// The plugin directories to search, in order: `$BERTH_PLUGIN_PATH` (colon-separated), then
 /// `<exe dir>/../lib/berth/plugins`, then `$BERTH_HOME/plugins`.
 pub fn search_path(berth_home: &Path) -> Vec<PathBuf> {
+    search_path_sources(berth_home)
+        .into_iter()
+        .map(|(d, _)| d)
+        .collect()
+}
+
+/// The search path with where each directory comes from: `BERTH_PLUGIN_PATH`,
+/// `next to the binary` or `BERTH_HOME`.
+pub fn search_path_sources(berth_home: &Path) -> Vec<(PathBuf, &'static str)> {
     let mut dirs = Vec::new();
     if let Some(p) = std::env::var_os("BERTH_PLUGIN_PATH") {
-        dirs.extend(std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()));
+        dirs.extend(
+            std::env::split_paths(&p)
+                .filter(|d| !d.as_os_str().is_empty())
+                .map(|d| (d, "BERTH_PLUGIN_PATH")),
+        );
     }
     if let Some(exe_dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(Path::to_path_buf))
     {
-        dirs.push(exe_dir.join("../lib/berth/plugins"));
+        dirs.push((exe_dir.join("../lib/berth/plugins"), "next to the binary"));
     }
-    dirs.push(berth_home.join("plugins"));
+    dirs.push((berth_home.join("plugins"), "BERTH_HOME"));
     dirs
 }
 
@@ -131,7 +146,7 @@ impl PluginSet {
                 if !seen.insert(canonical) {
                     continue;
                 }
-                records.push(index_one(lib));
+                records.push(index_one(dir, lib));
             }
         }
         PluginSet { records }
@@ -155,6 +170,15 @@ impl PluginSet {
         f
     }
 
+    /// The ready plugin found earlier on the search path that shares a family with record `i`:
+    /// it wins over record `i` when their probe scores tie (see `best_for`).
+    pub fn tie_winner(&self, i: usize) -> Option<&PluginRecord> {
+        let fams = self.records.get(i)?.manifest.as_ref()?.families.clone();
+        self.records[..i]
+            .iter()
+            .find(|r| r.ready().is_some() && fams.iter().any(|f| r.serves_family(f)))
+    }
+
     /// The ready plugin with the best probe score for a model description (JSON with `family`,
     /// `architecture`, `format`); `None` when no plugin can serve it.
     pub fn best_for(&self, model_config: &serde_json::Value) -> Option<(&PluginRecord, Arc<Plugin>)> {
@@ -171,16 +195,18 @@ impl PluginSet {
                 best = Some((score, r, p.clone()));
             }
         }
+        // Strictly greater: on a tie the plugin earlier on the search path wins.
         best.map(|(_, r, p)| (r, p))
     }
 }
 
 /// Reads a library's sidecar and, when it passes, opens the library.
-fn index_one(lib: &Path) -> PluginRecord {
+fn index_one(dir: &Path, lib: &Path) -> PluginRecord {
     let file = file_name(lib);
     let sidecar = sidecar_path(lib);
     let refused = |manifest, why: String| PluginRecord {
         library: lib.to_path_buf(),
+        found_in: dir.to_path_buf(),
         manifest,
         state: PluginState::Refused(why),
     };
@@ -228,6 +254,7 @@ fn index_one(lib: &Path) -> PluginRecord {
     match open_plugin(lib) {
         Ok(p) => PluginRecord {
             library: lib.to_path_buf(),
+            found_in: dir.to_path_buf(),
             manifest: Some(manifest),
             state: PluginState::Ready(p),
         },

@@ -293,7 +293,7 @@ fn none_named_and_single_call_choices_hold() {
 fn berth_run_format_json_answers_with_a_json_object() {
     let out = berth_ok(
         home(),
-        None,
+        Some(&home_plugins(home())),
         &[
             "run",
             "qwen2.5-coder:0.5b",

@@ -216,3 +216,65 @@ fn a_1_3_plugin_reports_vision_and_receives_each_image_bit_for_bit() {
     assert_eq!(model.decode(&rows, &mut logits).unwrap(), 1);
     assert_eq!(greedy(&logits), 7);
 }
+
+#[test]
+fn a_family_in_two_directories_goes_to_the_earlier_one_and_berth_plugins_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = tmp.path().join("first");
+    let home_dir = tmp.path().join("plugins");
+    for dir in [&first, &home_dir] {
+        berth_ok(
+            tmp.path(),
+            None,
+            &[
+                "plugins",
+                "install",
+                scripted_library().to_str().unwrap(),
+                "--dir",
+                dir.to_str().unwrap(),
+            ],
+        );
+    }
+    let set = PluginSet::discover(&[first.clone(), home_dir.clone()]);
+    assert_eq!(set.records.len(), 2);
+    assert_eq!(set.records[0].found_in, first);
+    assert_eq!(set.records[1].found_in, home_dir);
+    assert!(set.tie_winner(0).is_none());
+    assert_eq!(set.tie_winner(1).unwrap().library, set.records[0].library);
+    let probe = serde_json::json!({"family": "scripted", "architecture": "scripted", "format": "script"});
+    let (winner, _) = set.best_for(&probe).unwrap();
+    assert_eq!(winner.library, set.records[0].library);
+
+    // The CLI names each plugin's origin and the tie rule.
+    let out = berth_ok(tmp.path(), Some(&first), &["plugins"]);
+    let row = |dir: &std::path::Path| {
+        let file = dir.join("libberth_scripted.so").display().to_string();
+        out.lines()
+            .find(|l| l.starts_with(&file))
+            .unwrap_or_else(|| panic!("no row for {file}: {out}"))
+            .to_string()
+    };
+    assert!(row(&first).contains("BERTH_PLUGIN_PATH"), "{out}");
+    assert!(row(&home_dir).contains("BERTH_HOME"), "{out}");
+    let tie = format!(
+        "{} (BERTH_PLUGIN_PATH) wins ties over {} (BERTH_HOME)",
+        first.join("libberth_scripted.so").display(),
+        home_dir.join("libberth_scripted.so").display()
+    );
+    assert!(out.contains(&tie), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&berth_ok(tmp.path(), Some(&first), &["plugins", "--json"])).unwrap();
+    let rows = json.as_array().unwrap();
+    let mine: Vec<_> = rows
+        .iter()
+        .filter(|r| r["dir"] == first.to_str().unwrap() || r["dir"] == home_dir.to_str().unwrap())
+        .collect();
+    assert_eq!(mine.len(), 2, "{json:#}");
+    assert_eq!(mine[0]["from"], "BERTH_PLUGIN_PATH");
+    assert!(mine[0]["loses_ties_to"].is_null());
+    assert_eq!(mine[1]["from"], "BERTH_HOME");
+    assert_eq!(
+        mine[1]["loses_ties_to"],
+        first.join("libberth_scripted.so").to_str().unwrap()
+    );
+}

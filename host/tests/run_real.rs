@@ -45,7 +45,7 @@ fn home() -> &'static Path {
 fn qwen_answers_the_capital_of_france_with_paris() {
     let out = berth_ok(
         home(),
-        None,
+        Some(&home_plugins(home())),
         &[
             "run",
             "qwen2.5-coder:0.5b",
@@ -62,7 +62,7 @@ fn qwen_answers_the_capital_of_france_with_paris() {
 fn gemma_base_completes_the_eiffel_tower_sentence_with_paris() {
     let out = berth_ok(
         home(),
-        None,
+        Some(&home_plugins(home())),
         &[
             "run",
             "--raw",
@@ -79,7 +79,11 @@ fn gemma_base_completes_the_eiffel_tower_sentence_with_paris() {
 
 #[test]
 fn chat_with_a_base_model_without_template_is_a_clear_error() {
-    let out = berth(home(), None, &["run", "gemma3:270m", "Hello"]);
+    let out = berth(
+        home(),
+        Some(&home_plugins(home())),
+        &["run", "gemma3:270m", "Hello"],
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -101,7 +105,7 @@ fn interactive_chat_keeps_history_and_understands_commands() {
             "--verbose",
         ])
         .env("BERTH_HOME", home())
-        .env_remove("BERTH_PLUGIN_PATH")
+        .env("BERTH_PLUGIN_PATH", home_plugins(home()))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

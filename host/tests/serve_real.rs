@@ -45,7 +45,8 @@ impl Server {
                 .args(["serve", "--port", "0"])
                 .args(extra)
                 .env("BERTH_HOME", home)
-                .env_remove("BERTH_PLUGIN_PATH")
+                // The plugins this home installed (the build under test) are searched first.
+                .env("BERTH_PLUGIN_PATH", home_plugins(home))
                 .env("BERTH_LOG", "info"),
         );
         Server { child, base, port }
