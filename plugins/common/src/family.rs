@@ -587,6 +587,31 @@ impl DecoderModel {
     ) -> Result<(), PluginError> {
         self.decoder.decode_with_embeddings(batch, embeds, logits)
     }
+
+    /// Runs a batch whose rows holding `image_token` take the rows of `features` (the
+    /// concatenated image features of the batch, hidden-size rows) in batch order; their count
+    /// must equal those rows'. Otherwise the plugin `decode` contract.
+    pub fn decode_with_token_features(
+        &mut self,
+        batch: &BatchView<'_>,
+        image_token: i32,
+        features: &[f32],
+        logits: &mut LogitsOut<'_>,
+    ) -> Result<(), PluginError> {
+        let h = self.decoder.cfg.hidden;
+        let rows: Vec<usize> = (0..batch.tokens.len())
+            .filter(|&i| batch.tokens[i] == image_token)
+            .collect();
+        if features.len() != rows.len() * h {
+            return Err(PluginError::invalid_argument(format!(
+                "{} image-token rows, {} feature values (rows of {h})",
+                rows.len(),
+                features.len()
+            )));
+        }
+        let embeds: Vec<(usize, &[f32])> = rows.into_iter().zip(features.chunks_exact(h)).collect();
+        self.decoder.decode_with_embeddings(batch, &embeds, logits)
+    }
 }
 
 impl Model for DecoderModel {

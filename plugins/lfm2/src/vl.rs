@@ -163,19 +163,8 @@ impl Lfm2VlModel {
         features: &[f32],
         logits: &mut LogitsOut<'_>,
     ) -> Result<(), PluginError> {
-        let h = self.text.decoder().cfg.hidden;
-        let rows: Vec<usize> = (0..batch.tokens.len())
-            .filter(|&i| batch.tokens[i] == self.image_token_id)
-            .collect();
-        if features.len() != rows.len() * h {
-            return Err(PluginError::invalid_argument(format!(
-                "{} image-token rows, {} feature values (rows of {h})",
-                rows.len(),
-                features.len()
-            )));
-        }
-        let embeds: Vec<(usize, &[f32])> = rows.into_iter().zip(features.chunks_exact(h)).collect();
-        self.text.decode_with_embeddings(batch, &embeds, logits)
+        self.text
+            .decode_with_token_features(batch, self.image_token_id, features, logits)
     }
 
     /// Feeds `input_ids` to sequence `seq` from its current length in one batch, the features
