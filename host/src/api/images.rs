@@ -253,7 +253,11 @@ fn scheme(spec: &VisionSpec, image_token: String) -> Result<Scheme, String> {
                 image_mean: param(p, "image_mean", d.image_mean)?,
                 image_std: param(p, "image_std", d.image_std)?,
                 arithmetic,
+                query_num: param(p, "query_num", d.query_num)?,
             };
+            if params.query_num == Some(0) {
+                return Err("vision param 'query_num' must be positive".into());
+            }
             Ok(Scheme::MiniCpmV(
                 params,
                 minicpmv::MiniCpmVTokens {
@@ -325,13 +329,7 @@ fn prepare(
     for (k, s) in pre.slices.iter().enumerate() {
         let (nh, nw) = (s.height / p, s.width / p);
         let count = match scheme {
-            Scheme::MiniCpmV(params, _) => {
-                let f = match params.downsample_mode {
-                    minicpmv::DownsampleMode::X16 => 16,
-                    minicpmv::DownsampleMode::X4 => 4,
-                };
-                nh * nw / f
-            }
+            Scheme::MiniCpmV(params, _) => params.slice_tokens(nh, nw),
             Scheme::Lfm2Vl(params, _) => {
                 nh.div_ceil(params.downsample_factor) * nw.div_ceil(params.downsample_factor)
             }

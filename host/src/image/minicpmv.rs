@@ -1,7 +1,11 @@
-//! MiniCPM-V 4.6 preprocessing: an overview image resized to about `scale_resolution²`
+//! MiniCPM-V preprocessing: an overview image resized to about `scale_resolution²`
 //! pixels plus, for large images, a grid of slices of the same size; bicubic resize,
 //! `(x/255 - mean)/std`; and the `<image>…</image><slice>…</slice>` placeholder layout of the
 //! model's processor.
+//!
+//! Two token layouts share the slicing: MiniCPM-V 4.6 merges patches, so a slice's token count
+//! follows its size and sizes round to whole merged blocks; MiniCPM-V 4.0 / 4.5 resample every
+//! slice (and the overview) to a fixed `query_num` tokens, and sizes round to whole patches.
 
 use super::resample::{resize, Arithmetic, Filter};
 use super::{crop, normalize, PixelSlice, PreprocessedImage, RgbImage};
@@ -46,6 +50,28 @@ pub struct MiniCpmVParams {
     pub image_std: [f32; 3],
     /// Whose resize arithmetic to match (the PIL or the torchvision image processor).
     pub arithmetic: Arithmetic,
+    /// MiniCPM-V 4.0 / 4.5: the fixed image tokens per slice and overview (the resampler's
+    /// `query_num`); `None` for 4.6, whose count follows `downsample_mode`.
+    pub query_num: Option<usize>,
+}
+
+impl MiniCpmVParams {
+    /// Image tokens a slice (or the overview) of `nh × nw` patches takes.
+    pub fn slice_tokens(&self, nh: usize, nw: usize) -> usize {
+        match self.query_num {
+            Some(q) => q,
+            None => nh * nw / self.downsample_mode.merge_factor().pow(2),
+        }
+    }
+
+    /// Side in pixels that slice and overview sizes are rounded to: a patch when the token
+    /// count is fixed, else a whole merged block of patches.
+    fn size_unit(&self) -> usize {
+        match self.query_num {
+            Some(_) => self.patch_size,
+            None => self.patch_size * self.downsample_mode.merge_factor(),
+        }
+    }
 }
 
 impl Default for MiniCpmVParams {
@@ -60,6 +86,7 @@ impl Default for MiniCpmVParams {
             image_mean: [0.5; 3],
             image_std: [0.5; 3],
             arithmetic: Arithmetic::Pillow,
+            query_num: None,
         }
     }
 }
@@ -117,7 +144,7 @@ fn best_resize(height: f64, width: f64, p: &MiniCpmVParams, allow_upscale: bool)
         h = (s / aspect.sqrt()).trunc();
         w = (h * aspect).trunc();
     }
-    let unit = p.patch_size * p.downsample_mode.merge_factor();
+    let unit = p.size_unit();
     (ensure_divide(h, unit), ensure_divide(w, unit))
 }
 
@@ -183,10 +210,9 @@ pub fn preprocess(
             }
         }
     }
-    let divisor = p.downsample_mode.merge_factor().pow(2);
     let counts: Vec<usize> = slices
         .iter()
-        .map(|s| (s.height / p.patch_size) * (s.width / p.patch_size) / divisor)
+        .map(|s| p.slice_tokens(s.height / p.patch_size, s.width / p.patch_size))
         .collect();
     let mut text = String::new();
     if p.use_image_id {
@@ -263,6 +289,76 @@ mod tests {
         assert_eq!(ensure_divide(2.5 * 56.0, 56), 112);
         assert_eq!(ensure_divide(3.5 * 56.0, 56), 224);
         assert_eq!(ensure_divide(3.0, 56), 56);
+    }
+
+    /// MiniCPM-V 4.0 / 4.5 settings: 64 tokens per slice.
+    fn v4_params() -> MiniCpmVParams {
+        MiniCpmVParams {
+            query_num: Some(64),
+            ..MiniCpmVParams::default()
+        }
+    }
+
+    fn gray(width: usize, height: usize) -> RgbImage {
+        RgbImage {
+            width,
+            height,
+            data: vec![128; width * height * 3],
+        }
+    }
+
+    #[test]
+    fn v4_unsliced_image_is_one_overview_of_query_num_tokens() {
+        let p = v4_params();
+        let out = preprocess(&gray(300, 200), &p, &MiniCpmVTokens::default(), 2);
+        let unk = "<unk>".repeat(64);
+        assert_eq!(
+            out.placeholder,
+            format!("<image_id>2</image_id><image>{unk}</image>")
+        );
+        assert_eq!(out.image_tokens, 64);
+        assert_eq!(out.slices.len(), 1);
+        // Upscaled to about 448² and rounded to whole 14-pixel patches (4.6 rounds to 56).
+        let s = &out.slices[0];
+        assert_eq!((s.width % 14, s.height % 14), (0, 0));
+        assert_eq!((s.width, s.height), (546, 364));
+    }
+
+    #[test]
+    fn v4_sliced_image_joins_rows_with_newlines() {
+        let p = v4_params();
+        // 896 x 896: four times 448², a 2 x 2 grid.
+        let out = preprocess(&gray(896, 896), &p, &MiniCpmVTokens::default(), 0);
+        assert_eq!(out.grid, (2, 2));
+        let unk = "<unk>".repeat(64);
+        let slice = format!("<slice>{unk}</slice>");
+        let want = format!("<image_id>0</image_id><image>{unk}</image>{slice}{slice}\n{slice}{slice}");
+        assert_eq!(out.placeholder, want);
+        // (ncols * nrows + 1) * query_num
+        assert_eq!(out.image_tokens, (2 * 2 + 1) * 64);
+        assert_eq!(out.placeholder.matches("<unk>").count(), out.image_tokens);
+        assert_eq!(out.slices.len(), 5);
+        for s in &out.slices {
+            assert_eq!((s.width % 14, s.height % 14), (0, 0));
+        }
+    }
+
+    #[test]
+    fn v4_token_count_is_fixed_per_slice_without_image_id() {
+        let p = MiniCpmVParams {
+            use_image_id: false,
+            ..v4_params()
+        };
+        // 1344 x 448: one row of three slices.
+        let out = preprocess(&gray(1344, 448), &p, &MiniCpmVTokens::default(), 0);
+        assert_eq!(out.grid, (1, 3));
+        assert_eq!(out.image_tokens, (3 + 1) * 64);
+        assert!(out.placeholder.starts_with("<image><unk>"));
+        assert!(!out.placeholder.contains('\n'));
+        assert_eq!(out.placeholder.matches("<slice>").count(), 3);
+        assert_eq!(p.slice_tokens(7, 100), 64);
+        // 4.6 keeps its merge-derived count.
+        assert_eq!(MiniCpmVParams::default().slice_tokens(8, 12), 6);
     }
 
     #[test]

@@ -436,6 +436,8 @@ enum Files {
 pub struct Weights {
     files: Files,
     hf_names: HfNames,
+    /// Prefix of every HF decoder tensor name (e.g. `llm.` in MiniCPM-V packs); empty by default.
+    hf_prefix: String,
 }
 
 fn fail(e: impl std::fmt::Display) -> PluginError {
@@ -448,6 +450,7 @@ impl Weights {
         Ok(Weights {
             files: Files::Gguf(Arc::new(GgufFile::open(path).map_err(fail)?)),
             hf_names: HfNames::Standard,
+            hf_prefix: String::new(),
         })
     }
 
@@ -463,12 +466,21 @@ impl Weights {
         Ok(Weights {
             files: Files::Safetensors(files),
             hf_names: HfNames::Standard,
+            hf_prefix: String::new(),
         })
     }
 
     /// Sets how HF norm names are read (default [`HfNames::Standard`]).
     pub fn with_hf_names(mut self, names: HfNames) -> Weights {
         self.hf_names = names;
+        self
+    }
+
+    /// Puts `prefix` before every HF decoder tensor name looked up by [`TensorId`] (the language
+    /// model of a multimodal pack, e.g. `llm.` for `llm.model.layers.0.…`); names given in full
+    /// (`*_named`) are unaffected.
+    pub fn with_hf_prefix(mut self, prefix: &str) -> Weights {
+        self.hf_prefix = prefix.to_string();
         self
     }
 
@@ -492,7 +504,7 @@ impl Weights {
     pub fn name_of(&self, id: &TensorId) -> String {
         match self.files {
             Files::Gguf(_) => id.gguf_name(),
-            Files::Safetensors(_) => id.hf_name(self.hf_names),
+            Files::Safetensors(_) => format!("{}{}", self.hf_prefix, id.hf_name(self.hf_names)),
         }
     }
 

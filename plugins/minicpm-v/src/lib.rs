@@ -1,8 +1,14 @@
-//! The MiniCPM-V plugin: MiniCPM-V 4.6 (`minicpmv4_6`, `MiniCPMV4_6ForConditionalGeneration`)
-//! from HF safetensors. The vision tower and merger are `berth-plugin-common`'s
-//! [`MiniCpmV46Vision`]; the language model is Qwen3.5 (`qwen3_5_text`) with
-//! `berth-plugin-qwen3`'s weight map. Each image's features (one row of the language model's width per image token) take
-//! the place of the token embeddings at the image-token positions, in order, as transformers'
+//! The MiniCPM-V plugin, from HF safetensors:
+//!
+//! - MiniCPM-V 4.6 (`minicpmv4_6`, `MiniCPMV4_6ForConditionalGeneration`): the vision tower and
+//!   merger are `berth-plugin-common`'s [`MiniCpmV46Vision`]; the language model is Qwen3.5
+//!   (`qwen3_5_text`) with `berth-plugin-qwen3`'s weight map.
+//! - MiniCPM-V 4.0 and 4.5 (`minicpmv`, `MiniCPMV`, `version` 4.0 / 4.5; see [`v4`]): the
+//!   Idefics2 tower and the perceiver resampler (`query_num` rows per slice), with a Llama (4.0)
+//!   or Qwen3 (4.5) language model under `llm.*`; the image token is `<unk>`.
+//!
+//! Each image's features (one row of the language model's width per image token) take the
+//! place of the token embeddings at the image-token positions, in order, as transformers'
 //! `masked_scatter` places them; positions stay plain 1-D (the model passes no M-RoPE ids).
 
 #![warn(missing_docs)]
@@ -16,6 +22,7 @@ use berth_plugin_common::family::{
     Loaded, Specials,
 };
 use berth_plugin_common::vision::minicpmv4_6::MiniCpmV46Vision;
+use berth_plugin_common::vision::VisionConfig;
 use berth_plugin_common::{DecoderModel, MoeConfig, Weights};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -24,14 +31,18 @@ use std::collections::{BTreeMap, HashMap};
 // would link its exported plugin entry points into this library as well.
 use berth_plugin_common::qwen35;
 
-/// Architectures served: HF `model_type`s.
-pub const ARCHITECTURES: [&str; 1] = ["minicpmv4_6"];
+pub mod v4;
+
+use v4::V4Vision;
+
+/// Architectures served: HF `model_type`s (`minicpmv` is 4.0 / 4.5, by its `version`).
+pub const ARCHITECTURES: [&str; 2] = ["minicpmv4_6", "minicpmv"];
 
 /// Whether an architecture or model type name is one this plugin serves.
 pub fn knows(arch: &str) -> bool {
     matches!(
         arch.to_ascii_lowercase().as_str(),
-        "minicpmv4_6" | "minicpmv4_6forconditionalgeneration"
+        "minicpmv4_6" | "minicpmv4_6forconditionalgeneration" | "minicpmv"
     )
 }
 
@@ -99,7 +110,7 @@ impl Family for MiniCpmVFamily {
         let mut m = family_manifest(
             "minicpm-v",
             env!("CARGO_PKG_VERSION"),
-            "MiniCPM-V 4.6 vision-language models (safetensors)",
+            "MiniCPM-V 4.0, 4.5 and 4.6 vision-language models (safetensors)",
             &ARCHITECTURES,
         );
         m.weight_formats = vec!["safetensors".into()];
@@ -117,13 +128,32 @@ impl Family for MiniCpmVFamily {
 
 berth_plugin_api::export_plugin!(MiniCpmVFamily);
 
-/// A loaded MiniCPM-V 4.6 model: the Qwen3.5 language model, the vision tower and merger, and
-/// the image features each sequence still has to take in.
+/// The vision side of a MiniCPM-V model.
+#[derive(Clone, Debug)]
+pub enum MiniCpmVVision {
+    /// 4.6: the NaViT tower with its window merger, and the merger.
+    V46(Box<MiniCpmV46Vision>),
+    /// 4.0 / 4.5: the Idefics2 tower and the resampler.
+    V4(Box<V4Vision>),
+}
+
+impl MiniCpmVVision {
+    /// The tower's shape.
+    pub fn config(&self) -> &VisionConfig {
+        match self {
+            MiniCpmVVision::V46(v) => &v.config,
+            MiniCpmVVision::V4(v) => &v.tower.config,
+        }
+    }
+}
+
+/// A loaded MiniCPM-V model: the language model (Qwen3.5 for 4.6, Llama for 4.0, Qwen3 for
+/// 4.5), the vision side, and the image features each sequence still has to take in.
 pub struct MiniCpmVModel {
-    /// The Qwen3.5 language model.
+    /// The language model.
     pub text: DecoderModel,
-    /// The vision tower and merger.
-    pub vision: MiniCpmV46Vision,
+    /// The vision tower and merger or resampler.
+    pub vision: MiniCpmVVision,
     /// The image placeholder token whose rows take image features.
     pub image_token_id: i32,
     /// What the host's `minicpmv` preprocessing needs (`VisionSpec::params`).
@@ -167,16 +197,57 @@ fn preprocess_params(
 }
 
 impl MiniCpmVModel {
-    /// Loads a `minicpmv4_6` safetensors pack: `model.language_model.*` as the Qwen3.5
-    /// backbone (`text_config`), `model.vision_tower.*` and `model.merger.*` (`vision_config`).
+    /// Loads a MiniCPM-V safetensors pack: 4.6 ([`MiniCpmVModel::load_v46`]) or, for
+    /// `model_type` `minicpmv`, 4.0 / 4.5 as its `version` says ([`MiniCpmVModel::load_v4`]).
     pub fn load(config: &LoadConfig) -> Result<MiniCpmVModel, PluginError> {
         let c = read_json(&config.pack_dir.join("config.json"))?;
         let kind = c.get("model_type").and_then(Value::as_str).unwrap_or("");
-        if !knows(kind) {
+        match kind.to_ascii_lowercase().as_str() {
+            "minicpmv" => Self::load_v4(config, &c),
+            k if knows(k) => Self::load_v46(config, &c),
+            _ => Err(bad(format!(
+                "config.json: model_type {kind:?} is not minicpmv4_6 or minicpmv"
+            ))),
+        }
+    }
+
+    /// Loads a MiniCPM-V 4.0 / 4.5 pack: `llm.*` as the Llama or Qwen3 backbone (top-level
+    /// fields of `config.json`), `vpm.*` and `resampler.*`; the image token is `<unk>`.
+    pub fn load_v4(config: &LoadConfig, c: &Value) -> Result<MiniCpmVModel, PluginError> {
+        let version = v4::Version::from_config(c)?;
+        let image_token_id = v4::token_id(&config.pack_dir, "<unk>")?;
+        let w = open_weights(config)?;
+        if w.gguf().is_some() {
+            return Err(bad("minicpmv is read from safetensors packs only"));
+        }
+        let vision = V4Vision::load(&w, c)?;
+        let loaded = v4::load_text(w, config, c, version)?;
+        let width = vision.resampler.embed_dim();
+        if width != loaded.cfg.hidden {
             return Err(bad(format!(
-                "config.json: model_type {kind:?} is not minicpmv4_6"
+                "the resampler gives {width} values per token; the language model's width is {}",
+                loaded.cfg.hidden
             )));
         }
+        let params = v4::preprocess_params(
+            config,
+            c,
+            vision.tower.config.patch_size,
+            vision.resampler.num_queries,
+        )?;
+        Self::assemble(
+            config,
+            loaded,
+            MiniCpmVVision::V4(Box::new(vision)),
+            image_token_id,
+            params,
+        )
+    }
+
+    /// Loads a `minicpmv4_6` safetensors pack: `model.language_model.*` as the Qwen3.5
+    /// backbone (`text_config`), `model.vision_tower.*` and `model.merger.*` (`vision_config`).
+    pub fn load_v46(config: &LoadConfig, c: &Value) -> Result<MiniCpmVModel, PluginError> {
+        let c = c.clone();
         let image_token_id =
             c.get("image_token_id")
                 .and_then(Value::as_i64)
@@ -194,13 +265,31 @@ impl MiniCpmVModel {
                 loaded.cfg.hidden
             )));
         }
+        let params = preprocess_params(config, &c, vision.config.patch_size)?;
+        Self::assemble(
+            config,
+            loaded,
+            MiniCpmVVision::V46(Box::new(vision)),
+            image_token_id,
+            params,
+        )
+    }
+
+    /// The model from its loaded parts and host preprocessing settings, after checking the
+    /// image token against the vocabulary.
+    fn assemble(
+        config: &LoadConfig,
+        loaded: Loaded,
+        vision: MiniCpmVVision,
+        image_token_id: i32,
+        params: Map<String, Value>,
+    ) -> Result<MiniCpmVModel, PluginError> {
         let vocab = loaded.weights.embed.rows;
         if image_token_id < 0 || image_token_id as usize >= vocab {
             return Err(bad(format!(
                 "image token {image_token_id} outside the vocabulary ({vocab})"
             )));
         }
-        let params = preprocess_params(config, &c, vision.config.patch_size)?;
         Ok(MiniCpmVModel {
             text: DecoderModel::new(loaded, config)?,
             vision,
@@ -210,23 +299,32 @@ impl MiniCpmVModel {
         })
     }
 
-    /// Side of the patch block that becomes one image token (the ViT merger's window times
-    /// the merger's blocks).
+    /// Side of the patch block that becomes one image token (4.6: the ViT merger's window
+    /// times the merger's blocks; 4.x: any grid, so 1).
     fn token_block(&self) -> usize {
-        let window = self.vision.vit_merger.as_ref().map_or(1, |(_, m)| m.window);
-        window * self.vision.merge.pow(self.vision.merger.len() as u32)
+        match &self.vision {
+            MiniCpmVVision::V46(v) => {
+                let window = v.vit_merger.as_ref().map_or(1, |(_, m)| m.window);
+                window * v.merge.pow(v.merger.len() as u32)
+            }
+            MiniCpmVVision::V4(_) => 1,
+        }
     }
 
-    /// Image tokens an image (or slice) of `(h, w)` patches takes in the prompt.
+    /// Image tokens an image (or slice) of `(h, w)` patches takes in the prompt (4.x: always
+    /// `query_num`).
     pub fn image_tokens(&self, (h, w): (usize, usize)) -> usize {
-        let b = self.token_block();
-        (h / b) * (w / b)
+        match &self.vision {
+            MiniCpmVVision::V46(_) => {
+                let b = self.token_block();
+                (h / b) * (w / b)
+            }
+            MiniCpmVVision::V4(v) => v.resampler.num_queries,
+        }
     }
 
-    /// One image's features: [`MiniCpmVModel::image_tokens`] rows of the language model's
-    /// width. `strip` is `channels × patch × (h·w·patch)` pixels (the patches side by side,
-    /// row-major over the grid); `grid` is `(h, w)` in patches.
-    pub fn image_features(&self, strip: &[f32], grid: (usize, usize)) -> Result<Vec<f32>, PluginError> {
+    /// Checks a patch grid against what the vision side takes.
+    fn check_grid(&self, grid: (usize, usize)) -> Result<(), PluginError> {
         let b = self.token_block();
         if grid.0 == 0 || grid.1 == 0 || !grid.0.is_multiple_of(b) || !grid.1.is_multiple_of(b) {
             return Err(PluginError::invalid_argument(format!(
@@ -234,8 +332,34 @@ impl MiniCpmVModel {
                 grid.0, grid.1
             )));
         }
+        Ok(())
+    }
+
+    /// One image's features: [`MiniCpmVModel::image_tokens`] rows of the language model's
+    /// width. `strip` is `channels × patch × (h·w·patch)` pixels (the patches side by side,
+    /// row-major over the grid); `grid` is `(h, w)` in patches.
+    pub fn image_features(&self, strip: &[f32], grid: (usize, usize)) -> Result<Vec<f32>, PluginError> {
+        self.check_grid(grid)?;
         let threads = self.text.decoder().threads;
-        Ok(self.vision.forward(strip, grid, threads)?.features)
+        match &self.vision {
+            MiniCpmVVision::V46(v) => Ok(v.forward(strip, grid, threads)?.features),
+            MiniCpmVVision::V4(v) => v.features(strip, grid, threads),
+        }
+    }
+
+    /// One image's vision-tower output before the merger or resampler, `h·w` rows of the
+    /// tower's width (4.x only; 4.6's tower merges patches on the way and gives `None`).
+    pub fn vision_hidden(
+        &self,
+        strip: &[f32],
+        grid: (usize, usize),
+    ) -> Result<Option<Vec<f32>>, PluginError> {
+        self.check_grid(grid)?;
+        let threads = self.text.decoder().threads;
+        match &self.vision {
+            MiniCpmVVision::V46(_) => Ok(None),
+            MiniCpmVVision::V4(v) => v.hidden(strip, grid, threads).map(Some),
+        }
     }
 
     /// Runs a batch whose image-token rows take the rows of `features` (the concatenated
@@ -259,7 +383,7 @@ impl MiniCpmVModel {
     /// Checks one validated [`ImageInput`] against the model and encodes it: one feature row
     /// per placeholder position.
     fn encode_one(&self, image: &ImageInput<'_>) -> Result<Vec<f32>, PluginError> {
-        let (c, p) = (self.vision.config.num_channels, self.vision.config.patch_size);
+        let (c, p) = (self.vision.config().num_channels, self.vision.config().patch_size);
         let (rows, cols) = image
             .grid
             .ok_or_else(|| PluginError::invalid_argument("a minicpmv image needs its patch grid"))?;
@@ -368,7 +492,7 @@ impl Model for MiniCpmVModel {
         Some(VisionSpec {
             scheme: "minicpmv".into(),
             layout: PixelLayout::PatchStrip,
-            patch_size: self.vision.config.patch_size as u32,
+            patch_size: self.vision.config().patch_size as u32,
             image_token_id: self.image_token_id,
             params: self.params.clone(),
         })

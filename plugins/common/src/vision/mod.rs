@@ -6,14 +6,19 @@
 //! - [`lfm2_vl`]: LFM2-VL's pixel-unshuffle projector from SigLIP2 features to the language model.
 //! - [`minicpmv4_6`]: MiniCPM-V 4.6's NaViT tower with its 2×2 window merger, and the merger into
 //!   the language model.
+//! - [`idefics2`]: the Idefics2 / SigLIP NaViT tower of MiniCPM-V 4.0 / 4.5 (bucketised position
+//!   ids per slice).
+//! - [`resampler`]: MiniCPM-V 4.0 / 4.5's perceiver resampler with its 2-D sincos positions.
 //!
 //! This module holds what the towers share: the config, LayerNorm and biased linear layers, the
 //! pre-LN encoder layer (bidirectional attention, GELU MLP) and the attention-pooling head. The
 //! math is in [`berth_kernels::vision`]; projections run through [`crate::linear::matmul`] so
 //! quantised weights work unchanged. Every tower encodes one image per call.
 
+pub mod idefics2;
 pub mod lfm2_vl;
 pub mod minicpmv4_6;
+pub mod resampler;
 pub mod siglip;
 pub mod siglip2;
 
