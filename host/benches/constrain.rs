@@ -215,6 +215,7 @@ fn main() {
                 max_tokens: Some(n),
                 stop: Vec::new(),
                 constraint,
+                logprobs: None,
             };
             let s = session.generate_with(&tokens, opts, |_| {}).unwrap();
             println!(

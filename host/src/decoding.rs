@@ -30,7 +30,7 @@ use std::collections::HashSet;
 use anyhow::Result;
 
 use crate::constraint::{ParamError, SequenceConstraint};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Sampler, SamplingParams, TokenLogprobs};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// Why a sequence ended.
@@ -95,6 +95,9 @@ pub struct DecodeOptions {
     pub stop: Vec<String>,
     /// The grammar constraint, if the request has one.
     pub constraint: Option<SequenceConstraint>,
+    /// Report each generated token's log-probability and this many alternatives (`logprobs` /
+    /// `top_logprobs`); `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
 }
 
 /// The result of accepting one token.
@@ -123,6 +126,12 @@ pub struct DecodeState {
     finished: Option<FinishReason>,
     /// Set when the constraint failed: the sequence ends at the next step.
     constraint_failed: bool,
+    /// The stop string that ended the output, once one matched.
+    matched_stop: Option<String>,
+    /// How many alternatives to report with each token's log-probability, when asked.
+    logprobs: Option<usize>,
+    /// The log-probabilities of the last picked token, until taken.
+    last_logprobs: Option<TokenLogprobs>,
 }
 
 impl std::fmt::Debug for DecodeState {
@@ -162,12 +171,20 @@ impl DecodeState {
             held: String::new(),
             finished: (budget == 0).then_some(FinishReason::Length),
             constraint_failed: false,
+            matched_stop: None,
+            logprobs: opts.logprobs,
+            last_logprobs: None,
         }
     }
 
     /// Why the sequence ended, once it has.
     pub fn finished(&self) -> Option<FinishReason> {
         self.finished
+    }
+
+    /// The stop string (one of `DecodeOptions::stop`) that ended the output, if one did.
+    pub fn stop_sequence(&self) -> Option<&str> {
+        self.matched_stop.as_deref()
     }
 
     /// Tokens accepted so far.
@@ -241,7 +258,20 @@ impl DecodeState {
             return self.stop_tokens.first().copied().unwrap_or(0);
         }
         let mask = self.mask.as_deref();
-        self.sampler.sample_masked(logits, mask)
+        match self.logprobs {
+            Some(top) => {
+                let (token, lp) = self.sampler.sample_with_logprobs(logits, mask, top);
+                self.last_logprobs = Some(lp);
+                token
+            }
+            None => self.sampler.sample_masked(logits, mask),
+        }
+    }
+
+    /// The log-probabilities of the token [`DecodeState::pick`] last returned, when the request
+    /// asked for them (once).
+    pub fn take_logprobs(&mut self) -> Option<TokenLogprobs> {
+        self.last_logprobs.take()
     }
 
     /// Takes a token (picked or forced): advances constraint, penalties, detokenizer and stop checks.
@@ -265,7 +295,8 @@ impl DecodeState {
         self.sampler.accept(token);
         self.generated += 1;
         self.held.push_str(&self.decoder.push(token));
-        if let Some((at, _)) = self.first_stop_match() {
+        if let Some((at, len)) = self.first_stop_match() {
+            self.matched_stop = Some(self.held[at..at + len].to_string());
             self.held.truncate(at);
             let text = std::mem::take(&mut self.held);
             self.finished = Some(FinishReason::Stop);
@@ -305,7 +336,8 @@ impl DecodeState {
     /// Flushes held-back text at the end.
     pub fn finish(&mut self) -> String {
         self.held.push_str(&self.decoder.finish());
-        if let Some((at, _)) = self.first_stop_match() {
+        if let Some((at, len)) = self.first_stop_match() {
+            self.matched_stop = Some(self.held[at..at + len].to_string());
             self.held.truncate(at);
         }
         std::mem::take(&mut self.held)
@@ -339,7 +371,7 @@ impl DecodeState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A byte-level tokenizer over a tiny vocabulary, from a GGUF-free tokenizer.json.
@@ -355,6 +387,7 @@ mod tests {
                 max_tokens: max,
                 stop: stop.iter().map(|s| s.to_string()).collect(),
                 constraint: None,
+                logprobs: None,
             },
             tok,
             &stops,
@@ -386,6 +419,16 @@ mod tests {
         assert_eq!(streamed.concat(), "abc ", "the possible 'EN' prefix is held back");
         let (rest, fin) = feed(&mut st, &tok, "D more");
         assert_eq!((rest.as_str(), fin), ("", Some(FinishReason::Stop)));
+        assert_eq!(st.stop_sequence(), Some("END"), "the matched stop string is kept");
+
+        let mut st = state(&tok, None, &["STOP", "END"], 1000);
+        let (out, fin) = feed(&mut st, &tok, "x END y STOP");
+        assert_eq!((out.as_str(), fin), ("x ", Some(FinishReason::Stop)));
+        assert_eq!(
+            st.stop_sequence(),
+            Some("END"),
+            "the earliest match is the one reported"
+        );
 
         let mut st = state(&tok, None, &["END"], 1000);
         let (out, fin) = feed(&mut st, &tok, "abc ENx");
@@ -394,6 +437,7 @@ mod tests {
             ("abc ENx", None),
             "a failed prefix is released"
         );
+        assert_eq!(st.stop_sequence(), None);
     }
 
     #[test]

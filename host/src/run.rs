@@ -224,6 +224,7 @@ impl Chat {
             max_tokens: Some(self.opts.max_tokens),
             stop: Vec::new(),
             constraint,
+            logprobs: None,
         };
         let mut out = std::io::stdout().lock();
         let mut answer = String::new();

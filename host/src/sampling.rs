@@ -207,6 +207,33 @@ impl Sampler {
         token
     }
 
+    /// Like [`Sampler::sample_masked`], and also reports the log-probabilities of the picked
+    /// token and of the `top` most likely tokens. They are a log-softmax over the row the sampler
+    /// picked from: after penalties, `logit_bias` and the constraint mask (a masked-out token has
+    /// none), before temperature, top-k, top-p and min-p.
+    pub fn sample_with_logprobs(
+        &mut self,
+        logits: &[f32],
+        mask: Option<&[u32]>,
+        top: usize,
+    ) -> (u32, TokenLogprobs) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.extend_from_slice(logits);
+        self.adjust(&mut scratch);
+        if let Some(mask) = mask {
+            if !apply_mask(&mut scratch, mask) {
+                scratch.clear();
+                scratch.extend_from_slice(logits);
+                self.adjust(&mut scratch);
+            }
+        }
+        let token = self.sample(&scratch);
+        let lp = TokenLogprobs::of_row(&scratch, token, top);
+        self.scratch = scratch;
+        (token, lp)
+    }
+
     /// Applies penalties and logit bias in place.
     fn adjust(&self, row: &mut [f32]) {
         let p = &self.params;
@@ -309,6 +336,62 @@ impl Sampler {
     }
 }
 
+/// The log-probabilities reported for one generated token (OpenAI's `logprobs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The token picked.
+    pub token: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first (ties: lower id).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// The log-softmax of `row` at `token`, and its `top` most likely entries. Non-finite
+    /// logits (masked tokens) have probability 0 and never appear in the top list.
+    pub fn of_row(row: &[f32], token: u32, top: usize) -> TokenLogprobs {
+        let max = row
+            .iter()
+            .copied()
+            .filter(|v| v.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row
+            .iter()
+            .filter(|v| v.is_finite())
+            .map(|&v| f64::from(v - max).exp())
+            .sum();
+        let lse = max as f64 + sum.ln();
+        let lp = |v: f32| {
+            if v.is_finite() {
+                (f64::from(v) - lse) as f32
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        let mut best: Vec<(f32, u32)> = Vec::new();
+        if top > 0 {
+            best.extend(
+                row.iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(i, &v)| (v, i as u32)),
+            );
+            let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+            if best.len() > top {
+                best.select_nth_unstable_by(top - 1, order);
+                best.truncate(top);
+            }
+            best.sort_unstable_by(order);
+        }
+        TokenLogprobs {
+            token,
+            logprob: row.get(token as usize).map_or(f32::NEG_INFINITY, |&v| lp(v)),
+            top: best.into_iter().map(|(v, i)| (i, lp(v))).collect(),
+        }
+    }
+}
+
 /// Sets every logit the mask does not allow to -inf; false (row untouched) when it allows none.
 fn apply_mask(row: &mut [f32], mask: &[u32]) -> bool {
     let any = row
@@ -344,6 +427,32 @@ fn low_bits(n: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_of_the_row_the_sampler_used() {
+        let row = [1.0f32, 3.0, 2.0, 3.0, f32::NEG_INFINITY];
+        let lp = TokenLogprobs::of_row(&row, 2, 3);
+        let lse = (1f64.exp() + 2.0 * 3f64.exp() + 2f64.exp()).ln();
+        assert!((f64::from(lp.logprob) - (2.0 - lse)).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 3, 2]);
+        let total: f64 = (0..4)
+            .map(|i| f64::from(TokenLogprobs::of_row(&row, i, 0).logprob).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert_eq!(TokenLogprobs::of_row(&row, 4, 0).logprob, f32::NEG_INFINITY);
+        // Greedy: the picked token is the top-1; bias and mask move both.
+        let mut s = Sampler::new(SamplingParams::greedy());
+        let (t, lp) = s.sample_with_logprobs(&row, None, 2);
+        assert_eq!((t, lp.top[0].0), (1, 1));
+        let mut p = SamplingParams::greedy();
+        p.logit_bias = vec![(0, 5.0)];
+        let mut s = Sampler::new(p);
+        let mask = [0b0101u32];
+        let (t, lp) = s.sample_with_logprobs(&row, Some(&mask), 5);
+        assert_eq!((t, lp.top.len()), (0, 2));
+        assert_eq!(lp.top[0], (0, lp.logprob));
+    }
 
     #[test]
     fn greedy_picks_the_first_maximum() {

@@ -103,6 +103,7 @@ fn ask(prompt: &str, tools: &[Value], req: &RequestConstraints, seed: u64, max_t
         max_tokens: Some(max_tokens),
         stop: Vec::new(),
         constraint,
+        logprobs: None,
     };
     let mut text = String::new();
     let stats = m

@@ -27,34 +27,8 @@ fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(repo_root().join("tests/fixtures/images").join(name)).unwrap()
 }
 
-/// A byte-level tokenizer plus `<|end|>` (256) and the image tokens (257..=259), with a template.
-fn write_tokenizer(dir: &Path) {
-    let vocab: serde_json::Map<String, Value> = berth::tokenizer::byte_level_alphabet()
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.to_string(), json!(i)))
-        .collect();
-    let added: Vec<Value> = ["<|end|>", "<image>", "<|image_start|>", "<|image_end|>"]
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": true})
-        })
-        .collect();
-    let bl = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
-    let tj = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": vocab,
-            "merges": []}});
-    std::fs::write(dir.join("tokenizer.json"), tj.to_string()).unwrap();
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        json!({"eos_token": "<|end|>", "chat_template": TEMPLATE}).to_string(),
-    )
-    .unwrap();
-}
+/// `<|end|>` (256) and the image tokens (257..=259).
+const SPECIALS: [&str; 4] = ["<|end|>", "<image>", "<|image_start|>", "<|image_end|>"];
 
 /// Imports a scripted pack; with `log`, it declares the vision spec and logs its images there.
 fn import_model(home: &Path, name: &str, log: Option<&Path>) {
@@ -67,7 +41,7 @@ fn import_model(home: &Path, name: &str, log: Option<&Path>) {
             "image_token_id": IMAGE_TOKEN, "params": params()});
     }
     write_scripted_pack(&src, name, "latest", &script);
-    write_tokenizer(&src);
+    write_byte_tokenizer(&src, &SPECIALS, Some(TEMPLATE));
     berth_ok(home, None, &["import", src.to_str().unwrap()]);
 }
 

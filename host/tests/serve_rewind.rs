@@ -22,34 +22,6 @@ fn long_reply() -> String {
     "0123456789".repeat(30)
 }
 
-/// A byte-level tokenizer: token id = byte value, plus `<|end|>` (256) as end of sequence.
-fn write_tokenizer(dir: &Path) {
-    let vocab: serde_json::Map<String, serde_json::Value> = berth::tokenizer::byte_level_alphabet()
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.to_string(), serde_json::json!(i)))
-        .collect();
-    let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
-        "use_regex": true});
-    let tj = serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [{"id": 256, "content": "<|end|>", "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": vocab,
-            "merges": []}});
-    std::fs::write(dir.join("tokenizer.json"), tj.to_string()).unwrap();
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        serde_json::json!({"eos_token": "<|end|>"}).to_string(),
-    )
-    .unwrap();
-}
-
-fn bytes(text: &str) -> Vec<i32> {
-    text.bytes().map(i32::from).collect()
-}
-
 /// A Berth home with the scripted plugin installed.
 fn home() -> tempfile::TempDir {
     let tmp = tempfile::Builder::new()
@@ -76,12 +48,12 @@ fn import_model(home: &Path, name: &str, rewind: serde_json::Value, enforce: ser
         "truncate_log": log,
         "step_delay_ms": 5,
         "entries": [
-            {"trigger": bytes(LONG_TRIGGER), "reply": bytes(&long_reply())},
-            {"reply": bytes(REPLY)},
+            {"trigger": byte_tokens(LONG_TRIGGER), "reply": byte_tokens(&long_reply())},
+            {"reply": byte_tokens(REPLY)},
         ],
     });
     write_scripted_pack(&src, name, "latest", &script);
-    write_tokenizer(&src);
+    write_byte_tokenizer(&src, &["<|end|>"], None);
     berth_ok(home, None, &["import", src.to_str().unwrap()]);
     log
 }

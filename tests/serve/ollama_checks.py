@@ -52,3 +52,29 @@ try:
 except ollama.ResponseError as e:
     assert e.status_code == 404, e
 print("ok errors")
+
+# Ollama's logprobs / top_logprobs (raw HTTP: the pinned client predates them).
+import json
+import urllib.request
+
+
+def post(path, body):
+    req = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return [json.loads(line) for line in r.read().decode().splitlines() if line.strip()]
+
+
+chat = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "options": {"temperature": 0, "num_predict": 8},
+        "logprobs": True, "top_logprobs": 2}
+whole = post("/api/chat", dict(chat, stream=False))[0]
+lps = whole["logprobs"]
+assert lps and all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in lps), whole
+assert "".join(e["token"] for e in lps).strip() == whole["message"]["content"].strip(), whole
+lines = post("/api/chat", dict(chat, stream=True))
+streamed = [e for line in lines for e in line.get("logprobs", [])]
+assert [e["token"] for e in streamed] == [e["token"] for e in lps], (streamed, lps)
+gen = post("/api/generate", {"model": MODEL, "prompt": "Say hello.", "stream": False, "logprobs": True,
+                             "options": {"temperature": 0, "num_predict": 4}})[0]
+assert len(gen["logprobs"]) == gen["eval_count"] and all(e["top_logprobs"] == [] for e in gen["logprobs"]), gen
+assert "logprobs" not in post("/api/generate", {"model": MODEL, "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})[0]
+print("ok logprobs", len(lps))

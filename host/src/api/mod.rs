@@ -2,9 +2,12 @@
 //! the engine. Handlers are plain async functions; every client mistake becomes a 4xx in the
 //! API's own error shape, never a 500.
 
+pub mod anthropic;
 pub mod images;
+pub mod logprobs;
 pub mod ollama;
 pub mod openai;
+pub mod responses;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -23,6 +26,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Answer in Ollama's shape `{"error": "..."}` instead of OpenAI's.
     pub ollama: bool,
+    /// Answer in Anthropic's shape `{"type": "error", "error": {"type", "message"}}`.
+    pub anthropic: bool,
 }
 
 impl ApiError {
@@ -34,6 +39,7 @@ impl ApiError {
             param: Some(param.to_string()),
             code: None,
             ollama: false,
+            anthropic: false,
         }
     }
 
@@ -45,6 +51,7 @@ impl ApiError {
             param: None,
             code: None,
             ollama: false,
+            anthropic: false,
         }
     }
 
@@ -66,6 +73,26 @@ impl ApiError {
         self
     }
 
+    /// The same error in Anthropic's shape.
+    pub fn for_anthropic(mut self) -> ApiError {
+        self.anthropic = true;
+        self
+    }
+
+    /// Anthropic's error type for the status.
+    fn anthropic_kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        }
+    }
+
     fn kind(&self) -> &'static str {
         match self.status.as_u16() {
             401 => "authentication_error",
@@ -81,6 +108,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = if self.ollama {
             json!({ "error": self.message })
+        } else if self.anthropic {
+            // Anthropic's shape has no `param`: the message names it when it does not already.
+            let message = match &self.param {
+                Some(p) if !self.message.contains(p.as_str()) => format!("{p}: {}", self.message),
+                _ => self.message.clone(),
+            };
+            json!({ "type": "error", "error": { "type": self.anthropic_kind(), "message": message } })
         } else {
             json!({ "error": {
                 "message": self.message,

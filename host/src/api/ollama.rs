@@ -2,14 +2,14 @@
 //! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`.
 
 use super::openai::{
-    body, check_messages, collect, constraint_for, model_for, param_error, render, submit, thinking,
+    body, check_messages_as, collect_all, constraint_for, model_for, param_error, render, submit, thinking,
 };
 use super::{parse_object, ApiError, Fields};
 use crate::chat::{self, StreamParser};
 use crate::constraint::RequestConstraints;
 use crate::decoding::DecodeOptions;
 use crate::engine::{Event, Finish};
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::server::config::parse_keep_alive;
 use crate::server::models::Model;
 use crate::server::{RequestId, Shared};
@@ -71,6 +71,32 @@ fn keep_alive(f: &Fields<'_>) -> Result<Option<Option<Duration>>, ApiError> {
     }
 }
 
+/// `/api/generate` fields Berth takes but does not implement: a Go `template` override, a
+/// `suffix` (fill-in-the-middle) and the deprecated `context` tokens. Given with a value, each is
+/// a 400 saying so; of the wrong type, a 400 naming the field.
+fn refuse_unimplemented(f: &Fields<'_>) -> Result<(), ApiError> {
+    for key in ["template", "suffix"] {
+        if f.str(key)?.is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::param(key, format!("'{key}' is not supported by Berth")));
+        }
+    }
+    if let Some(ctx) = f.array("context")? {
+        if ctx.iter().any(|v| !v.is_u64()) {
+            return Err(ApiError::param(
+                "context",
+                "'context' must be an array of token ids",
+            ));
+        }
+        if !ctx.is_empty() {
+            return Err(ApiError::param(
+                "context",
+                "'context' is not supported by Berth: send the conversation with /api/chat",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Ollama `options` (and the top-level `format`/`think`) as decode options.
 fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
     let mut s = SamplingParams::default();
@@ -81,6 +107,12 @@ fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
         });
     };
     let o = Fields::new(o, "options.");
+    // Load-time settings Berth sets per server, checked so a bad value is never silently taken.
+    o.int("num_ctx", 1, u32::MAX as i64)?;
+    o.int("num_batch", 1, u32::MAX as i64)?;
+    o.int("num_thread", 0, 4096)?;
+    o.int("num_keep", -1, u32::MAX as i64)?;
+    o.int("num_gpu", -1, 1 << 20)?;
     if let Some(t) = o.num("temperature", 0.0, 100.0)? {
         s.temperature = t as f32;
     }
@@ -117,6 +149,7 @@ fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
         max_tokens,
         stop: crate::decoding::parse_stop(o.raw("stop"), "options.stop", 16).map_err(param_error)?,
         constraint: None,
+        logprobs: None,
     })
 }
 
@@ -222,6 +255,8 @@ struct Gen {
     parser: StreamParser,
     started: Instant,
     stream: bool,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
 }
 
 /// `POST /api/chat`.
@@ -241,6 +276,8 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
     let mut messages = f.array("messages")?.cloned().unwrap_or_default();
     let ka = keep_alive(&f)?;
     let mut decode = options(&f)?;
+    decode.logprobs = super::logprobs::chat_request(&f)?;
+    let logprobs = decode.logprobs.is_some();
     let rc = RequestConstraints::from_ollama(f.raw("tools"), f.raw("format")).map_err(param_error)?;
     let tools = rc.parser_tools().map(<[Value]>::to_vec);
     let extra = think_extra(&f)?;
@@ -255,7 +292,7 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
             "message": {"role": "assistant", "content": ""}, "done_reason": "load", "done": true});
         return Ok(axum::Json(v).into_response());
     }
-    check_messages(&messages)?;
+    check_messages_as(&messages, false)?;
     let images = super::images::take_ollama(&mut messages)?;
     super::images::check_vision(&model, &images)?;
     // openai-harmony reads Ollama's messages itself (`thinking`, `tool_name`, object arguments).
@@ -280,6 +317,7 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
             parser,
             started,
             stream,
+            logprobs,
         },
         true,
     )
@@ -329,10 +367,14 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
         mut parser,
         started,
         stream,
+        logprobs,
         ..
     } = g;
+    let tokenizer = g.model.tokenizer.clone();
+    let lp_list = move |lps: &[TokenLogprobs]| Value::from(super::logprobs::content(&tokenizer, lps));
     if !stream {
-        let (text, fin) = collect(rx).await?;
+        let c = collect_all(rx).await?;
+        let (text, fin) = (c.text, c.finish);
         parser.push(&text);
         let (_, msg) = parser.finish();
         let mut whole = json!({
@@ -351,38 +393,54 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
         if !msg.tool_calls.is_empty() {
             stats.insert("done_reason".into(), "stop".into());
         }
+        if logprobs {
+            stats.insert("logprobs".into(), lp_list(&c.logprobs));
+        }
         return Ok(axum::Json(shape(Some(&whole), Some(stats))).into_response());
     }
+    // Log-probabilities go with the next line sent after their tokens.
+    let with_lps = move |mut v: Value, lps: &mut Vec<TokenLogprobs>| {
+        if logprobs && !lps.is_empty() {
+            v["logprobs"] = lp_list(&std::mem::take(lps));
+        }
+        v
+    };
     let s = futures_util::stream::unfold(
-        (rx, parser, shape, false),
-        move |(mut rx, mut parser, shape, done)| async move {
+        (rx, parser, shape, with_lps, Vec::new(), false),
+        move |(mut rx, mut parser, shape, with_lps, mut lps, done)| async move {
             if done {
                 return None;
             }
             loop {
                 match rx.recv().await {
+                    Some(Event::Logprobs(lp)) => lps.push(lp),
                     Some(Event::Text(t)) => {
                         if let Some(d) = parser.push(&t).and_then(without_calls) {
-                            let v = shape(Some(&d), None);
-                            return Some((Ok(line(&v)), (rx, parser, shape, false)));
+                            let v = with_lps(shape(Some(&d), None), &mut lps);
+                            return Some((Ok(line(&v)), (rx, parser, shape, with_lps, lps, false)));
                         }
                     }
                     Some(Event::Done(fin)) => {
                         let (d, msg) = parser.finish();
                         let mut out = String::new();
                         if let Some(d) = d.and_then(without_calls) {
-                            out.push_str(&format!("{}\n", shape(Some(&d), None)));
+                            out.push_str(&format!("{}\n", with_lps(shape(Some(&d), None), &mut lps)));
                         }
                         // Ollama sends each tool call whole, never argument fragments.
                         if !msg.tool_calls.is_empty() {
                             let calls: Vec<Value> = msg.tool_calls.iter().map(|c| c.to_openai()).collect();
-                            out.push_str(&format!("{}\n", shape(Some(&json!({"tool_calls": calls})), None)));
+                            let v = shape(Some(&json!({"tool_calls": calls})), None);
+                            out.push_str(&format!("{}\n", with_lps(v, &mut lps)));
                         }
-                        out.push_str(&format!("{}\n", shape(None, Some(final_stats(&fin, started)))));
-                        return Some((Ok(Bytes::from(out)), (rx, parser, shape, true)));
+                        let last = shape(None, Some(final_stats(&fin, started)));
+                        out.push_str(&format!("{}\n", with_lps(last, &mut lps)));
+                        return Some((Ok(Bytes::from(out)), (rx, parser, shape, with_lps, lps, true)));
                     }
                     Some(Event::Error(e)) => {
-                        return Some((Ok(line(&json!({"error": e}))), (rx, parser, shape, true)));
+                        return Some((
+                            Ok(line(&json!({"error": e}))),
+                            (rx, parser, shape, with_lps, lps, true),
+                        ));
                     }
                     None => return None,
                 }
@@ -424,8 +482,11 @@ async fn generate_inner(
     let system = f.str("system")?;
     let raw = f.bool("raw")?.unwrap_or(false);
     let image_list = f.array("images")?;
+    refuse_unimplemented(&f)?;
     let ka = keep_alive(&f)?;
     let mut decode = options(&f)?;
+    decode.logprobs = super::logprobs::chat_request(&f)?;
+    let logprobs = decode.logprobs.is_some();
     let rc = RequestConstraints::from_ollama(None, f.raw("format")).map_err(param_error)?;
     let extra = think_extra(&f)?;
     let stream = f.bool("stream")?.unwrap_or(true);
@@ -474,6 +535,7 @@ async fn generate_inner(
             parser,
             started,
             stream,
+            logprobs,
         },
         false,
     )
@@ -709,7 +771,7 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{options, parse_object, rfc3339, think_extra, without_calls, Fields};
+    use super::{options, parse_object, refuse_unimplemented, rfc3339, think_extra, without_calls, Fields};
     use crate::api::openai::harmony_effort;
     use crate::harmony::ReasoningEffort;
     use axum::http::StatusCode;
@@ -801,5 +863,29 @@ mod tests {
             without_calls(delta),
             Some(serde_json::json!({"reasoning_content": "hmm"}))
         );
+    }
+
+    #[test]
+    fn unimplemented_generate_fields_and_bad_options_are_400s() {
+        for (body, param) in [
+            (r#"{"template": {"a": 1}}"#, "template"),
+            (r#"{"template": "{{ .Prompt }}"}"#, "template"),
+            (r#"{"suffix": "end"}"#, "suffix"),
+            (r#"{"context": "x"}"#, "context"),
+            (r#"{"context": [1, 2]}"#, "context"),
+        ] {
+            let obj = parse_object(body.as_bytes()).unwrap();
+            let e = refuse_unimplemented(&Fields::new(&obj, "")).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{body}"
+            );
+        }
+        let obj = parse_object(br#"{"template": "", "context": []}"#).unwrap();
+        assert!(refuse_unimplemented(&Fields::new(&obj, "")).is_ok());
+        let obj = parse_object(br#"{"options": {"num_ctx": -5}}"#).unwrap();
+        let e = options(&Fields::new(&obj, "")).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("options.num_ctx"));
     }
 }

@@ -4,9 +4,10 @@ use super::{parse_object, ApiError, Fields};
 use crate::chat::{self, ChatFormat, ParseStart, StreamParser};
 use crate::constraint::{ParamError, RequestConstraints, SequenceConstraint};
 use crate::decoding::DecodeOptions;
-use crate::engine::{Event, Finish, Job, JobImage, SubmitError};
+use crate::engine::{Event, Finish, Job, JobImage, Sibling, SubmitError};
 use crate::harmony::{HarmonyInput, ReasoningEffort};
 use crate::sampling::SamplingParams;
+use crate::sampling::TokenLogprobs;
 use crate::server::models::{Model, ModelError};
 use crate::server::{RequestId, Shared};
 use crate::template::RenderInput;
@@ -134,14 +135,9 @@ pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeO
     if let Some(p) = f.num("repetition_penalty", 0.0, 10.0)? {
         s.repeat_penalty = p as f32;
     }
-    if let Some(n) = f.int("n", 1, 128)? {
-        if n != 1 {
-            return Err(ApiError::param("n", "only n = 1 is supported"));
-        }
-    }
     let mut max_tokens = None;
     for k in max_key {
-        if let Some(m) = f.int(k, 0, u32::MAX as i64)? {
+        if let Some(m) = f.int(k, 1, u32::MAX as i64)? {
             max_tokens = Some(m as usize);
         }
     }
@@ -150,6 +146,7 @@ pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeO
         max_tokens,
         stop: crate::decoding::parse_stop(f.raw("stop"), "stop", 4).map_err(param_error)?,
         constraint: None,
+        logprobs: None,
     })
 }
 
@@ -241,6 +238,19 @@ pub(crate) fn submit(
     images: Vec<JobImage>,
     decode: DecodeOptions,
 ) -> Result<UnboundedReceiver<Event>, ApiError> {
+    let mut rxs = submit_n(model, id, prompt, images, vec![decode])?;
+    Ok(rxs.remove(0))
+}
+
+/// Queues a prompt for several choices (`n`), one [`DecodeOptions`] each: the first choice
+/// computes the prompt and the others fork its sequence. One receiver per choice, in order.
+pub(crate) fn submit_n(
+    model: &Model,
+    id: &str,
+    prompt: Vec<u32>,
+    images: Vec<JobImage>,
+    mut decodes: Vec<DecodeOptions>,
+) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::param("messages", "the prompt is empty"));
     }
@@ -256,17 +266,27 @@ pub(crate) fn submit(
         e.code = Some("context_length_exceeded");
         return Err(e);
     }
+    let mut rxs = Vec::new();
+    let mut siblings = Vec::new();
+    let first = decodes.remove(0);
     let (tx, rx) = unbounded_channel();
+    rxs.push(rx);
+    for decode in decodes {
+        let (events, rx) = unbounded_channel();
+        rxs.push(rx);
+        siblings.push(Sibling { decode, events });
+    }
     let job = Job {
         id: id.to_string(),
         prompt,
-        decode,
+        decode: first,
         events: tx,
         received: Instant::now(),
         images,
+        siblings,
     };
     match model.engine.submit(job) {
-        Ok(()) => Ok(rx),
+        Ok(()) => Ok(rxs),
         Err(SubmitError::QueueFull) => Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "the server is busy: the request queue is full; retry shortly",
@@ -275,6 +295,24 @@ pub(crate) fn submit(
             StatusCode::SERVICE_UNAVAILABLE,
             "the model is being unloaded; retry shortly",
         )),
+    }
+}
+
+/// `n` of a request (1 when absent), at most [`MAX_CHOICES`].
+pub(crate) fn choices(f: &Fields<'_>) -> Result<usize, ApiError> {
+    Ok(f.int("n", 1, MAX_CHOICES as i64)?.unwrap_or(1) as usize)
+}
+
+/// Most choices one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// The seed of choice `k`: the request's seed for the first, a different fixed stream for each
+/// other, so a seeded request with `n` > 1 is reproducible and its choices differ.
+pub(crate) fn choice_seed(seed: Option<u64>, k: usize) -> Option<u64> {
+    match (seed, k) {
+        (s, 0) => s,
+        (Some(s), k) => Some(s.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))),
+        (None, _) => None,
     }
 }
 
@@ -314,6 +352,12 @@ pub(crate) fn template_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiEr
 
 /// Checks the messages' shape (400 for anything malformed).
 pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
+    check_messages_as(messages, true)
+}
+
+/// Checks the messages' shape; `openai`: a tool message must name its `tool_call_id` (Ollama's
+/// name the tool with `tool_name` instead).
+pub(crate) fn check_messages_as(messages: &[Value], openai: bool) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::param("messages", "'messages' must not be empty"));
     }
@@ -337,11 +381,44 @@ pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
                 ))
             }
         }
+        let role = o.get("role").and_then(Value::as_str).unwrap_or("");
+        if openai && role == "tool" && !o.get("tool_call_id").is_some_and(Value::is_string) {
+            return Err(ApiError::param(
+                &format!("{p}.tool_call_id"),
+                format!("'{p}.tool_call_id' is required (a string) on a tool message"),
+            ));
+        }
+        match o.get("tool_calls") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(calls)) if role == "assistant" => {
+                for (k, c) in calls.iter().enumerate() {
+                    let q = format!("{p}.tool_calls[{k}]");
+                    let f = c.get("function");
+                    let named = f.and_then(|f| f.get("name")).is_some_and(Value::is_string);
+                    let args_ok = f
+                        .and_then(|f| f.get("arguments"))
+                        .is_none_or(|a| a.is_string() || a.is_object());
+                    if !named || !args_ok {
+                        return Err(ApiError::param(
+                            &q,
+                            format!("'{q}' must be an object with 'function': {{'name', 'arguments'}}"),
+                        ));
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::param(
+                    &format!("{p}.tool_calls"),
+                    format!("'{p}.tool_calls' must be an array, on an assistant message"),
+                ))
+            }
+        }
         match o.get("content") {
             None | Some(Value::Null | Value::String(_)) => {}
             Some(Value::Array(parts)) => {
-                for part in parts {
-                    let ok = part.get("type").and_then(Value::as_str).is_some_and(|t| {
+                for (j, part) in parts.iter().enumerate() {
+                    let kind = part.get("type").and_then(Value::as_str);
+                    let ok = kind.is_some_and(|t| {
                         matches!(
                             t,
                             "text" | "image_url" | "input_audio" | "file" | "refusal" | "image"
@@ -352,6 +429,10 @@ pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
                             &format!("{p}.content"),
                             "content parts are objects with a 'type' (text, image_url, ...)",
                         ));
+                    }
+                    if kind == Some("text") && !part.get("text").is_some_and(Value::is_string) {
+                        let q = format!("{p}.content[{j}].text");
+                        return Err(ApiError::param(&q, format!("'{q}' is required (a string)")));
                     }
                 }
             }
@@ -462,12 +543,36 @@ fn usage(fin: &Finish) -> Value {
 }
 
 /// Collects a whole generation: text and how it ended.
-pub(crate) async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String, Finish), ApiError> {
+pub(crate) async fn collect(rx: UnboundedReceiver<Event>) -> Result<(String, Finish), ApiError> {
+    let c = collect_all(rx).await?;
+    Ok((c.text, c.finish))
+}
+
+/// A whole generation: its text, the tokens' log-probabilities (when asked for) and its end.
+pub(crate) struct Collected {
+    /// The generated text.
+    pub text: String,
+    /// One entry per generated token, when the request asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprobs>,
+    /// How it ended.
+    pub finish: Finish,
+}
+
+/// Collects a whole generation with its log-probabilities.
+pub(crate) async fn collect_all(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
-            Event::Done(f) => return Ok((text, f)),
+            Event::Logprobs(lp) => logprobs.push(lp),
+            Event::Done(finish) => {
+                return Ok(Collected {
+                    text,
+                    logprobs,
+                    finish,
+                })
+            }
             Event::Error(e) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e)),
         }
     }
@@ -475,6 +580,15 @@ pub(crate) async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<(String,
         StatusCode::SERVICE_UNAVAILABLE,
         "the model was unloaded during the request",
     ))
+}
+
+/// `usage` of several choices of one prompt: the prompt counted once.
+fn usage_n(fins: &[Finish]) -> Value {
+    let mut u = usage(&fins[0]);
+    let completion: usize = fins.iter().map(|f| f.completion_tokens).sum();
+    u["completion_tokens"] = completion.into();
+    u["total_tokens"] = (fins[0].prompt_tokens + completion).into();
+    u
 }
 
 /// A server-sent-events response over a stream of `data:` payloads.
@@ -524,9 +638,9 @@ pub async fn chat_completions(
         f.raw("response_format"),
     )
     .map_err(param_error)?;
-    if f.bool("logprobs")? == Some(true) {
-        return Err(ApiError::param("logprobs", "logprobs are not supported"));
-    }
+    let logprobs = super::logprobs::chat_request(&f)?;
+    decode.logprobs = logprobs;
+    let n = choices(&f)?;
     let extra = template_extra(&f)?;
     let tool_choice_none = f.raw("tool_choice").and_then(Value::as_str) == Some("none");
     let render_tools = if tool_choice_none {
@@ -546,111 +660,178 @@ pub async fn chat_completions(
         (rendered, prompt, slices) = super::images::expand(&model, &rendered, &images, false)?;
     }
     let start = chat::prefill(model.detected.format, &rendered);
-    decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
-    let parser = StreamParser::new(model.detected.format, start, render_tools.as_deref());
-    let rx = submit(&model, &id, prompt, slices, decode)?;
+    let thinks = thinking(&model, start, &extra);
+    decode.constraint = constraint_for(&model, &rc, thinks, start)?;
+    let mut decodes = vec![decode];
+    for k in 1..n {
+        let first = &decodes[0];
+        let mut sampling = first.sampling.clone();
+        sampling.seed = choice_seed(first.sampling.seed, k);
+        decodes.push(DecodeOptions {
+            sampling,
+            max_tokens: first.max_tokens,
+            stop: first.stop.clone(),
+            constraint: constraint_for(&model, &rc, thinks, start)?,
+            logprobs,
+        });
+    }
+    let parser = || StreamParser::new(model.detected.format, start, render_tools.as_deref());
+    let rxs = submit_n(&model, &id, prompt, slices, decodes)?;
     let cid = format!("chatcmpl-{}", id.trim_start_matches("req-"));
     let created = now_secs();
     let model_name = model.reference.clone();
-    if !stream {
-        let (text, fin) = collect(rx).await?;
-        let mut parser = parser;
-        parser.push(&text);
-        let (_, msg) = parser.finish();
-        let reason = if msg.tool_calls.is_empty() {
-            fin.reason.as_str()
+    let tokenizer = model.tokenizer.clone();
+    let lp_json = move |lps: &[TokenLogprobs]| -> Value {
+        if logprobs.is_some() {
+            super::logprobs::chat_choice(&tokenizer, lps)
         } else {
-            "tool_calls"
-        };
+            Value::Null
+        }
+    };
+    if !stream {
+        let all = futures_util::future::try_join_all(rxs.into_iter().map(collect_all)).await?;
+        let mut out = Vec::new();
+        for (index, c) in all.iter().enumerate() {
+            let mut parser = parser();
+            parser.push(&c.text);
+            let (_, msg) = parser.finish();
+            let reason = if msg.tool_calls.is_empty() {
+                c.finish.reason.as_str()
+            } else {
+                "tool_calls"
+            };
+            out.push(json!({"index": index, "message": msg.to_openai(), "logprobs": lp_json(&c.logprobs), "finish_reason": reason}));
+        }
+        let fins: Vec<Finish> = all.into_iter().map(|c| c.finish).collect();
         let body = json!({
             "id": cid,
             "object": "chat.completion",
             "created": created,
             "model": model_name,
-            "choices": [{"index": 0, "message": msg.to_openai(), "logprobs": null, "finish_reason": reason}],
-            "usage": usage(&fin),
+            "choices": out,
+            "usage": usage_n(&fins),
         });
         return Ok(axum::Json(body).into_response());
     }
-    let chunk = move |delta: Value, finish: Option<&str>| {
-        let mut c = json!({
-            "id": cid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model_name,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        if include_usage {
-            c["usage"] = Value::Null;
-        }
-        c
-    };
-    struct S<C> {
+    let chunk = Arc::new(
+        move |index: usize, delta: Value, finish: Option<&str>, lps: Option<Value>| {
+            let mut c = json!({
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model_name,
+                "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}],
+            });
+            if include_usage {
+                c["usage"] = Value::Null;
+            }
+            c
+        },
+    );
+    /// One choice's stream state.
+    struct S<C, L> {
+        index: usize,
         rx: UnboundedReceiver<Event>,
         parser: StreamParser,
-        chunk: C,
+        chunk: Arc<C>,
+        lp_json: L,
+        /// Log-probabilities not yet sent (their text has not made a delta yet).
+        lps: Vec<TokenLogprobs>,
         started: bool,
         done: bool,
         calls: bool,
+        ends: Arc<std::sync::Mutex<Ends>>,
     }
-    let state = S {
-        rx,
-        parser,
-        chunk,
-        started: false,
-        done: false,
-        calls: false,
-    };
-    let stream = futures_util::stream::unfold(state, move |mut s| async move {
-        if s.done {
-            return None;
-        }
-        if !s.started {
-            s.started = true;
-            let first = (s.chunk)(json!({"role": "assistant", "content": ""}), None);
-            return Some((Ok(data(&first)), s));
-        }
-        loop {
-            match s.rx.recv().await {
-                Some(Event::Text(t)) => {
-                    if let Some(d) = s.parser.push(&t) {
-                        s.calls |= d.get("tool_calls").is_some();
-                        return Some((Ok(data(&(s.chunk)(d, None))), s));
-                    }
-                }
-                Some(Event::Done(fin)) => {
-                    let (d, msg) = s.parser.finish();
-                    let mut out = String::new();
-                    if let Some(d) = d {
-                        out.push_str(&format!("data: {}\n\n", (s.chunk)(d, None)));
-                    }
-                    let reason = if msg.tool_calls.is_empty() && !s.calls {
-                        fin.reason.as_str()
-                    } else {
-                        "tool_calls"
-                    };
-                    out.push_str(&format!("data: {}\n\n", (s.chunk)(json!({}), Some(reason))));
-                    if include_usage {
-                        let mut u = (s.chunk)(json!({}), None);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage(&fin);
-                        out.push_str(&format!("data: {u}\n\n"));
-                    }
-                    out.push_str("data: [DONE]\n\n");
-                    s.done = true;
-                    return Some((Ok(Bytes::from(out)), s));
-                }
-                Some(Event::Error(e)) => {
-                    s.done = true;
-                    let err =
-                        json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                    return Some((Ok(data(&err)), s));
-                }
-                None => return None,
+    /// How the choices ended, for the usage chunk and `[DONE]`.
+    #[derive(Default)]
+    struct Ends {
+        finishes: Vec<Finish>,
+        failed: bool,
+    }
+    let ends = Arc::new(std::sync::Mutex::new(Ends::default()));
+    let streams = rxs.into_iter().enumerate().map(|(index, rx)| {
+        let state = S {
+            index,
+            rx,
+            parser: parser(),
+            chunk: chunk.clone(),
+            lp_json: lp_json.clone(),
+            lps: Vec::new(),
+            started: false,
+            done: false,
+            calls: false,
+            ends: ends.clone(),
+        };
+        Box::pin(futures_util::stream::unfold(state, |mut s| async move {
+            if s.done {
+                return None;
             }
-        }
+            if !s.started {
+                s.started = true;
+                let first = (s.chunk)(s.index, json!({"role": "assistant", "content": ""}), None, None);
+                return Some((Ok::<_, Infallible>(data(&first)), s));
+            }
+            loop {
+                match s.rx.recv().await {
+                    Some(Event::Logprobs(lp)) => s.lps.push(lp),
+                    Some(Event::Text(t)) => {
+                        if let Some(d) = s.parser.push(&t) {
+                            s.calls |= d.get("tool_calls").is_some();
+                            let l = (!s.lps.is_empty()).then(|| (s.lp_json)(&std::mem::take(&mut s.lps)));
+                            return Some((Ok(data(&(s.chunk)(s.index, d, None, l))), s));
+                        }
+                    }
+                    Some(Event::Done(fin)) => {
+                        let (d, msg) = s.parser.finish();
+                        let mut out = String::new();
+                        let l = (!s.lps.is_empty()).then(|| (s.lp_json)(&std::mem::take(&mut s.lps)));
+                        match d {
+                            Some(d) => out.push_str(&format!("data: {}\n\n", (s.chunk)(s.index, d, None, l))),
+                            None if l.is_some() => {
+                                out.push_str(&format!("data: {}\n\n", (s.chunk)(s.index, json!({}), None, l)))
+                            }
+                            None => {}
+                        }
+                        let reason = if msg.tool_calls.is_empty() && !s.calls {
+                            fin.reason.as_str()
+                        } else {
+                            "tool_calls"
+                        };
+                        out.push_str(&format!("data: {}\n\n", (s.chunk)(s.index, json!({}), Some(reason), None)));
+                        s.ends.lock().unwrap_or_else(|e| e.into_inner()).finishes.push(fin);
+                        s.done = true;
+                        return Some((Ok(Bytes::from(out)), s));
+                    }
+                    Some(Event::Error(e)) => {
+                        s.done = true;
+                        s.ends.lock().unwrap_or_else(|e| e.into_inner()).failed = true;
+                        let err =
+                            json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                        return Some((Ok(data(&err)), s));
+                    }
+                    None => return None,
+                }
+            }
+        }))
     });
-    Ok(sse(stream))
+    let merged = futures_util::stream::select_all(streams);
+    let chunk_tail = chunk.clone();
+    let tail = futures_util::stream::once(async move {
+        let ends = ends.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        if ends.failed || ends.finishes.len() < n {
+            return Ok(Bytes::new());
+        }
+        if include_usage {
+            let mut u = (chunk_tail)(0, json!({}), None, None);
+            u["choices"] = json!([]);
+            u["usage"] = usage_n(&ends.finishes);
+            out.push_str(&format!("data: {u}\n\n"));
+        }
+        out.push_str("data: [DONE]\n\n");
+        Ok(Bytes::from(out))
+    });
+    Ok(sse(futures_util::StreamExt::chain(merged, tail)))
 }
 
 /// `POST /v1/completions`.
@@ -681,55 +862,134 @@ pub async fn completions(
     if decode.max_tokens.is_none() {
         decode.max_tokens = Some(16);
     }
+    // The legacy `logprobs` is the number of alternatives (0-5), the chosen token always included.
+    let logprobs = f.int("logprobs", 0, 5)?.map(|n| n as usize);
+    decode.logprobs = logprobs;
+    let n = choices(&f)?;
+    if f.bool("echo")? == Some(true) {
+        return Err(ApiError::param("echo", "'echo' is not supported"));
+    }
+    if let Some(best_of) = f.int("best_of", 1, MAX_CHOICES as i64)? {
+        if best_of != n as i64 {
+            return Err(ApiError::param(
+                "best_of",
+                "'best_of' other than 'n' is not supported",
+            ));
+        }
+    }
     let model = model_for(&st, name, None).await?;
     decode.sampling.logit_bias = logit_bias(&f, model.vocab_size)?;
     let tokens = model.tokenizer.encode(&prompt, true);
-    let rx = submit(&model, &id, tokens, Vec::new(), decode)?;
+    let mut decodes = vec![decode];
+    for k in 1..n {
+        let first = &decodes[0];
+        let mut sampling = first.sampling.clone();
+        sampling.seed = choice_seed(first.sampling.seed, k);
+        decodes.push(DecodeOptions {
+            sampling,
+            max_tokens: first.max_tokens,
+            stop: first.stop.clone(),
+            constraint: None,
+            logprobs,
+        });
+    }
+    let rxs = submit_n(&model, &id, tokens, Vec::new(), decodes)?;
     let cid = format!("cmpl-{}", id.trim_start_matches("req-"));
     let created = now_secs();
     let model_name = model.reference.clone();
-    let chunk = move |text: &str, finish: Option<&str>| {
+    let tokenizer = model.tokenizer.clone();
+    let chunk = move |index: usize, text: &str, finish: Option<&str>, lps: Value| {
         let mut c = json!({
             "id": cid, "object": "text_completion", "created": created, "model": model_name,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}],
         });
         if include_usage && stream {
             c["usage"] = Value::Null;
         }
         c
     };
+    let legacy = move |lps: &[TokenLogprobs], offset: usize| {
+        if logprobs.is_some() {
+            super::logprobs::legacy(&tokenizer, lps, offset)
+        } else {
+            Value::Null
+        }
+    };
     if !stream {
-        let (text, fin) = collect(rx).await?;
-        let mut c = chunk(&text, Some(fin.reason.as_str()));
-        c["usage"] = usage(&fin);
+        let all = futures_util::future::try_join_all(rxs.into_iter().map(collect_all)).await?;
+        let mut out = Vec::new();
+        for (index, c) in all.iter().enumerate() {
+            let one = chunk(
+                index,
+                &c.text,
+                Some(c.finish.reason.as_str()),
+                legacy(&c.logprobs, 0),
+            );
+            out.push(one["choices"][0].clone());
+        }
+        let fins: Vec<Finish> = all.into_iter().map(|c| c.finish).collect();
+        let mut c = chunk(0, "", None, Value::Null);
+        c["choices"] = out.into();
+        c["usage"] = usage_n(&fins);
         return Ok(axum::Json(c).into_response());
     }
-    let stream = futures_util::stream::unfold((rx, chunk, false), move |(mut rx, chunk, done)| async move {
-        if done {
-            return None;
-        }
-        match rx.recv().await {
-            Some(Event::Text(t)) => Some((Ok(data(&chunk(&t, None))), (rx, chunk, false))),
-            Some(Event::Done(fin)) => {
-                let mut out = format!("data: {}\n\n", chunk("", Some(fin.reason.as_str())));
-                if include_usage {
-                    let mut u = chunk("", None);
-                    u["choices"] = json!([]);
-                    u["usage"] = usage(&fin);
-                    out.push_str(&format!("data: {u}\n\n"));
+    let ends = Arc::new(std::sync::Mutex::new((Vec::<Finish>::new(), false)));
+    let (chunk, legacy) = (Arc::new(chunk), Arc::new(legacy));
+    let streams = rxs.into_iter().enumerate().map(|(index, rx)| {
+        let (chunk, legacy, ends) = (chunk.clone(), legacy.clone(), ends.clone());
+        // (receiver, pending logprobs, text length so far, done)
+        Box::pin(futures_util::stream::unfold(
+            (rx, Vec::new(), 0usize, false),
+            move |(mut rx, mut lps, mut offset, done)| {
+                let (chunk, legacy, ends) = (chunk.clone(), legacy.clone(), ends.clone());
+                async move {
+                    if done {
+                        return None;
+                    }
+                    loop {
+                        match rx.recv().await {
+                            Some(Event::Logprobs(lp)) => lps.push(lp),
+                            Some(Event::Text(t)) => {
+                                let l = legacy(&std::mem::take(&mut lps), offset);
+                                offset += t.len();
+                                let b = data(&chunk(index, &t, None, l));
+                                return Some((Ok::<_, Infallible>(b), (rx, lps, offset, false)));
+                            }
+                            Some(Event::Done(fin)) => {
+                                let l = if lps.is_empty() { Value::Null } else { legacy(&lps, offset) };
+                                let out = format!("data: {}\n\n", chunk(index, "", Some(fin.reason.as_str()), l));
+                                ends.lock().unwrap_or_else(|e| e.into_inner()).0.push(fin);
+                                return Some((Ok(Bytes::from(out)), (rx, Vec::new(), offset, true)));
+                            }
+                            Some(Event::Error(e)) => {
+                                ends.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+                                let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                                return Some((Ok(data(&err)), (rx, Vec::new(), offset, true)));
+                            }
+                            None => return None,
+                        }
+                    }
                 }
-                out.push_str("data: [DONE]\n\n");
-                Some((Ok(Bytes::from(out)), (rx, chunk, true)))
-            }
-            Some(Event::Error(e)) => {
-                let err =
-                    json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                Some((Ok(data(&err)), (rx, chunk, true)))
-            }
-            None => None,
-        }
+            },
+        ))
     });
-    Ok(sse(stream))
+    let merged = futures_util::stream::select_all(streams);
+    let tail = futures_util::stream::once(async move {
+        let ends = ends.lock().unwrap_or_else(|e| e.into_inner());
+        if ends.1 || ends.0.len() < n {
+            return Ok(Bytes::new());
+        }
+        let mut out = String::new();
+        if include_usage {
+            let mut u = chunk(0, "", None, Value::Null);
+            u["choices"] = json!([]);
+            u["usage"] = usage_n(&ends.0);
+            out.push_str(&format!("data: {u}\n\n"));
+        }
+        out.push_str("data: [DONE]\n\n");
+        Ok(Bytes::from(out))
+    });
+    Ok(sse(futures_util::StreamExt::chain(merged, tail)))
 }
 
 /// A pack's capabilities: its manifest's, plus `vision` when it is loaded and its plugin
@@ -787,7 +1047,10 @@ pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_options, harmony_effort, logit_bias, refuse_legacy_functions, template_extra};
+    use super::{
+        check_messages, check_messages_as, choice_seed, decode_options, harmony_effort, logit_bias,
+        refuse_legacy_functions, template_extra,
+    };
     use crate::api::{parse_object, ApiError, Fields};
     use crate::harmony::ReasoningEffort;
     use axum::http::StatusCode;
@@ -974,5 +1237,50 @@ mod tests {
             let obj = parse_object(ok.as_bytes()).unwrap();
             assert!(refuse_legacy_functions(&Fields::new(&obj, "")).is_ok(), "{ok}");
         }
+    }
+
+    #[test]
+    fn malformed_messages_are_400s_naming_the_field() {
+        let check =
+            |v: Value| check_messages(v.as_array().unwrap()).map_err(|e| (e.status.as_u16(), e.param));
+        let user = serde_json::json!({"role": "user", "content": "hi"});
+        for (bad, param) in [
+            (
+                serde_json::json!([user, {"role": "tool", "content": "x"}]),
+                "messages[1].tool_call_id",
+            ),
+            (
+                serde_json::json!([{"role": "assistant", "content": null, "tool_calls": "f()"}]),
+                "messages[0].tool_calls",
+            ),
+            (
+                serde_json::json!([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]),
+                "messages[0].tool_calls[0]",
+            ),
+            (
+                serde_json::json!([{"role": "user", "content": [{"type": "text"}]}]),
+                "messages[0].content[0].text",
+            ),
+        ] {
+            assert_eq!(check(bad.clone()), Err((400, Some(param.to_string()))), "{bad}");
+        }
+        let good = serde_json::json!([user,
+            {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "1"}]);
+        assert_eq!(check(good), Ok(()));
+        // Ollama's tool messages name the tool, not a call id.
+        let ollama = serde_json::json!([user, {"role": "tool", "tool_name": "f", "content": "1"}]);
+        assert!(check_messages_as(ollama.as_array().unwrap(), false).is_ok());
+    }
+
+    #[test]
+    fn max_tokens_zero_is_refused_and_n_gives_each_choice_its_seed() {
+        let obj = parse_object(br#"{"max_tokens": 0}"#).unwrap();
+        let e = decode_options(&Fields::new(&obj, ""), &["max_tokens"]).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("max_tokens")));
+        assert_eq!(choice_seed(Some(5), 0), Some(5));
+        assert_ne!(choice_seed(Some(5), 1), choice_seed(Some(5), 2));
+        assert_eq!(choice_seed(None, 3), None);
     }
 }

@@ -392,6 +392,7 @@ fn decode(r: &RequestConstraints, script: &str) -> (String, Option<FinishReason>
             max_tokens: Some(400),
             stop: Vec::new(),
             constraint: factory().build(r, true, ParseStart::AssistantHeader).unwrap(),
+            logprobs: None,
         },
         tokenizer(),
         &stops,

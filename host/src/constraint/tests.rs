@@ -541,6 +541,7 @@ fn decode_state_allows_stop_tokens_only_where_the_grammar_accepts() {
                 max_tokens: Some(200),
                 stop: Vec::new(),
                 constraint: f.build(&r, false, ParseStart::Content).unwrap(),
+                logprobs: None,
             },
             &tok,
             &stop_set,

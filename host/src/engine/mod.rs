@@ -57,6 +57,17 @@ pub struct Job {
     /// The images (one entry per slice or tile) whose features fill placeholder rows of the
     /// prompt; empty for a text-only prompt.
     pub images: Vec<JobImage>,
+    /// More choices of the same prompt (`n` > 1): each forks this job's sequence once the prompt
+    /// is in the cache, so the prompt is computed once.
+    pub siblings: Vec<Sibling>,
+}
+
+/// Another choice of a job's prompt, decoded on a fork of the job's sequence.
+pub struct Sibling {
+    /// How to decode this choice (its own seed).
+    pub decode: DecodeOptions,
+    /// Where this choice's text and end go.
+    pub events: UnboundedSender<Event>,
 }
 
 /// One slice or tile of an image, ready for the plugin's `encode_images`.
@@ -131,6 +142,9 @@ fn clear_of_images(mut keep: usize, images: &[JobImage], cached: usize, rewind: 
 pub enum Event {
     /// Generated text.
     Text(String),
+    /// The log-probabilities of the next generated token (sent before its text, when the
+    /// request asked for them; never for a stop token).
+    Logprobs(crate::sampling::TokenLogprobs),
     /// The sequence ended.
     Done(Finish),
     /// The sequence failed (plugin error).
@@ -152,6 +166,8 @@ pub struct Finish {
     pub prompt_duration: Duration,
     /// Time spent generating.
     pub generation_duration: Duration,
+    /// The stop string that ended the output, when one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// Why a job was not queued.
@@ -599,6 +615,7 @@ impl Scheduler {
         }
         let mut row = 0;
         let mut k = 0;
+        let mut forks = Vec::new();
         for &(i, n) in &plan {
             let slot = &mut self.slots[i];
             let r = slot.run.as_mut().expect("running");
@@ -626,49 +643,183 @@ impl Scheduler {
             if r.prompt_done.is_none() {
                 r.prompt_done = Some(Instant::now());
                 m.ttft(r.job.received.elapsed());
+                if !r.job.siblings.is_empty() {
+                    forks.push(Fork {
+                        slot: i,
+                        logits: logits.to_vec(),
+                        siblings: std::mem::take(&mut r.job.siblings),
+                        id: r.job.id.clone(),
+                        prompt: r.job.prompt.clone(),
+                        images: r.job.images.clone(),
+                        received: r.job.received,
+                        key: r.key.clone(),
+                        cached_tokens: r.cached_tokens,
+                        cached: slot.cached.clone(),
+                        exact: slot.exact,
+                    });
+                }
             }
-            let done = if let Some(reason) = r.dec.finished() {
-                Some(reason)
-            } else {
-                let tok = r.dec.pick(logits);
-                let s = r.dec.accept(tok);
-                if s.finished.is_none() {
-                    // Fed on the next step.
-                    r.next = Some(tok);
-                }
-                if !self.text.stop_tokens.contains(&tok) {
-                    m.generated_tokens.fetch_add(1, Relaxed);
-                }
-                if !s.text.is_empty() {
-                    let _ = r.job.events.send(Event::Text(s.text));
-                }
-                s.finished
-            };
-            if let Some(reason) = done {
+            if let Some(reason) = advance(r, logits, &self.text.stop_tokens, m) {
                 let r = slot.run.take().expect("running");
                 m.active_sequences.fetch_sub(1, Relaxed);
-                let prompt_done = r.prompt_done.unwrap_or_else(Instant::now);
-                let fin = Finish {
-                    reason,
-                    prompt_tokens: r.job.prompt.len(),
-                    cached_tokens: r.cached_tokens,
-                    completion_tokens: r.dec.generated(),
-                    prompt_duration: prompt_done.duration_since(r.job.received),
-                    generation_duration: prompt_done.elapsed(),
+                finish(r, reason, i);
+            }
+        }
+        for f in forks {
+            self.fork(f);
+        }
+    }
+
+    /// Starts the sibling choices of slot `i`'s job, whose prompt just finished: each forks the
+    /// sequence into a free slot and picks its first token from the same logits. A sibling that
+    /// finds no free slot (or a plugin that cannot fork) is queued as a job of its own.
+    fn fork(&mut self, f: Fork) {
+        let m = self.shared.metrics.clone();
+        let Fork {
+            slot: i,
+            logits,
+            siblings,
+            id,
+            prompt,
+            images,
+            received,
+            key,
+            cached_tokens,
+            cached,
+            exact,
+        } = f;
+        let logits = &logits[..];
+        let context_left = (self.model.description().context_length as usize).saturating_sub(prompt.len());
+        for (k, sib) in siblings.into_iter().enumerate() {
+            let sib_id = format!("{id}/{}", k + 1);
+            // Slot `i` keeps the parent's rows even when the parent already ended.
+            let free = (0..self.slots.len()).find(|&j| j != i && self.slots[j].run.is_none());
+            let forked = free.filter(|&j| {
+                self.model
+                    .instance()
+                    .and_then(|inst| inst.seq_fork(i as i32, j as i32))
+                    .map_err(|e| tracing::debug!(request = %sib_id, error = %e.message, "seq_fork refused"))
+                    .is_ok()
+            });
+            let Some(j) = forked else {
+                let job = Job {
+                    id: sib_id,
+                    prompt: prompt.clone(),
+                    decode: sib.decode,
+                    events: sib.events,
+                    received,
+                    images: images.clone(),
+                    siblings: Vec::new(),
                 };
-                tracing::info!(
-                    request = %r.job.id,
-                    slot = i,
-                    prompt = fin.prompt_tokens,
-                    cached = fin.cached_tokens,
-                    generated = fin.completion_tokens,
-                    reason = reason.as_str(),
-                    "sequence finished"
-                );
-                let _ = r.job.events.send(Event::Done(fin));
+                let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.pending.push_front(job);
+                m.queue_depth.fetch_add(1, Relaxed);
+                continue;
+            };
+            self.tick += 1;
+            let dec = SequenceDecoder::new(
+                sib.decode,
+                &self.text.tokenizer,
+                &self.text.stop_tokens,
+                context_left,
+            );
+            let slot = &mut self.slots[j];
+            slot.cached = cached.clone();
+            slot.exact = exact;
+            slot.stale = false;
+            slot.last_used = self.tick;
+            m.active_sequences.fetch_add(1, Relaxed);
+            let mut r = Running {
+                job: Job {
+                    id: sib_id,
+                    prompt: prompt.clone(),
+                    decode: DecodeOptions::default(),
+                    events: sib.events,
+                    received,
+                    // Their features are in the forked sequence already.
+                    images: Vec::new(),
+                    siblings: Vec::new(),
+                },
+                key: key.clone(),
+                dec,
+                fed: prompt.len(),
+                next: None,
+                cached_tokens,
+                admitted: self.tick,
+                prompt_done: Some(Instant::now()),
+            };
+            match advance(&mut r, logits, &self.text.stop_tokens, &m) {
+                Some(reason) => {
+                    m.active_sequences.fetch_sub(1, Relaxed);
+                    finish(r, reason, j);
+                }
+                None => slot.run = Some(r),
             }
         }
     }
+}
+
+/// A job whose prompt just finished and whose siblings fork its sequence.
+struct Fork {
+    slot: usize,
+    logits: Vec<f32>,
+    siblings: Vec<Sibling>,
+    id: String,
+    prompt: Vec<u32>,
+    images: Vec<JobImage>,
+    received: Instant,
+    key: Vec<u64>,
+    cached_tokens: usize,
+    cached: Vec<u64>,
+    exact: usize,
+}
+
+/// Picks a generating sequence's next token from its logits row, sends its log-probabilities
+/// and text; returns why the sequence ended, if it did.
+fn advance(r: &mut Running, logits: &[f32], stop_tokens: &HashSet<u32>, m: &Metrics) -> Option<FinishReason> {
+    if let Some(reason) = r.dec.finished() {
+        return Some(reason);
+    }
+    let tok = r.dec.pick(logits);
+    let s = r.dec.accept(tok);
+    if s.finished.is_none() {
+        // Fed on the next step.
+        r.next = Some(tok);
+    }
+    if !stop_tokens.contains(&tok) {
+        m.generated_tokens.fetch_add(1, Relaxed);
+        if let Some(lp) = r.dec.take_logprobs() {
+            let _ = r.job.events.send(Event::Logprobs(lp));
+        }
+    }
+    if !s.text.is_empty() {
+        let _ = r.job.events.send(Event::Text(s.text));
+    }
+    s.finished
+}
+
+/// Sends a finished sequence's end and counts.
+fn finish(r: Running, reason: FinishReason, slot: usize) {
+    let prompt_done = r.prompt_done.unwrap_or_else(Instant::now);
+    let fin = Finish {
+        reason,
+        prompt_tokens: r.job.prompt.len(),
+        cached_tokens: r.cached_tokens,
+        completion_tokens: r.dec.generated(),
+        prompt_duration: prompt_done.duration_since(r.job.received),
+        generation_duration: prompt_done.elapsed(),
+        stop_sequence: r.dec.stop_sequence().map(str::to_string),
+    };
+    tracing::info!(
+        request = %r.job.id,
+        slot,
+        prompt = fin.prompt_tokens,
+        cached = fin.cached_tokens,
+        generated = fin.completion_tokens,
+        reason = reason.as_str(),
+        "sequence finished"
+    );
+    let _ = r.job.events.send(Event::Done(fin));
 }
 
 #[cfg(test)]

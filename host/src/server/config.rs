@@ -23,9 +23,13 @@ pub struct ServeArgs {
     /// Port to bind (default 11435; 0 picks a free one and prints it).
     #[arg(long, env = "BERTH_PORT")]
     pub port: Option<u16>,
-    /// Require `Authorization: Bearer KEY` on every API route.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every API route.
     #[arg(long, env = "BERTH_API_KEY")]
     pub api_key: Option<String>,
+    /// Let browser pages from this origin call the API (CORS); repeatable, `*` for any origin.
+    /// Off by default. BERTH_CORS_ORIGINS takes a comma-separated list.
+    #[arg(long = "cors-origin", env = "BERTH_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origin: Vec<String>,
     /// Sequences decoded at once per model (default 8).
     #[arg(long, env = "BERTH_PARALLEL")]
     pub parallel: Option<usize>,
@@ -62,6 +66,7 @@ struct FileConfig {
     host: Option<String>,
     port: Option<u16>,
     api_key: Option<String>,
+    cors_origins: Option<Vec<String>>,
     parallel: Option<usize>,
     queue: Option<usize>,
     keep_alive: Option<toml::Value>,
@@ -96,6 +101,25 @@ pub fn parse_keep_alive(s: &str) -> Result<Option<Duration>> {
     Ok(Some(Duration::from_secs_f64(secs)))
 }
 
+/// Checks CORS origins: `*` or `scheme://host[:port]` without a path; trailing slashes dropped.
+fn cors_origins(list: Vec<String>) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for o in list {
+        let o = o.trim().trim_end_matches('/').to_string();
+        if o.is_empty() {
+            continue;
+        }
+        let valid = o == "*"
+            || o.split_once("://")
+                .is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.is_empty() && !rest.contains('/'));
+        if !valid {
+            bail!("--cors-origin '{o}' is not an origin: use scheme://host[:port], or * for any");
+        }
+        out.push(o);
+    }
+    Ok(out)
+}
+
 /// The full server configuration from flags, env, file and defaults.
 pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
     let path = args
@@ -125,6 +149,11 @@ pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
         port: args.port.or(file.port).unwrap_or(DEFAULT_PORT),
         home: home.to_path_buf(),
         api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+        cors_origins: cors_origins(if args.cors_origin.is_empty() {
+            file.cors_origins.unwrap_or_default()
+        } else {
+            args.cors_origin
+        })?,
         max_body: args.max_body.or(file.max_body).unwrap_or(32 << 20),
         log_json: log_format == "json",
         models: ModelsConfig {

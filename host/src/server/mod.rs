@@ -30,6 +30,8 @@ pub struct ServeConfig {
     pub home: PathBuf,
     /// Bearer token required on every API route, if set.
     pub api_key: Option<String>,
+    /// Origins whose browser pages may call the API (`*`: any); empty: CORS off.
+    pub cors_origins: Vec<String>,
     /// Model loading and scheduling.
     pub models: ModelsConfig,
     /// Largest request body in bytes.
@@ -46,6 +48,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Bearer token, if required.
     pub api_key: Option<String>,
+    /// Origins allowed to call from a browser (`*`: any); empty: CORS off.
+    pub cors_origins: Vec<String>,
+    /// Stored `/v1/responses` answers, for `previous_response_id` and retrieval.
+    pub responses: api::responses::ResponseStore,
     next_id: AtomicU64,
 }
 
@@ -68,6 +74,13 @@ pub fn router(state: Shared, max_body: usize) -> Router {
         .route("/v1/models/{*id}", get(api::openai::get_model))
         .route("/v1/chat/completions", post(api::openai::chat_completions))
         .route("/v1/completions", post(api::openai::completions))
+        .route("/v1/responses", post(api::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(api::responses::retrieve).delete(api::responses::delete),
+        )
+        .route("/v1/messages", post(api::anthropic::messages))
+        .route("/v1/messages/count_tokens", post(api::anthropic::count_tokens))
         .route("/api/chat", post(api::ollama::chat))
         .route("/api/generate", post(api::ollama::generate))
         .route("/api/tags", get(api::ollama::tags))
@@ -87,31 +100,102 @@ async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such route")
 }
 
-/// Auth, request ids in logs, and per-route status counts.
+/// The `Access-Control-Allow-Origin` value for a request's `Origin`, when CORS allows it.
+fn allowed_origin(st: &AppState, req: &Request) -> Option<HeaderValue> {
+    let origin = req.headers().get("origin")?;
+    let o = origin.to_str().ok()?;
+    if st.cors_origins.iter().any(|a| a == "*") {
+        Some(HeaderValue::from_static("*"))
+    } else if st.cors_origins.iter().any(|a| a.eq_ignore_ascii_case(o)) {
+        Some(origin.clone())
+    } else {
+        None
+    }
+}
+
+/// The answer to a CORS preflight from an allowed origin: the methods and the headers it asked
+/// for, cached for ten minutes. Given before authentication (browsers send no credentials).
+fn preflight(req: &Request, origin: HeaderValue) -> Response {
+    let headers = req
+        .headers()
+        .get("access-control-request-headers")
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from_static("authorization, content-type, x-api-key"));
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert("access-control-allow-origin", origin);
+    h.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
+    );
+    h.insert("access-control-allow-headers", headers);
+    h.insert("access-control-max-age", HeaderValue::from_static("600"));
+    h.insert("vary", HeaderValue::from_static("Origin"));
+    r
+}
+
+/// Whether a request carries the API key: `Authorization: Bearer KEY` (OpenAI, Ollama) or
+/// `x-api-key: KEY` (Anthropic's clients).
+fn has_key(req: &Request, key: &str) -> bool {
+    let h = req.headers();
+    let bearer = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|k| k == key);
+    bearer
+        || h.get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|k| k == key)
+}
+
+/// Auth, CORS, request ids in logs, and per-route status counts.
 async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let id = st.request_id();
-    let open = matches!(path.as_str(), "/health" | "/metrics");
-    if let (Some(key), false) = (&st.api_key, open) {
-        let ok = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|k| k == key);
-        if !ok {
-            st.metrics.request(&route_label(&path), 401);
-            let mut e = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "a valid API key is required (Authorization: Bearer ...)",
-            );
-            e.code = Some("invalid_api_key");
-            return e.into_response();
+    let origin = allowed_origin(&st, &req);
+    if let (Some(o), true) = (&origin, req.method() == axum::http::Method::OPTIONS) {
+        if req.headers().contains_key("access-control-request-method") {
+            st.metrics.request(&route_label(&req), 204);
+            return preflight(&req, o.clone());
         }
     }
+    let open = matches!(path.as_str(), "/health" | "/metrics");
+    let mut resp = match (&st.api_key, open) {
+        (Some(key), false) if !has_key(&req, key) => {
+            st.metrics.request(&route_label(&req), 401);
+            let mut e = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "a valid API key is required (Authorization: Bearer ..., or x-api-key)",
+            );
+            e.code = Some("invalid_api_key");
+            if path.starts_with("/v1/messages") {
+                e = e.for_anthropic();
+            } else if path.starts_with("/api/") {
+                e = e.for_ollama();
+            }
+            e.into_response()
+        }
+        _ => answer(&st, req, next, &path, &id).await,
+    };
+    if let Some(o) = origin {
+        let h = resp.headers_mut();
+        h.insert("access-control-allow-origin", o);
+        h.insert(
+            "access-control-expose-headers",
+            HeaderValue::from_static("x-request-id"),
+        );
+        h.append("vary", HeaderValue::from_static("Origin"));
+    }
+    resp
+}
+
+/// Runs an admitted request: its id in the logs and the response, its status in the metrics.
+async fn answer(st: &AppState, req: Request, next: Next, path: &str, id: &str) -> Response {
     let method = req.method().clone();
+    let label = route_label(&req);
     let mut req = req;
-    req.extensions_mut().insert(RequestId(id.clone()));
+    req.extensions_mut().insert(RequestId(id.to_string()));
     let span = tracing::info_span!("request", id = %id, %method, path = %path);
     let started = std::time::Instant::now();
     let mut resp = {
@@ -121,9 +205,9 @@ async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
         next.run(req).await
     };
     let status = resp.status().as_u16();
-    st.metrics.request(&route_label(&path), status);
+    st.metrics.request(&label, status);
     tracing::info!(parent: &span, status, ms = started.elapsed().as_millis() as u64, "answered");
-    if let Ok(v) = HeaderValue::from_str(&id) {
+    if let Ok(v) = HeaderValue::from_str(id) {
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
@@ -133,11 +217,13 @@ async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
 #[derive(Clone, Debug)]
 pub struct RequestId(pub String);
 
-fn route_label(path: &str) -> String {
-    if path.starts_with("/v1/models/") {
-        "/v1/models/{id}".into()
-    } else {
-        path.to_string()
+/// The metrics label of a request: its route pattern (`/v1/responses/{id}`), or `unmatched`
+/// for a path no route serves (so odd URLs cannot grow the label set).
+fn route_label(req: &Request) -> String {
+    match req.extensions().get::<axum::extract::MatchedPath>() {
+        Some(m) if m.as_str().starts_with("/v1/models/") => "/v1/models/{id}".into(),
+        Some(m) => m.as_str().to_string(),
+        None => "unmatched".into(),
     }
 }
 
@@ -173,6 +259,8 @@ pub fn serve(cfg: ServeConfig) -> Result<()> {
             models: models.clone(),
             metrics,
             api_key: cfg.api_key.clone(),
+            cors_origins: cfg.cors_origins.clone(),
+            responses: api::responses::ResponseStore::default(),
             next_id: AtomicU64::new(1),
         });
         let addr = format!("{}:{}", cfg.host, cfg.port);

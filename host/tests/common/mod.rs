@@ -146,3 +146,40 @@ pub fn spawn_serve(cmd: &mut Command) -> (Child, String, u16) {
     let port = port.unwrap_or_else(|| panic!("no port in berth serve's address {address:?}"));
     (child, address, port)
 }
+
+/// Writes a byte-level tokenizer into a scripted pack: token id = byte value, then the `added`
+/// special tokens from 256 on (the first is the end of sequence), and optionally a chat template.
+pub fn write_byte_tokenizer(dir: &Path, added: &[&str], chat_template: Option<&str>) {
+    let vocab: serde_json::Map<String, serde_json::Value> = berth::tokenizer::byte_level_alphabet()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), serde_json::json!(i)))
+        .collect();
+    let added_tokens: Vec<serde_json::Value> = added
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+        "use_regex": true});
+    let tj = serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added_tokens,
+        "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "vocab": vocab,
+            "merges": []}});
+    std::fs::write(dir.join("tokenizer.json"), tj.to_string()).unwrap();
+    let mut config = serde_json::json!({"eos_token": added.first()});
+    if let Some(t) = chat_template {
+        config["chat_template"] = t.into();
+    }
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+}
+
+/// The byte-level tokenizer's ids of a text.
+pub fn byte_tokens(text: &str) -> Vec<i32> {
+    text.bytes().map(i32::from).collect()
+}

@@ -7,7 +7,9 @@
 //! `reply` the sequence already ends with, and puts a peak logit on the next reply token (or on the
 //! first stop token once the reply is complete). Greedy decoding therefore replays the reply.
 //! A batch containing `panic_token` panics inside `decode`, for testing panic containment;
-//! `step_delay_ms` makes every `decode` call take that long (a slow model keeps streams running).
+//! `step_delay_ms` makes every `decode` call take that long (a slow model keeps streams running);
+//! while the file `hold_file` names exists, creating the model and every `decode` call wait (a
+//! test holds a load or a running sequence open exactly as long as it needs, then deletes it).
 //!
 //! Rewinds: `rewind` is the rule the model reports (`"anywhere"`, `{"every": N}`, `"start"`),
 //! `enforce_rewind` the rule `seq_truncate` applies (default: the reported one; also `"never"`,
@@ -70,6 +72,9 @@ pub struct Script {
     /// Milliseconds every `decode` call sleeps (0: none).
     #[serde(default)]
     pub step_delay_ms: u64,
+    /// While this file exists, model creation and every `decode` call wait (at most ten minutes).
+    #[serde(default)]
+    pub hold_file: Option<PathBuf>,
     /// Height of the logit peak on the scripted token.
     #[serde(default = "default_peak")]
     pub peak: f32,
@@ -230,7 +235,17 @@ impl Family for ScriptedFamily {
             .map_err(|e| PluginError::failed(format!("{}: {e}", path.display())))?;
         let script: Script = serde_json::from_str(&text)
             .map_err(|e| PluginError::failed(format!("{}: {e}", path.display())))?;
+        wait_while_held(&script);
         ScriptedModel::new(script)
+    }
+}
+
+/// Waits while the script's `hold_file` exists (bounded, so a forgotten file cannot hang a run).
+fn wait_while_held(script: &Script) {
+    let Some(path) = &script.hold_file else { return };
+    let t0 = std::time::Instant::now();
+    while path.exists() && t0.elapsed() < std::time::Duration::from_secs(600) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
@@ -326,6 +341,7 @@ impl Model for ScriptedModel {
 
     fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
         batch.validate()?;
+        wait_while_held(&self.script);
         if self.script.step_delay_ms > 0 {
             std::thread::sleep(std::time::Duration::from_millis(self.script.step_delay_ms));
         }

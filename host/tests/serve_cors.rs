@@ -1,0 +1,205 @@
+//! CORS end to end: a page served on the loopback interface calls `berth serve` from headless
+//! Chromium (installed by scripts/browser-deps). With `--cors-origin` naming the page's origin
+//! (and `--api-key`), its `fetch` calls read Berth's answers; without it, or with another
+//! origin, the browser refuses them. Preflights are answered before authentication.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command};
+
+const KEY: &str = "sekret";
+
+/// A running `berth serve` with no models, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(home: &Path, extra: &[&str]) -> Server {
+        let (child, _, port) = spawn_serve(
+            Command::new(berth_exe())
+                .args(["serve", "--port", "0", "--api-key", KEY])
+                .args(extra)
+                .env("BERTH_HOME", home)
+                .env_remove("BERTH_CORS_ORIGINS")
+                .env("BERTH_LOG", "warn"),
+        );
+        Server { child, port }
+    }
+
+    /// A raw request; returns the whole response head and body as text.
+    fn raw(&self, request: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test page: two cross-origin calls (a GET with a bearer token and a JSON POST, both
+/// preflighted) whose outcome it writes into the DOM.
+fn page(berth_port: u16) -> String {
+    format!(
+        r#"<!doctype html><html><body><pre id="out">pending</pre><script>
+const base = "http://127.0.0.1:{berth_port}";
+const auth = {{"Authorization": "Bearer {KEY}"}};
+async function run() {{
+  const out = [];
+  try {{
+    const r = await fetch(base + "/v1/models", {{headers: auth}});
+    out.push("models:" + r.status + ":" + (await r.json()).object + ":" + (r.headers.get("x-request-id") ? "id" : "noid"));
+  }} catch (e) {{ out.push("models:blocked"); }}
+  try {{
+    const r = await fetch(base + "/v1/chat/completions", {{method: "POST",
+      headers: Object.assign({{"Content-Type": "application/json"}}, auth),
+      body: JSON.stringify({{model: "nope", messages: [{{role: "user", content: "hi"}}]}})}});
+    out.push("chat:" + r.status + ":" + (await r.json()).error.code);
+  }} catch (e) {{ out.push("chat:blocked"); }}
+  try {{
+    const r = await fetch(base + "/v1/models");
+    out.push("nokey:" + r.status + ":" + (await r.json()).error.code);
+  }} catch (e) {{ out.push("nokey:blocked"); }}
+  document.getElementById("out").textContent = "RESULT " + out.join(" ") + " END";
+}}
+run();
+</script></body></html>"#
+    )
+}
+
+/// Serves `html` to every request on `listener`, on a thread, until the process ends.
+fn serve_page(listener: TcpListener, html: String) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
+                html.len()
+            );
+        }
+    });
+}
+
+/// Starts a server with `cors` flags and a page (on its own loopback port) that calls it;
+/// returns the server, the page's origin and what the page saw in Chromium.
+fn page_against(chromium: &str, home: &Path, cors: &[&str], allow_page: bool) -> (Server, String, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let origin = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let mut flags: Vec<&str> = cors.to_vec();
+    if allow_page {
+        flags.extend(["--cors-origin", origin.as_str()]);
+    }
+    let server = Server::start(home, &flags);
+    serve_page(listener, page(server.port));
+    let seen = run_page(chromium, &origin);
+    (server, origin, seen)
+}
+
+/// Loads the page in headless Chromium and returns what it wrote.
+fn run_page(chromium: &str, origin: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("{origin}/"))
+        .output()
+        .expect("chromium runs");
+    let dom = String::from_utf8_lossy(&out.stdout).to_string();
+    let result = dom
+        .split_once("RESULT ")
+        .and_then(|(_, r)| r.split_once(" END"))
+        .map(|(r, _)| r.to_string());
+    result.unwrap_or_else(|| {
+        panic!(
+            "the page wrote no result:\n{dom}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn a_browser_page_calls_berth_only_when_cors_allows_its_origin() {
+    let chromium = script_stdout("browser-deps", &[]).trim().to_string();
+    let home = tempfile::tempdir().unwrap();
+
+    // Allowed (next to another origin): the page reads the answers, errors included.
+    let (server, origin, seen) = page_against(
+        &chromium,
+        home.path(),
+        &["--cors-origin", "http://elsewhere.example"],
+        true,
+    );
+    assert_eq!(
+        seen, "models:200:list:id chat:404:model_not_found nokey:401:invalid_api_key",
+        "with CORS allowed"
+    );
+    // Preflight: answered before authentication, echoing the origin and the asked headers.
+    let pre = server.raw(&format!(
+        "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n"
+    ));
+    let head = pre.to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 204"), "{pre}");
+    assert!(
+        head.contains(&format!("access-control-allow-origin: {origin}")),
+        "{pre}"
+    );
+    assert!(
+        head.contains("access-control-allow-headers: authorization, content-type"),
+        "{pre}"
+    );
+    assert!(
+        head.contains("access-control-allow-methods: get, post, delete, options"),
+        "{pre}"
+    );
+    // Another origin gets no CORS headers (and the 401 of an unauthenticated request).
+    let other = server.raw(
+        "OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\nAccess-Control-Request-Method: GET\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        !other.to_ascii_lowercase().contains("access-control-allow-origin"),
+        "{other}"
+    );
+    assert!(other.starts_with("HTTP/1.1 401"), "{other}");
+    drop(server);
+
+    // `*` allows any page.
+    let (_s, _, seen) = page_against(&chromium, home.path(), &["--cors-origin", "*"], false);
+    assert_eq!(
+        seen, "models:200:list:id chat:404:model_not_found nokey:401:invalid_api_key",
+        "with *"
+    );
+
+    // Off (the default) or another origin only: the browser refuses every call.
+    let blocked = "models:blocked chat:blocked nokey:blocked";
+    let (_s, _, seen) = page_against(&chromium, home.path(), &[], false);
+    assert_eq!(seen, blocked, "without CORS");
+    let (_s, _, seen) = page_against(
+        &chromium,
+        home.path(),
+        &["--cors-origin", "http://elsewhere.example"],
+        false,
+    );
+    assert_eq!(seen, blocked, "with another origin allowed");
+}

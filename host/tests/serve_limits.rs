@@ -1,0 +1,177 @@
+//! `berth serve` under pressure, without timing races: the scripted plugin's `hold_file` holds a
+//! model load or a running decode open for exactly as long as the test needs, and the test waits
+//! on the state it asserts (`/health`, `/metrics`) with deadlines of minutes. A request that
+//! arrives while its model loads gets 503, one past a full queue gets 429, and SIGTERM lets the
+//! running and the queued streams finish before the process exits 0.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "held:latest";
+/// How long any awaited state may take on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// A running `berth serve`, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A raw HTTP/1.0 request to a loopback port; returns (status, body).
+fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let _ = write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    let status = resp.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+impl Server {
+    fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http(self.port, method, path, body)
+    }
+
+    /// Starts a streamed chat request on its own thread; the handle yields the whole answer.
+    fn stream(&self) -> JoinHandle<String> {
+        let port = self.port;
+        std::thread::spawn(move || {
+            let body = serde_json::json!({"model": MODEL, "stream": true, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hi"}]});
+            http(port, "POST", "/v1/chat/completions", &body.to_string()).1
+        })
+    }
+
+    /// The value of a `/metrics` line.
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.http("GET", "/metrics", "");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
+    }
+
+    /// Waits until `ok` holds, failing after [`DEADLINE`].
+    fn wait_for(&self, what: &str, ok: impl Fn(&Server) -> bool) {
+        let t0 = Instant::now();
+        while !ok(self) {
+            assert!(t0.elapsed() < DEADLINE, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A home with the scripted plugin and a pack whose model waits while `hold` exists.
+fn home_with_held_model(hold: &Path) -> tempfile::TempDir {
+    let home = tempfile::Builder::new()
+        .prefix("berth-limits-")
+        .tempdir()
+        .unwrap();
+    berth_ok(
+        home.path(),
+        None,
+        &["plugins", "install", scripted_library().to_str().unwrap()],
+    );
+    let src = home.path().join("src");
+    let script = serde_json::json!({"stop_tokens": [256], "hold_file": hold,
+        "entries": [{"reply": byte_tokens("fine")}]});
+    write_scripted_pack(&src, "held", "latest", &script);
+    write_byte_tokenizer(&src, &["<|end|>"], Some(TEMPLATE));
+    berth_ok(home.path(), None, &["import", src.to_str().unwrap()]);
+    home
+}
+
+const TEMPLATE: &str =
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}";
+
+#[test]
+fn loading_is_503_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
+    let holder = tempfile::tempdir().unwrap();
+    let hold = holder.path().join("hold");
+    let home = home_with_held_model(&hold);
+    let (child, _, port) = spawn_serve(
+        Command::new(berth_exe())
+            .args(["serve", "--port", "0", "--parallel", "1", "--queue", "1"])
+            .env("BERTH_HOME", home.path())
+            .env("BERTH_PLUGIN_PATH", home_plugins(home.path()))
+            .env("BERTH_LOG", "info"),
+    );
+    let mut server = Server { child, port };
+    let ask = serde_json::json!({"model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+
+    // The first request starts the load, which waits on the hold: another request is a 503.
+    std::fs::write(&hold, "").unwrap();
+    let first = server.stream();
+    server.wait_for("the model to be loading", |s| {
+        s.http("GET", "/health", "").1.contains("loading")
+    });
+    let (status, body) = server.http("POST", "/v1/chat/completions", &ask);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("loading"), "{body}");
+    std::fs::remove_file(&hold).unwrap();
+    let answer = first.join().unwrap();
+    assert!(
+        answer.contains("\"finish_reason\":\"stop\"") && answer.contains("data: [DONE]"),
+        "{answer}"
+    );
+
+    // One slot and a queue of one: with the running sequence held, a third request is a 429.
+    std::fs::write(&hold, "").unwrap();
+    let running = server.stream();
+    server.wait_for("a running sequence", |s| {
+        s.metric("berth_active_sequences") == 1.0
+    });
+    let queued = server.stream();
+    server.wait_for("a queued request", |s| s.metric("berth_queue_depth") == 1.0);
+    let (status, body) = server.http("POST", "/v1/chat/completions", &ask);
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("rate_limit_error"), "{body}");
+
+    // SIGTERM while both are held: once released, both still end with [DONE]; the process exits 0.
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    std::fs::remove_file(&hold).unwrap();
+    for (name, s) in [("running", running), ("queued", queued)] {
+        let all = s.join().unwrap();
+        assert!(
+            all.contains("data: [DONE]"),
+            "{name} stream cut by shutdown: {all}"
+        );
+    }
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(t0.elapsed() < DEADLINE, "berth serve did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
