@@ -76,8 +76,8 @@ fn file_name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// The plugin directories to search, in order: `$BERTH_PLUGIN_PATH` (colon-separated), then
-/// `<exe dir>/../lib/berth/plugins`, then `$BERTH_HOME/plugins`.
+/// The plugin directories to search, in order: `$BERTH_PLUGIN_PATH` (colon-separated), then the
+/// directory next to the binary ([`beside_binary`]), then `$BERTH_HOME/plugins`.
 pub fn search_path(berth_home: &Path) -> Vec<PathBuf> {
     search_path_sources(berth_home)
         .into_iter()
@@ -100,10 +100,23 @@ pub fn search_path_sources(berth_home: &Path) -> Vec<(PathBuf, &'static str)> {
         .ok()
         .and_then(|e| e.parent().map(Path::to_path_buf))
     {
-        dirs.push((exe_dir.join("../lib/berth/plugins"), "next to the binary"));
+        dirs.push((beside_binary(&exe_dir), "next to the binary"));
     }
     dirs.push((berth_home.join("plugins"), "BERTH_HOME"));
     dirs
+}
+
+/// Where plugins shipped with a binary in `exe_dir` live: `<exe dir>/../lib/berth/plugins` for an
+/// installed binary (`/usr/bin` → `/usr/lib/berth/plugins`), but `<exe dir>/lib/berth/plugins`
+/// for a binary in a cargo target directory (one holding `CACHEDIR.TAG`), so each build profile
+/// (`target/debug`, `target/release`) has its own plugins and a debug build never loads the
+/// release plugins `scripts/setup` installed.
+pub fn beside_binary(exe_dir: &Path) -> PathBuf {
+    if exe_dir.join("../CACHEDIR.TAG").is_file() {
+        exe_dir.join("lib/berth/plugins")
+    } else {
+        exe_dir.join("../lib/berth/plugins")
+    }
 }
 
 fn is_library(p: &Path) -> bool {
@@ -375,4 +388,21 @@ pub fn install(lib: &Path, dir: &Path) -> Result<(PathBuf, PluginManifest)> {
     let text = serde_json::to_string_pretty(&sidecar)? + "\n";
     std::fs::write(sidecar_path(&dest), text)?;
     Ok((dest, manifest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::beside_binary;
+
+    #[test]
+    fn each_cargo_profile_has_its_own_plugin_dir_and_installs_use_lib() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target");
+        std::fs::create_dir_all(target.join("debug")).unwrap();
+        std::fs::write(target.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55").unwrap();
+        assert_eq!(beside_binary(&target.join("debug")), target.join("debug/lib/berth/plugins"));
+        let usr = tmp.path().join("usr");
+        std::fs::create_dir_all(usr.join("bin")).unwrap();
+        assert_eq!(beside_binary(&usr.join("bin")), usr.join("bin/../lib/berth/plugins"));
+    }
 }

@@ -245,8 +245,9 @@ fn a_plugin_installed_while_serving_serves_its_packs_without_a_restart() {
     let home = tmp.path();
     let qwen = real_model("qwen2.5-coder-0.5b");
     berth_ok(home, None, &["import", qwen.to_str().unwrap(), "--name", MODEL]);
-    // `scripts/setup` may have installed plugins next to the binary (<exe>/../lib/berth/plugins),
-    // which every home sees; the "before" half of the check needs a machine without them.
+    // `scripts/install-plugins debug` may have installed plugins next to the debug binary
+    // (target/debug/lib/berth/plugins), which every home sees; the "before" half of the check
+    // needs a machine without them (`scripts/setup` installs release plugins, which it never sees).
     let preinstalled = berth_ok(home, None, &["plugins", "--json"]).contains("\"qwen3\"");
     let server = Server::start(home, &[]);
     assert_eq!(server.model_ids(), [MODEL]);

@@ -58,8 +58,8 @@ pub fn plugin_library(name: &str) -> PathBuf {
 
 /// The plugin directory of a test home, `<home>/plugins`, where `berth plugins install` puts the
 /// libraries `plugin_library` found (the build under test). End-to-end tests name it in
-/// `BERTH_PLUGIN_PATH`, which is searched first: the plugins `scripts/setup` installs next to the
-/// binary (`<exe dir>/../lib/berth/plugins`, release builds) come later and lose the tie.
+/// `BERTH_PLUGIN_PATH`, which is searched first: plugins installed next to the binary
+/// (`target/debug/lib/berth/plugins`) come later and lose the tie.
 pub fn home_plugins(home: &Path) -> PathBuf {
     home.join("plugins")
 }
