@@ -53,12 +53,19 @@ pub struct AppState {
     /// Stored `/v1/responses` answers, for `previous_response_id` and retrieval.
     pub responses: api::responses::ResponseStore,
     next_id: AtomicU64,
+    /// Random per process (48 bits used), the first part of every request id.
+    id_prefix: u64,
 }
 
 impl AppState {
-    /// A fresh request id.
+    /// A fresh request id: this process's random prefix and a counter, so ids (and the
+    /// completion ids made from them) do not repeat across restarts.
     pub fn request_id(&self) -> String {
-        format!("req-{:x}", self.next_id.fetch_add(1, Relaxed))
+        format!(
+            "req-{:012x}{:x}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Relaxed)
+        )
     }
 }
 
@@ -134,6 +141,23 @@ fn preflight(req: &Request, origin: HeaderValue) -> Response {
     r
 }
 
+/// A random number from the standard library's per-process hash keys (no RNG dependency).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Compares two secrets in time that depends only on their lengths, not on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Whether a request carries the API key: `Authorization: Bearer KEY` (OpenAI, Ollama) or
 /// `x-api-key: KEY` (Anthropic's clients).
 fn has_key(req: &Request, key: &str) -> bool {
@@ -142,11 +166,10 @@ fn has_key(req: &Request, key: &str) -> bool {
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|k| k == key);
+        .is_some_and(|k| same_secret(k.as_bytes(), key.as_bytes()));
     bearer
         || h.get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|k| k == key)
+            .is_some_and(|k| same_secret(k.as_bytes(), key.as_bytes()))
 }
 
 /// Auth, CORS, request ids in logs, and per-route status counts.
@@ -262,6 +285,7 @@ pub fn serve(cfg: ServeConfig) -> Result<()> {
             cors_origins: cfg.cors_origins.clone(),
             responses: api::responses::ResponseStore::default(),
             next_id: AtomicU64::new(1),
+            id_prefix: random_u64() & 0xffff_ffff_ffff,
         });
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = tokio::net::TcpListener::bind(&addr)
@@ -323,4 +347,18 @@ fn init_logs(json: bool) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = if json { b.json().try_init() } else { b.try_init() };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{random_u64, same_secret};
+
+    #[test]
+    fn secrets_compare_whole_and_process_prefixes_differ() {
+        assert!(same_secret(b"key-123", b"key-123"));
+        assert!(!same_secret(b"key-123", b"key-124"));
+        assert!(!same_secret(b"key-123", b"key-1234"));
+        assert!(!same_secret(b"", b"x"));
+        assert_ne!(random_u64(), random_u64());
+    }
 }
