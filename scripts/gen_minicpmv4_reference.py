@@ -317,8 +317,14 @@ def build(version, seed):
 
 
 def write_tokenizer(path, specials):
-    """A WordLevel tokenizer: `t<i>` for the plain ids, the markers as added special tokens."""
+    """A WordLevel tokenizer: `t<i>` for the plain ids (the last ten are the digits), the markers
+    as added special tokens."""
     by_id = {v: k for k, v in specials.items()}
+    # The digits (the host writes `<image_id>N</image_id>` before each image) take ten plain ids
+    # below the markers, so a served prompt with images tokenizes without `<unk>`.
+    plain = [i for i in range(VOCAB) if i not in by_id]
+    for d, i in enumerate(plain[-10:]):
+        by_id[i] = str(d)
     vocab = {by_id.get(i, f"t{i}"): i for i in range(VOCAB)}
     unk = next(k for k, v in specials.items() if k == "<unk>")
     tok = {

@@ -464,3 +464,114 @@ fn tiny_lfm2_vl_serves_images_to_the_official_clients() {
 fn tiny_minicpm_v4_6_serves_images_to_the_official_clients() {
     serve_with_official_clients(&MINICPMV4_6);
 }
+
+/// The tiny MiniCPM-V 4.0 (Llama) and 4.5 (Qwen3) reference packs of
+/// `scripts/gen-minicpmv4-reference`, served: an image through Ollama's `/api/generate` fills
+/// exactly the `<unk>` rows of the 4.x placeholder layout (`query_num` tokens per overview and
+/// slice), for an image left whole and one cut into slices, and a corrupt image is a 400.
+#[test]
+fn tiny_minicpm_v4_0_and_4_5_packs_take_images() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tempfile::Builder::new().prefix("berth-mcpv4-").tempdir().unwrap();
+    let minicpm = plugin_library("minicpm_v");
+    berth_ok(
+        home.path(),
+        None,
+        &["plugins", "install", minicpm.to_str().unwrap()],
+    );
+    for v in ["4_0", "4_5"] {
+        let dir = repo_root().join(format!("tests/fixtures/hf-tiny/minicpmv{v}"));
+        berth_ok(
+            home.path(),
+            None,
+            &[
+                "import",
+                dir.to_str().unwrap(),
+                "--name",
+                &format!("mcpv{v}:tiny"),
+            ],
+        );
+    }
+    let (child, base, _) = spawn_serve(
+        Command::new(berth_exe())
+            .args(["serve", "--port", "0"])
+            .env("BERTH_HOME", home.path())
+            .env("BERTH_PLUGIN_PATH", home_plugins(home.path()))
+            .env("BERTH_LOG", "warn"),
+    );
+    let _server = Server(child);
+    let generate = |model: &str, image: Option<&Path>| -> (u16, Value) {
+        let mut body = json!({"model": model, "prompt": "t5 t6 t7", "raw": true, "stream": false,
+            "options": {"num_predict": 3, "temperature": 0}});
+        if let Some(p) = image {
+            use base64::Engine;
+            body["images"] =
+                json!([base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap())]);
+        }
+        post_json(&format!("{base}/api/generate"), &body)
+    };
+    for v in ["4_0", "4_5"] {
+        let model = format!("mcpv{v}:tiny");
+        let dir = repo_root().join(format!("tests/fixtures/hf-tiny/minicpmv{v}"));
+        let tok = berth::tokenizer::Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json")).unwrap();
+        let config: Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let query_num = config["query_num"].as_u64().unwrap() as usize;
+        let (status, text_only) = generate(&model, None);
+        assert_eq!(status, 200, "{text_only}");
+        let text_tokens = text_only["prompt_eval_count"].as_u64().unwrap() as usize;
+        for (name, sliced) in [("odd.png", false), ("large.png", true)] {
+            let img =
+                berth::image::decode(&std::fs::read(image_path(name)).unwrap(), Default::default()).unwrap();
+            let p = berth::image::minicpmv::MiniCpmVParams {
+                query_num: Some(query_num),
+                ..Default::default()
+            };
+            let pre = berth::image::minicpmv::preprocess(&img, &p, &Default::default(), 0);
+            assert_eq!(
+                pre.slices.len() > 1,
+                sliced,
+                "{name}: {} slices",
+                pre.slices.len()
+            );
+            assert_eq!(pre.image_tokens, pre.slices.len() * query_num, "{name}");
+            let placeholder_tokens = tok.encode(&pre.placeholder, false);
+            let unk = tok.token_id("<unk>").unwrap();
+            assert_eq!(
+                placeholder_tokens.iter().filter(|&&t| t == unk).count(),
+                pre.image_tokens
+            );
+            let (status, answer) = generate(&model, Some(&image_path(name)));
+            assert_eq!(status, 200, "{model} {name}: {answer}");
+            assert_eq!(
+                answer["prompt_eval_count"].as_u64().unwrap() as usize,
+                text_tokens + placeholder_tokens.len(),
+                "{model} {name}: the prompt holds the placeholder layout"
+            );
+            assert_eq!(answer["eval_count"], 3, "{answer}");
+        }
+        let (status, bad) = generate(&model, Some(&image_path(CORRUPT)));
+        assert_eq!(status, 400, "{bad}");
+    }
+}
+
+/// POSTs JSON over a plain HTTP/1.0 connection; returns (status, body as JSON or a string).
+fn post_json(url: &str, body: &Value) -> (u16, Value) {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST /{path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    std::io::Read::read_to_string(&mut s, &mut resp).unwrap();
+    let status = resp[9..12].parse().unwrap();
+    let text = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(text).unwrap_or(Value::String(text.to_string())),
+    )
+}
