@@ -191,17 +191,7 @@ impl Sampler {
         if !self.params.adjusts_logits() && mask.is_none() {
             return self.sample(logits);
         }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        scratch.extend_from_slice(logits);
-        self.adjust(&mut scratch);
-        if let Some(mask) = mask {
-            if !apply_mask(&mut scratch, mask) {
-                scratch.clear();
-                scratch.extend_from_slice(logits);
-                self.adjust(&mut scratch);
-            }
-        }
+        let scratch = self.adjusted(logits, mask);
         let token = self.sample(&scratch);
         self.scratch = scratch;
         token
@@ -217,6 +207,16 @@ impl Sampler {
         mask: Option<&[u32]>,
         top: usize,
     ) -> (u32, TokenLogprobs) {
+        let scratch = self.adjusted(logits, mask);
+        let token = self.sample(&scratch);
+        let lp = TokenLogprobs::of_row(&scratch, token, top);
+        self.scratch = scratch;
+        (token, lp)
+    }
+
+    /// The row sampling picks from, in the scratch buffer (hand it back after use): the logits
+    /// after penalties and bias, masked unless the mask allows nothing.
+    fn adjusted(&mut self, logits: &[f32], mask: Option<&[u32]>) -> Vec<f32> {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         scratch.extend_from_slice(logits);
@@ -228,10 +228,7 @@ impl Sampler {
                 self.adjust(&mut scratch);
             }
         }
-        let token = self.sample(&scratch);
-        let lp = TokenLogprobs::of_row(&scratch, token, top);
-        self.scratch = scratch;
-        (token, lp)
+        scratch
     }
 
     /// Applies penalties and logit bias in place.

@@ -3,7 +3,7 @@
 use super::{parse_object, ApiError, Fields};
 use crate::chat::{self, ChatFormat, ParseStart, StreamParser};
 use crate::constraint::{ParamError, RequestConstraints, SequenceConstraint};
-use crate::decoding::DecodeOptions;
+use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::{Event, Finish, Job, JobImage, Sibling, SubmitError};
 use crate::harmony::{HarmonyInput, ReasoningEffort};
 use crate::sampling::SamplingParams;
@@ -303,6 +303,29 @@ pub(crate) fn choices(f: &Fields<'_>) -> Result<usize, ApiError> {
     Ok(f.int("n", 1, MAX_CHOICES as i64)?.unwrap_or(1) as usize)
 }
 
+/// The decode options of `n` choices: the first as given, each other with its own seed
+/// ([`choice_seed`]) and a fresh constraint from `constraint`.
+pub(crate) fn choice_decodes(
+    first: DecodeOptions,
+    n: usize,
+    constraint: impl Fn() -> Result<Option<SequenceConstraint>, ApiError>,
+) -> Result<Vec<DecodeOptions>, ApiError> {
+    let mut rest = Vec::new();
+    for k in 1..n {
+        let mut sampling = first.sampling.clone();
+        sampling.seed = choice_seed(first.sampling.seed, k);
+        rest.push(DecodeOptions {
+            sampling,
+            max_tokens: first.max_tokens,
+            stop: first.stop.clone(),
+            constraint: constraint()?,
+            logprobs: first.logprobs,
+        });
+    }
+    rest.insert(0, first);
+    Ok(rest)
+}
+
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: usize = 16;
 
@@ -533,6 +556,19 @@ pub(crate) fn render(
     Ok((text, tokens))
 }
 
+/// A chat choice's `finish_reason`: `length` whenever `max_tokens` or the context cut the reply
+/// (also inside a call, or after calls the model went on repeating), else `tool_calls` when the
+/// reply holds calls, else how the engine ended (`stop`).
+pub(crate) fn chat_finish_reason(fin: &Finish, calls: bool) -> &'static str {
+    if fin.reason == FinishReason::Length {
+        "length"
+    } else if calls {
+        "tool_calls"
+    } else {
+        fin.reason.as_str()
+    }
+}
+
 fn usage(fin: &Finish) -> Value {
     json!({
         "prompt_tokens": fin.prompt_tokens,
@@ -662,19 +698,7 @@ pub async fn chat_completions(
     let start = chat::prefill(model.detected.format, &rendered);
     let thinks = thinking(&model, start, &extra);
     decode.constraint = constraint_for(&model, &rc, thinks, start)?;
-    let mut decodes = vec![decode];
-    for k in 1..n {
-        let first = &decodes[0];
-        let mut sampling = first.sampling.clone();
-        sampling.seed = choice_seed(first.sampling.seed, k);
-        decodes.push(DecodeOptions {
-            sampling,
-            max_tokens: first.max_tokens,
-            stop: first.stop.clone(),
-            constraint: constraint_for(&model, &rc, thinks, start)?,
-            logprobs,
-        });
-    }
+    let decodes = choice_decodes(decode, n, || constraint_for(&model, &rc, thinks, start))?;
     let parser = || StreamParser::new(model.detected.format, start, render_tools.as_deref());
     let rxs = submit_n(&model, &id, prompt, slices, decodes)?;
     let cid = format!("chatcmpl-{}", id.trim_start_matches("req-"));
@@ -694,12 +718,9 @@ pub async fn chat_completions(
         for (index, c) in all.iter().enumerate() {
             let mut parser = parser();
             parser.push(&c.text);
-            let (_, msg) = parser.finish();
-            let reason = if msg.tool_calls.is_empty() {
-                c.finish.reason.as_str()
-            } else {
-                "tool_calls"
-            };
+            // A cut reply is parsed as the prefix it is (see `StreamParser::finish_output`).
+            let (_, msg) = parser.finish_output(c.finish.reason == FinishReason::Length);
+            let reason = chat_finish_reason(&c.finish, !msg.tool_calls.is_empty());
             out.push(json!({"index": index, "message": msg.to_openai(), "logprobs": lp_json(&c.logprobs), "finish_reason": reason}));
         }
         let fins: Vec<Finish> = all.into_iter().map(|c| c.finish).collect();
@@ -782,7 +803,7 @@ pub async fn chat_completions(
                         }
                     }
                     Some(Event::Done(fin)) => {
-                        let (d, msg) = s.parser.finish();
+                        let (d, msg) = s.parser.finish_output(fin.reason == FinishReason::Length);
                         let mut out = String::new();
                         let l = (!s.lps.is_empty()).then(|| (s.lp_json)(&std::mem::take(&mut s.lps)));
                         match d {
@@ -792,11 +813,7 @@ pub async fn chat_completions(
                             }
                             None => {}
                         }
-                        let reason = if msg.tool_calls.is_empty() && !s.calls {
-                            fin.reason.as_str()
-                        } else {
-                            "tool_calls"
-                        };
+                        let reason = chat_finish_reason(&fin, s.calls || !msg.tool_calls.is_empty());
                         out.push_str(&format!("data: {}\n\n", (s.chunk)(s.index, json!({}), Some(reason), None)));
                         s.ends.lock().unwrap_or_else(|e| e.into_inner()).finishes.push(fin);
                         s.done = true;
@@ -880,19 +897,7 @@ pub async fn completions(
     let model = model_for(&st, name, None).await?;
     decode.sampling.logit_bias = logit_bias(&f, model.vocab_size)?;
     let tokens = model.tokenizer.encode(&prompt, true);
-    let mut decodes = vec![decode];
-    for k in 1..n {
-        let first = &decodes[0];
-        let mut sampling = first.sampling.clone();
-        sampling.seed = choice_seed(first.sampling.seed, k);
-        decodes.push(DecodeOptions {
-            sampling,
-            max_tokens: first.max_tokens,
-            stop: first.stop.clone(),
-            constraint: None,
-            logprobs,
-        });
-    }
+    let decodes = choice_decodes(decode, n, || Ok(None))?;
     let rxs = submit_n(&model, &id, tokens, Vec::new(), decodes)?;
     let cid = format!("cmpl-{}", id.trim_start_matches("req-"));
     let created = now_secs();
@@ -1037,7 +1042,16 @@ pub async fn list_models(State(st): State<Shared>) -> Response {
 }
 
 /// `GET /v1/models/{id}`.
-pub async fn get_model(State(st): State<Shared>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_model(
+    State(st): State<Shared>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Response, ApiError> {
+    // An id that does not decode (percent-encoded bytes that are not UTF-8) names no model.
+    let Path(id) = id.map_err(|e| ApiError {
+        code: Some("model_not_found"),
+        param: Some("model".into()),
+        ..ApiError::new(StatusCode::NOT_FOUND, e.body_text())
+    })?;
     let id = id.trim_start_matches('/');
     match st.models.store().get(id) {
         Ok(e) if e.manifest.is_some() => Ok(axum::Json(model_object(&st, &e)).into_response()),
