@@ -399,10 +399,20 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let target = tmp.path().join("target");
         std::fs::create_dir_all(target.join("debug")).unwrap();
-        std::fs::write(target.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55").unwrap();
-        assert_eq!(beside_binary(&target.join("debug")), target.join("debug/lib/berth/plugins"));
+        std::fs::write(
+            target.join("CACHEDIR.TAG"),
+            "Signature: 8a477f597d28d172789f06886806bc55",
+        )
+        .unwrap();
+        assert_eq!(
+            beside_binary(&target.join("debug")),
+            target.join("debug/lib/berth/plugins")
+        );
         let usr = tmp.path().join("usr");
         std::fs::create_dir_all(usr.join("bin")).unwrap();
-        assert_eq!(beside_binary(&usr.join("bin")), usr.join("bin/../lib/berth/plugins"));
+        assert_eq!(
+            beside_binary(&usr.join("bin")),
+            usr.join("bin/../lib/berth/plugins")
+        );
     }
 }

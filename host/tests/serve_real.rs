@@ -124,6 +124,7 @@ fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
         "disconnect",
         "logprobs",
         "n",
+        "toolsemantics",
     ] {
         openai_check(&server, check, &[]);
     }

@@ -1178,13 +1178,10 @@ mod tests {
         );
     }
 
+    /// A real GGUF from `scripts/fetch-models`' cache (`$BERTH_CACHE`, else `~/.cache/berth`);
+    /// `None` (a recorded skip, a failure under CI) when it has not been fetched.
     fn real(name: &str) -> Option<GgufFile> {
-        let home = std::env::var_os("HOME")?;
-        let p = PathBuf::from(home).join(".cache/berth/models").join(name);
-        if !p.exists() {
-            eprintln!("skipping: {} not present", p.display());
-            return None;
-        }
+        let p = crate::test_skip::fetched_model(name)?;
         Some(GgufFile::open(&p).unwrap())
     }
 

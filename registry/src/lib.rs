@@ -16,6 +16,7 @@ pub mod pack;
 pub mod pull;
 pub mod safetensors;
 pub mod store;
+pub mod test_skip;
 
 #[cfg(any(test, feature = "testutil"))]
 #[allow(dead_code, clippy::new_without_default)]

@@ -1,7 +1,7 @@
 """End-to-end checks of `berth serve` with the official `openai` Python package.
 
 Usage: python openai_checks.py BASE_URL MODEL CHECK...   (checks: chat tools usage errors
-concurrency disconnect parse logprobs n). Each check prints one line `ok CHECK ...` or raises.
+concurrency disconnect parse logprobs n toolsemantics). Each check prints one line `ok CHECK ...` or raises.
 """
 
 import json
@@ -82,8 +82,9 @@ TOOLS = [
 
 def check_tools():
     messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    # tool_choice "required" is a grammar: the 0.5B model really calls the tool.
-    kw = dict(tools=TOOLS, tool_choice="required", temperature=0, max_tokens=48)
+    # tool_choice "required" is a grammar: the 0.5B model really calls the tool. One call (with
+    # parallel calls this model repeats it until max_tokens, which then ends as `length`).
+    kw = dict(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=48)
     r = client.chat.completions.create(model=MODEL, messages=messages, **kw)
     msg = r.choices[0].message
     calls = [(c.id, c.function.name, c.function.arguments) for c in msg.tool_calls or []]
@@ -348,6 +349,77 @@ def check_n():
     assert ta == [c.message.content for c in b.choices], "a seeded request is reproducible"
     assert len(set(ta)) > 1, ("seeded choices should differ", ta)
     print("ok n", len(texts), "distinct greedy text;", len(set(ta)), "distinct sampled")
+
+
+def tool_turn(messages, **kw):
+    """One greedy tool turn, non-streamed and streamed (reassembled by index as SDK users do).
+    Returns two (finish_reason, content, [(id, name, arguments)], completion_tokens)."""
+    kw = dict(model=MODEL, messages=messages, tools=TOOLS, temperature=0, **kw)
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    calls = [(t.id, t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+    whole = (c.finish_reason, c.message.content or None, calls, r.usage.completion_tokens)
+    acc, content, finish, tokens = {}, "", None, None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for ch in chunk.choices:
+            finish = ch.finish_reason or finish
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                e = acc.setdefault(tc.index, {"id": None, "name": "", "args": ""})
+                e["id"] = tc.id or e["id"]
+                e["name"] += (tc.function and tc.function.name) or ""
+                e["args"] += (tc.function and tc.function.arguments) or ""
+    streamed = [(e["id"], e["name"], e["args"]) for _, e in sorted(acc.items())]
+    return whole, (finish, content or None, streamed, tokens)
+
+
+def is_json_object(text):
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def check_toolsemantics():
+    one = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    # A named tool_choice: exactly one call of that function, and the turn ends there (with
+    # parallel calls allowed, which alone lets this model repeat the call: see below).
+    whole, streamed = tool_turn(one, tool_choice=named, max_tokens=64)
+    assert whole == streamed, ("named: streamed and not differ", whole, streamed)
+    finish, _, calls, full_tokens = whole
+    assert finish == "tool_calls" and len(calls) == 1, whole
+    assert calls[0][1] == "get_weather" and is_json_object(calls[0][2]), whole
+    assert full_tokens < 64, whole
+    full_args = calls[0][2]
+    # `parallel_tool_calls: false` is one call as well.
+    whole, streamed = tool_turn(one, tool_choice="required", parallel_tool_calls=False, max_tokens=64)
+    assert whole == streamed and whole[0] == "tool_calls" and len(whole[2]) == 1, (whole, streamed)
+    # max_tokens cutting inside the call: `length`, and the call keeps only the arguments the
+    # model wrote (a prefix of the full ones), never made-up ones; streamed and not agree.
+    cut_inside = 0
+    for max_tokens in (full_tokens - 6, full_tokens - 4):
+        whole, streamed = tool_turn(one, tool_choice=named, max_tokens=max_tokens)
+        assert whole == streamed, ("cut: streamed and not differ", max_tokens, whole, streamed)
+        finish, _, calls, tokens = whole
+        assert finish == "length" and tokens == max_tokens, whole
+        for _, name, args in calls:
+            assert name == "get_weather" and full_args.startswith(args), (max_tokens, whole, full_args)
+            cut_inside += args != full_args and not is_json_object(args)
+    assert cut_inside, ("no cut landed inside the arguments", full_tokens, full_args)
+    # Parallel calls allowed, and a model that repeats the same call: bounded by max_tokens, and
+    # the finish says why it stopped (`length` exactly when the budget cut it).
+    budget = 2 * full_tokens
+    whole, streamed = tool_turn(one, tool_choice="required", max_tokens=budget)
+    assert whole == streamed, ("parallel: streamed and not differ", whole, streamed)
+    finish, _, calls, tokens = whole
+    assert tokens <= budget and calls, whole
+    assert finish == ("length" if tokens == budget else "tool_calls"), whole
+    done = calls if finish == "tool_calls" else calls[:-1]
+    assert all(n == "get_weather" and is_json_object(a) for _, n, a in done), whole
+    print("ok toolsemantics", json.dumps({"named": full_args, "parallel": [finish, len(calls), tokens]}))
 
 
 for name in sys.argv[3:4]:

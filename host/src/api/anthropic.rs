@@ -825,7 +825,8 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
     if !stream {
         let (text, fin) = openai::collect(rx).await?;
         parser.push(&text);
-        let (_, msg) = parser.finish();
+        // A cut reply is parsed as the prefix it is (see `StreamParser::finish_output`).
+        let (_, msg) = parser.finish_output(fin.reason == FinishReason::Length);
         let (reason, sequence) = stop_reason(&fin, !msg.tool_calls.is_empty());
         let body = json!({
             "id": msg_id,
@@ -893,7 +894,7 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
                     }
                 }
                 Some(Event::Done(fin)) => {
-                    let (d, msg) = s.parser.finish();
+                    let (d, msg) = s.parser.finish_output(fin.reason == FinishReason::Length);
                     let mut out = String::new();
                     if let Some(d) = d {
                         s.blocks.push(&d, &mut out);

@@ -5,9 +5,9 @@ use super::openai::{
     body, check_messages_as, collect_all, constraint_for, model_for, param_error, render, submit, thinking,
 };
 use super::{parse_object, ApiError, Fields};
-use crate::chat::{self, StreamParser};
+use crate::chat::{self, ParsedMessage, StreamParser};
 use crate::constraint::RequestConstraints;
-use crate::decoding::DecodeOptions;
+use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::{Event, Finish};
 use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::server::config::parse_keep_alive;
@@ -376,7 +376,9 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
         let c = collect_all(rx).await?;
         let (text, fin) = (c.text, c.finish);
         parser.push(&text);
-        let (_, msg) = parser.finish();
+        let cut = fin.reason == FinishReason::Length;
+        let (_, mut msg) = parser.finish_output(cut);
+        keep_whole_calls(&mut msg, cut);
         let mut whole = json!({
             "content": msg.content.clone().unwrap_or_default(),
             "reasoning_content": msg.reasoning_content.clone().unwrap_or_default(),
@@ -390,7 +392,7 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
                 .into();
         }
         let mut stats = final_stats(&fin, started);
-        if !msg.tool_calls.is_empty() {
+        if !msg.tool_calls.is_empty() && !cut {
             stats.insert("done_reason".into(), "stop".into());
         }
         if logprobs {
@@ -421,7 +423,9 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
                         }
                     }
                     Some(Event::Done(fin)) => {
-                        let (d, msg) = parser.finish();
+                        let cut = fin.reason == FinishReason::Length;
+                        let (d, mut msg) = parser.finish_output(cut);
+                        keep_whole_calls(&mut msg, cut);
                         let mut out = String::new();
                         if let Some(d) = d.and_then(without_calls) {
                             out.push_str(&format!("{}\n", with_lps(shape(Some(&d), None), &mut lps)));
@@ -448,6 +452,15 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
         },
     );
     Ok(ndjson(s))
+}
+
+/// Ollama sends calls whole, at the end: a call `max_tokens` cut inside its arguments (they do
+/// not parse as a JSON object) is left out rather than sent with made-up arguments.
+fn keep_whole_calls(msg: &mut ParsedMessage, cut: bool) {
+    if cut {
+        msg.tool_calls
+            .retain(|c| serde_json::from_str::<Value>(&c.arguments).is_ok_and(|v| v.is_object()));
+    }
 }
 
 /// An OpenAI-style stream delta without its tool-call fragments (Ollama streams whole calls at
@@ -587,6 +600,8 @@ pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         Some(n) => n,
         None => f.required_str("name").map_err(oerr)?,
     };
+    // Accepted (the answer is always the full one) but typed, as Ollama checks it.
+    f.bool("verbose").map_err(oerr)?;
     let e = st
         .models
         .store()

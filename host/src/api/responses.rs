@@ -1151,11 +1151,13 @@ pub async fn create(
             }
         }
     };
-    let (_, msg) = parser.finish();
+    // A cut reply is parsed as the prefix it is: an unfinished call keeps the arguments written
+    // and its item is `incomplete` (see `StreamParser::finish_output`).
+    let incomplete = fin.reason == FinishReason::Length;
+    let (_, msg) = parser.finish_output(incomplete);
     let mut out = OutputBuilder::new(&shape.id);
     let mut ignored = Vec::new();
     out.apply(&message_delta(&msg));
-    let incomplete = fin.reason == FinishReason::Length;
     out.finish(incomplete, &mut ignored);
     let status = if incomplete { "incomplete" } else { "completed" };
     let usage = usage(&fin, reasoning_tokens(&model, &out.reasoning_text));
@@ -1225,9 +1227,9 @@ async fn run_stream(st: Shared, p: Prepared, mut w: EventWriter) {
                 }
             }
             Some(Event::Done(fin)) => {
-                let (d, _) = parser.finish();
-                let mut ev = d.map(|d| out.apply(&d)).unwrap_or_default();
                 let incomplete = fin.reason == FinishReason::Length;
+                let (d, _) = parser.finish_output(incomplete);
+                let mut ev = d.map(|d| out.apply(&d)).unwrap_or_default();
                 out.finish(incomplete, &mut ev);
                 if !w.send_all(ev) {
                     return;

@@ -50,7 +50,28 @@ impl StreamParser {
     /// The output is complete: the last delta, if any, and the final message (equal to what the
     /// deltas add up to).
     pub fn finish(&mut self) -> (Option<Value>, ParsedMessage) {
-        let msg = parse(self.format, self.start, &self.text, self.tools.as_deref(), false);
+        self.finish_output(false)
+    }
+
+    /// The output ended, `cut_short` when by `max_tokens` or the context rather than by the model:
+    /// the last delta, if any, and the final message (equal to what the deltas add up to).
+    ///
+    /// A cut output is parsed as the prefix it is, so nothing the cut left unfinished is completed:
+    /// a tool call keeps the arguments text the model wrote (an unclosed JSON prefix, `""` when it
+    /// stopped before them), never a made-up `{}`; a name or marker cut short is no call at all.
+    /// The caller reports the end as `length`, which tells the client the last call is unfinished.
+    /// This is what OpenAI serves (a cut call streams its argument deltas, then `finish_reason:
+    /// "length"`) and how llama.cpp parses any output its model did not end; it keeps the streamed
+    /// and the non-streamed answers equal, as deltas already sent cannot be taken back, so the cut
+    /// call is not dropped from the message (vLLM drops it when not streaming, and they differ).
+    pub fn finish_output(&mut self, cut_short: bool) -> (Option<Value>, ParsedMessage) {
+        let msg = parse(
+            self.format,
+            self.start,
+            &self.text,
+            self.tools.as_deref(),
+            cut_short,
+        );
         (self.diff(&msg), msg)
     }
 
@@ -219,6 +240,75 @@ pub(crate) mod tests {
             last,
             Some(json!({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}))
         );
+    }
+
+    #[test]
+    fn a_call_cut_short_keeps_the_arguments_written_and_is_never_completed() {
+        let t = tools();
+        let cut = |text: &str, cut_short: bool| {
+            let mut p = StreamParser::new(ChatFormat::HermesJson, ParseStart::Content, Some(&t));
+            p.push(text);
+            p.finish_output(cut_short).1
+        };
+        let call = |args: &str| vec![("get_weather".to_string(), args.to_string())];
+        let calls = |m: &ParsedMessage| -> Vec<(String, String)> {
+            m.tool_calls
+                .iter()
+                .map(|c| (c.name.clone(), c.arguments.clone()))
+                .collect()
+        };
+        let open = "<tool_call>\n{\"name\": \"get_weather\", \"argu";
+        // A finished output reads a call without arguments as `{}`; a cut one does not.
+        assert_eq!(calls(&cut(open, false)), call("{}"));
+        assert_eq!(calls(&cut(open, true)), call(""));
+        let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Pa";
+        assert_eq!(calls(&cut(text, true)), call("{\"location\": \"Pa"));
+        // A name cut short is no call, not a call of a function that does not exist.
+        assert_eq!(calls(&cut("<tool_call>\n{\"name\": \"get_wea", true)), vec![]);
+        assert_eq!(
+            cut("<tool_call>\n{\"name\": \"get_wea", true).content,
+            Some(String::new())
+        );
+    }
+
+    #[test]
+    fn output_cut_at_every_byte_ends_as_the_prefix_it_is() {
+        let t = tools();
+        for (format, start, text) in corpus() {
+            let full = parse(format, start, text, Some(&t), false);
+            for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
+                let prefix = &text[..cut];
+                let half = (0..=cut / 2)
+                    .rev()
+                    .find(|&h| text.is_char_boundary(h))
+                    .unwrap_or(0);
+                let mut p = StreamParser::new(format, start, Some(&t));
+                let mut sum = Sum::default();
+                for piece in [&prefix[..half], &prefix[half..]] {
+                    if let Some(d) = p.push(piece) {
+                        add(&mut sum, &d);
+                    }
+                }
+                let (last, msg) = p.finish_output(true);
+                if let Some(d) = last {
+                    add(&mut sum, &d);
+                }
+                let what = format!("{format} cut {cut} of {text:?}");
+                // Every call (name and arguments) is a prefix of what the whole output says.
+                assert_grows(&msg, &full, &what);
+                let calls: Vec<_> = msg
+                    .tool_calls
+                    .iter()
+                    .map(|c| (c.id.clone(), c.name.clone(), c.arguments.clone()))
+                    .collect();
+                assert_eq!(sum.2, calls, "streamed calls of {what}");
+                assert_eq!(
+                    sum.1,
+                    msg.content.clone().unwrap_or_default(),
+                    "content of {what}"
+                );
+            }
+        }
     }
 
     #[test]

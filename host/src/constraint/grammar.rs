@@ -114,6 +114,10 @@ pub struct Plan {
 
 impl Plan {
     /// The plan for a request; `tools_usable` is false for a model that cannot call tools.
+    ///
+    /// A named `tool_choice` means exactly one call of that function, as OpenAI serves it, so it
+    /// is planned as a single call whatever `parallel_tool_calls` says: the grammar then ends
+    /// after the call, and only the end of the turn may follow.
     pub fn new(req: &RequestConstraints, tools_usable: bool) -> Plan {
         let (calls, tools) = match (&req.tool_choice, tools_usable && !req.tools.is_empty()) {
             (_, false) | (ToolChoice::None, _) => (Calls::Never, Vec::new()),
@@ -127,7 +131,7 @@ impl Plan {
         Plan {
             tools,
             calls,
-            parallel: req.parallel_tool_calls,
+            parallel: req.parallel_tool_calls && !matches!(req.tool_choice, ToolChoice::Named(_)),
             content: req.response_format.clone(),
             has_tools: tools_usable && !req.tools.is_empty(),
         }

@@ -513,6 +513,68 @@ fn tool_choice_by_parallel_by_thinking_by_format() {
     }
 }
 
+/// The tokens the constraint allows after `text` (fed token by token), stop tokens included
+/// where the grammar accepts; empty once the grammar has ended (only the turn's end is left).
+fn allowed_after(c: &mut SequenceConstraint, text: &str) -> Vec<u32> {
+    for id in toy_tokenizer().encode(text, false) {
+        c.consume(id).expect("the text follows the grammar");
+    }
+    if c.is_stopped() {
+        return Vec::new();
+    }
+    let (mask, accepting) = c.compute_mask().expect("a mask");
+    let mut ids: Vec<u32> = (0..320u32)
+        .filter(|&id| crate::sampling::mask_allows(&mask, id))
+        .collect();
+    if accepting {
+        ids.extend(stops());
+    }
+    ids
+}
+
+#[test]
+fn a_named_tool_choice_allows_exactly_one_call_then_only_the_end_of_turn() {
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    for s in samples() {
+        let f = factory(s.format, Some(s.reasoning));
+        let start = if s.format == ChatFormat::Harmony {
+            ParseStart::AssistantHeader
+        } else {
+            ParseStart::Content
+        };
+        let twice = match s.format {
+            ChatFormat::HermesJson | ChatFormat::QwenXml => Some(format!("{}\n{}", s.time, s.time)),
+            ChatFormat::Gemma4 => Some(format!("{}{}", s.time, s.time)),
+            ChatFormat::Lfm2Pythonic => Some(
+                "<|tool_call_start|>[get_time(tz=\"UTC\"), get_time(tz=\"UTC\")]<|tool_call_end|>".into(),
+            ),
+            _ => None,
+        };
+        for parallel in [true, false] {
+            let ctx = format!("{} parallel={parallel}", s.format);
+            let r = req(named.clone(), parallel, Value::Null);
+            assert!(check(&f, &r, false, start, s.time), "{ctx}: the one call");
+            if let Some(twice) = &twice {
+                assert!(!check(&f, &r, false, start, twice), "{ctx}: a second call");
+                // `required` with parallel calls does allow the same function twice.
+                let required = req(json!("required"), parallel, Value::Null);
+                assert_eq!(check(&f, &required, false, start, twice), parallel, "{ctx}");
+            }
+            let mut c = f.build(&r, false, start).unwrap().expect("a constraint");
+            let after = allowed_after(&mut c, s.time);
+            assert!(
+                after.iter().all(|id| stops().contains(id)),
+                "{ctx}: only the end of the turn may follow the call, not {after:?}"
+            );
+            // `parallel_tool_calls: false` is one call as well.
+            let required = req(json!("required"), false, Value::Null);
+            let mut c = f.build(&required, false, start).unwrap().expect("a constraint");
+            let after = allowed_after(&mut c, s.weather);
+            assert!(after.iter().all(|id| stops().contains(id)), "{ctx}: {after:?}");
+        }
+    }
+}
+
 #[test]
 fn auto_with_a_json_response_format_allows_json_or_a_call() {
     let f = factory(ChatFormat::HermesJson, None);

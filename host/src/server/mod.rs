@@ -97,14 +97,32 @@ pub fn router(state: Shared, max_body: usize) -> Router {
         .route("/api/delete", axum::routing::delete(api::ollama::delete))
         .route("/api/copy", post(api::ollama::copy))
         .route("/api/pull", post(api::ollama::pull))
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "no such route")
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    shaped_for(uri.path(), ApiError::new(StatusCode::NOT_FOUND, "no such route"))
+}
+
+/// A known route called with a method it does not serve: 405 in the route's API shape.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    let message = format!("{} does not serve {method}", uri.path());
+    shaped_for(uri.path(), ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message))
+}
+
+/// An error in the shape of the API a path belongs to (Anthropic, Ollama or OpenAI).
+fn shaped_for(path: &str, e: ApiError) -> ApiError {
+    if path.starts_with("/v1/messages") {
+        e.for_anthropic()
+    } else if path.starts_with("/api/") {
+        e.for_ollama()
+    } else {
+        e
+    }
 }
 
 /// The `Access-Control-Allow-Origin` value for a request's `Origin`, when CORS allows it.

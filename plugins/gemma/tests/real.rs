@@ -161,12 +161,94 @@ fn dequantised_weights_match_the_reference_closely() {
     check_reference(true);
 }
 
+/// A llama.cpp case's name, prompt ids and first-step `(token, logit)` top 5.
+type FirstStep = (String, Vec<i32>, Vec<(usize, f32)>);
+
+/// The logits of llama.cpp's first greedy step (`first_step_top5`) for each case of the
+/// `scripts/llamacpp-reference` fixture, whose build this engine reproduces bit for bit.
+fn llama_cpp_first_step_top5() -> Vec<FirstStep> {
+    let j = llama_cpp_cases();
+    j["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|case| {
+            let top5 = case["first_step_top5"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p[0].as_u64().unwrap() as usize, p[1].as_f64().unwrap() as f32))
+                .collect();
+            (
+                case["name"].as_str().unwrap().to_string(),
+                ids(&case["prompt_ids"]),
+                top5,
+            )
+        })
+        .collect()
+}
+
+/// The bounds on this engine's distance from transformers' float32 reference, all derived from
+/// llama.cpp's own figures on the same file and prompt: `(max |diff|, mean |diff|, top-10 overlap)`.
+fn bounds_from_llama_cpp() -> (f32, f32, usize) {
+    let lc = json("reference_llamacpp.json");
+    let steps = lc["steps"].as_array().unwrap();
+    // llama.cpp's own deviation from the reference (`reference_llamacpp.json`): max 0.943,
+    // mean up to 0.182 over the three steps.
+    let llama_max = steps
+        .iter()
+        .map(|s| s["max_abs_diff_vs_hf_full_vocab"].as_f64().unwrap() as f32)
+        .fold(0.0, f32::max);
+    let llama_mean = steps
+        .iter()
+        .map(|s| s["mean_abs_diff"].as_f64().unwrap() as f32)
+        .fold(0.0, f32::max);
+    // That file came from another llama.cpp build than `tests/fixtures/llamacpp` (which this
+    // engine reproduces bit for bit, see `prompt_logits_equal_llama_cpp_bit_for_bit`): on the
+    // same prompt the two builds' first-step logits differ by up to 0.306 on their shared top
+    // ids. A llama.cpp-exact engine may sit that much further from the reference.
+    let build_a: Vec<i32> = ids(&steps[0]["top10_ids"]);
+    let values_a: Vec<f64> = steps[0]["top10_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let prompt = ids(&json("reference.json")["prompt_ids"]);
+    let (_, _, top5) = llama_cpp_first_step_top5()
+        .into_iter()
+        .find(|(_, p, _)| *p == prompt)
+        .expect("the llama.cpp fixture has the reference prompt");
+    let spread = top5
+        .iter()
+        .filter_map(|&(t, v)| {
+            let i = build_a.iter().position(|&a| a as usize == t)?;
+            Some((values_a[i] as f32 - v).abs())
+        })
+        .fold(0.0, f32::max);
+    // llama.cpp's own top-10 shares 10, 10 and 9 ids with the reference's.
+    let llama_overlap = steps
+        .iter()
+        .map(|s| {
+            let hf = ids(&s["hf_top10_ids"]);
+            ids(&s["top10_ids"]).iter().filter(|t| hf.contains(t)).count()
+        })
+        .min()
+        .unwrap();
+    eprintln!(
+        "bounds: llama.cpp max {llama_max:.3} + build spread {spread:.3}, mean {llama_mean:.3}, \
+         top-10 overlap {llama_overlap}"
+    );
+    (llama_max + spread, llama_mean, llama_overlap)
+}
+
 fn check_reference(dequantize: bool) {
     let r = json("reference.json");
     let lc = json("reference_llamacpp.json");
     let prompt = ids(&r["prompt_ids"]);
     let want = ids(&r["greedy_continuation_ids"]);
     let ref_logits = read_npy_f32(fixtures().join("reference_logits.npy")).unwrap();
+    let (max_bound, mean_bound, overlap_bound) = bounds_from_llama_cpp();
     let mut m = load_with(2, dequantize);
     let (got, logits) = greedy(&mut m, 0, &prompt, want.len());
     assert_eq!(got, want);
@@ -192,22 +274,30 @@ fn check_reference(dequantize: bool) {
             .filter(|(t, _)| top10.contains(&(*t as i32)))
             .count();
         eprintln!(
-            "dequantize {dequantize} step {i}: max|diff| {max_diff:.4} mean {mean_diff:.4} \
+            "dequantize {dequantize} step {i}: max|diff| {max_diff:.3e} mean {mean_diff:.3e} \
              (llama.cpp max {llama:.3}); top-10 overlap {shared}/10"
         );
         if dequantize {
-            // Same weights, f32 activations: only summation order differs.
+            // Same weights, f32 activations: only summation order differs (measured: max
+            // 1.5e-5, mean 4e-6). 1e-3 is within the float32 agreement the fixtures README
+            // reports for llama.cpp's own engine against transformers on gemma3 (~2e-3).
             assert!(max_diff < 1e-3, "step {i}: max|diff| {max_diff}");
+            assert_eq!(shared, 10, "step {i}: top-10 overlap {shared}");
         } else {
-            // Q8 activations: llama.cpp deviates by up to 0.94 (mean 0.12-0.18); this engine's
-            // quantised matmuls by up to ~1.3 (mean ~0.4). Loose absolute bounds.
+            // Q8 activations as llama.cpp's (measured: max 0.82, 1.03, 0.85; mean 0.12-0.17).
             assert!(
-                max_diff < 1.6,
-                "step {i}: max|diff| {max_diff} (llama.cpp {llama})"
+                max_diff <= max_bound,
+                "step {i}: max|diff| {max_diff} > {max_bound} (llama.cpp {llama})"
             );
-            assert!(mean_diff < 0.5, "step {i}: mean|diff| {mean_diff}");
+            assert!(
+                mean_diff <= mean_bound,
+                "step {i}: mean|diff| {mean_diff} > {mean_bound}"
+            );
+            assert!(
+                shared >= overlap_bound,
+                "step {i}: top-10 overlap {shared} < {overlap_bound}"
+            );
         }
-        assert!(shared >= 8, "step {i}: top-10 overlap {shared}");
     }
 }
 
@@ -242,7 +332,21 @@ fn paris_follows_the_eiffel_tower() {
         .collect::<String>()
         .replace('▁', " ");
     eprintln!("continuation: {out:?} {words:?}");
-    assert!(out.contains(&PARIS), "{words:?}");
+    // The very next token, not just somewhere in the continuation.
+    assert_eq!(out[0], PARIS, "{words:?}");
+    // llama.cpp's greedy continuation of this prompt (" Paris, France. It is the tallest"): its
+    // top-1/top-2 margins over these 8 steps are all above the near-tie threshold (smallest
+    // 0.033 at step 7), so every one must agree.
+    let j = llama_cpp_cases();
+    let case = j["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| ids(&c["prompt_ids"]) == EIFFEL)
+        .expect("the llama.cpp fixture has the Eiffel prompt");
+    let margins = f64s(&case["step_top1_top2_margin"]);
+    assert!(margins[..8].iter().all(|&d| d >= NEAR_TIE), "{margins:?}");
+    assert_eq!(out, ids(&case["generated_ids"])[..8], "{words:?}");
 }
 
 #[test]
@@ -269,12 +373,8 @@ fn batched_forked_and_truncated_sequences_agree() {
         want_logits: &want,
     };
     m.decode(&b, &mut LogitsOut::new(&mut out, v)).unwrap();
-    let diff = |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-    assert!(
-        diff(&out[..v], &logits[0]) < 1e-3,
-        "batched row {}",
-        diff(&out[..v], &logits[0])
-    );
+    // A prompt batched with another sequence's prompt: the same numbers as alone.
+    assert_bits_equal(&out[..v], &logits[0], "batched prompt row vs alone");
     assert_eq!(argmax(&out[v..]), 506, "short prompt in the batch");
 
     // Fork sequence 0 after its prompt and first token, then continue both the same way.
@@ -289,17 +389,10 @@ fn batched_forked_and_truncated_sequences_agree() {
     };
     m.decode(&b, &mut LogitsOut::new(&mut two, v)).unwrap();
     // Both forks compute the same thing in the same batch.
-    assert_eq!(two[..v], two[v..], "forks differ");
-    // Against the unbatched run the attention sums follow llama.cpp's batched order (tinyBLAS)
-    // instead of its one-row order, as llama.cpp's do; a last-bit difference there can move an
-    // 8-bit activation rounding, which shifts logits by up to ~0.2 here but not the choice.
-    let d = diff(&two[..v], &logits[2]);
-    assert!(d < 0.25, "forked row vs unbatched: {d}");
-    assert_eq!(
-        argmax(&two[..v]),
-        argmax(&logits[2]),
-        "forked row picks another token"
-    );
+    assert_bits_equal(&two[..v], &two[v..], "two forks in one batch");
+    // And each equals the unbatched run's step bit for bit (measured: 0 values differ; the
+    // batched kernels keep one row's float order, as continuous batching requires).
+    assert_bits_equal(&two[..v], &logits[2], "forked row vs unbatched step");
     // One row at a time, each fork repeats the unbatched step exactly.
     for seq in [0, 3] {
         m.seq_truncate(seq, 11).unwrap();
@@ -311,12 +404,23 @@ fn batched_forked_and_truncated_sequences_agree() {
             want_logits: &[1],
         };
         m.decode(&b, &mut LogitsOut::new(&mut one, v)).unwrap();
-        assert!(
-            diff(&one, &logits[2]) < 1e-3,
-            "fork {seq}: {}",
-            diff(&one, &logits[2])
-        );
+        assert_bits_equal(&one, &logits[2], &format!("fork {seq} alone vs unbatched step"));
     }
+}
+
+/// Asserts two logit rows are bit-identical, naming how many values differ and the largest gap.
+fn assert_bits_equal(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let differ = got
+        .iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let gap = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert_eq!(differ, 0, "{what}: {differ} logits differ (max |diff| {gap})");
 }
 
 /// Prompt-processing and generation speed; run with
@@ -372,33 +476,24 @@ fn greedy_tokens_match_llama_cpp() {
     // Recorded by `scripts/llamacpp-reference` with llama.cpp on the same quantised file, on x86
     // with AVX2 and no AVX-512; the AVX2 kernels reproduce that build's float order (repacked
     // Q4_K gemv/gemm, Q6_K and Q*_0 vec_dot, F16 KV attention), so `once` matches bit for bit.
-    let path = repo_root().join("tests/fixtures/llamacpp/gemma3-270m.json");
-    let j: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let j = llama_cpp_cases();
     let mut m = load(2);
     let mut full_matches = 0;
     for (seq, case) in j["cases"].as_array().unwrap().iter().enumerate() {
         let name = case["name"].as_str().unwrap();
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
-        let margins: Vec<f64> = case["step_top1_top2_margin"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
+        let margins = f64s(&case["step_top1_top2_margin"]);
         let n = want.len().min(32);
         let (got, _) = greedy(&mut m, seq as i32, &prompt, n);
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         let first_tie = margins.iter().position(|&d| d < NEAR_TIE).unwrap_or(usize::MAX);
         eprintln!("{name}: {same} of {n} tokens equal (first near-tie at step {first_tie})");
-        if name == "once" {
-            // The fixed prompt: no near-tie in its first 32 steps, so all 32 must agree.
-            assert_eq!(got, want[..n], "{name}: differs at step {same}");
-        }
-        // Elsewhere a flip at a small margin is allowed, but not right at the start.
+        // Identical until llama.cpp itself was at a near-tie (eiffel: step 17, france: step 15,
+        // once: none in 32 steps); after a flip the texts may part.
         assert!(
-            same >= 8.min(first_tie),
-            "{name}: differs already at step {same}\n got {got:?}\nwant {want:?}"
+            same >= n.min(first_tie),
+            "{name}: differs at step {same} (first near-tie at {first_tie})\n got {got:?}\nwant {want:?}"
         );
         if same == n {
             full_matches += 1;
@@ -407,69 +502,36 @@ fn greedy_tokens_match_llama_cpp() {
     assert!(full_matches >= 1, "{full_matches} cases matched fully");
 }
 
-/// Distance of this engine's logits from llama.cpp's full logits on the same tokens (teacher
-/// forcing). `BERTH_LLAMACPP_LOGITS` names an `.npy` of llama.cpp's last-row logits per step
-/// (steps × vocab), next to a `.json` with `prompt` and `tokens` (llama.cpp's greedy tokens); both
-/// are written by a small llama-cpp-python script (see `scripts/llamacpp_reference.py`). Run with
-/// `cargo test -p berth-plugin-gemma --test real -- --ignored --nocapture llama_cpp_logit_distance`.
+/// llama.cpp's prompt logits, bit for bit: for each case of the `scripts/llamacpp-reference`
+/// fixture (llama.cpp on the same quantised file, x86 AVX2 build), this engine's logits after the
+/// prompt equal llama.cpp's first-step top-5 logits exactly (the fixture keeps them as the f32
+/// values widened to f64, so no tolerance is needed).
 #[test]
-#[ignore = "needs llama.cpp logits from BERTH_LLAMACPP_LOGITS"]
-fn llama_cpp_logit_distance() {
-    let Ok(npy) = std::env::var("BERTH_LLAMACPP_LOGITS") else {
-        eprintln!("BERTH_LLAMACPP_LOGITS not set");
-        return;
-    };
-    let lc = read_npy_f32(&npy).unwrap();
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(format!("{npy}.json")).unwrap()).unwrap();
-    let prompt = ids(&meta["prompt"]);
-    let toks = ids(&meta["tokens"]);
+fn prompt_logits_equal_llama_cpp_bit_for_bit() {
     let mut m = load(2);
-    let v = m.describe().vocab_size as usize;
-    let mut logits = vec![0.0; v];
-    let (mut worst, mut sum_max, mut sum_mean) = (0.0f32, 0.0f32, 0.0f32);
-    for step in 0..toks.len() {
-        if step == 0 {
-            let pos: Vec<i32> = (0..prompt.len() as i32).collect();
-            let mut want = vec![0u8; prompt.len()];
-            *want.last_mut().unwrap() = 1;
-            let b = BatchView {
-                tokens: &prompt,
-                positions: &pos,
-                seq_ids: &vec![0; prompt.len()],
-                want_logits: &want,
-            };
-            m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
-        } else {
-            let b = BatchView {
-                tokens: &[toks[step - 1]],
-                positions: &[(prompt.len() + step - 1) as i32],
-                seq_ids: &[0],
-                want_logits: &[1],
-            };
-            m.decode(&b, &mut LogitsOut::new(&mut logits, v)).unwrap();
+    for (seq, (name, prompt, top5)) in llama_cpp_first_step_top5().into_iter().enumerate() {
+        let (_, logits) = greedy(&mut m, seq as i32, &prompt, 1);
+        for (t, want) in top5 {
+            let got = logits[0][t];
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{name}: token {t}: {got} vs llama.cpp {want}"
+            );
         }
-        let r = lc.row(step);
-        let max = logits
-            .iter()
-            .zip(r)
-            .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
-        let mean = logits.iter().zip(r).map(|(x, y)| (x - y).abs()).sum::<f32>() / v as f32;
-        let t = toks[step] as usize;
-        // Our margin of llama.cpp's token over the best other one (negative: we pick another).
-        let other = (0..v)
-            .filter(|&i| i != t)
-            .fold(f32::NEG_INFINITY, |a, i| a.max(logits[i]));
-        let margin = logits[t] - other;
-        worst = worst.max(max);
-        sum_max += max;
-        sum_mean += mean;
-        eprintln!(
-            "step {step:2}: max|diff| {max:.5} mean {mean:.5}; llama.cpp token {t}, our margin {margin:+.4}"
-        );
     }
-    eprintln!(
-        "worst max|diff| {worst:.5}; mean over steps: max|diff| {:.5}, mean|diff| {:.5}",
-        sum_max / toks.len() as f32,
-        sum_mean / toks.len() as f32
-    );
+}
+
+/// `tests/fixtures/llamacpp/gemma3-270m.json`, recorded by `scripts/llamacpp-reference`.
+fn llama_cpp_cases() -> Value {
+    let path = repo_root().join("tests/fixtures/llamacpp/gemma3-270m.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn f64s(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
