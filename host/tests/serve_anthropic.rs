@@ -7,79 +7,14 @@ mod common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 
 const MODEL: &str = "qwen2.5-coder:0.5b";
 
-/// A fresh Berth home with the qwen3 plugin and Qwen2.5-Coder 0.5B imported as [`MODEL`].
-fn home_with_qwen() -> tempfile::TempDir {
-    let tmp = tempfile::Builder::new()
-        .prefix("berth-anthropic-")
-        .tempdir()
-        .unwrap();
-    let dir = tmp.path().to_path_buf();
-    berth_ok(
-        &dir,
-        None,
-        &["plugins", "install", plugin_library("qwen3").to_str().unwrap()],
-    );
-    let qwen = real_model("qwen2.5-coder-0.5b");
-    berth_ok(&dir, None, &["import", qwen.to_str().unwrap(), "--name", MODEL]);
-    tmp
-}
-
-/// A running `berth serve`, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    port: u16,
-}
-
-impl Server {
-    fn start(home: &Path) -> Server {
-        let (child, base, port) = spawn_serve(
-            Command::new(berth_exe())
-                .args(["serve", "--port", "0", "--parallel", "2"])
-                .env("BERTH_HOME", home)
-                .env("BERTH_PLUGIN_PATH", home_plugins(home))
-                .env("BERTH_LOG", "info"),
-        );
-        Server { child, base, port }
-    }
-
-    /// A plain HTTP/1.1 request; returns (status, body).
-    fn http(&self, path: &str, body: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            s,
-            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut resp = Vec::new();
-        let _ = s.read_to_end(&mut resp);
-        let resp = String::from_utf8_lossy(&resp).into_owned();
-        let status = resp[9..12].parse().unwrap();
-        let body = resp
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn anthropic_client_creates_streams_calls_tools_counts_tokens_and_gets_typed_errors() {
-    let home = home_with_qwen();
-    let server = Server::start(home.path());
+    let home = home_with_qwen("berth-anthropic-", MODEL);
+    let server = TestServer::start(home.path(), &["--parallel", "2"]);
     let out = Command::new(client_python())
         .arg(repo_root().join("tests/serve/anthropic_checks.py"))
         .args([server.base.as_str(), MODEL])
@@ -105,7 +40,7 @@ fn anthropic_client_creates_streams_calls_tools_counts_tokens_and_gets_typed_err
         r#"{{"model": "{MODEL}", "max_tokens": 4, "temperature": 0, "stream": true,
             "messages": [{{"role": "user", "content": "Say hello."}}]}}"#
     );
-    let (status, text) = server.http("/v1/messages", &body);
+    let (status, text) = server.post("/v1/messages", &body);
     assert_eq!(status, 200, "{text}");
     let mut kinds = Vec::new();
     let mut lines = text
@@ -151,7 +86,7 @@ fn anthropic_client_creates_streams_calls_tools_counts_tokens_and_gets_typed_err
             ("/v1/messages/count_tokens", ""),
         ] {
             let body = body.replace("MAX", max);
-            let (status, text) = server.http(path, &body);
+            let (status, text) = server.post(path, &body);
             assert_eq!(status, 400, "{path} {body}: {text}");
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(v["type"], "error", "{text}");
@@ -163,7 +98,7 @@ fn anthropic_client_creates_streams_calls_tools_counts_tokens_and_gets_typed_err
         }
     }
     // count_tokens takes no max_tokens.
-    let (status, text) = server.http(
+    let (status, text) = server.post(
         "/v1/messages/count_tokens",
         &format!(
             r#"{{"model": "{MODEL}", "max_tokens": 4, "messages": [{{"role": "user", "content": "hi"}}]}}"#
@@ -235,7 +170,7 @@ fn thinking_blocks_the_thinking_switch_and_a_mid_stream_error_with_a_scripted_mo
     write_scripted_pack(&src, "thinker", "latest", &script);
     write_byte_tokenizer(&src, &["<|end|>"], Some(THINKING_TEMPLATE));
     berth_ok(home.path(), None, &["import", src.to_str().unwrap()]);
-    let server = Server::start(home.path());
+    let server = TestServer::start(home.path(), &["--parallel", "2"]);
     let out = Command::new(client_python())
         .arg(repo_root().join("tests/serve/anthropic_checks.py"))
         .args([server.base.as_str(), "thinker:latest", "thinking", "stream_error"])

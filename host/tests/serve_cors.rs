@@ -7,46 +7,20 @@ mod common;
 
 use common::*;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 
 const KEY: &str = "sekret";
 
-/// A running `berth serve` with no models, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
+/// A running `berth serve` with no models and an API key.
+type Server = TestServer;
 
-impl Server {
-    fn start(home: &Path, extra: &[&str]) -> Server {
-        let (child, _, port) = spawn_serve(
-            Command::new(berth_exe())
-                .args(["serve", "--port", "0", "--api-key", KEY])
-                .args(extra)
-                .env("BERTH_HOME", home)
-                .env_remove("BERTH_CORS_ORIGINS")
-                .env("BERTH_LOG", "warn"),
-        );
-        Server { child, port }
-    }
-
-    /// A raw request; returns the whole response head and body as text.
-    fn raw(&self, request: &str) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.write_all(request.as_bytes()).unwrap();
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Serves an empty home with `--api-key` and the `cors` flags.
+fn start(home: &Path, cors: &[&str]) -> Server {
+    let mut flags = vec!["--api-key", KEY];
+    flags.extend_from_slice(cors);
+    TestServer::start(home, &flags)
 }
 
 /// The test page: two cross-origin calls (a GET with a bearer token and a JSON POST, both
@@ -104,7 +78,7 @@ fn page_against(chromium: &str, home: &Path, cors: &[&str], allow_page: bool) ->
     if allow_page {
         flags.extend(["--cors-origin", origin.as_str()]);
     }
-    let server = Server::start(home, &flags);
+    let server = start(home, &flags);
     serve_page(listener, page(server.port));
     let seen = run_page(chromium, &origin);
     (server, origin, seen)

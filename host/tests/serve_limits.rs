@@ -7,10 +7,8 @@
 mod common;
 
 use common::*;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,55 +16,22 @@ const MODEL: &str = "held:latest";
 /// How long any awaited state may take on a loaded machine.
 const DEADLINE: Duration = Duration::from_secs(300);
 
-/// A running `berth serve`, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A raw HTTP/1.0 request to a loopback port; returns (status, body).
-fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let _ = write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    let status = resp.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
+type Server = TestServer;
 
 impl Server {
-    fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        http(self.port, method, path, body)
-    }
-
     /// Starts a streamed chat request on its own thread; the handle yields the whole answer.
     fn stream(&self) -> JoinHandle<String> {
         let port = self.port;
         std::thread::spawn(move || {
             let body = serde_json::json!({"model": MODEL, "stream": true, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "hi"}]});
-            http(port, "POST", "/v1/chat/completions", &body.to_string()).1
+            http_request(port, "POST", "/v1/chat/completions", &body.to_string()).1
         })
     }
 
     /// The value of a `/metrics` line.
     fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.http("GET", "/metrics", "");
+        let (_, text) = self.http("GET", "/metrics", None);
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
             .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
@@ -110,14 +75,7 @@ fn loading_is_503_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
     let holder = tempfile::tempdir().unwrap();
     let hold = holder.path().join("hold");
     let home = home_with_held_model(&hold);
-    let (child, _, port) = spawn_serve(
-        Command::new(berth_exe())
-            .args(["serve", "--port", "0", "--parallel", "1", "--queue", "1"])
-            .env("BERTH_HOME", home.path())
-            .env("BERTH_PLUGIN_PATH", home_plugins(home.path()))
-            .env("BERTH_LOG", "info"),
-    );
-    let mut server = Server { child, port };
+    let mut server = Server::start(home.path(), &["--parallel", "1", "--queue", "1"]);
     let ask = serde_json::json!({"model": MODEL, "max_tokens": 2,
         "messages": [{"role": "user", "content": "hi"}]})
     .to_string();
@@ -126,9 +84,9 @@ fn loading_is_503_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
     std::fs::write(&hold, "").unwrap();
     let first = server.stream();
     server.wait_for("the model to be loading", |s| {
-        s.http("GET", "/health", "").1.contains("loading")
+        s.http("GET", "/health", None).1.contains("loading")
     });
-    let (status, body) = server.http("POST", "/v1/chat/completions", &ask);
+    let (status, body) = server.post("/v1/chat/completions", &ask);
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("loading"), "{body}");
     std::fs::remove_file(&hold).unwrap();
@@ -146,7 +104,7 @@ fn loading_is_503_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
     });
     let queued = server.stream();
     server.wait_for("a queued request", |s| s.metric("berth_queue_depth") == 1.0);
-    let (status, body) = server.http("POST", "/v1/chat/completions", &ask);
+    let (status, body) = server.post("/v1/chat/completions", &ask);
     assert_eq!(status, 429, "{body}");
     assert!(body.contains("rate_limit_error"), "{body}");
 

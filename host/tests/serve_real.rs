@@ -7,8 +7,7 @@ mod common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,79 +16,23 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 const MODEL: &str = "qwen2.5-coder:0.5b";
 
-/// A fresh Berth home with the qwen3 plugin and Qwen2.5-Coder 0.5B imported as `name`.
+/// A fresh Berth home with the qwen3 plugin under test and Qwen2.5-Coder 0.5B as `name`.
 fn home_with_qwen(name: &str) -> tempfile::TempDir {
-    let tmp = tempfile::Builder::new().prefix("berth-serve-").tempdir().unwrap();
-    let dir = tmp.path().to_path_buf();
-    berth_ok(
-        &dir,
-        None,
-        &["plugins", "install", plugin_library("qwen3").to_str().unwrap()],
-    );
-    let qwen = real_model("qwen2.5-coder-0.5b");
-    berth_ok(&dir, None, &["import", qwen.to_str().unwrap(), "--name", name]);
-    tmp
+    common::home_with_qwen("berth-serve-", name)
 }
 
-/// A running `berth serve`, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-    port: u16,
-}
+type Server = TestServer;
 
-impl Server {
-    fn start(home: &Path, extra: &[&str]) -> Server {
-        let (child, base, port) = spawn_serve(
-            Command::new(berth_exe())
-                .args(["serve", "--port", "0"])
-                .args(extra)
-                .env("BERTH_HOME", home)
-                // The plugins this home installed (the build under test) are searched first.
-                .env("BERTH_PLUGIN_PATH", home_plugins(home))
-                .env("BERTH_LOG", "info"),
-        );
-        Server { child, base, port }
-    }
-
-    /// A plain HTTP/1.1 request; returns (status, body).
-    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        let body = body.unwrap_or("");
-        // A server refusing a large body may close before reading it all: the answer counts.
-        let _ = write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let mut resp = Vec::new();
-        let _ = s.read_to_end(&mut resp);
-        let resp = String::from_utf8_lossy(&resp).into_owned();
-        let status = resp[9..12].parse().unwrap();
-        let body = resp
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    fn model_ids(&self) -> Vec<String> {
-        let (_, body) = self.http("GET", "/v1/models", None);
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        v["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["id"].as_str().unwrap().to_string())
-            .collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The model ids `/v1/models` lists.
+fn model_ids(server: &Server) -> Vec<String> {
+    let (_, body) = server.http("GET", "/v1/models", None);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// Runs one check of tests/serve/openai_checks.py; returns its `ok` line.
@@ -190,7 +133,7 @@ fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_u
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let home = home_with_qwen(MODEL);
     let server = Server::start(home.path(), &["--max-loaded-models", "1"]);
-    assert_eq!(server.model_ids(), [MODEL]);
+    assert_eq!(model_ids(&server), [MODEL]);
     let first = format!("{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Say hi\"}}],\"max_tokens\":2}}");
     assert_eq!(server.http("POST", "/v1/chat/completions", Some(&first)).0, 200);
     let qwen = real_model("qwen2.5-coder-0.5b");
@@ -200,7 +143,7 @@ fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_u
         &["import", qwen.to_str().unwrap(), "--name", "hot:new"],
     );
     let t0 = Instant::now();
-    while !server.model_ids().contains(&"hot:new".to_string()) {
+    while !model_ids(&server).contains(&"hot:new".to_string()) {
         assert!(
             t0.elapsed() < Duration::from_secs(2),
             "hot:new not listed within 2 s"
@@ -226,7 +169,7 @@ fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_u
     let t0 = Instant::now();
     loop {
         let (_, ps) = server.http("GET", "/api/ps", None);
-        if !ps.contains("hot:new") && !server.model_ids().contains(&"hot:new".to_string()) {
+        if !ps.contains("hot:new") && !model_ids(&server).contains(&"hot:new".to_string()) {
             break;
         }
         assert!(
@@ -251,7 +194,7 @@ fn a_plugin_installed_while_serving_serves_its_packs_without_a_restart() {
     // needs a machine without them (`scripts/setup` installs release plugins, which it never sees).
     let preinstalled = berth_ok(home, None, &["plugins", "--json"]).contains("\"qwen3\"");
     let server = Server::start(home, &[]);
-    assert_eq!(server.model_ids(), [MODEL]);
+    assert_eq!(model_ids(&server), [MODEL]);
     let ask = format!(
         "{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Say hi\"}}],\"max_tokens\":2}}"
     );

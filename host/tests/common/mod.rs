@@ -183,3 +183,94 @@ pub fn write_byte_tokenizer(dir: &Path, added: &[&str], chat_template: Option<&s
 pub fn byte_tokens(text: &str) -> Vec<i32> {
     text.bytes().map(i32::from).collect()
 }
+
+/// A fresh Berth home (`prefix` names its temp dir) with the qwen3 plugin under test installed
+/// and Qwen2.5-Coder 0.5B imported as `name`.
+pub fn home_with_qwen(prefix: &str, name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let dir = tmp.path();
+    berth_ok(
+        dir,
+        None,
+        &["plugins", "install", plugin_library("qwen3").to_str().unwrap()],
+    );
+    let qwen = real_model("qwen2.5-coder-0.5b");
+    berth_ok(dir, None, &["import", qwen.to_str().unwrap(), "--name", name]);
+    tmp
+}
+
+/// A plain HTTP/1.1 request with a JSON body to a loopback port; returns (status, body).
+pub fn http_request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // A server refusing a large body may close before reading it all: the answer counts.
+    let _ = std::io::Write::write_all(
+        &mut s,
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let mut resp = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut s, &mut resp);
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let status = resp.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A running `berth serve --port 0` over a test home, killed on drop.
+pub struct TestServer {
+    /// The server process.
+    pub child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// The port it listens on.
+    pub port: u16,
+}
+
+impl TestServer {
+    /// Serves `home` with `extra` flags; the plugins the home installed (the build under test)
+    /// come first on the search path.
+    pub fn start(home: &Path, extra: &[&str]) -> TestServer {
+        let (child, base, port) = spawn_serve(
+            Command::new(berth_exe())
+                .args(["serve", "--port", "0"])
+                .args(extra)
+                .env("BERTH_HOME", home)
+                .env("BERTH_PLUGIN_PATH", home_plugins(home))
+                .env_remove("BERTH_CORS_ORIGINS")
+                .env("BERTH_LOG", "info"),
+        );
+        TestServer { child, base, port }
+    }
+
+    /// A plain HTTP/1.1 request with a JSON body; returns (status, body).
+    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        http_request(self.port, method, path, body.unwrap_or(""))
+    }
+
+    /// A POST with a JSON body; returns (status, body).
+    pub fn post(&self, path: &str, body: &str) -> (u16, String) {
+        self.http("POST", path, Some(body))
+    }
+
+    /// Sends raw bytes and returns the whole answer (head and body) as text.
+    pub fn raw(&self, request: &str) -> String {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let _ = std::io::Write::write_all(&mut s, request.as_bytes());
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut out);
+        out
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
