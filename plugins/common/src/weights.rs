@@ -1,11 +1,11 @@
 //! Loading tensors from GGUF (zero-copy from the mapped file) or HF safetensors, with the standard
 //! decoder's tensor names mapped both ways between the two conventions.
 
+/// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
+pub use berth_formats::GgufFile;
+use berth_formats::{Dtype, SafetensorsFile};
 use berth_kernels::quant::WeightType;
 use berth_plugin_api::PluginError;
-/// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
-pub use berth_registry::GgufFile;
-use berth_registry::{Dtype, SafetensorsFile};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

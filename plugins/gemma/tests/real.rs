@@ -303,7 +303,7 @@ fn check_reference(dequantize: bool) {
 
 #[test]
 fn paris_follows_the_eiffel_tower() {
-    let g = berth_registry::GgufFile::open(model_path()).unwrap();
+    let g = berth_formats::GgufFile::open(model_path()).unwrap();
     let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap();
     let text: Vec<&str> = EIFFEL.iter().map(|&t| tokens[t as usize]).collect();
     assert_eq!(

@@ -1,11 +1,11 @@
 //! The GGUF path on the tiny references: each HF checkpoint is rewritten as an F32 GGUF with
 //! llama.cpp names and metadata (experts stacked into 3-D tensors) and must give the same logits.
 
+use berth_formats::SafetensorsFile;
 use berth_plugin_api::{BatchView, Family, LoadConfig, LogitsOut, Model};
 use berth_plugin_common::npy::read_npy_f32;
 use berth_plugin_common::{HfNames, TensorId};
 use berth_qwen3::QwenFamily;
-use berth_registry::SafetensorsFile;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;

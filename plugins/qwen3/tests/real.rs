@@ -109,7 +109,7 @@ fn describe_reads_the_gguf() {
 
 #[test]
 fn paris_is_the_greedy_next_token() {
-    let g = berth_registry::GgufFile::open(model_path()).unwrap();
+    let g = berth_formats::GgufFile::open(model_path()).unwrap();
     let tokens = g.get_str_array("tokenizer.ggml.tokens").unwrap();
     assert_eq!(tokens[PARIS as usize], "ĠParis");
     let text: Vec<&str> = PROMPT.iter().map(|&t| tokens[t as usize]).collect();

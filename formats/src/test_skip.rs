@@ -94,6 +94,6 @@ mod tests {
             name.ends_with("::test_skip::tests::the_test_name_has_the_binary_and_the_test"),
             "{name}"
         );
-        assert!(name.starts_with("berth_registry::"), "{name}");
+        assert!(name.starts_with("berth_formats::"), "{name}");
     }
 }
