@@ -202,7 +202,11 @@ fn main() {
     // the claim is the ratio within pairs (and their median), never figures from separate runs.
     let mut ratios = Vec::new();
     for rep in 0..3u64 {
-        let order = if rep % 2 == 0 { [false, true] } else { [true, false] };
+        let order = if rep % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
         let mut rates = [0.0f64; 2];
         for constrained in order {
             session.clear().unwrap();
