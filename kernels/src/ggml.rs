@@ -203,15 +203,25 @@ const AVX2: Table = Table {
     exp_shifted: avx2::exp_shifted,
 };
 
-/// The fastest kernels for this CPU, detected once (scalar under `BERTH_FORCE_SCALAR=1`).
+/// What these kernels are called in warnings.
+const NAME: &str = "ggml-arithmetic";
+
+/// The fastest kernels for this CPU, detected once (at most the level `BERTH_KERNELS` names).
 fn table() -> &'static Table {
     static BEST: OnceLock<Table> = OnceLock::new();
     BEST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if crate::dot::has_avx2() {
-            return AVX2;
-        }
-        SCALAR
+        let candidates = [
+            (
+                crate::KernelLevel::Avx2,
+                crate::KernelLevel::Avx2.supported(),
+                &AVX2,
+            ),
+            (crate::KernelLevel::Scalar, true, &SCALAR),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let candidates = [(crate::KernelLevel::Scalar, true, &SCALAR)];
+        *crate::select_table(NAME, &candidates)
     })
 }
 

@@ -74,17 +74,19 @@ pub fn matmul_quantized_split(
         let r1 = (r0 + per).min(rows);
         let outp = &outp;
         let wrow = |r: usize| &w[r * rb..(r + 1) * rb];
-        let mut tile = [0.0f32; 8];
+        // Weight rows per tile call: what the table's tile kernel covers best (2 or 4).
+        let tw = table.tile_rows.clamp(1, 4);
+        let mut tile = [0.0f32; 16];
         for i0 in (0..m).step_by(M_TILE) {
             let i1 = (i0 + M_TILE).min(m);
             let mut i = i0;
-            // Four activation rows at a time against pairs of weight rows.
+            // Four activation rows at a time against `tw` (else 2, else 1) weight rows.
             while i + 4 <= i1 {
                 let acts = [act.row(i), act.row(i + 1), act.row(i + 2), act.row(i + 3)];
                 let mut r = r0;
                 while r < r1 {
-                    let nw = (r1 - r).min(2);
-                    let wr = [wrow(r), wrow((r + 1).min(r1 - 1))];
+                    let nw = if r1 - r >= tw { tw } else { (r1 - r).min(2) };
+                    let wr: [&[u8]; 4] = std::array::from_fn(|j| wrow((r + j).min(r1 - 1)));
                     table.vec_dot_tile(wtype, &wr[..nw], &acts, k, &mut tile);
                     for wi in 0..nw {
                         for (di, &v) in tile[wi * 4..wi * 4 + 4].iter().enumerate() {

@@ -3,7 +3,7 @@
 //!
 //! Each operation is defined by its scalar code here. The row kernels also have an AVX2+FMA+F16C
 //! version; a table of them is chosen once at first use from an ordered candidate list (AVX2,
-//! then scalar; `BERTH_FORCE_SCALAR=1` forces scalar, as for [`crate::dot`]), see
+//! then scalar; `BERTH_KERNELS` caps the level for every table, see [`crate::kernel_level`]), see
 //! [`ops_impl_name`]. They come in two kinds:
 //!
 //! - exact: the SIMD version does the same IEEE operations per element as the scalar code, so its
@@ -442,15 +442,25 @@ const AVX2: Table = Table {
     softmax_fast: avx2::softmax,
 };
 
-/// The fastest kernels for this CPU, detected once (scalar under `BERTH_FORCE_SCALAR=1`).
+/// What these kernels are called in warnings.
+const NAME: &str = "row-op";
+
+/// The fastest kernels for this CPU, detected once (at most the level `BERTH_KERNELS` names).
 fn table() -> &'static Table {
     static BEST: OnceLock<Table> = OnceLock::new();
     BEST.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if crate::dot::has_avx2() {
-            return AVX2;
-        }
-        SCALAR
+        let candidates = [
+            (
+                crate::KernelLevel::Avx2,
+                crate::KernelLevel::Avx2.supported(),
+                &AVX2,
+            ),
+            (crate::KernelLevel::Scalar, true, &SCALAR),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let candidates = [(crate::KernelLevel::Scalar, true, &SCALAR)];
+        *crate::select_table(NAME, &candidates)
     })
 }
 
@@ -1127,6 +1137,7 @@ mod tests {
     #[test]
     fn exp_accuracy() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            berth_formats::test_skip::skip_optional("this CPU lacks AVX2+FMA (avx2::exp8 not run)");
             return;
         }
         let mut rng = XorShift::new(5);

@@ -4,8 +4,8 @@
 //!
 //! Every kernel has a portable scalar reference; on x86_64 an AVX2+FMA and an AVX-512F version
 //! of the hot loops (the step's state update and readout, the chunked form's matrix products,
-//! the convolution's row updates) are selected once at first use. `BERTH_FORCE_SCALAR=1`
-//! forces the scalar kernels, as for [`crate::dot`].
+//! the convolution's row updates) are selected once at first use. `BERTH_KERNELS` caps the
+//! level as for every kernel table ([`crate::kernel_level`]).
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -126,18 +126,20 @@ const AVX512: Table = Table {
     sumsq: avx512::sumsq,
 };
 
-/// The fastest kernels for this CPU, detected once (scalar under `BERTH_FORCE_SCALAR=1`).
+/// The fastest kernels for this CPU, detected once (at most the level `BERTH_KERNELS` names).
 fn table() -> &'static Table {
     static BEST: OnceLock<Table> = OnceLock::new();
     BEST.get_or_init(|| {
+        use crate::KernelLevel;
         #[cfg(target_arch = "x86_64")]
-        if crate::dot::has_avx2() {
-            if is_x86_feature_detected!("avx512f") {
-                return AVX512;
-            }
-            return AVX2;
-        }
-        SCALAR
+        let candidates = [
+            (KernelLevel::Avx512, KernelLevel::Avx512.supported(), &AVX512),
+            (KernelLevel::Avx2, KernelLevel::Avx2.supported(), &AVX2),
+            (KernelLevel::Scalar, true, &SCALAR),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let candidates = [(KernelLevel::Scalar, true, &SCALAR)];
+        *crate::select_table("recurrent", &candidates)
     })
 }
 

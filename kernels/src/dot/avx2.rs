@@ -23,7 +23,7 @@ pub(crate) fn hsum_ps(v: __m256) -> f32 {
 /// Reads a little-endian f16 at `b[off..off + 2]` and converts it with F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn f16c(b: &[u8], off: usize) -> f32 {
+pub(crate) fn f16c(b: &[u8], off: usize) -> f32 {
     let h = u16::from_le_bytes([b[off], b[off + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
@@ -31,7 +31,7 @@ fn f16c(b: &[u8], off: usize) -> f32 {
 /// Horizontal sum of eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum_epi32(v: __m256i) -> i32 {
+pub(crate) fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
@@ -52,7 +52,7 @@ fn dot_i8_epi32(x: __m256i, y: __m256i) -> __m256i {
 /// Expands 16 bytes of nibbles into 32 bytes: low nibbles first, then high nibbles.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn nibbles_32(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles_32(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 16 readable bytes at p; unaligned load.
     let b = unsafe { _mm_loadu_si128(p as *const __m128i) };
     let m = _mm_set1_epi8(0x0f);
@@ -63,7 +63,7 @@ unsafe fn nibbles_32(p: *const u8) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn load256(p: *const u8) -> __m256i {
+pub(crate) unsafe fn load256(p: *const u8) -> __m256i {
     // SAFETY: caller guarantees 32 readable bytes at p; unaligned load.
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
@@ -71,7 +71,7 @@ unsafe fn load256(p: *const u8) -> __m256i {
 /// Reads the little-endian f16 at `p` and converts it with F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn f16c_at(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16c_at(p: *const u8) -> f32 {
     // SAFETY: caller guarantees 2 readable bytes at p; unaligned read.
     let h = unsafe { (p as *const u16).read_unaligned() };
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
@@ -80,7 +80,7 @@ unsafe fn f16c_at(p: *const u8) -> f32 {
 /// Q5_0 block at `x` to 32 signed values in -16..=15.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn q5_0_values(x: *const u8) -> __m256i {
+pub(crate) unsafe fn q5_0_values(x: *const u8) -> __m256i {
     let shuf = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
     );
@@ -173,7 +173,7 @@ const PREFETCH: usize = 4096;
 /// Prefetches the cache lines `PREFETCH` bytes past a `len`-byte weight block at `p`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn prefetch_block(p: *const u8, len: usize) {
+pub(crate) fn prefetch_block(p: *const u8, len: usize) {
     for off in (0..len).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + off) as *const i8);
     }
@@ -233,7 +233,7 @@ fn mxfp4_q8_0_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// Sum over the 8 sub-blocks of `mins[j] * (bsums[2j] + bsums[2j+1])` (`y`: a Q8_K block).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k_min_sum(y: &[u8], m: &[u8; 8]) -> i32 {
+pub(crate) fn k_min_sum(y: &[u8], m: &[u8; 8]) -> i32 {
     assert!(y.len() >= Q8_K_BYTES);
     // SAFETY: the 16 i16 bsums lie at 260..292 of the asserted 292-byte block.
     let b = unsafe { load256(y.as_ptr().add(260)) };
@@ -247,7 +247,7 @@ fn k_min_sum(y: &[u8], m: &[u8; 8]) -> i32 {
 /// block (`sc`: its 16 i8 scales) against a Q8_K block `y`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn q6_k_offsets(sc: &[u8], y: &[u8]) -> __m256i {
+pub(crate) fn q6_k_offsets(sc: &[u8], y: &[u8]) -> __m256i {
     assert!(sc.len() >= 16 && y.len() >= Q8_K_BYTES);
     // SAFETY: 16 scale bytes and the 32 bsum bytes at 260..292 are inside the asserted slices.
     let (s, b) = unsafe {
@@ -300,7 +300,7 @@ unsafe fn q4_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
 /// The horizontal sums of four vectors of eight i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn hsum4_epi32(v: [__m256i; 4]) -> [i32; 4] {
+pub(crate) fn hsum4_epi32(v: [__m256i; 4]) -> [i32; 4] {
     let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
     let mut out = [0i32; 4];
@@ -313,7 +313,7 @@ fn hsum4_epi32(v: [__m256i; 4]) -> [i32; 4] {
 /// pair of sub-blocks `j` of a Q8_K block `y` (64 values each).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn k_min_sums_64(y: &[u8], m: &[u8; 8]) -> [i32; 4] {
+pub(crate) fn k_min_sums_64(y: &[u8], m: &[u8; 8]) -> [i32; 4] {
     assert!(y.len() >= Q8_K_BYTES);
     // SAFETY: the 16 i16 bsums lie at 260..292 of the asserted 292-byte block.
     let b = unsafe { load256(y.as_ptr().add(260)) };
@@ -335,7 +335,15 @@ fn k_min_sums_64(y: &[u8], m: &[u8; 8]) -> [i32; 4] {
 /// result is `acc - accm` after the last block.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn q4_k_block_acc(acc: f32, accm: f32, isum: i32, msum: i32, d: f32, dmin: f32, yd: f32) -> (f32, f32) {
+pub(crate) fn q4_k_block_acc(
+    acc: f32,
+    accm: f32,
+    isum: i32,
+    msum: i32,
+    d: f32,
+    dmin: f32,
+    yd: f32,
+) -> (f32, f32) {
     (
         (isum as f32).mul_add(d * yd, acc),
         (msum as f32).mul_add(dmin * yd, accm),

@@ -1,11 +1,15 @@
 //! Dot products of one weight row (raw bytes of a [`WeightType`]) against an activation row
 //! quantized once into the format that weight type wants ([`QuantizedActivations`]).
 //!
-//! Each kernel has a scalar reference in [`scalar`]; on x86_64 with AVX2+FMA+F16C an
-//! integer-SIMD version is selected once at first use ([`DotTable::best`]).
+//! Each kernel has a scalar reference in [`scalar`]; on x86_64 an integer-SIMD table is
+//! selected once at first use from an ordered candidate list ([`DotTable::best`]): AVX-512
+//! (F/BW/VL/DQ + VNNI; the AVX2 table with its hot entries replaced, equal to it bit for bit),
+//! AVX2+FMA+F16C, scalar; `BERTH_KERNELS` caps the level ([`crate::kernel_level`]).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 pub mod scalar;
 
 use crate::quant::{quantize_row_q8_0_into, quantize_row_q8_k_into, ActFormat, WeightType};
@@ -19,7 +23,7 @@ pub type FDotFn = fn(&[u8], &[f32], usize) -> f32;
 /// One implementation of every dot kernel, selected per CPU.
 #[derive(Clone, Copy)]
 pub struct DotTable {
-    /// Name of the implementation (`"scalar"` or `"avx2"`).
+    /// Name of the implementation (`"scalar"`, `"avx2"` or `"avx512"`).
     pub name: &'static str,
     /// Q4_0 · Q8_0.
     pub q4_0: QDotFn,
@@ -51,6 +55,9 @@ pub struct DotTable {
     /// Optional kernel for several weight rows against several activation rows; returns
     /// false for types and shapes it does not cover.
     pub tile: Option<TileFn>,
+    /// Weight rows per [`DotTable::vec_dot_tile`] call (with four activation rows) that
+    /// [`DotTable::tile`] covers best: 2, or 4 where the kernel also takes four.
+    pub tile_rows: usize,
 }
 
 /// Weight rows × quantized activation rows into `out[wi * acts.len() + r]`:
@@ -79,34 +86,92 @@ impl DotTable {
             dot4: None,
             dot4_gemv: None,
             tile: None,
+            tile_rows: 2,
         }
     }
 
-    /// The fastest kernels for this CPU, detected once and cached.
+    /// Names of every table this build has, best first (whether or not this CPU runs them).
+    pub const NAMES: [&'static str; 3] = ["avx512", "avx2", "scalar"];
+
+    /// The table called `name` if this CPU can run it (ignores `BERTH_KERNELS`).
+    pub fn by_name(name: &str) -> Option<DotTable> {
+        match name {
+            "scalar" => Some(DotTable::scalar()),
+            #[cfg(target_arch = "x86_64")]
+            "avx2" => DotTable::avx2(),
+            #[cfg(target_arch = "x86_64")]
+            "avx512" => DotTable::avx512(),
+            _ => None,
+        }
+    }
+
+    /// Every table this CPU can run, best first (ignores `BERTH_KERNELS`).
+    pub fn available() -> Vec<DotTable> {
+        DotTable::NAMES
+            .iter()
+            .filter_map(|n| DotTable::by_name(n))
+            .collect()
+    }
+
+    /// The fastest kernels for this CPU at or below [`crate::kernel_level`], chosen once from
+    /// the candidates avx512, avx2, scalar.
     pub fn best() -> &'static DotTable {
+        use crate::KernelLevel;
         static BEST: OnceLock<DotTable> = OnceLock::new();
         BEST.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            if has_avx2() {
-                return DotTable {
-                    name: "avx2",
-                    q4_0: avx2::q4_0_q8_0,
-                    q5_0: avx2::q5_0_q8_0,
-                    q8_0: avx2::q8_0_q8_0,
-                    mxfp4: avx2::mxfp4_q8_0,
-                    q4_k: avx2::q4_k_q8_k,
-                    q5_k: avx2::q5_k_q8_k,
-                    q6_k: avx2::q6_k_q8_k,
-                    f32: avx2::f32_f32,
-                    f16: avx2::f16_f32,
-                    bf16: avx2::bf16_f32,
-                    dot_f32: avx2::dot_f32,
-                    dot4: Some(avx2::dot4),
-                    dot4_gemv: Some(avx2::dot4_gemv),
-                    tile: Some(avx2::tile),
-                };
-            }
-            DotTable::scalar()
+            let scalar = DotTable::scalar();
+            let candidates = [
+                (KernelLevel::Avx512, DotTable::by_name("avx512")),
+                (KernelLevel::Avx2, DotTable::by_name("avx2")),
+                (KernelLevel::Scalar, Some(scalar)),
+            ]
+            .map(|(l, t)| (l, t.is_some(), t.unwrap_or(scalar)));
+            crate::select_table("dot", &candidates)
+        })
+    }
+
+    /// The AVX-512 table (F/BW/VL/DQ + VNNI): the AVX2 table with the tiles, the four-row
+    /// kernels and the Q6_K single rows replaced (equal to AVX2's bit for bit); None when this
+    /// CPU lacks a feature.
+    #[cfg(target_arch = "x86_64")]
+    fn avx512() -> Option<DotTable> {
+        if !avx512::supported() {
+            return None;
+        }
+        Some(DotTable {
+            name: "avx512",
+            q6_k: avx512::q6_k_q8_k,
+            dot4: Some(avx512::dot4),
+            dot4_gemv: Some(avx512::dot4_gemv),
+            tile: Some(avx512::tile),
+            tile_rows: 4,
+            ..DotTable::avx2()?
+        })
+    }
+
+    /// The AVX2+FMA+F16C table; None when this CPU lacks one of them.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2() -> Option<DotTable> {
+        if !crate::KernelLevel::Avx2.supported() {
+            return None;
+        }
+        Some(DotTable {
+            name: "avx2",
+            q4_0: avx2::q4_0_q8_0,
+            q5_0: avx2::q5_0_q8_0,
+            q8_0: avx2::q8_0_q8_0,
+            mxfp4: avx2::mxfp4_q8_0,
+            q4_k: avx2::q4_k_q8_k,
+            q5_k: avx2::q5_k_q8_k,
+            q6_k: avx2::q6_k_q8_k,
+            f32: avx2::f32_f32,
+            f16: avx2::f16_f32,
+            bf16: avx2::bf16_f32,
+            dot_f32: avx2::dot_f32,
+            dot4: Some(avx2::dot4),
+            dot4_gemv: Some(avx2::dot4_gemv),
+            tile: Some(avx2::tile),
+            tile_rows: 2,
         })
     }
 
@@ -158,7 +223,8 @@ impl DotTable {
 
     /// Dot products of every weight row in `rows` with every activation row in `acts` (at
     /// most 4) into `out[wi * acts.len() + r]`, using a tile kernel where one exists
-    /// (2 rows × 4 activation rows of a `_0` type or MXFP4), else the 4-row or 1-row kernels.
+    /// (2 or [`DotTable::tile_rows`] rows × 4 activation rows of a `_0` type or MXFP4), else
+    /// the 4-row or 1-row kernels.
     pub fn vec_dot_tile(
         &self,
         wtype: WeightType,
@@ -220,17 +286,11 @@ impl DotTable {
     }
 }
 
-/// True when the CPU has AVX2, FMA and F16C (checked once); setting the environment
-/// variable `BERTH_FORCE_SCALAR=1` forces the scalar kernels.
+/// True when the AVX2, FMA and F16C kernels are in use: the CPU has them and
+/// [`crate::kernel_level`] (`BERTH_KERNELS`, `BERTH_FORCE_SCALAR=1`) allows them.
 #[cfg(target_arch = "x86_64")]
 pub fn has_avx2() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::env::var_os("BERTH_FORCE_SCALAR").is_none_or(|v| v.is_empty() || v == "0")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
+    crate::kernel_level() >= crate::KernelLevel::Avx2
 }
 
 /// True when the CPU has AVX2, FMA and F16C (never, off x86_64).

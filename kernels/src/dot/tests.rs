@@ -1,6 +1,25 @@
 use super::*;
 use crate::testutil::{random_row, XorShift};
 
+/// Every SIMD table this CPU runs (not the scalar reference), best first; prints the tables
+/// this build has that could not be run here.
+fn simd_tables() -> Vec<DotTable> {
+    let missing: Vec<&str> = DotTable::NAMES
+        .into_iter()
+        .filter(|n| DotTable::by_name(n).is_none())
+        .collect();
+    if !missing.is_empty() {
+        berth_formats::test_skip::skip_optional(&format!(
+            "kernel tables this CPU cannot run: {}",
+            missing.join(", ")
+        ));
+    }
+    DotTable::available()
+        .into_iter()
+        .filter(|t| t.name != "scalar")
+        .collect()
+}
+
 fn abs_dot(w: &[f32], x: &[f32]) -> f32 {
     w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum()
 }
@@ -9,24 +28,25 @@ fn abs_dot(w: &[f32], x: &[f32]) -> f32 {
 fn simd_matches_scalar() {
     let mut rng = XorShift::new(1);
     let scalar = DotTable::scalar();
-    let best = DotTable::best();
-    assert_eq!(best.name == "avx2", has_avx2());
-    for wtype in WeightType::ALL {
-        for &n in &[256usize, 512, 4864] {
-            for _ in 0..5 {
-                let row = random_row(&mut rng, wtype, n);
-                let x = rng.vec(n);
-                let act = QuantizedActivations::quantize(wtype, &x);
-                let r = scalar.vec_dot(wtype, &row, act.row(0), n);
-                let s = best.vec_dot(wtype, &row, act.row(0), n);
-                let mut wd = vec![0.0; n];
-                wtype.dequantize_row(&row, &mut wd);
-                let tol = 1e-5 * abs_dot(&wd, &x) + 1e-6;
-                assert!(
-                    (r - s).abs() <= tol,
-                    "{wtype:?} n={n}: scalar {r} vs {} {s}",
-                    best.name
-                );
+    assert_eq!(DotTable::best().name != "scalar", has_avx2());
+    for best in simd_tables() {
+        for wtype in WeightType::ALL {
+            for &n in &[256usize, 512, 4864] {
+                for _ in 0..5 {
+                    let row = random_row(&mut rng, wtype, n);
+                    let x = rng.vec(n);
+                    let act = QuantizedActivations::quantize(wtype, &x);
+                    let r = scalar.vec_dot(wtype, &row, act.row(0), n);
+                    let s = best.vec_dot(wtype, &row, act.row(0), n);
+                    let mut wd = vec![0.0; n];
+                    wtype.dequantize_row(&row, &mut wd);
+                    let tol = 1e-5 * abs_dot(&wd, &x) + 1e-6;
+                    assert!(
+                        (r - s).abs() <= tol,
+                        "{wtype:?} n={n}: scalar {r} vs {} {s}",
+                        best.name
+                    );
+                }
             }
         }
     }
@@ -131,20 +151,26 @@ fn parallel_quantization_matches_serial() {
 #[test]
 fn dot4_matches_single_row() {
     let mut rng = XorShift::new(10);
-    let best = DotTable::best();
-    for wtype in WeightType::ALL {
-        let n = 768;
-        let row = random_row(&mut rng, wtype, n);
-        let x = rng.vec(4 * n);
-        let mut q = QuantizedActivations::new();
-        q.quantize_into(wtype, &x, n);
-        let got = best.vec_dot4(wtype, &row, [q.row(0), q.row(1), q.row(2), q.row(3)], n);
-        let mut wd = vec![0.0; n];
-        wtype.dequantize_row(&row, &mut wd);
-        for r in 0..4 {
-            let e = DotTable::scalar().vec_dot(wtype, &row, q.row(r), n);
-            let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + 1e-6;
-            assert!((got[r] - e).abs() <= tol, "{wtype:?} r={r}: {} vs {e}", got[r]);
+    for best in simd_tables() {
+        for wtype in WeightType::ALL {
+            let n = 768;
+            let row = random_row(&mut rng, wtype, n);
+            let x = rng.vec(4 * n);
+            let mut q = QuantizedActivations::new();
+            q.quantize_into(wtype, &x, n);
+            let got = best.vec_dot4(wtype, &row, [q.row(0), q.row(1), q.row(2), q.row(3)], n);
+            let mut wd = vec![0.0; n];
+            wtype.dequantize_row(&row, &mut wd);
+            for r in 0..4 {
+                let e = DotTable::scalar().vec_dot(wtype, &row, q.row(r), n);
+                let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + 1e-6;
+                assert!(
+                    (got[r] - e).abs() <= tol,
+                    "{} {wtype:?} r={r}: {} vs {e}",
+                    best.name,
+                    got[r]
+                );
+            }
         }
     }
 }
@@ -152,26 +178,28 @@ fn dot4_matches_single_row() {
 #[test]
 fn tiles_match_single_rows() {
     let mut rng = XorShift::new(21);
-    let best = DotTable::best();
     let n = 256;
-    for wtype in WeightType::ALL {
-        let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(&mut rng, wtype, n)).collect();
-        let x = rng.vec(4 * n);
-        let mut q = QuantizedActivations::new();
-        q.quantize_into(wtype, &x, n);
-        for (nw, na) in [(4, 1), (2, 4), (3, 2)] {
-            let w: Vec<&[u8]> = rows[..nw].iter().map(|r| r.as_slice()).collect();
-            let acts: Vec<ActRow<'_>> = (0..na).map(|i| q.row(i)).collect();
-            let mut out = vec![0.0; nw * na];
-            best.vec_dot_tile(wtype, &w, &acts, n, &mut out);
-            for wi in 0..nw {
-                for r in 0..na {
-                    let e = DotTable::scalar().vec_dot(wtype, w[wi], acts[r], n);
-                    let g = out[wi * na + r];
-                    assert!(
-                        (g - e).abs() <= 1e-3 * (1.0 + e.abs()),
-                        "{wtype:?} {nw}x{na}: {g} vs {e}"
-                    );
+    for best in simd_tables() {
+        for wtype in WeightType::ALL {
+            let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(&mut rng, wtype, n)).collect();
+            let x = rng.vec(4 * n);
+            let mut q = QuantizedActivations::new();
+            q.quantize_into(wtype, &x, n);
+            for (nw, na) in [(4, 1), (2, 4), (4, 4), (3, 2)] {
+                let w: Vec<&[u8]> = rows[..nw].iter().map(|r| r.as_slice()).collect();
+                let acts: Vec<ActRow<'_>> = (0..na).map(|i| q.row(i)).collect();
+                let mut out = vec![0.0; nw * na];
+                best.vec_dot_tile(wtype, &w, &acts, n, &mut out);
+                for wi in 0..nw {
+                    for r in 0..na {
+                        let e = DotTable::scalar().vec_dot(wtype, w[wi], acts[r], n);
+                        let g = out[wi * na + r];
+                        assert!(
+                            (g - e).abs() <= 1e-3 * (1.0 + e.abs()),
+                            "{} {wtype:?} {nw}x{na}: {g} vs {e}",
+                            best.name
+                        );
+                    }
                 }
             }
         }
@@ -215,20 +243,26 @@ fn simd_activation_quantizers_match_the_references() {
 #[test]
 fn single_order_four_row_kernels_equal_single_rows_bit_for_bit() {
     let mut rng = XorShift::new(22);
-    let best = DotTable::best();
-    for n in [896, 4864] {
-        for wtype in WeightType::ALL {
-            if n % wtype.block_size() != 0 {
-                continue;
-            }
-            let row = random_row(&mut rng, wtype, n);
-            let x = rng.vec(4 * n);
-            let mut q = QuantizedActivations::new();
-            q.quantize_into(wtype, &x, n);
-            let got = best.vec_dot4_single(wtype, &row, [q.row(0), q.row(1), q.row(2), q.row(3)], n);
-            for (r, g) in got.iter().enumerate() {
-                let e = best.vec_dot(wtype, &row, q.row(r), n);
-                assert_eq!(g.to_bits(), e.to_bits(), "{wtype:?} n={n} row {r}: {g} vs {e}");
+    for best in simd_tables() {
+        for n in [896, 4864] {
+            for wtype in WeightType::ALL {
+                if n % wtype.block_size() != 0 {
+                    continue;
+                }
+                let row = random_row(&mut rng, wtype, n);
+                let x = rng.vec(4 * n);
+                let mut q = QuantizedActivations::new();
+                q.quantize_into(wtype, &x, n);
+                let got = best.vec_dot4_single(wtype, &row, [q.row(0), q.row(1), q.row(2), q.row(3)], n);
+                for (r, g) in got.iter().enumerate() {
+                    let e = best.vec_dot(wtype, &row, q.row(r), n);
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{} {wtype:?} n={n} row {r}: {g} vs {e}",
+                        best.name
+                    );
+                }
             }
         }
     }
@@ -239,45 +273,106 @@ fn mxfp4_every_exponent_and_code_matches_scalar() {
     // All 256 E8M0 exponents (subnormal scales at 0 and 1) and all 16 codes in each block, in
     // the single-row, four-row and tile kernels.
     let mut rng = XorShift::new(23);
-    let best = DotTable::best();
     let scalar = DotTable::scalar();
     let wtype = WeightType::Mxfp4;
     let n = 256;
-    for e0 in (0..256usize).step_by(8) {
-        let rows: Vec<Vec<u8>> = (0..2)
-            .map(|r| {
-                let mut b = rng.bytes(wtype.row_bytes(n));
-                for (i, blk) in b.chunks_exact_mut(wtype.block_bytes()).enumerate() {
-                    // Keep products finite: scales 2^-128 .. 2^(e-128) with e < 200.
-                    blk[0] = ((e0 + i + r) % 200) as u8;
-                    blk[1..9].copy_from_slice(&[0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe]);
+    for best in simd_tables() {
+        for e0 in (0..256usize).step_by(8) {
+            let rows: Vec<Vec<u8>> = (0..2)
+                .map(|r| {
+                    let mut b = rng.bytes(wtype.row_bytes(n));
+                    for (i, blk) in b.chunks_exact_mut(wtype.block_bytes()).enumerate() {
+                        // Keep products finite: scales 2^-128 .. 2^(e-128) with e < 200.
+                        blk[0] = ((e0 + i + r) % 200) as u8;
+                        blk[1..9].copy_from_slice(&[0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe]);
+                    }
+                    b
+                })
+                .collect();
+            let x = rng.vec(4 * n);
+            let mut q = QuantizedActivations::new();
+            q.quantize_into(wtype, &x, n);
+            let acts = [q.row(0), q.row(1), q.row(2), q.row(3)];
+            let mut tile = [0.0f32; 8];
+            best.vec_dot_tile(wtype, &[&rows[0], &rows[1]], &acts, n, &mut tile);
+            for (wi, row) in rows.iter().enumerate() {
+                let mut wd = vec![0.0; n];
+                wtype.dequantize_row(row, &mut wd);
+                let four = best.vec_dot4(wtype, row, acts, n);
+                for (r, a) in acts.iter().enumerate() {
+                    let want = scalar.vec_dot(wtype, row, *a, n);
+                    let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + f32::MIN_POSITIVE;
+                    for (what, got) in [
+                        ("single", best.vec_dot(wtype, row, *a, n)),
+                        ("dot4", four[r]),
+                        ("tile", tile[wi * 4 + r]),
+                    ] {
+                        assert!(
+                            (got - want).abs() <= tol,
+                            "e0={e0} w{wi} r{r} {what}: {got} vs scalar {want}"
+                        );
+                    }
                 }
-                b
-            })
-            .collect();
-        let x = rng.vec(4 * n);
-        let mut q = QuantizedActivations::new();
-        q.quantize_into(wtype, &x, n);
-        let acts = [q.row(0), q.row(1), q.row(2), q.row(3)];
-        let mut tile = [0.0f32; 8];
-        best.vec_dot_tile(wtype, &[&rows[0], &rows[1]], &acts, n, &mut tile);
-        for (wi, row) in rows.iter().enumerate() {
-            let mut wd = vec![0.0; n];
-            wtype.dequantize_row(row, &mut wd);
-            let four = best.vec_dot4(wtype, row, acts, n);
-            for (r, a) in acts.iter().enumerate() {
-                let want = scalar.vec_dot(wtype, row, *a, n);
-                let tol = 1e-5 * abs_dot(&wd, &x[r * n..(r + 1) * n]) + f32::MIN_POSITIVE;
-                for (what, got) in [
-                    ("single", best.vec_dot(wtype, row, *a, n)),
-                    ("dot4", four[r]),
-                    ("tile", tile[wi * 4 + r]),
-                ] {
-                    assert!(
-                        (got - want).abs() <= tol,
-                        "e0={e0} w{wi} r{r} {what}: {got} vs scalar {want}"
-                    );
-                }
+            }
+        }
+    }
+}
+
+/// Every kernel result (single row, four rows in both orders, tiles of every shape) of `table`.
+fn all_results(
+    table: &DotTable,
+    wtype: WeightType,
+    rows: &[Vec<u8>],
+    q: &QuantizedActivations,
+    n: usize,
+) -> Vec<f32> {
+    let acts = [q.row(0), q.row(1), q.row(2), q.row(3)];
+    let mut v = Vec::new();
+    for row in rows {
+        v.extend(acts.iter().map(|a| table.vec_dot(wtype, row, *a, n)));
+        v.extend(table.vec_dot4(wtype, row, acts, n));
+        v.extend(table.vec_dot4_single(wtype, row, acts, n));
+    }
+    for (nw, na) in [(2, 4), (4, 4), (1, 4), (3, 4), (4, 1), (3, 2), (2, 3)] {
+        let w: Vec<&[u8]> = rows[..nw].iter().map(|r| r.as_slice()).collect();
+        let mut out = vec![0.0; nw * na];
+        table.vec_dot_tile(wtype, &w, &acts[..na], n, &mut out);
+        v.extend(out);
+    }
+    v
+}
+
+#[test]
+fn avx512_equals_avx2_bit_for_bit() {
+    // The AVX-512 table keeps the AVX2 table's float order, so llama.cpp parity carries over.
+    let (Some(avx512), Some(avx2)) = (DotTable::by_name("avx512"), DotTable::by_name("avx2")) else {
+        berth_formats::test_skip::skip_optional("this CPU cannot run the avx512 (or avx2) kernel table");
+        return;
+    };
+    let mut rng = XorShift::new(24);
+    for wtype in WeightType::ALL {
+        // Odd and even block counts (the single-row `_0` kernels pair blocks), long rows.
+        for n in [256usize, 800, 1024, 4864] {
+            if n % wtype.block_size() != 0 {
+                continue;
+            }
+            let rows: Vec<Vec<u8>> = (0..4).map(|_| random_row(&mut rng, wtype, n)).collect();
+            let mut x = rng.vec(4 * n);
+            // Extreme activations: a large outlier per row saturates the quantized range.
+            for r in 0..4 {
+                x[r * n + (7 * r) % n] = 50.0 * if r % 2 == 0 { 1.0 } else { -1.0 };
+            }
+            let mut q = QuantizedActivations::new();
+            q.quantize_into(wtype, &x, n);
+            let a = all_results(&avx512, wtype, &rows, &q, n);
+            let b = all_results(&avx2, wtype, &rows, &q, n);
+            assert_eq!(a.len(), b.len());
+            for (i, (g, e)) in a.iter().zip(&b).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{wtype:?} n={n} result {i}: avx512 {g} vs avx2 {e}"
+                );
             }
         }
     }
