@@ -68,6 +68,7 @@ fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
         "logprobs",
         "n",
         "toolsemantics",
+        "tolerant",
     ] {
         openai_check(&server, check, &[]);
     }

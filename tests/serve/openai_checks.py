@@ -1,7 +1,8 @@
 """End-to-end checks of `berth serve` with the official `openai` Python package.
 
 Usage: python openai_checks.py BASE_URL MODEL CHECK...   (checks: chat tools usage errors
-concurrency disconnect parse logprobs n toolsemantics). Each check prints one line `ok CHECK ...` or raises.
+concurrency disconnect parse logprobs n toolsemantics
+tolerant [CASES.json]). Each check prints one line `ok CHECK ...` or raises.
 """
 
 import json
@@ -420,6 +421,84 @@ def check_toolsemantics():
     done = calls if finish == "tool_calls" else calls[:-1]
     assert all(n == "get_weather" and is_json_object(a) for _, n, a in done), whole
     print("ok toolsemantics", json.dumps({"named": full_args, "parallel": [finish, len(calls), tokens]}))
+
+
+def auto_turn(prompt, tools, **kw):
+    """One greedy turn, non-streamed and streamed (reassembled by index): two
+    (finish_reason, content, [(id, name, arguments)])."""
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": prompt}], temperature=0, **kw)
+    if tools is not None:
+        kw["tools"] = tools
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    calls = [(t.id, t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+    whole = (c.finish_reason, c.message.content or None, calls)
+    acc, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            finish = ch.finish_reason or finish
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                e = acc.setdefault(tc.index, {"id": None, "name": "", "args": ""})
+                e["id"] = tc.id or e["id"]
+                e["name"] += (tc.function and tc.function.name) or ""
+                e["args"] += (tc.function and tc.function.arguments) or ""
+    streamed = [(e["id"], e["name"], e["args"]) for _, e in sorted(acc.items())]
+    return whole, (finish, content or None, streamed)
+
+
+def ollama_turn(prompt, tools):
+    """The same turn through the official `ollama` client, non-streamed and streamed: two
+    (content, [(name, arguments as an object)])."""
+    import ollama
+
+    oc = ollama.Client(host=BASE)
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": prompt}], options={"temperature": 0})
+    if tools is not None:
+        kw["tools"] = tools
+    r = oc.chat(**kw)
+    whole = (r.message.content or None, [(t.function.name, dict(t.function.arguments)) for t in r.message.tool_calls or []])
+    content, calls = "", []
+    for part in oc.chat(stream=True, **kw):
+        content += part.message.content or ""
+        calls += [(t.function.name, dict(t.function.arguments)) for t in part.message.tool_calls or []]
+    return whole, (content or None, calls)
+
+
+def check_tolerant():
+    """Calls written without the template's markup (`tool_choice: auto`). With a cases file (a
+    scripted model replaying each form): every form is the expected calls, streamed and not, through
+    the openai and ollama clients, and without tools (or with `tool_choice: none`) the same text
+    is content byte for byte. Without one (the real model): a call it writes is the same streamed
+    and not."""
+    if len(sys.argv) > 4:
+        spec = json.load(open(sys.argv[4]))
+        tools = spec["tools"]
+        for case in spec["cases"]:
+            prompt, text = case["prompt"], case["text"]
+            want = [tuple(c) for c in case["calls"]]
+            whole, streamed = auto_turn(prompt, tools)
+            assert whole == streamed, ("streamed and not differ", text, whole, streamed)
+            finish, content, calls = whole
+            assert finish == "tool_calls", (text, whole)
+            assert [(n, a) for _, n, a in calls] == want, (text, calls, want)
+            assert content == case["content"], (text, content)
+            o_whole, o_streamed = ollama_turn(prompt, tools)
+            assert o_whole == o_streamed, ("ollama: streamed and not differ", text, o_whole, o_streamed)
+            assert o_whole[1] == [(n, json.loads(a)) for n, a in want], (text, o_whole)
+            for kw in ({}, {"tool_choice": "none"}):
+                plain, plain_streamed = auto_turn(prompt, tools if kw else None, **kw)
+                assert plain == plain_streamed == ("stop", text, []), (kw, text, plain, plain_streamed)
+            assert ollama_turn(prompt, None)[0] == (text, []), text
+        print("ok tolerant", len(spec["cases"]), "forms")
+        return
+    prompt = "Is it raining in Tokyo at the moment?"
+    whole, streamed = auto_turn(prompt, TOOLS, tool_choice="auto", max_tokens=64)
+    assert whole == streamed, ("streamed and not differ", whole, streamed)
+    finish, content, calls = whole
+    assert finish == "tool_calls" and calls and calls[0][1] == "get_weather", whole
+    assert is_json_object(calls[0][2]) and "Tokyo" in calls[0][2], whole
+    print("ok tolerant", json.dumps(calls))
 
 
 for name in sys.argv[3:4]:

@@ -3,7 +3,10 @@
 //! Never an error: markup that is not understood stays content. With `is_partial` the text is a
 //! prefix of the output so far, and the parse holds back whatever may still change (a marker cut
 //! short, an unfinished name or value), so each field of a partial parse is a prefix of the same
-//! field of every later parse. Tool markup counts as a call only when the request has tools.
+//! field of every later parse. Tool markup counts as a call only when the request has tools; in
+//! hermes_json and qwen_xml only a call of a tool the request offers is one, and an answer that is
+//! only calls written without markup (bare JSON, a fence, a list; see `bare_answer`) is read as
+//! calls too, held back while partial until it is known to be one or not.
 
 use serde_json::Value;
 
@@ -19,10 +22,35 @@ pub fn parse(
     tools: Option<&[Value]>,
     is_partial: bool,
 ) -> ParsedMessage {
+    parse_output(format, start, text, tools, is_partial, false)
+}
+
+/// Parse an output that `max_tokens` (or the context) cut short: as the prefix it is (see
+/// [`parse`] with `is_partial`), except that a lead-in line held back only because a call written
+/// without markup might still have followed is content, since none will.
+pub fn parse_cut(
+    format: ChatFormat,
+    start: ParseStart,
+    text: &str,
+    tools: Option<&[Value]>,
+) -> ParsedMessage {
+    parse_output(format, start, text, tools, true, true)
+}
+
+fn parse_output(
+    format: ChatFormat,
+    start: ParseStart,
+    text: &str,
+    tools: Option<&[Value]>,
+    is_partial: bool,
+    cut: bool,
+) -> ParsedMessage {
     let tools = tools.unwrap_or(&[]);
     let mut out = Out {
         partial: is_partial,
+        cut,
         tools,
+        names: tool_names(tools),
         ..Out::default()
     };
     match format {
@@ -61,7 +89,11 @@ pub fn parse(
 #[derive(Default)]
 struct Out<'a> {
     partial: bool,
+    /// The output ended, cut short: nothing more will come.
+    cut: bool,
     tools: &'a [Value],
+    /// The names of the request's tools.
+    names: Vec<String>,
     reasoning: String,
     content: String,
     calls: Vec<(String, String)>,
@@ -70,6 +102,11 @@ struct Out<'a> {
 impl Out<'_> {
     fn has_tools(&self) -> bool {
         !self.tools.is_empty()
+    }
+
+    /// Whether the request offers a tool of this name (a call of any other is no call).
+    fn offers(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
     }
 
     /// Content from `pos` to the end, less (when partial) a suffix that may begin a marker.
@@ -266,6 +303,9 @@ const HERMES_OPENERS: &[&str] = &[
 ];
 
 fn hermes(out: &mut Out, text: &str, mut pos: usize) {
+    if bare_answer(out, text, pos) {
+        return;
+    }
     let openers: &[&str] = if out.has_tools() { HERMES_OPENERS } else { &[] };
     loop {
         let Some((i, op)) = find_first(text, pos, openers) else {
@@ -317,7 +357,7 @@ fn hermes_region(out: &mut Out, text: &str, i: usize, op: &str) -> Region {
             };
         };
         let name = text[body..body + n].trim();
-        if !is_name(name) {
+        if !is_name(name) || !out.offers(name) {
             return Region::NotCall;
         }
         fixed_name = Some(name.to_string());
@@ -364,7 +404,7 @@ fn hermes_region(out: &mut Out, text: &str, i: usize, op: &str) -> Region {
         } else {
             scan_call_object(region, o, !out.partial || closed)
         };
-        if let Some(name) = obj.name {
+        if let Some(name) = obj.name.filter(|n| out.offers(n)) {
             let args = obj.args.unwrap_or_else(|| {
                 if out.partial && !closed {
                     String::new()
@@ -533,6 +573,321 @@ fn json_end(s: &str, i: usize, at_end_complete: bool) -> Option<usize> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Bare calls: what small models write instead of their template's markup
+
+/// The longest answer (lead-in included) that may still be a bare call: a stream holds back at
+/// most this much text.
+const BARE_MAX: usize = 8192;
+/// The longest lead-in sentence before a bare call.
+const LEAD_MAX: usize = 200;
+/// The keys a bare call object may have.
+const BARE_KEYS: [&str; 6] = ["name", "arguments", "parameters", "function", "type", "id"];
+
+/// How far a piece of a bare answer got.
+enum Scan<T> {
+    /// Read whole.
+    Done(T),
+    /// The text ends inside it and it may still be read whole.
+    Open,
+    /// It is not one.
+    Fails,
+}
+
+impl<T> Scan<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Scan<U> {
+        match self {
+            Scan::Done(t) => Scan::Done(f(t)),
+            Scan::Open => Scan::Open,
+            Scan::Fails => Scan::Fails,
+        }
+    }
+}
+
+/// Reads an answer (from `pos`) that is only calls written without the format's markup: a call
+/// object `{"name": .., "arguments": ..}` naming a tool of the request, a list of them, several
+/// of them, or any of these in a ```` ```json ```` or ```` ``` ```` fence, after at most one short
+/// lead-in line (which is content). Returns whether the answer is dealt with: read as calls, or
+/// (partial) held back whole while it may still become such calls; `false` leaves it to the
+/// format's own reading. Only with tools, and only within [`BARE_MAX`] bytes, so a stream holds
+/// back a bounded amount and its final message agrees with every partial one.
+fn bare_answer(out: &mut Out, text: &str, pos: usize) -> bool {
+    if !out.has_tools() || text.len() - pos > BARE_MAX {
+        return false;
+    }
+    match bare_calls(out, &text[pos..]) {
+        Scan::Done((lead, calls)) => {
+            out.content.push_str(lead);
+            out.calls.extend(calls);
+            true
+        }
+        // Cut short, a lead-in line is content; a call begun and cut is no call, as a marker cut
+        // short is none.
+        Scan::Open if out.cut => match text[pos..].find(['{', '[', '`']) {
+            Some(body) => {
+                out.content.push_str(text[pos..pos + body].trim());
+                true
+            }
+            None => false,
+        },
+        Scan::Open => out.partial,
+        Scan::Fails => false,
+    }
+}
+
+/// The lead-in and the calls of a bare answer.
+fn bare_calls<'t>(out: &Out, a: &'t str) -> Scan<(&'t str, Vec<(String, String)>)> {
+    let b = a.as_bytes();
+    let open = || if out.partial { Scan::Open } else { Scan::Fails };
+    let start = skip_ws(a, 0);
+    // The lead-in: one line of plain text up to the first `{`, `[` or fence.
+    let mut j = start;
+    while j < b.len() && !matches!(b[j], b'{' | b'[' | b'`') {
+        match b[j] {
+            b'<' => return Scan::Fails,
+            b'\n' => {
+                j = skip_ws(a, j);
+                if j < b.len() && !matches!(b[j], b'{' | b'[' | b'`') {
+                    return Scan::Fails;
+                }
+                break;
+            }
+            _ => j += 1,
+        }
+        if j - start > LEAD_MAX {
+            return Scan::Fails;
+        }
+    }
+    if j >= b.len() {
+        return open();
+    }
+    let lead = a[start..j].trim_end();
+    let mut calls = Vec::new();
+    let fenced = b[j] == b'`';
+    if fenced {
+        match fence_open(a, j, out.partial) {
+            Scan::Done(body) => j = body,
+            Scan::Open => return Scan::Open,
+            Scan::Fails => return Scan::Fails,
+        }
+    }
+    loop {
+        j = skip_ws(a, j);
+        let Some(&c) = b.get(j) else {
+            // The end: whole after at least one call (a fence left open counts: nothing follows).
+            return if calls.is_empty() || out.partial {
+                open()
+            } else {
+                Scan::Done((lead, calls))
+            };
+        };
+        let read = match c {
+            b'{' => bare_object(out, a, j).map(|(name, args, end)| (vec![(name, args)], end)),
+            b'[' => bare_list(out, a, j),
+            b'`' if fenced && !calls.is_empty() => {
+                let rest = &a[j..];
+                if rest.starts_with("```") {
+                    let after = skip_ws(a, j + 3);
+                    return if after < b.len() {
+                        Scan::Fails
+                    } else if out.partial {
+                        Scan::Open
+                    } else {
+                        Scan::Done((lead, calls))
+                    };
+                }
+                return if "```".starts_with(rest) {
+                    open()
+                } else {
+                    Scan::Fails
+                };
+            }
+            // The closer of a `<tool_call>` the model did not open.
+            b'<' if !fenced && !calls.is_empty() => {
+                let rest = &a[j..];
+                if rest.starts_with(END_TOOL_CALL) {
+                    let after = skip_ws(a, j + END_TOOL_CALL.len());
+                    return if after < b.len() {
+                        Scan::Fails
+                    } else if out.partial {
+                        Scan::Open
+                    } else {
+                        Scan::Done((lead, calls))
+                    };
+                }
+                return if END_TOOL_CALL.starts_with(rest) {
+                    open()
+                } else {
+                    Scan::Fails
+                };
+            }
+            _ => return Scan::Fails,
+        };
+        match read {
+            Scan::Done((more, end)) => {
+                calls.extend(more);
+                j = end;
+            }
+            Scan::Open => return open(),
+            Scan::Fails => return Scan::Fails,
+        }
+    }
+}
+
+/// A fence opener at `j` (```` ``` ````, ```` ```json ````): where its body starts.
+fn fence_open(a: &str, j: usize, partial: bool) -> Scan<usize> {
+    let rest = &a[j..];
+    if !rest.starts_with("```") {
+        return if partial && "```".starts_with(rest) {
+            Scan::Open
+        } else {
+            Scan::Fails
+        };
+    }
+    let lang_at = j + 3;
+    let lang_len = a[lang_at..]
+        .find(|c: char| !c.is_ascii_alphanumeric())
+        .unwrap_or(a.len() - lang_at);
+    let lang = &a[lang_at..lang_at + lang_len];
+    let known = ["", "json", "JSON"];
+    if lang_at + lang_len == a.len() {
+        // The language word may go on.
+        return if partial && known.iter().any(|k| k.starts_with(lang)) {
+            Scan::Open
+        } else if known.contains(&lang) && !partial {
+            Scan::Done(a.len())
+        } else {
+            Scan::Fails
+        };
+    }
+    if known.contains(&lang) {
+        Scan::Done(lang_at + lang_len)
+    } else {
+        Scan::Fails
+    }
+}
+
+/// `[obj, obj, ..]` at `o`: its calls and the index after it.
+fn bare_list(out: &Out, a: &str, o: usize) -> Scan<(Vec<(String, String)>, usize)> {
+    let b = a.as_bytes();
+    let mut calls = Vec::new();
+    let mut j = o + 1;
+    loop {
+        j = skip_ws(a, j);
+        match b.get(j) {
+            None => return Scan::Open,
+            Some(b'{') => {}
+            Some(_) => return Scan::Fails,
+        }
+        match bare_object(out, a, j) {
+            Scan::Done((name, args, end)) => {
+                calls.push((name, args));
+                j = skip_ws(a, end);
+            }
+            Scan::Open => return Scan::Open,
+            Scan::Fails => return Scan::Fails,
+        }
+        match b.get(j) {
+            None => return Scan::Open,
+            Some(b',') => j += 1,
+            Some(b']') => return Scan::Done((calls, j + 1)),
+            Some(_) => return Scan::Fails,
+        }
+    }
+}
+
+/// A call object at `o`, read strictly: JSON, only [`BARE_KEYS`], a `name` the request offers
+/// (or a nested `function` object with one) and `arguments` (or `parameters`) that are an object
+/// or a string holding one. Returns the name, the arguments text and the index after the object.
+fn bare_object(out: &Out, a: &str, o: usize) -> Scan<(String, String, usize)> {
+    let b = a.as_bytes();
+    let mut name: Option<String> = None;
+    let mut args: Option<String> = None;
+    let mut j = o + 1;
+    let mut first = true;
+    loop {
+        j = skip_ws(a, j);
+        match b.get(j) {
+            None => return Scan::Open,
+            Some(b'}') if first => return Scan::Fails,
+            Some(b'"') => {}
+            Some(_) => return Scan::Fails,
+        }
+        first = false;
+        let Some(key_end) = json_end(a, j, false) else {
+            let typed = &a[j + 1..];
+            return if typed.contains('\\') || BARE_KEYS.iter().any(|k| k.starts_with(typed)) {
+                Scan::Open
+            } else {
+                Scan::Fails
+            };
+        };
+        let Ok(key) = serde_json::from_str::<String>(&a[j..key_end]) else {
+            return Scan::Fails;
+        };
+        if !BARE_KEYS.contains(&key.as_str()) {
+            return Scan::Fails;
+        }
+        j = skip_ws(a, key_end);
+        match b.get(j) {
+            None => return Scan::Open,
+            Some(b':') => j = skip_ws(a, j + 1),
+            Some(_) => return Scan::Fails,
+        }
+        let Some(&first_byte) = b.get(j) else {
+            return Scan::Open;
+        };
+        let Some(value_end) = json_end(a, j, false) else {
+            // Unfinished: may it still become what this key needs?
+            let fits = match key.as_str() {
+                "name" => first_byte == b'"',
+                "arguments" | "parameters" => matches!(first_byte, b'{' | b'"'),
+                "function" => first_byte == b'{' && !matches!(bare_object(out, a, j), Scan::Fails),
+                _ => true,
+            };
+            return if fits { Scan::Open } else { Scan::Fails };
+        };
+        let Ok(value) = serde_json::from_str::<Value>(&a[j..value_end]) else {
+            return Scan::Fails;
+        };
+        match (key.as_str(), value) {
+            ("name", Value::String(n)) if name.is_none() && out.offers(&n) => name = Some(n),
+            ("arguments" | "parameters", Value::Object(_)) if args.is_none() => {
+                args = Some(a[j..value_end].to_string());
+            }
+            ("arguments" | "parameters", Value::String(s)) if args.is_none() => {
+                if !matches!(serde_json::from_str::<Value>(&s), Ok(Value::Object(_))) {
+                    return Scan::Fails;
+                }
+                args = Some(s);
+            }
+            ("function", Value::Object(_)) if name.is_none() && args.is_none() => {
+                match bare_object(out, a, j) {
+                    Scan::Done((n, x, _)) => {
+                        name = Some(n);
+                        args = Some(x);
+                    }
+                    _ => return Scan::Fails,
+                }
+            }
+            ("type" | "id", _) => {}
+            _ => return Scan::Fails,
+        }
+        j = skip_ws(a, value_end);
+        match b.get(j) {
+            None => return Scan::Open,
+            Some(b',') => j += 1,
+            Some(b'}') => {
+                return match (name, args) {
+                    (Some(n), Some(x)) => Scan::Done((n, x, j + 1)),
+                    _ => Scan::Fails,
+                };
+            }
+            Some(_) => return Scan::Fails,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // qwen_xml
 
 const FUNCTION_EQ: &str = "<function=";
@@ -553,15 +908,19 @@ fn tool_names(tools: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// Wrappers of JSON calls that Qwen models write instead of `<tool_call>`.
+const QWEN_JSON_WRAPPERS: [&str; 2] = ["<function_call>", "<tools>"];
+
 fn qwen_xml(out: &mut Out, text: &str, mut pos: usize) {
+    if bare_answer(out, text, pos) {
+        return;
+    }
     // Without `<tool_call>`, `<function=NAME>` opens a call only for a declared name.
-    let bare: Vec<String> = tool_names(out.tools)
-        .iter()
-        .map(|n| format!("{FUNCTION_EQ}{n}>"))
-        .collect();
+    let bare: Vec<String> = out.names.iter().map(|n| format!("{FUNCTION_EQ}{n}>")).collect();
     let mut openers: Vec<&str> = Vec::new();
     if out.has_tools() {
         openers.push(TOOL_CALL);
+        openers.extend(QWEN_JSON_WRAPPERS);
         openers.extend(bare.iter().map(String::as_str));
     }
     let mut held = openers.clone();
@@ -581,6 +940,8 @@ fn qwen_xml(out: &mut Out, text: &str, mut pos: usize) {
                 Look::Maybe => Region::Stop,
                 Look::No => Region::NotCall,
             }
+        } else if QWEN_JSON_WRAPPERS.contains(&op) {
+            hermes_region(out, text, i, op)
         } else {
             xml_call(out, text, i)
         };
@@ -617,7 +978,7 @@ fn xml_call(out: &mut Out, text: &str, f: usize) -> Region {
         };
     };
     let name = text[name_start..name_start + n].trim().to_string();
-    if !is_name(&name) {
+    if !is_name(&name) || !out.offers(&name) {
         return Region::NotCall;
     }
     let mut pairs = Vec::new();
@@ -1685,6 +2046,167 @@ pub(crate) mod tests {
         );
     }
 
+    /// A form as the model writes it, the content and the calls (name, arguments) it must give.
+    pub(crate) type Form = (
+        &'static str,
+        Option<&'static str>,
+        Vec<(&'static str, &'static str)>,
+    );
+
+    /// Calls written without the format's markup, as small models write them with
+    /// `tool_choice: "auto"`: (output, content, calls). Each is read the same in hermes_json
+    /// and qwen_xml.
+    pub(crate) fn bare_forms() -> Vec<Form> {
+        let lima = ("get_weather", r#"{"location": "Lima"}"#);
+        let cet = ("get_time", r#"{"tz": "CET"}"#);
+        vec![
+            (r#"{"name": "get_weather", "arguments": {"location": "Lima"}}"#, None, vec![lima]),
+            ("```json\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}\n```", None, vec![lima]),
+            ("```\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}\n```", None, vec![lima]),
+            ("```json\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}", None, vec![lima]),
+            (
+                r#"[{"name": "get_weather", "arguments": {"location": "Lima"}}, {"name": "get_time", "arguments": {"tz": "CET"}}]"#,
+                None,
+                vec![lima, cet],
+            ),
+            (
+                "```json\n[\n  {\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n]\n```",
+                None,
+                vec![cet],
+            ),
+            (
+                "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}\n{\"name\": \"get_time\", \"parameters\": {\"tz\": \"CET\"}}",
+                None,
+                vec![lima, cet],
+            ),
+            (r#"{"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}"#, None, vec![cet]),
+            (
+                r#"{"type": "function", "function": {"name": "get_time", "arguments": {"tz": "CET"}}}"#,
+                None,
+                vec![cet],
+            ),
+            (
+                "Sure, let me check the weather.\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}",
+                Some("Sure, let me check the weather."),
+                vec![lima],
+            ),
+            (
+                "I'll call the tool:\n\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}\n```",
+                Some("I'll call the tool:"),
+                vec![lima],
+            ),
+            ("<tools>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n</tools>", None, vec![cet]),
+            (
+                "<function_call>{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}</function_call>",
+                None,
+                vec![cet],
+            ),
+            ("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}", None, vec![cet]),
+            ("{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n</tool_call>", None, vec![cet]),
+        ]
+    }
+
+    /// Outputs that only look like calls: with tools they stay content, byte for byte.
+    pub(crate) fn not_bare_calls() -> Vec<&'static str> {
+        vec![
+            r#"{"name": "reverse_string", "arguments": {"s": "abc"}}"#,
+            "```json\n{\"name\": \"reverse_string\", \"arguments\": {\"s\": \"abc\"}}\n```",
+            "<tool_call>\n{\"name\": \"reverse_string\", \"arguments\": {\"s\": \"abc\"}}\n</tool_call>",
+            r#"{"city": "Lima", "unit": "celsius"}"#,
+            r#"{"name": "get_weather"}"#,
+            r#"{"name": "get_weather", "arguments": 3}"#,
+            r#"{"name": "get_weather", "arguments": {"location": "Lima"}, "note": "x"}"#,
+            r#"[{"name": "get_time", "arguments": {}}, 3]"#,
+            "Here is an example: {\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}} which you can send.",
+            "First line.\nSecond line {\"name\": \"get_weather\", \"arguments\": {}}",
+            "```python\nprint({\"name\": \"get_weather\", \"arguments\": {}})\n```",
+            "[1, 2, 3]",
+            "The capital of France is Paris.",
+        ]
+    }
+
+    #[test]
+    fn bare_calls_are_read_in_hermes_and_qwen_xml() {
+        for format in [HermesJson, QwenXml] {
+            for (out, content, calls) in bare_forms() {
+                assert_eq!(
+                    run(format, S::Content, out, true),
+                    msg(None, content, &calls),
+                    "{format}: {out}"
+                );
+                // Without tools the same text is content, byte for byte.
+                assert_eq!(
+                    run(format, S::Content, out, false),
+                    msg(None, Some(out), &[]),
+                    "{format}: {out}"
+                );
+            }
+            // After reasoning, too.
+            let out = "<think>\nLima.\n</think>\n\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}";
+            assert_eq!(
+                run(format, S::Content, out, true),
+                msg(Some("Lima."), None, &[("get_weather", r#"{"location": "Lima"}"#)]),
+                "{format}"
+            );
+        }
+    }
+
+    #[test]
+    fn json_that_is_no_call_of_an_offered_tool_stays_content() {
+        for format in [HermesJson, QwenXml] {
+            for out in not_bare_calls() {
+                assert_eq!(
+                    run(format, S::Content, out, true),
+                    msg(None, Some(out), &[]),
+                    "{format}: {out}"
+                );
+            }
+        }
+        // A call of a tool not offered inside the format's own markup is content too.
+        let out = "<tool_call>\n<function=reverse_string>\n<parameter=s>\nabc\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(run(QwenXml, S::Content, out, true), msg(None, Some(out), &[]));
+    }
+
+    #[test]
+    fn a_bare_call_is_held_while_it_may_be_one_and_released_when_it_cannot() {
+        let t = tools();
+        let partial = |text: &str| parse(HermesJson, S::Content, text, Some(&t), true);
+        // Every prefix of a bare call (one without markup) shows nothing.
+        for (out, _, _) in bare_forms().into_iter().filter(|f| !f.0.starts_with('<')) {
+            for cut in (0..out.len()).filter(|&c| out.is_char_boundary(c)) {
+                let m = partial(&out[..cut]);
+                assert!(m.tool_calls.is_empty(), "{out:?} cut {cut}: {m:?}");
+                assert_eq!(m.content.as_deref(), Some(""), "{out:?} cut {cut}");
+            }
+        }
+        // Once it cannot be a call, what was held comes out.
+        assert_eq!(partial("{\"city\"").content.as_deref(), Some("{\"city\""));
+        assert_eq!(
+            partial("{\"name\": \"reverse\"").content.as_deref(),
+            Some("{\"name\": \"reverse\"")
+        );
+        assert_eq!(
+            partial("Hello there.\nHow").content.as_deref(),
+            Some("Hello there.\nHow")
+        );
+        assert_eq!(partial("```python\n").content.as_deref(), Some("```python"));
+        // A lead-in is held up to its bound; a long answer flows.
+        let long = "word ".repeat(LEAD_MAX / 5 + 1);
+        assert_eq!(partial(&long).content.as_deref(), Some(long.trim_end()));
+        // The hold is bounded: past BARE_MAX an unfinished object is content.
+        let big = format!(
+            "{{\"name\": \"get_time\", \"arguments\": {{\"tz\": \"{}",
+            "x".repeat(BARE_MAX)
+        );
+        assert!(partial(&big)
+            .content
+            .as_deref()
+            .is_some_and(|c| c.len() > BARE_MAX));
+        // Without tools nothing is held.
+        let plain = parse(HermesJson, S::Content, "{\"name\": \"get_ti", None, true);
+        assert_eq!(plain.content.as_deref(), Some("{\"name\": \"get_ti"));
+    }
+
     #[test]
     fn qwen_xml_tolerates_missing_markers() {
         // No `<tool_call>` (declared name only), no `</parameter>`, no `</tool_call>`.
@@ -2019,6 +2541,9 @@ pub(crate) mod tests {
             (Harmony, S::AssistantHeader, "<|channel|>commentary<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=browser.search<|channel|>analysis<|message|>{}<|call|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|>plain <|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{\"tz\": 12"),
             (Harmony, S::AssistantHeader, " to=functions.get_time<|channel|>commentary json<|message|>{\"tz\":\"CET\"}<|call|><|channel|>final Hello there.<|end|><|message|>bare<|end|><|start|>assistant<|channel|>analysis<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json {\"location\": \"Paris\"}<|call|>text<|start|>assistant<|channel|>commentary to=functions.get_wea"),
             (ContentOnly, S::Content, "<think>hm</think>Hi <tool_call> there é\n"),
+            (HermesJson, S::Content, "Sure, I'll check.\n\n```json\n[{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}},\n {\"type\": \"function\", \"function\": {\"name\": \"get_time\", \"parameters\": \"{\\\"tz\\\": \\\"CET\\\"}\"}}]\n```\n"),
+            (QwenXml, S::Reasoning, "hm\n</think>\n\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"é\"}}\n{\"name\": \"get_weather\", \"arguments\": {}}</tool_call>"),
+            (HermesJson, S::Content, "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}} is the call. <tool_call>{\"name\": \"reverse\", \"arguments\": {}}</tool_call> ```json\n{\"name\": \"get_time\", \"arguments\": {}}\n```"),
             (MiniCpmXml, S::Reasoning, "plan\n</think>\n\nOk <function name=\"get_weather\"><param name=\"location\"><![CDATA[a\n<b>]]></param><param name=\"days\">07</param></function>\n<function name=\"get_time\"><param name=\"tz\">CET<param name=\"x\">1</function> after <function name=\"get_time\"><param name=\"tz\">]]></param>"),
         ]
     }

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use super::format::{ChatFormat, ParseStart};
 use super::message::ParsedMessage;
-use super::parse::parse;
+use super::parse::{parse, parse_cut};
 
 /// Turns model output, flush by flush, into OpenAI deltas.
 #[derive(Debug, Clone)]
@@ -64,14 +64,16 @@ impl StreamParser {
     /// "length"`) and how llama.cpp parses any output its model did not end; it keeps the streamed
     /// and the non-streamed answers equal, as deltas already sent cannot be taken back, so the cut
     /// call is not dropped from the message (vLLM drops it when not streaming, and they differ).
+    ///
+    /// A lead-in line held back only because a call written without markup might have followed
+    /// it is content when the output is cut; a bare call begun and cut is, like a cut marker, none.
     pub fn finish_output(&mut self, cut_short: bool) -> (Option<Value>, ParsedMessage) {
-        let msg = parse(
-            self.format,
-            self.start,
-            &self.text,
-            self.tools.as_deref(),
-            cut_short,
-        );
+        let tools = self.tools.as_deref();
+        let msg = if cut_short {
+            parse_cut(self.format, self.start, &self.text, tools)
+        } else {
+            parse(self.format, self.start, &self.text, tools, false)
+        };
         (self.diff(&msg), msg)
     }
 
@@ -383,6 +385,91 @@ pub(crate) mod tests {
                 check_growing(format, start, &pieces, Some(&t));
                 check_growing(format, start, &pieces, None);
             }
+        }
+    }
+
+    #[test]
+    fn bare_calls_stream_to_the_non_streamed_message_and_plain_json_streams_as_content() {
+        use crate::chat::parse::tests::{bare_forms, not_bare_calls};
+        let t = tools();
+        let qwen = real_tokenizer("qwen3");
+        let texts: Vec<&str> = bare_forms()
+            .into_iter()
+            .map(|f| f.0)
+            .chain(not_bare_calls())
+            .collect();
+        for format in [ChatFormat::HermesJson, ChatFormat::QwenXml] {
+            for text in &texts {
+                let chars: Vec<String> = text.chars().map(String::from).collect();
+                let tokens = token_pieces(qwen, text);
+                for pieces in [&chars, &tokens] {
+                    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+                    check_growing(format, ParseStart::Content, &pieces, Some(&t));
+                    check_growing(format, ParseStart::Content, &pieces, None);
+                }
+            }
+        }
+        // A bare call comes out whole at the end, as one delta with the call.
+        let mut p = StreamParser::new(ChatFormat::HermesJson, ParseStart::Content, Some(&t));
+        let call = r#"{"name": "get_time", "arguments": {"tz": "CET"}}"#;
+        for c in call.chars() {
+            assert_eq!(p.push(&c.to_string()), None);
+        }
+        let (last, msg) = p.finish();
+        assert_eq!(
+            last,
+            Some(
+                json!({"tool_calls": [{"index": 0, "id": "call_0", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}}]})
+            )
+        );
+        assert_eq!(msg.content, None);
+    }
+
+    #[test]
+    fn a_cut_output_held_as_a_possible_bare_call_ends_as_the_prefix_it_is() {
+        let t = tools();
+        // (format, output cut short, its content): a lead-in is content, a bare call begun is none.
+        let cases = [
+            (
+                ChatFormat::HermesJson,
+                "The capital of France",
+                "The capital of France",
+            ),
+            (
+                ChatFormat::QwenXml,
+                "Sure, let me check.\n",
+                "Sure, let me check.",
+            ),
+            (ChatFormat::HermesJson, "{\"name\": \"get_wea", ""),
+            (
+                ChatFormat::QwenXml,
+                "Sure:\n```json\n{\"name\": \"get_time\", \"arguments\": {\"tz\"",
+                "Sure:",
+            ),
+        ];
+        for (format, text, content) in cases {
+            let mut p = StreamParser::new(format, ParseStart::Content, Some(&t));
+            let mut sum = Sum::default();
+            for c in text.chars() {
+                if let Some(d) = p.push(&c.to_string()) {
+                    add(&mut sum, &d);
+                }
+            }
+            assert_eq!(sum, Sum::default(), "held while it may become a call: {text:?}");
+            let (last, msg) = p.finish_output(true);
+            if let Some(d) = last {
+                add(&mut sum, &d);
+            }
+            assert_eq!(msg.content.as_deref(), Some(content), "{text:?}");
+            assert!(msg.tool_calls.is_empty());
+            assert_eq!(sum.1, content);
+        }
+        // A bare call is read only when the model ended the output.
+        let call = r#"{"name": "get_time", "arguments": {"tz": "CET"}}"#;
+        for (cut, calls) in [(true, 0), (false, 1)] {
+            let mut p = StreamParser::new(ChatFormat::QwenXml, ParseStart::Content, Some(&t));
+            p.push(call);
+            assert_eq!(p.finish_output(cut).1.tool_calls.len(), calls, "cut {cut}");
         }
     }
 
