@@ -9,6 +9,7 @@ mod harmony_corpus;
 pub mod message;
 pub mod parse;
 pub mod stream;
+pub mod tolerant_forms;
 mod values;
 
 pub use format::{detect, prefill, ChatFormat, Detected, ParseStart, Reasoning};

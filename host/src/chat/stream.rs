@@ -390,7 +390,8 @@ pub(crate) mod tests {
 
     #[test]
     fn bare_calls_stream_to_the_non_streamed_message_and_plain_json_streams_as_content() {
-        use crate::chat::parse::tests::{bare_forms, not_bare_calls};
+        use crate::chat::parse::tests::not_bare_calls;
+        use crate::chat::tolerant_forms::bare_forms;
         let t = tools();
         let qwen = real_tokenizer("qwen3");
         let texts: Vec<&str> = bare_forms()
