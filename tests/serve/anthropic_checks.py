@@ -79,6 +79,11 @@ def check_messages():
     # The token budget.
     m = client.messages.create(model=MODEL, max_tokens=2, **GREEDY, messages=FRANCE)
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 2, m
+    # The models route answers Anthropic's client too.
+    listed = client.models.list()
+    assert MODEL in [m.id for m in listed.data], listed
+    one = client.models.retrieve(MODEL)
+    assert one.id == MODEL and one.type == "model" and one.display_name, one
     print("ok messages", json.dumps(r.content[0].text), "count", n)
 
 

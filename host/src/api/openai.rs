@@ -1020,12 +1020,17 @@ pub(crate) fn capabilities(st: &Shared, e: &berth_registry::store::PackEntry) ->
 fn model_object(st: &Shared, e: &berth_registry::store::PackEntry) -> Value {
     let created = e.modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let caps = capabilities(st, e);
+    // OpenAI's fields, plus Anthropic's (`type`, `display_name`, `created_at`): both clients'
+    // `models.list()` read the same route.
     json!({
         "id": e.reference,
         "object": "model",
         "created": created,
         "owned_by": "berth",
         "capabilities": caps,
+        "type": "model",
+        "display_name": e.reference,
+        "created_at": super::ollama::rfc3339(e.modified),
     })
 }
 
@@ -1038,7 +1043,12 @@ pub async fn list_models(State(st): State<Shared>) -> Response {
         .filter(|e| e.manifest.is_some() && e.problems.is_empty())
         .map(|e| model_object(&st, e))
         .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    // Anthropic's list also says where it starts and ends, and that there is no next page.
+    let first = data.first().map(|m| m["id"].clone()).unwrap_or(Value::Null);
+    let last = data.last().map(|m| m["id"].clone()).unwrap_or(Value::Null);
+    axum::Json(json!({"object": "list", "data": data, "has_more": false,
+        "first_id": first, "last_id": last}))
+    .into_response()
 }
 
 /// `GET /v1/models/{id}`.
