@@ -329,6 +329,16 @@ pub fn pull_reference(
     }
 }
 
+/// The store name a hub reference is kept under (`hf.co/o/r:Q4_K_M` -> `o/r:q4_k_m`), so a model
+/// can be run and served by the name it was pulled with; `None` for a name that is not a hub's.
+pub fn local_name(reference: &str) -> Option<String> {
+    let opts = HubOptions::from_lookup(|_| None);
+    match HubRef::parse(reference, &opts)? {
+        Ok(hub) => hub.local_ref().ok().map(|r| r.to_string()),
+        Err(_) => None,
+    }
+}
+
 /// Pulls a hub reference into the store, or reports the pack already there.
 pub fn pull_hub(
     store: &Store,

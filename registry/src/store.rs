@@ -256,6 +256,16 @@ impl Store {
 
     /// Look a pack up by reference; a bare name means `name:latest`, or its only tag.
     pub fn get(&self, reference: &str) -> Result<PackEntry, StoreError> {
+        let direct = self.get_stored(reference);
+        match crate::hub::local_name(reference) {
+            // A hub name (`hf.co/o/r:q`) finds the pack its pull imported.
+            Some(local) if direct.is_err() && local != reference => self.get_stored(&local).or(direct),
+            _ => direct,
+        }
+    }
+
+    /// The pack stored under `reference` itself.
+    fn get_stored(&self, reference: &str) -> Result<PackEntry, StoreError> {
         let r = PackRef::parse(reference)?;
         let dir = self.pack_dir(&r);
         if dir.join(MANIFEST_FILE).is_file() || (dir.is_dir() && has_plain_files(&dir)) {

@@ -385,6 +385,19 @@ fn hf_pull_by_quant_fetches_only_that_gguf_and_imports_it() {
     };
     assert_eq!(entry.reference, "acme/tiny-gguf:q8_0");
     assert!(entry.is_ok(), "{:?}", entry.problems);
+    // The name it was pulled by finds it too (as `ollama run hf.co/...` does after a pull).
+    for name in [
+        "hf.co/acme/Tiny-GGUF:q8_0",
+        "hf.co/acme/Tiny-GGUF:Q8_0",
+        "acme/tiny-gguf:q8_0",
+    ] {
+        assert_eq!(
+            e.store.get(name).unwrap().reference,
+            "acme/tiny-gguf:q8_0",
+            "{name}"
+        );
+    }
+    assert!(e.store.get("hf.co/acme/Tiny-GGUF:Q4_K_M").is_err());
     assert_eq!(weights_sha(&entry), sha256(&q8));
     let m = PackManifest::load(&entry.dir).unwrap();
     assert_eq!((m.family.as_str(), m.architecture.as_str()), ("qwen3", "qwen2"));
