@@ -2,15 +2,16 @@
 //! with or without tools, flushed in any chunk sizes. Parsing must not panic, no streamed field
 //! may shrink, and the deltas must add up to the non-streamed message.
 //!
-//! Input layout: byte 0 picks the format (modulo their number, in `ChatFormat::ALL` order; the
-//! seeds' `1`..`6` and `0` are harmony, gemma4, lfm2, minicpm, qwen_xml, hermes, content_only),
+//! Input layout: byte 0 picks the format by its stable id (`ChatFormat::BY_ID`, counted from the
+//! digit `0`, modulo their number; the seeds' `0`..`6` are content_only, harmony, gemma4, lfm2,
+//! minicpm, qwen_xml, hermes, and keep that meaning when a format is added),
 //! byte 1 the parse start (`0` content, `1` reasoning, `2` closed, `3` harmony header), byte 2
 //! whether the request has tools (odd = yes), byte 3 the flush size in characters; the rest
 //! (lossy UTF-8) is the model output.
 
 #![no_main]
 
-use berth::chat::{parse, ChatFormat, ParseStart, ParsedMessage, StreamParser};
+use berth_chat::{parse, ChatFormat, ParseStart, ParsedMessage, StreamParser};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 
@@ -97,7 +98,7 @@ fuzz_target!(|data: &[u8]| {
     if data.len() < 4 {
         return;
     }
-    let format = ChatFormat::ALL[data[0] as usize % ChatFormat::ALL.len()];
+    let format = ChatFormat::BY_ID[data[0].wrapping_sub(b'0') as usize % ChatFormat::BY_ID.len()];
     let start = STARTS[data[1] as usize % STARTS.len()];
     let all_tools = tools();
     let tools = (data[2] & 1 == 1).then_some(&all_tools[..]);

@@ -7,7 +7,7 @@ use berth_registry::format::{human_age, human_params, human_size};
 use berth_registry::gguf::{quant_mix, GgufFile};
 use berth_registry::pack::{FileRole, PackFormat};
 use berth_registry::store::{ImportOptions, Store};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -203,6 +203,17 @@ pub enum Command {
         /// The prompt opened a reasoning block (`<think>\n`): output starts inside it.
         #[arg(long)]
         in_reasoning: bool,
+    },
+    /// Print a shell completion script for `berth` (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the `berth(1)` man page (roff), or with `--dir` write one page per command there.
+    Man {
+        /// Write `berth.1` and `berth-<command>.1` pages into this directory instead.
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -402,6 +413,18 @@ pub fn run(cli: Cli) -> Result<()> {
             let out = parse_output(format, start, tools.as_deref(), stream, &input);
             std::io::stdout().write_all(out.as_bytes())?;
             Ok(())
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "berth", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir: None } => {
+            Ok(clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?)
+        }
+        Command::Man { dir: Some(dir) } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("writing man pages into {}", dir.display()))
         }
         Command::Cp { source, destination } => {
             store.copy(&source, &destination)?;

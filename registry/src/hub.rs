@@ -165,7 +165,12 @@ impl HubRef {
             _ => (None, trimmed),
         };
         let (host, path) = rest.split_once('/')?;
-        let host_like = host.contains('.') || host.contains(':') || host == "localhost";
+        // A host starts with a letter, digit or `[` (IPv6), so `../x` stays a (missing) store name.
+        let hostname = host.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '[')
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+        let host_like = hostname && (host.contains('.') || host.contains(':') || host == "localhost");
         if !host_like && scheme.is_none() {
             return None;
         }
@@ -526,6 +531,10 @@ mod tests {
     fn hub_names_parse_and_catalog_names_do_not() {
         assert_eq!(parse("qwen2.5-coder:0.5b"), None);
         assert_eq!(parse("ns/name:tag"), None);
+        // Traversal and path-like names are not hub names: the store refuses them as it always did.
+        for not_hub in ["../../etc/passwd", "./x/y", "/etc/passwd", "a b.c/x"] {
+            assert!(HubRef::parse(not_hub, &opts()).is_none(), "{not_hub}");
+        }
         assert_eq!(
             parse("hf.co/Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M"),
             Some(HubRef::HuggingFace {

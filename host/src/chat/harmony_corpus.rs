@@ -13,9 +13,12 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 
+use berth_chat::testutil::{assert_grows, check_growing};
+
 use super::format::{ChatFormat, ParseStart};
 use super::message::{ParsedMessage, ToolCall};
 use super::parse::parse;
+use super::stream_tests::token_pieces;
 use crate::tokenizer::Tokenizer;
 
 /// One recorded case.
@@ -336,7 +339,6 @@ fn berth_tokenises_every_completion_as_openai_harmony_does() {
 
 #[test]
 fn streamed_deltas_add_up_to_the_message_token_by_token() {
-    use super::stream::tests::{check_growing, token_pieces};
     let tok = gptoss();
     for f in fixtures() {
         let tools = declared(&f.tools);
@@ -369,8 +371,8 @@ fn a_completion_cut_after_any_token_never_panics_and_every_field_only_grows() {
             }
             let _ = berth(&text, &tools, false);
             let part = berth(&text, &tools, true);
-            super::parse::tests::assert_grows(&prev, &part, &format!("{} cut at token {n}", f.name));
-            super::parse::tests::assert_grows(&part, &full, &format!("{} token {n} vs final", f.name));
+            assert_grows(&prev, &part, &format!("{} cut at token {n}", f.name));
+            assert_grows(&part, &full, &format!("{} token {n} vs final", f.name));
             prev = part;
         }
     }

@@ -3,9 +3,6 @@
 //! turns it into an allowed-token mask before each step. llguidance stays behind the small types
 //! here: [`ConstraintFactory`] (once per model) and [`SequenceConstraint`] (once per sequence).
 
-/// Lark grammars in each chat format's own markup.
-pub mod grammar;
-mod request;
 mod tokenv;
 
 use std::fmt;
@@ -15,28 +12,12 @@ use anyhow::{bail, Context, Result};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 
-pub use grammar::Markers;
-pub use request::{RequestConstraints, ResponseFormat, ToolChoice, ToolSpec};
+/// Lark grammars in each chat format's own markup (written by `berth-chat`).
+pub use berth_chat::grammar;
+pub use berth_chat::{Markers, ParamError, RequestConstraints, ResponseFormat, ToolChoice, ToolSpec};
 
-use crate::chat::{ChatFormat, Detected, ParseStart};
+use crate::chat::{Detected, ParseStart};
 use crate::tokenizer::Tokenizer;
-
-/// A client error in a request parameter: becomes HTTP 400 with an OpenAI error body naming `param`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ParamError {
-    /// The parameter at fault, as the client spelled it (`tool_choice`, `tools[0].function.name`).
-    pub param: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl fmt::Display for ParamError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.param, self.message)
-    }
-}
-
-impl std::error::Error for ParamError {}
 
 /// Built once per loaded model (tokenizer trie, format markers checked to be single tokens).
 pub struct ConstraintFactory {
@@ -92,23 +73,14 @@ impl ConstraintFactory {
         thinking: bool,
         start: ParseStart,
     ) -> Result<Option<String>, ParamError> {
-        let tools_usable = self.tools_enabled && self.detected.format != ChatFormat::ContentOnly;
-        let forced = matches!(req.tool_choice, ToolChoice::Required | ToolChoice::Named(_));
-        if forced && !tools_usable {
-            return Err(ParamError {
-                param: "tool_choice".into(),
-                message: format!(
-                    "this model has no tool-call format (chat format {}, tools {}): only \"none\" or \"auto\" is possible",
-                    self.detected.format,
-                    if self.tools_enabled { "enabled" } else { "disabled" }
-                ),
-            });
-        }
-        let plan = grammar::Plan::new(req, tools_usable);
-        if plan.is_free() {
-            return Ok(None);
-        }
-        grammar::write(&self.detected, &self.markers, &plan, thinking, start).map(Some)
+        grammar::for_request(
+            &self.detected,
+            &self.markers,
+            req,
+            self.tools_enabled,
+            thinking,
+            start,
+        )
     }
 
     /// `thinking`: whether the template was rendered with thinking on; `start`: the prefill state.

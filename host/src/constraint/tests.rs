@@ -269,6 +269,12 @@ fn other_formats_force_calls_in_their_own_markup() {
             "<|tool_call_start|>[get_weather(city=\"Paris\", days=9)]<|tool_call_end|>",
         ),
         (
+            ChatFormat::MiniCpmXml,
+            Some(Reasoning::ThinkTags),
+            "<function name=\"get_weather\"><param name=\"city\"><![CDATA[Paris\n<b>]]></param><param name=\"days\">3</param></function>",
+            "<function name=\"get_weather\"><param name=\"city\">Paris\n</param></function>",
+        ),
+        (
             ChatFormat::Harmony,
             Some(Reasoning::HarmonyAnalysis),
             "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}",
@@ -372,6 +378,9 @@ fn markers_must_be_single_tokens() {
     let _ = stops();
 }
 
+const MINICPM_WEATHER: &str = "<function name=\"get_weather\"><param name=\"city\">Paris</param></function>";
+const MINICPM_TIME: &str = "<function name=\"get_time\"><param name=\"tz\">UTC</param></function>";
+
 /// One format's sample outputs for the tool_choice matrix.
 struct Samples {
     format: ChatFormat,
@@ -426,6 +435,15 @@ fn samples() -> Vec<Samples> {
             weather: "<|tool_call_start|>[get_weather(city=\"Paris\")]<|tool_call_end|>",
             time: "<|tool_call_start|>[get_time(tz=\"UTC\")]<|tool_call_end|>",
             two: Some("<|tool_call_start|>[get_weather(city=\"Paris\"), get_time(tz=\"UTC\")]<|tool_call_end|>".into()),
+        },
+        Samples {
+            format: ChatFormat::MiniCpmXml,
+            reasoning: Reasoning::ThinkTags,
+            think: "<think>\nhm\n</think>\n\n",
+            text: "It is sunny.",
+            weather: MINICPM_WEATHER,
+            time: MINICPM_TIME,
+            two: Some(format!("{MINICPM_WEATHER}\n{MINICPM_TIME}")),
         },
         Samples {
             format: ChatFormat::Harmony,
@@ -543,7 +561,9 @@ fn a_named_tool_choice_allows_exactly_one_call_then_only_the_end_of_turn() {
             ParseStart::Content
         };
         let twice = match s.format {
-            ChatFormat::HermesJson | ChatFormat::QwenXml => Some(format!("{}\n{}", s.time, s.time)),
+            ChatFormat::HermesJson | ChatFormat::QwenXml | ChatFormat::MiniCpmXml => {
+                Some(format!("{}\n{}", s.time, s.time))
+            }
             ChatFormat::Gemma4 => Some(format!("{}{}", s.time, s.time)),
             ChatFormat::Lfm2Pythonic => Some(
                 "<|tool_call_start|>[get_time(tz=\"UTC\"), get_time(tz=\"UTC\")]<|tool_call_end|>".into(),
@@ -706,4 +726,104 @@ fn local_refs_and_defs_compile() {
         ParseStart::Content,
         "{\"items\": [{\"m\": 1}]}"
     ));
+}
+
+#[test]
+fn minicpm_calls_the_grammar_accepts_parse_back_as_valid_calls() {
+    let f = factory(ChatFormat::MiniCpmXml, Some(Reasoning::ThinkTags));
+    let call = "<function name=\"get_weather\"><param name=\"city\"><![CDATA[Paris\n<1er>]]></param><param name=\"days\">3</param></function>";
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for choice in [json!("auto"), json!("required"), named] {
+        for parallel in [true, false] {
+            let r = req(choice.clone(), parallel, Value::Null);
+            for text in [call.to_string(), format!("{call}\n{MINICPM_TIME}")] {
+                let two = text.len() > call.len();
+                let allowed = !two || (parallel && choice["type"].is_null());
+                assert_eq!(
+                    check(&f, &r, false, ParseStart::Content, &text),
+                    allowed,
+                    "{choice} parallel={parallel}: {text}"
+                );
+            }
+            let parsed = crate::chat::parse(
+                ChatFormat::MiniCpmXml,
+                ParseStart::Content,
+                call,
+                r.parser_tools(),
+                false,
+            );
+            assert_eq!(parsed.content, None);
+            assert_eq!(parsed.tool_calls.len(), 1);
+            let args: Value = serde_json::from_str(&parsed.tool_calls[0].arguments).unwrap();
+            assert_eq!(args, json!({"city": "Paris\n<1er>", "days": 3}));
+        }
+    }
+    // Under `auto` a lead-in sentence may come first; it stays content.
+    let r = req(json!("auto"), true, Value::Null);
+    let text = format!("Let me check.\n{call}");
+    assert!(check(&f, &r, false, ParseStart::Content, &text));
+    let parsed = crate::chat::parse(
+        ChatFormat::MiniCpmXml,
+        ParseStart::Content,
+        &text,
+        r.parser_tools(),
+        false,
+    );
+    assert_eq!(parsed.content.as_deref(), Some("Let me check."));
+    assert_eq!(parsed.tool_calls[0].name, "get_weather");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Every format with call markup: a random message written in its markup (berth-chat's round
+    /// trips: reasoning, content, calls with random schema-valid arguments) is what its grammar
+    /// accepts under `auto`, and under `required` when it is only calls; the same text parses back
+    /// to that message in berth-chat's own property test.
+    #[test]
+    fn every_format_grammar_accepts_a_rendered_random_message(
+        which in 0usize..ChatFormat::ALL.len(),
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        use berth_chat::testutil::{render, round_trip, round_trip_tools};
+        let format = ChatFormat::ALL[which];
+        if format != ChatFormat::ContentOnly {
+            let trip = round_trip(format, seed);
+            let reasoning = match format {
+                ChatFormat::Gemma4 => Reasoning::Gemma4Thought,
+                ChatFormat::Harmony => Reasoning::HarmonyAnalysis,
+                _ => Reasoning::ThinkTags,
+            };
+            let f = factory(format, Some(reasoning));
+            let tools = json!(round_trip_tools());
+            let request = |choice: Value| {
+                RequestConstraints::from_openai(Some(&tools), Some(&choice), Some(&json!(true)), None).unwrap()
+            };
+            assert!(check(&f, &request(json!("auto")), true, trip.start, &trip.text), "{format} auto: {:?}", trip.text);
+            // Exactly that markup: a call of an undeclared function, or an argument of the wrong
+            // type, is refused.
+            if !trip.sample.calls.is_empty() {
+                let mut wrong = trip.sample.clone();
+                wrong.calls[0].0 = "unknown_tool".into();
+                let (start, text) = render(format, &wrong).unwrap();
+                assert!(!check(&f, &request(json!("auto")), true, start, &text), "{format}: {text:?}");
+                // A string where the schema wants another type (a number where it wants a string
+                // reads as that string in the XML formats: no wrong markup).
+                let mut wrong = trip.sample.clone();
+                let args = wrong.calls[0].1.as_object_mut().unwrap();
+                if let Some(value) = args.values_mut().find(|v| !v.is_string()) {
+                    *value = json!("seven");
+                    let (start, text) = render(format, &wrong).unwrap();
+                    assert!(!check(&f, &request(json!("auto")), true, start, &text), "{format}: {text:?}");
+                }
+            }
+            if trip.sample.content.is_empty() && !trip.sample.calls.is_empty() {
+                assert!(
+                    check(&f, &request(json!("required")), true, trip.start, &trip.text),
+                    "{format} required: {:?}",
+                    trip.text
+                );
+            }
+        }
+    }
 }

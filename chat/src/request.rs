@@ -1,9 +1,26 @@
 //! The request's tool and format parameters, parsed and validated (OpenAI and Ollama shapes).
 //! `null` means unset everywhere; every error names the parameter it is about.
 
+use std::fmt;
+
 use serde_json::Value;
 
-use super::ParamError;
+/// A client error in a request parameter: becomes HTTP 400 with an OpenAI error body naming `param`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamError {
+    /// The parameter at fault, as the client spelled it (`tool_choice`, `tools[0].function.name`).
+    pub param: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl fmt::Display for ParamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.param, self.message)
+    }
+}
+
+impl std::error::Error for ParamError {}
 
 /// One function the model may call.
 #[derive(Clone, Debug, PartialEq)]

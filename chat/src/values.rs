@@ -22,7 +22,7 @@ pub(crate) enum Stop {
 }
 
 /// Gemma 4's string delimiter.
-pub(crate) const GEMMA_QUOTE: &str = "<|\"|>";
+pub(crate) use crate::formats::gemma4::G_QUOTE as GEMMA_QUOTE;
 
 /// Keyword arguments read so far.
 #[derive(Debug, Default)]

@@ -124,93 +124,10 @@ fn growth(sent: &mut String, now: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::chat::format::tests::lenml;
-    use crate::chat::parse::tests::{assert_grows, corpus, tools};
-    use crate::tokenizer::Tokenizer;
+    use crate::testutil::{add, assert_grows, check, corpus, split_at, tools, Sum};
     use proptest::prelude::*;
-    use std::sync::OnceLock;
-
-    /// What the deltas add up to: (reasoning, content, calls as (id, name, arguments)).
-    type Sum = (String, String, Vec<(String, String, String)>);
-
-    fn add(sum: &mut Sum, delta: &Value) {
-        if let Some(r) = delta["reasoning_content"].as_str() {
-            sum.0.push_str(r);
-        }
-        if let Some(c) = delta["content"].as_str() {
-            sum.1.push_str(c);
-        }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            let index = call["index"]
-                .as_u64()
-                .expect("every tool-call delta has an index") as usize;
-            if index == sum.2.len() {
-                assert_eq!(call["type"], "function", "first delta of a call has its type");
-                let id = call["id"].as_str().expect("first delta of a call has its id");
-                let name = call["function"]["name"]
-                    .as_str()
-                    .expect("first delta has the name");
-                sum.2.push((id.into(), name.into(), String::new()));
-            } else {
-                assert!(call.get("id").is_none() && call["function"].get("name").is_none());
-            }
-            sum.2[index]
-                .2
-                .push_str(call["function"]["arguments"].as_str().unwrap_or(""));
-        }
-    }
-
-    /// Stream `text` in the given pieces; assert the deltas add up to the final message.
-    fn check(format: ChatFormat, start: ParseStart, pieces: &[&str], tools: Option<&[Value]>) {
-        let mut p = StreamParser::new(format, start, tools);
-        let mut sum = Sum::default();
-        for piece in pieces {
-            if let Some(d) = p.push(piece) {
-                add(&mut sum, &d);
-            }
-        }
-        let (last, msg) = p.finish();
-        if let Some(d) = last {
-            add(&mut sum, &d);
-        }
-        let text: String = pieces.concat();
-        assert_eq!(msg, parse(format, start, &text, tools, false));
-        assert_eq!(
-            sum.0,
-            msg.reasoning_content.clone().unwrap_or_default(),
-            "reasoning of {text:?}"
-        );
-        assert_eq!(
-            sum.1,
-            msg.content.clone().unwrap_or_default(),
-            "content of {text:?}"
-        );
-        let calls: Vec<_> = msg
-            .tool_calls
-            .iter()
-            .map(|c| (c.id.clone(), c.name.clone(), c.arguments.clone()))
-            .collect();
-        assert_eq!(sum.2, calls, "tool calls of {text:?}");
-    }
-
-    fn split_at(text: &str, cuts: &[usize]) -> Vec<String> {
-        let mut points: Vec<usize> = cuts
-            .iter()
-            .map(|c| c % (text.len() + 1))
-            .filter(|&c| text.is_char_boundary(c))
-            .collect();
-        points.sort_unstable();
-        points.dedup();
-        let mut out = Vec::new();
-        let mut prev = 0;
-        for p in points.into_iter().chain([text.len()]) {
-            out.push(text[prev..p].to_string());
-            prev = p;
-        }
-        out
-    }
 
     #[test]
     fn streamed_deltas_concatenate_to_final_message_one_char_at_a_time() {
@@ -328,104 +245,6 @@ pub(crate) mod tests {
         assert_eq!(d["tool_calls"][0]["function"]["arguments"], "\"days\":12");
     }
 
-    /// The real Qwen (Qwen3's, the Qwen2.5 vocabulary with `<think>`) and Gemma 3 tokenizers.
-    fn real_tokenizer(name: &str) -> &'static Tokenizer {
-        static QWEN: OnceLock<Tokenizer> = OnceLock::new();
-        static GEMMA: OnceLock<Tokenizer> = OnceLock::new();
-        let cell = if name == "qwen3" { &QWEN } else { &GEMMA };
-        cell.get_or_init(|| lenml(name).0)
-    }
-
-    /// `text` as the engine flushes it: encoded by `tokenizer`, then decoded token by token
-    /// through the incremental decoder (a piece per token that completes UTF-8 text).
-    pub(crate) fn token_pieces(tokenizer: &Tokenizer, text: &str) -> Vec<String> {
-        let mut decoder = tokenizer.incremental_decoder(false);
-        let mut pieces: Vec<String> = tokenizer
-            .encode(text, false)
-            .into_iter()
-            .map(|id| decoder.push(id))
-            .collect();
-        pieces.push(decoder.finish());
-        pieces.retain(|p| !p.is_empty());
-        assert_eq!(
-            pieces.concat(),
-            text,
-            "the tokenizer does not round-trip the corpus text"
-        );
-        pieces
-    }
-
-    /// Stream the pieces, asserting after every flush that no field shrank, then that the deltas
-    /// add up to the final message.
-    pub(crate) fn check_growing(
-        format: ChatFormat,
-        start: ParseStart,
-        pieces: &[&str],
-        tools: Option<&[Value]>,
-    ) {
-        let mut p = StreamParser::new(format, start, tools);
-        let mut prev = ParsedMessage::default();
-        for piece in pieces {
-            p.push(piece);
-            let now = parse(format, start, p.text(), tools, true);
-            assert_grows(&prev, &now, &format!("{format} after {:?}", p.text()));
-            prev = now;
-        }
-        check(format, start, pieces, tools);
-    }
-
-    #[test]
-    fn streamed_deltas_concatenate_at_real_token_boundaries() {
-        let t = tools();
-        for name in ["qwen3", "gemma3"] {
-            let tokenizer = real_tokenizer(name);
-            for (format, start, text) in corpus() {
-                let pieces = token_pieces(tokenizer, text);
-                let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
-                check_growing(format, start, &pieces, Some(&t));
-                check_growing(format, start, &pieces, None);
-            }
-        }
-    }
-
-    #[test]
-    fn bare_calls_stream_to_the_non_streamed_message_and_plain_json_streams_as_content() {
-        use crate::chat::parse::tests::not_bare_calls;
-        use crate::chat::tolerant_forms::bare_forms;
-        let t = tools();
-        let qwen = real_tokenizer("qwen3");
-        let texts: Vec<&str> = bare_forms()
-            .into_iter()
-            .map(|f| f.0)
-            .chain(not_bare_calls())
-            .collect();
-        for format in [ChatFormat::HermesJson, ChatFormat::QwenXml] {
-            for text in &texts {
-                let chars: Vec<String> = text.chars().map(String::from).collect();
-                let tokens = token_pieces(qwen, text);
-                for pieces in [&chars, &tokens] {
-                    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
-                    check_growing(format, ParseStart::Content, &pieces, Some(&t));
-                    check_growing(format, ParseStart::Content, &pieces, None);
-                }
-            }
-        }
-        // A bare call comes out whole at the end, as one delta with the call.
-        let mut p = StreamParser::new(ChatFormat::HermesJson, ParseStart::Content, Some(&t));
-        let call = r#"{"name": "get_time", "arguments": {"tz": "CET"}}"#;
-        for c in call.chars() {
-            assert_eq!(p.push(&c.to_string()), None);
-        }
-        let (last, msg) = p.finish();
-        assert_eq!(
-            last,
-            Some(
-                json!({"tool_calls": [{"index": 0, "id": "call_0", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}}]})
-            )
-        );
-        assert_eq!(msg.content, None);
-    }
-
     #[test]
     fn a_cut_output_held_as_a_possible_bare_call_ends_as_the_prefix_it_is() {
         let t = tools();
@@ -489,29 +308,6 @@ pub(crate) mod tests {
             let pieces = split_at(text, &cuts);
             let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
             check(format, start, &pieces, with_tools.then_some(&t[..]));
-        }
-        #[test]
-        fn streamed_deltas_concatenate_for_random_groups_of_real_tokens(
-            cuts in proptest::collection::vec(0usize..512, 0..24),
-            which in 0usize..64,
-            gemma in any::<bool>(),
-            with_tools in any::<bool>(),
-        ) {
-            let t = tools();
-            let corpus = corpus();
-            let (format, start, text) = corpus[which % corpus.len()];
-            let tokens = token_pieces(real_tokenizer(if gemma { "gemma3" } else { "qwen3" }), text);
-            let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (tokens.len() + 1)).collect();
-            bounds.sort_unstable();
-            bounds.dedup();
-            let mut pieces = Vec::new();
-            let mut prev = 0;
-            for b in bounds.into_iter().chain([tokens.len()]) {
-                pieces.push(tokens[prev..b].concat());
-                prev = b;
-            }
-            let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
-            check_growing(format, start, &pieces, with_tools.then_some(&t[..]));
         }
     }
 }
