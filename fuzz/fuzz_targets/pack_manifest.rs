@@ -30,7 +30,12 @@ fuzz_target!(|data: &[u8]| {
         if let Some(created) = manifest.created.as_deref() {
             if let Some(time) = parse_rfc3339(created) {
                 let again = rfc3339(time);
-                assert_eq!(parse_rfc3339(&again), Some(time), "{created:?} -> {again:?}");
+                // An offset can move a time just outside the four-digit years RFC 3339 has.
+                let four_digit_year = again.find('-') == Some(4);
+                assert!(
+                    !four_digit_year || parse_rfc3339(&again) == Some(time),
+                    "{created:?} -> {again:?}"
+                );
             }
         }
         if let Ok(saved) = manifest.to_toml() {

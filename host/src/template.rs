@@ -14,6 +14,16 @@ use minijinja::{Environment, Error, ErrorKind, Value};
 /// The name the template is registered under (shows in MiniJinja's own messages).
 const NAME: &str = "chat_template";
 
+/// MiniJinja fuel per render: about one instruction, or 64 bytes of data made, per unit. Real
+/// templates spend well under a million on a long conversation; a hostile one (nested loops over
+/// huge ranges, string doubling) stops with an error instead of spinning or filling memory.
+pub const RENDER_FUEL: u64 = 10_000_000;
+
+/// MiniJinja recursion limit per render (macro calls, includes, nested blocks). Recursive macros
+/// that walk a tool's JSON schema stay far below it; runaway recursion fails well before the
+/// thread's stack would.
+pub const RECURSION_LIMIT: usize = 200;
+
 /// A template failed to compile or render; the message is one line with the template line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateError {
@@ -180,6 +190,8 @@ impl ChatTemplate {
             .build()
             .map_err(|e| TemplateError::from_minijinja(&e, ""))?;
         env.set_syntax(syntax);
+        env.set_fuel(Some(RENDER_FUEL));
+        env.set_recursion_limit(RECURSION_LIMIT);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -288,8 +300,10 @@ fn rewrite_generation_tags(source: &str) -> String {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
-            break;
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap).
+        let Some(end) = tag[2..].find("%}").map(|i| i + 2) else {
+            out.push_str(tag);
+            return out;
         };
         let inner = &tag[2..end];
         let (open, body) = split_marker_front(inner);
@@ -879,5 +893,94 @@ mod tests {
             .filter_map(|c| c.get("kwargs"))
             .collect();
         assert!(kwargs.contains(&&json!({"enable_thinking": false})), "{kwargs:?}");
+    }
+
+    #[test]
+    fn unclosed_and_overlapping_tags_are_errors_not_panics() {
+        // Found by fuzzing (scripts/fuzz template): `{%}` made the generation-tag rewrite slice
+        // backwards, and text before an unclosed `{%` was written twice.
+        assert_eq!(rewrite_generation_tags("a {%} b"), "a {%} b");
+        assert_eq!(rewrite_generation_tags("a {% b"), "a {% b");
+        assert_eq!(
+            rewrite_generation_tags("{%}{% generation %}"),
+            "{%}{% generation %}"
+        );
+        assert!(ChatTemplate::new("{%}").is_err());
+        let t = ChatTemplate::new("Hi {{ '{%' }}").unwrap();
+        assert_eq!(t.render(&input(vec![])).unwrap(), "Hi {%");
+    }
+
+    fn render_source(source: &str) -> Result<String, TemplateError> {
+        ChatTemplate::new(source)?.render(&input(vec![user("Hi")]))
+    }
+
+    #[test]
+    fn runaway_loops_run_out_of_fuel() {
+        // 10^15 iterations: without fuel this would spin for days.
+        let e = render_source(
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}\
+             {{ a }}{% endfor %}{% endfor %}{% endfor %}",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("fuel"), "{e}");
+    }
+
+    #[test]
+    fn runaway_memory_runs_out_of_fuel() {
+        // Doubling a string 40 times would ask for a terabyte.
+        let e = render_source(
+            "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}\
+             {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("fuel"), "{e}");
+        let e = render_source("{{ ('x' * 1000000) * 100000 }}").unwrap_err();
+        assert!(e.message.contains("fuel"), "{e}");
+    }
+
+    #[test]
+    fn runaway_recursion_is_an_error() {
+        let e = render_source("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").unwrap_err();
+        assert!(e.message.contains("recursion"), "{e}");
+        let e = render_source("{% for m in messages recursive %}{{ loop([m]) }}{% endfor %}").unwrap_err();
+        assert!(e.message.contains("recursion"), "{e}");
+    }
+
+    #[test]
+    fn long_conversations_with_tools_fit_in_the_fuel() {
+        let tool = json!({"type": "function", "function": {"name": "get_weather",
+            "description": "Weather in a city", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string", "description": "the city"},
+                           "days": {"type": "integer"}}, "required": ["city"]}}});
+        let mut messages = vec![json!({"role": "system", "content": "Be brief."})];
+        for i in 0..500 {
+            messages.push(user(&format!("question {i} {}", "lorem ipsum ".repeat(200))));
+            messages.push(
+                json!({"role": "assistant", "content": "", "tool_calls": [{"id": format!("c{i}"),
+                "type": "function", "function": {"name": "get_weather",
+                "arguments": "{\"city\": \"Paris\", \"days\": 3}"}}]}),
+            );
+            messages.push(json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": "sunny"}));
+            messages.push(json!({"role": "assistant", "content": "answer ".repeat(100)}));
+        }
+        let mut inp = input(messages);
+        inp.tools = Some(vec![tool; 20]);
+        for rel in [
+            "templates/Qwen2.5-Coder-0.5B-Instruct.jinja",
+            "templates/Qwen3.5-4B.jinja",
+            "templates/gemma4-small.jinja",
+            "templates/LFM2.5-Instruct.jinja",
+        ] {
+            let path = fixtures_dir().join(rel);
+            let Ok(source) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let out = ChatTemplate::new(source).unwrap().render(&inp);
+            assert!(
+                out.as_ref().is_ok_and(|o| o.len() > 1_000_000),
+                "{rel}: {:?}",
+                out.map(|o| o.len())
+            );
+        }
     }
 }

@@ -482,17 +482,25 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
         let (c, off) = time.split_at(idx);
         let sign = if off.starts_with('-') { -1 } else { 1 };
         let (oh, om) = off[1..].split_once(':')?;
-        (
-            c,
-            sign * (oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60),
-        )
+        let (oh, om) = (oh.parse::<u8>().ok()?, om.parse::<u8>().ok()?);
+        if oh > 23 || om > 59 {
+            return None;
+        }
+        (c, sign * (i64::from(oh) * 3600 + i64::from(om) * 60))
     };
     let clock = clock.split('.').next()?;
     let mut tp = clock.split(':');
     let hh: i64 = tp.next()?.parse().ok()?;
     let mm: i64 = tp.next()?.parse().ok()?;
     let ss: i64 = tp.next()?.parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+    // RFC 3339 years have four digits; the bounds also keep the arithmetic below from overflowing.
+    if !(0..=9999).contains(&y)
+        || !(1..=12).contains(&m)
+        || !(1..=31).contains(&d)
+        || !(0..=23).contains(&hh)
+        || !(0..=59).contains(&mm)
+        || !(0..=60).contains(&ss)
+    {
         return None;
     }
     let secs = days_from_civil(y, m, d) * 86_400 + hh * 3600 + mm * 60 + ss - offset_secs;
@@ -706,5 +714,22 @@ stop = ["<|im_end|>"]
         let now = SystemTime::now();
         let back = parse_rfc3339(&rfc3339(now)).unwrap();
         assert!(now.duration_since(back).unwrap() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn rfc3339_out_of_range_fields_are_rejected_not_overflowed() {
+        // Found by fuzzing (scripts/fuzz pack_manifest): a huge offset overflowed the arithmetic.
+        assert_eq!(
+            parse_rfc3339("4524-12-31T23:5:59+00:4:5:59+00:44444444444444444444"),
+            None
+        );
+        assert_eq!(parse_rfc3339("2026-11-30T10:00:00+99999999999999:00"), None);
+        assert_eq!(parse_rfc3339("2026-11-30T10:00:00+24:00"), None);
+        assert_eq!(parse_rfc3339("2026-11-30T-9999999999999999:00:00Z"), None);
+        assert_eq!(parse_rfc3339("2026-11-30T10:-1:00Z"), None);
+        assert_eq!(parse_rfc3339("999999999999999-11-30T10:00:00Z"), None);
+        assert_eq!(parse_rfc3339("10000-01-01T00:00:00Z"), None);
+        assert!(parse_rfc3339("9999-12-31T23:59:60-23:59").is_some());
+        assert!(parse_rfc3339("0000-01-01T00:00:00+23:59").is_some());
     }
 }
