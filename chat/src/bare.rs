@@ -248,8 +248,11 @@ pub(crate) fn bare_object(out: &Out, a: &str, o: usize) -> Scan<(String, String,
         }
         first = false;
         let Some(key_end) = json_end(a, j, false) else {
+            // Judged on the text before any escape: what an escape decodes to cannot turn a key
+            // that already is no call key's prefix back into one, so the answer never flips back.
             let typed = &a[j + 1..];
-            return if typed.contains('\\') || BARE_KEYS.iter().any(|k| k.starts_with(typed)) {
+            let plain = typed.split('\\').next().unwrap_or(typed);
+            return if BARE_KEYS.iter().any(|k| k.starts_with(plain)) {
                 Scan::Open
             } else {
                 Scan::Fails
@@ -407,6 +410,12 @@ mod tests {
             .content
             .as_deref()
             .is_some_and(|c| c.len() > BARE_MAX));
+        // An escape in a key that is already no call key's prefix keeps it released (found by
+        // fuzzing: `{"nameCET` came out, then `{"nameCET\` was held again and content shrank).
+        for text in ["{\"nameCET", "{\"nameCET\\", "{\"nameCET\\~~\": 1"] {
+            assert_eq!(partial(text).content.as_deref(), Some(text), "{text:?}");
+        }
+        assert_eq!(partial("{\"na\\u006").content.as_deref(), Some(""));
         // Without tools nothing is held.
         let plain = parse(HermesJson, S::Content, "{\"name\": \"get_ti", None, true);
         assert_eq!(plain.content.as_deref(), Some("{\"name\": \"get_ti"));
