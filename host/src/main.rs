@@ -21,6 +21,16 @@ fn main() {
     // other thread runs (the server's runtime and the engines start later).
     berth::harmony::set_encodings_base();
     let cli = berth::cli::Cli::parse();
+    if !matches!(cli.command, berth::cli::Command::Serve(_)) {
+        // A command's output piped into `head` ends it quietly, as with other Unix tools, instead
+        // of a panic in `println!`. The server keeps Rust's default (SIGPIPE ignored): its
+        // sockets report a closed peer as an error on that connection alone.
+        // SAFETY: restoring a signal's default disposition at startup, before any thread or
+        // handler exists; sockets are written with MSG_NOSIGNAL by std and tokio regardless.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     if let Err(e) = berth::cli::run(cli) {
         eprintln!("berth: {}", one_line(&e));
         std::process::exit(1);

@@ -188,3 +188,38 @@ fn plugins_lists_installed_plugins_with_their_abi() {
     assert_eq!(scripted["status"], "ok");
     assert_eq!(scripted["manifest"]["families"][0], "scripted");
 }
+
+#[test]
+fn output_piped_into_a_reader_that_stops_early_ends_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    install_scripted(&home);
+    let src = tmp.path().join("src");
+    write_scripted_pack(
+        &src,
+        "echo",
+        "v1",
+        &serde_json::json!({"entries": [{"reply": [5]}]}),
+    );
+    berth_ok(&home, None, &["import", src.to_str().unwrap()]);
+    // `head -c 1` closes the pipe after one byte; each command runs several times so that some
+    // of its writes certainly come after the reader has gone.
+    for args in ["man", "show echo:v1 --json", "list --json", "completions bash"] {
+        let script =
+            format!("for i in 1 2 3 4 5 6 7 8; do \"$0\" --home \"$1\" {args}; done | head -c 1 >/dev/null");
+        let out = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &script,
+                berth_exe().to_str().unwrap(),
+                home.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "berth {args} | head: {stderr}"
+        );
+    }
+}
