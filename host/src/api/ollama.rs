@@ -984,7 +984,7 @@ mod tests {
     use super::{rfc3339, think_extra, without_calls, ChatRequest, GenerateRequest};
     use crate::api::body::parse;
     use crate::api::pipeline::harmony_effort;
-    use crate::api::pipeline::{GenerationBody, Prepared};
+    use crate::api::pipeline::GenerationBody;
     use crate::api::ApiError;
     use crate::decoding::DecodeOptions;
     use crate::harmony::ReasoningEffort;
@@ -1009,12 +1009,6 @@ mod tests {
         chat_extra(body)
             .and_then(|extra| harmony_effort(&extra))
             .map_err(|e| (e.status, e.param))
-    }
-
-    /// A `Prepared` is only built by the handlers' preamble; the test names it so it stays used.
-    #[allow(dead_code)]
-    fn _prepared_has_the_typed_body(p: Prepared<ChatRequest>) -> Option<String> {
-        p.request.model
     }
 
     #[test]

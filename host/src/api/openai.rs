@@ -1087,7 +1087,7 @@ mod tests {
                 format!(r#"{{"messages":[{user}], "stream_options": [true]}}"#),
                 "stream_options",
             ),
-            (format!(r#"{{"messages":[["user", "hi"]]}}"#), "messages[0]"),
+            (r#"{"messages":[["user", "hi"]]}"#.to_string(), "messages[0]"),
             (format!(r#"{{"messages":[{user}], "tools": 5}}"#), "tools"),
             (format!(r#"{{"messages":[{user}], "think": "extreme"}}"#), "think"),
         ] {

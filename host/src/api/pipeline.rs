@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+/// Seconds since the Unix epoch (`created` fields).
 pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -48,7 +49,6 @@ pub(crate) fn param_error(e: ParamError) -> ApiError {
 }
 
 /// Whether the rendered prompt leaves the model thinking (the constraint allows reasoning first).
-
 /// gpt-oss always reasons (on its analysis channel): thinking cannot be turned off.
 pub(crate) fn thinking(model: &Model, start: ParseStart, extra: &Map<String, Value>) -> bool {
     if model.detected.format == ChatFormat::Harmony {
@@ -228,7 +228,6 @@ pub(crate) fn submit(
 }
 
 /// Queues a prompt for several choices (`n`), one [`DecodeOptions`] each: the first choice
-
 /// computes the prompt and the others fork its sequence. One receiver per choice, in order.
 pub(crate) fn submit_n(
     model: &Model,
@@ -285,7 +284,6 @@ pub(crate) fn submit_n(
 }
 
 /// The decode options of `n` choices: the first as given, each other with its own seed
-
 /// ([`choice_seed`]) and a fresh constraint from `constraint`.
 pub(crate) fn choice_decodes(
     first: DecodeOptions,
@@ -312,7 +310,6 @@ pub(crate) fn choice_decodes(
 pub const MAX_CHOICES: usize = 16;
 
 /// The seed of choice `k`: the request's seed for the first, a different fixed stream for each
-
 /// other, so a seeded request with `n` > 1 is reproducible and its choices differ.
 pub(crate) fn choice_seed(seed: Option<u64>, k: usize) -> Option<u64> {
     match (seed, k) {
@@ -323,9 +320,7 @@ pub(crate) fn choice_seed(seed: Option<u64>, k: usize) -> Option<u64> {
 }
 
 /// Checks the messages' shape; `openai`: a tool message must name its `tool_call_id` (Ollama's
-
 /// A 400 naming the first `image_url` part, for a model that takes no images (before any is
-
 /// fetched).
 pub(crate) fn refuse_images(model: &Model, messages: &[Value]) -> Result<(), ApiError> {
     for (i, m) in messages.iter().enumerate() {
@@ -347,9 +342,7 @@ pub(crate) fn refuse_images(model: &Model, messages: &[Value]) -> Result<(), Api
 }
 
 /// The reasoning effort of a request to a harmony (gpt-oss) model: `low`, `medium` (the default)
-
 /// or `high`, from `reasoning_effort` or `think`. gpt-oss cannot reason less than `low`, so
-
 /// `none` and `minimal` are refused; a boolean `think` leaves the default, as Ollama does.
 pub(crate) fn harmony_effort(extra: &Map<String, Value>) -> Result<ReasoningEffort, ApiError> {
     let known = "gpt-oss knows the reasoning efforts low, medium and high";
@@ -365,7 +358,6 @@ pub(crate) fn harmony_effort(extra: &Map<String, Value>) -> Result<ReasoningEffo
 }
 
 /// Renders a conversation with openai-harmony (a harmony pack with the o200k vocabulary) or the
-
 /// model's template; returns (rendered text, tokens).
 pub(crate) fn render(
     model: &Model,
@@ -415,9 +407,7 @@ pub(crate) fn render(
 }
 
 /// A chat choice's `finish_reason`: `length` whenever `max_tokens` or the context cut the reply
-
 /// (also inside a call, or after calls the model went on repeating), else `tool_calls` when the
-
 /// reply holds calls, else how the engine ended (`stop`).
 pub(crate) fn chat_finish_reason(fin: &Finish, calls: bool) -> &'static str {
     if fin.reason == FinishReason::Length {
@@ -505,7 +495,6 @@ pub(crate) fn data(v: &Value) -> Bytes {
 }
 
 /// A pack's capabilities: its manifest's, plus `vision` when it is loaded and its plugin
-
 /// reports a vision spec.
 pub(crate) fn capabilities(st: &Shared, e: &berth_registry::store::PackEntry) -> Vec<String> {
     let mut caps = e
