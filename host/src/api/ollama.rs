@@ -305,34 +305,63 @@ impl GenerationBody for GenerateRequest {
     }
 }
 
-/// A body naming one pack (`/api/show`, `/api/delete`, `/api/pull`): `model`, or the older
-/// `name`.
+/// The pack a body names: `model`, else the older `name` (400 when neither).
+fn pack_name<'a>(model: &'a Option<String>, name: &'a Option<String>) -> Result<&'a str, ApiError> {
+    model
+        .as_deref()
+        .or(name.as_deref())
+        .ok_or_else(|| ApiError::param("name", "'name' is required"))
+}
+
+/// The body of `POST /api/show`.
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self")]
-pub struct ModelNameRequest {
+pub struct ShowRequest {
     /// The pack.
     pub model: Option<String>,
     /// The pack (the older name of the field).
     pub name: Option<String>,
-    /// `/api/show`: accepted (the answer is always the full one) but typed, as Ollama checks it.
+    /// Accepted (the answer is always the full one) but typed, as Ollama checks it.
     pub verbose: Option<bool>,
-    /// `/api/pull`: stream progress lines (the default) or answer once.
-    pub stream: Option<bool>,
 }
 
-impl RequestBody for ModelNameRequest {
+impl RequestBody for ShowRequest {
     fn validate(&self) -> Result<(), ApiError> {
-        self.name().map(|_| ())
+        pack_name(&self.model, &self.name).map(|_| ())
     }
 }
 
-impl ModelNameRequest {
-    /// The pack named: `model`, else `name` (400 when neither).
-    pub fn name(&self) -> Result<&str, ApiError> {
-        self.model
-            .as_deref()
-            .or(self.name.as_deref())
-            .ok_or_else(|| ApiError::param("name", "'name' is required"))
+/// The body of `DELETE /api/delete`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct DeleteRequest {
+    /// The pack.
+    pub model: Option<String>,
+    /// The pack (the older name of the field).
+    pub name: Option<String>,
+}
+
+impl RequestBody for DeleteRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        pack_name(&self.model, &self.name).map(|_| ())
+    }
+}
+
+/// The body of `POST /api/pull`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct PullRequest {
+    /// The pack: a catalog name, `hf.co/OWNER/REPO[:QUANT]` or an Ollama registry name.
+    pub model: Option<String>,
+    /// The pack (the older name of the field).
+    pub name: Option<String>,
+    /// Stream progress lines (the default) or answer once.
+    pub stream: Option<bool>,
+}
+
+impl RequestBody for PullRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        pack_name(&self.model, &self.name).map(|_| ())
     }
 }
 
@@ -350,7 +379,9 @@ crate::object_only!(
     OllamaOptions,
     ChatRequest,
     GenerateRequest,
-    ModelNameRequest,
+    ShowRequest,
+    DeleteRequest,
+    PullRequest,
     CopyRequest
 );
 
@@ -788,8 +819,8 @@ pub async fn tags(State(st): State<Shared>) -> Response {
 
 /// `POST /api/show`.
 pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req = parse_ollama::<ModelNameRequest>(b)?;
-    let name = req.name().map_err(oerr)?;
+    let req = parse_ollama::<ShowRequest>(b)?;
+    let name = pack_name(&req.model, &req.name).map_err(oerr)?;
     let e = st
         .models
         .store()
@@ -855,8 +886,8 @@ pub async fn delete(
     State(st): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req = parse_ollama::<ModelNameRequest>(b)?;
-    let name = req.name().map_err(oerr)?;
+    let req = parse_ollama::<DeleteRequest>(b)?;
+    let name = pack_name(&req.model, &req.name).map_err(oerr)?;
     let reference = st
         .models
         .resolve(name)
@@ -908,8 +939,8 @@ fn pull_event(p: &berth_registry::Progress) -> Value {
 /// lines; a pack already in the store answers `success` at once.
 /// An unknown name is a 404 before the stream starts; later failures are `{"error"}` lines.
 pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req = parse_ollama::<ModelNameRequest>(b)?;
-    let name = req.name().map_err(oerr)?.to_string();
+    let req = parse_ollama::<PullRequest>(b)?;
+    let name = pack_name(&req.model, &req.name).map_err(oerr)?.to_string();
     let stream = req.stream.unwrap_or(true);
     if st.models.resolve(&name).is_some() {
         let body = if stream {
@@ -981,7 +1012,10 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{rfc3339, think_extra, without_calls, ChatRequest, GenerateRequest};
+    use super::{
+        rfc3339, think_extra, without_calls, ChatRequest, CopyRequest, GenerateRequest, PullRequest,
+        ShowRequest,
+    };
     use crate::api::body::parse;
     use crate::api::pipeline::harmony_effort;
     use crate::api::pipeline::GenerationBody;
@@ -1115,5 +1149,37 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("options.num_ctx"));
         let e = chat_decode(&serde_json::json!({"options": {"num_ctx": 0.0}})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("options.num_ctx"));
+    }
+
+    #[test]
+    fn chat_and_pack_bodies_name_the_path_of_a_wrong_field() {
+        fn param<T: crate::api::body::RequestBody + std::fmt::Debug>(body: &str) -> String {
+            let e = parse::<T>(body.as_bytes()).unwrap_err();
+            assert_eq!(e.status.as_u16(), 400, "{body}");
+            e.param.unwrap_or_default()
+        }
+        assert_eq!(
+            param::<ChatRequest>(r#"{"messages": [{"role": "user", "content": 5}]}"#),
+            "messages[0].content"
+        );
+        assert_eq!(param::<ChatRequest>(r#"{"messages": "hi"}"#), "messages");
+        assert_eq!(
+            param::<ChatRequest>(r#"{"messages": [{"content": "hi"}]}"#),
+            "messages[0].role"
+        );
+        assert_eq!(param::<ChatRequest>(r#"{"options": [1]}"#), "options");
+        assert_eq!(param::<ChatRequest>(r#"{"stream": "no"}"#), "stream");
+        assert_eq!(param::<ShowRequest>(r#"{}"#), "name");
+        assert_eq!(
+            param::<ShowRequest>(r#"{"model": "m", "verbose": "yes"}"#),
+            "verbose"
+        );
+        assert_eq!(param::<PullRequest>(r#"{"model": 5}"#), "model");
+        assert_eq!(param::<PullRequest>(r#"{"model": "m", "stream": "x"}"#), "stream");
+        assert_eq!(param::<CopyRequest>(r#"{"source": "a"}"#), "destination");
+        // No messages (or none at all) loads the model; an Ollama tool message names no call id.
+        assert!(parse::<ChatRequest>(br#"{"model": "m", "messages": []}"#).is_ok());
+        let tool = r#"{"messages": [{"role": "tool", "tool_name": "f", "content": "1"}]}"#;
+        assert!(parse::<ChatRequest>(tool.as_bytes()).is_ok());
     }
 }
