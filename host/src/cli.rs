@@ -2,6 +2,7 @@
 
 use crate::packs;
 use crate::plugins::{self, PluginSet, PluginState};
+use crate::table::print_table;
 use anyhow::{bail, Context, Result};
 use berth_registry::format::{human_age, human_params, human_size};
 use berth_registry::gguf::{quant_mix, GgufFile};
@@ -479,32 +480,6 @@ fn parse_output(
         out.push_str(&format!("{d}\n"));
     }
     out
-}
-
-/// Prints rows under a header, columns padded to their widest cell.
-pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}   ", w = widths[i]));
-            }
-        }
-        s.trim_end().to_string()
-    };
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{}", line(header.to_vec()));
-    for r in rows {
-        let _ = writeln!(out, "{}", line(r.iter().map(String::as_str).collect()));
-    }
 }
 
 fn list(store: &Store, home: &Path, json: bool) -> Result<()> {

@@ -21,5 +21,7 @@ pub mod pull;
 pub mod run;
 pub mod sampling;
 pub mod server;
+pub mod state;
+pub mod table;
 pub mod template;
 pub mod tokenizer;

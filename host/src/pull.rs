@@ -111,7 +111,7 @@ pub fn catalog(store: &Store, json: bool) -> Result<()> {
             ]
         })
         .collect();
-    crate::cli::print_table(
+    crate::table::print_table(
         &["NAME", "FAMILY", "SIZE", "PARTS", "INSTALLED", "DESCRIPTION"],
         &rows,
     );

@@ -5,15 +5,15 @@
 //! parser as `/v1/chat/completions`; the parsed reply is translated back into Anthropic content
 //! blocks (`thinking`, `text`, `tool_use`), and a stream into Anthropic's server-sent events.
 
-use super::openai::{self, body};
+use super::pipeline::{self, body};
 use super::{parse_object, ApiError, Fields};
 use crate::chat::{self, StreamParser};
 use crate::constraint::{ParamError, RequestConstraints};
 use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::{Event, Finish, JobImage};
 use crate::sampling::SamplingParams;
-use crate::server::models::Model;
-use crate::server::{RequestId, Shared};
+use crate::state::models::Model;
+use crate::state::{RequestId, Shared};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -546,7 +546,7 @@ fn decode_options(f: &Fields<'_>, max_tokens: i64) -> Result<DecodeOptions, ApiE
         None => Vec::new(),
         Some(Value::Array(_)) => {
             crate::decoding::parse_stop(f.raw("stop_sequences"), "stop_sequences", MAX_STOP_SEQUENCES)
-                .map_err(openai::param_error)?
+                .map_err(pipeline::param_error)?
         }
         Some(v) => {
             return Err(bad(
@@ -581,9 +581,9 @@ async fn prompt_for(
         }
     }
     let mut messages = std::mem::take(&mut conv.messages);
-    openai::check_messages(&messages)?;
+    pipeline::check_messages(&messages)?;
     let images = super::images::take_openai(&mut messages).await?;
-    let (mut rendered, mut prompt) = openai::render(model, messages, render_tools, conv.extra.clone())?;
+    let (mut rendered, mut prompt) = pipeline::render(model, messages, render_tools, conv.extra.clone())?;
     let mut slices = Vec::new();
     if !images.is_empty() {
         (rendered, prompt, slices) = super::images::expand(model, &rendered, &images, false)?;
@@ -811,19 +811,19 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
     f.object("cache_control")?;
     let rc = conv.constraints()?;
     let tools = render_tools(&conv, &rc);
-    let model = openai::model_for(&st, name, None).await?;
+    let model = pipeline::model_for(&st, name, None).await?;
     let (rendered, prompt, slices) = prompt_for(&model, &mut conv, tools.clone()).await?;
     let start = chat::prefill(model.detected.format, &rendered);
-    let thinking = openai::thinking(&model, start, &conv.extra);
-    decode.constraint = openai::constraint_for(&model, &rc, thinking, start)?;
+    let thinking = pipeline::thinking(&model, start, &conv.extra);
+    decode.constraint = pipeline::constraint_for(&model, &rc, thinking, start)?;
     let mut parser = StreamParser::new(model.detected.format, start, tools.as_deref());
     let prompt_len = prompt.len();
-    let rx = openai::submit(&model, &id, prompt, slices, decode)?;
+    let rx = pipeline::submit(&model, &id, prompt, slices, decode)?;
     let request = id.trim_start_matches("req-").to_string();
     let msg_id = format!("msg_{request}");
     let model_name = model.reference.clone();
     if !stream {
-        let (text, fin) = openai::collect(rx).await?;
+        let (text, fin) = pipeline::collect(rx).await?;
         parser.push(&text);
         // A cut reply is parsed as the prefix it is (see `StreamParser::finish_output`).
         let (_, msg) = parser.finish_output(fin.reason == FinishReason::Length);
@@ -927,7 +927,7 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
             }
         }
     });
-    Ok(openai::sse(stream))
+    Ok(pipeline::sse(stream))
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt tokens the same request would have.
@@ -949,7 +949,7 @@ async fn count(st: Shared, b: Result<Bytes, BytesRejection>) -> Result<Response,
     let mut conv = convert(&f, None)?;
     let rc = conv.constraints()?;
     let tools = render_tools(&conv, &rc);
-    let model = openai::model_for(&st, name, None).await?;
+    let model = pipeline::model_for(&st, name, None).await?;
     let (_, prompt, _) = prompt_for(&model, &mut conv, tools).await?;
     if prompt.is_empty() {
         return Err(bad("messages", "the prompt is empty"));
@@ -1059,7 +1059,7 @@ mod tests {
             m[5],
             json!({"role": "user", "content": [{"type": "text", "text": "And so?"}]})
         );
-        assert!(openai::check_messages(m).is_ok());
+        assert!(pipeline::check_messages(m).is_ok());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::ApiError;
 use crate::engine::JobImage;
 use crate::image::resample::Arithmetic;
 use crate::image::{lfm2vl, minicpmv, DecodeLimits, PreprocessedImage};
-use crate::server::models::Model;
+use crate::state::models::Model;
 use crate::tokenizer::Tokenizer;
 use axum::http::StatusCode;
 use base64::Engine as _;

@@ -4,7 +4,8 @@
 //! from (after penalties, `logit_bias` and the constraint mask; before temperature and
 //! truncation).
 
-use super::{ApiError, Fields};
+use super::body::{int_in, Int};
+use super::ApiError;
 use crate::sampling::TokenLogprobs;
 use crate::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
@@ -25,9 +26,9 @@ fn finite(lp: f32) -> f32 {
 
 /// `logprobs` / `top_logprobs` of a chat request (OpenAI or Ollama names): `None` when off,
 /// else how many alternatives to report. `top_logprobs` without `logprobs: true` is a 400.
-pub fn chat_request(f: &Fields<'_>) -> Result<Option<usize>, ApiError> {
-    let on = f.bool("logprobs")?.unwrap_or(false);
-    let top = f.int("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+pub fn request(logprobs: Option<bool>, top_logprobs: Option<Int>) -> Result<Option<usize>, ApiError> {
+    let on = logprobs.unwrap_or(false);
+    let top = int_in("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)?;
     match (on, top) {
         (false, Some(n)) if n > 0 => Err(ApiError::param(
             "top_logprobs",
@@ -94,11 +95,23 @@ pub fn legacy(tok: &Tokenizer, lps: &[TokenLogprobs], mut offset: usize) -> Valu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::parse_object;
+
+    /// The two fields as a typed body holds them.
+    #[derive(serde::Deserialize)]
+    #[serde(remote = "Self")]
+    struct Fields {
+        logprobs: Option<bool>,
+        top_logprobs: Option<Int>,
+    }
+
+    crate::object_only!(Fields);
 
     #[test]
     fn request_fields_follow_openai() {
-        let on = |b: &str| chat_request(&Fields::new(&parse_object(b.as_bytes()).unwrap(), ""));
+        let on = |b: &str| {
+            let f: Fields = crate::api::body::typed(&serde_json::from_str(b).unwrap(), "")?;
+            request(f.logprobs, f.top_logprobs)
+        };
         assert_eq!(on("{}").unwrap(), None);
         assert_eq!(on(r#"{"logprobs": true}"#).unwrap(), Some(0));
         assert_eq!(on(r#"{"logprobs": true, "top_logprobs": 5}"#).unwrap(), Some(5));

@@ -3,10 +3,13 @@
 //! API's own error shape, never a 500.
 
 pub mod anthropic;
+pub mod body;
 pub mod images;
 pub mod logprobs;
+pub mod messages;
 pub mod ollama;
 pub mod openai;
+pub mod pipeline;
 pub mod responses;
 
 use axum::http::StatusCode;
@@ -161,6 +164,11 @@ impl<'a> Fields<'a> {
 
     fn name(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
+    }
+
+    /// The whole object.
+    pub fn map(&self) -> &'a Map<String, Value> {
+        self.map
     }
 
     /// The raw value, `None` for absent or null.

@@ -1,18 +1,20 @@
 //! The Ollama API: `/api/chat` and `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`,
 //! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`.
 
-use super::openai::{
-    body, check_messages_as, collect_all, constraint_for, model_for, param_error, render, submit, thinking,
+use super::body::{self, int_in, num_in, Int, KeepAlive, RequestBody, Think};
+use super::messages::{self, ChatMessage};
+use super::pipeline::{
+    body, collect_all, constraint_for, param_error, prepare, render, submit, thinking, GenerationBody,
+    Prepared,
 };
-use super::{parse_object, ApiError, Fields};
+use super::ApiError;
 use crate::chat::{self, ParsedMessage, StreamParser};
 use crate::constraint::RequestConstraints;
 use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::{Event, Finish};
 use crate::sampling::{SamplingParams, TokenLogprobs};
-use crate::server::config::parse_keep_alive;
-use crate::server::models::Model;
-use crate::server::{RequestId, Shared};
+use crate::state::models::Model;
+use crate::state::{RequestId, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -20,6 +22,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use berth_registry::store::PackEntry;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -54,103 +57,348 @@ fn oerr(e: ApiError) -> ApiError {
     e.for_ollama()
 }
 
-/// `keep_alive`: seconds (number) or a duration string; negative = forever. Outer None = unset.
-fn keep_alive(f: &Fields<'_>) -> Result<Option<Option<Duration>>, ApiError> {
-    match f.raw("keep_alive") {
-        None => Ok(None),
-        Some(Value::Number(n)) => Ok(Some(
-            parse_keep_alive(&n.to_string()).map_err(|e| ApiError::param("keep_alive", e.to_string()))?,
-        )),
-        Some(Value::String(s)) => Ok(Some(
-            parse_keep_alive(s).map_err(|e| ApiError::param("keep_alive", e.to_string()))?,
-        )),
-        Some(_) => Err(ApiError::param(
-            "keep_alive",
-            "'keep_alive' is a duration string or seconds",
-        )),
+/// Ollama `options`: sampling and stopping, plus load-time settings Berth sets per server (checked
+/// so that a bad value is never silently taken). Other keys are ignored, as Ollama does.
+#[derive(Debug, Default, Deserialize)]
+#[serde(remote = "Self")]
+pub struct OllamaOptions {
+    /// Context length (the server's applies).
+    pub num_ctx: Option<Int>,
+    /// Batch size (the server's applies).
+    pub num_batch: Option<Int>,
+    /// Threads (the server's applies).
+    pub num_thread: Option<Int>,
+    /// Tokens kept on a context shift (the server's applies).
+    pub num_keep: Option<Int>,
+    /// Layers on the GPU (the server's applies).
+    pub num_gpu: Option<Int>,
+    /// 0-100.
+    pub temperature: Option<f64>,
+    /// 0-1.
+    pub top_p: Option<f64>,
+    /// -1 (off) to 2^20.
+    pub top_k: Option<Int>,
+    /// 0-1.
+    pub min_p: Option<f64>,
+    /// Seed for reproducible sampling.
+    pub seed: Option<Int>,
+    /// 0-100.
+    pub repeat_penalty: Option<f64>,
+    /// Tokens the repeat penalty looks back over (-1: all, taken as 0).
+    pub repeat_last_n: Option<Int>,
+    /// -100 to 100.
+    pub presence_penalty: Option<f64>,
+    /// -100 to 100.
+    pub frequency_penalty: Option<f64>,
+    /// Most tokens to generate (-1, -2: until the context is full).
+    pub num_predict: Option<Int>,
+    /// Up to 16 stop strings.
+    pub stop: Option<Value>,
+}
+
+impl OllamaOptions {
+    /// The decode options these ask for; each value out of range is a 400 naming `options.X`.
+    pub fn decode_options(&self) -> Result<DecodeOptions, ApiError> {
+        int_in("options.num_ctx", self.num_ctx, 1, u32::MAX as i64)?;
+        int_in("options.num_batch", self.num_batch, 1, u32::MAX as i64)?;
+        int_in("options.num_thread", self.num_thread, 0, 4096)?;
+        int_in("options.num_keep", self.num_keep, -1, u32::MAX as i64)?;
+        int_in("options.num_gpu", self.num_gpu, -1, 1 << 20)?;
+        let mut s = SamplingParams::default();
+        if let Some(t) = num_in("options.temperature", self.temperature, 0.0, 100.0)? {
+            s.temperature = t as f32;
+        }
+        if let Some(p) = num_in("options.top_p", self.top_p, 0.0, 1.0)? {
+            s.top_p = p as f32;
+        }
+        if let Some(k) = int_in("options.top_k", self.top_k, -1, 1 << 20)? {
+            s.top_k = k.max(0) as usize;
+        }
+        if let Some(p) = num_in("options.min_p", self.min_p, 0.0, 1.0)? {
+            s.min_p = p as f32;
+        }
+        if let Some(Int(seed)) = self.seed {
+            s.seed = Some(seed as u64);
+        }
+        if let Some(p) = num_in("options.repeat_penalty", self.repeat_penalty, 0.0, 100.0)? {
+            s.repeat_penalty = p as f32;
+        }
+        if let Some(n) = int_in("options.repeat_last_n", self.repeat_last_n, -1, 1 << 20)? {
+            s.repeat_last_n = n.max(0) as usize;
+        }
+        if let Some(p) = num_in("options.presence_penalty", self.presence_penalty, -100.0, 100.0)? {
+            s.presence_penalty = p as f32;
+        }
+        if let Some(p) = num_in("options.frequency_penalty", self.frequency_penalty, -100.0, 100.0)? {
+            s.frequency_penalty = p as f32;
+        }
+        let max_tokens = int_in("options.num_predict", self.num_predict, -2, u32::MAX as i64)?
+            .filter(|&n| n >= 0)
+            .map(|n| n as usize);
+        Ok(DecodeOptions {
+            sampling: s,
+            max_tokens,
+            stop: crate::decoding::parse_stop(self.stop.as_ref(), "options.stop", 16).map_err(param_error)?,
+            constraint: None,
+            logprobs: None,
+        })
     }
 }
 
-/// `/api/generate` fields Berth takes but does not implement: a Go `template` override, a
-/// `suffix` (fill-in-the-middle) and the deprecated `context` tokens. Given with a value, each is
-/// a 400 saying so; of the wrong type, a 400 naming the field.
-fn refuse_unimplemented(f: &Fields<'_>) -> Result<(), ApiError> {
-    for key in ["template", "suffix"] {
-        if f.str(key)?.is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::param(key, format!("'{key}' is not supported by Berth")));
+/// The decode options of an Ollama body's `options` and `logprobs` / `top_logprobs`.
+fn ollama_decode(
+    options: &Option<OllamaOptions>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<Int>,
+) -> Result<DecodeOptions, ApiError> {
+    let mut decode = match options {
+        Some(o) => o.decode_options()?,
+        None => DecodeOptions::default(),
+    };
+    decode.logprobs = super::logprobs::request(logprobs, top_logprobs)?;
+    Ok(decode)
+}
+
+/// `think` as template variables: a level (`low`, `medium`, `high`) is also the reasoning effort;
+/// gpt-oss cannot stop reasoning, so for it a boolean leaves the default effort (`medium`), as
+/// Ollama ignores `true`/`false` for gpt-oss.
+fn think_extra(think: &Option<Think>) -> Map<String, Value> {
+    let mut extra = Map::new();
+    if let Some(t) = think {
+        t.apply(&mut extra);
+    }
+    extra
+}
+
+/// The body of `POST /api/chat`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ChatRequest {
+    /// The model (required).
+    pub model: Option<String>,
+    /// The conversation; none (or empty) loads the model, as Ollama does.
+    pub messages: Option<Vec<ChatMessage>>,
+    /// How long the model stays loaded: seconds or a duration string (negative: forever).
+    pub keep_alive: Option<KeepAlive>,
+    /// Sampling and stopping.
+    pub options: Option<OllamaOptions>,
+    /// Report the tokens' log-probabilities.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token to report (needs `logprobs`).
+    pub top_logprobs: Option<Int>,
+    /// Tools the model may call (checked by the constraint builder).
+    pub tools: Option<Value>,
+    /// `json` or a JSON schema the reply must follow.
+    pub format: Option<Value>,
+    /// Thinking on or off, or a reasoning level.
+    pub think: Option<Think>,
+    /// Stream NDJSON lines (the default) or answer once.
+    pub stream: Option<bool>,
+}
+
+impl RequestBody for ChatRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        match &self.messages {
+            Some(m) if !m.is_empty() => messages::check(m, false),
+            _ => Ok(()),
         }
     }
-    if let Some(ctx) = f.array("context")? {
-        if ctx.iter().any(|v| !v.is_u64()) {
-            return Err(ApiError::param(
-                "context",
-                "'context' must be an array of token ids",
-            ));
+}
+
+impl GenerationBody for ChatRequest {
+    fn model_name(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    fn keep_alive(&self) -> Option<Option<Duration>> {
+        self.keep_alive.map(|KeepAlive(k)| k)
+    }
+
+    fn decode_options(&self, _json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
+        ollama_decode(&self.options, self.logprobs, self.top_logprobs)
+    }
+
+    fn constraints(&self) -> Result<RequestConstraints, ApiError> {
+        RequestConstraints::from_ollama(self.tools.as_ref(), self.format.as_ref()).map_err(param_error)
+    }
+
+    fn template_extra(&self, _json: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+        Ok(think_extra(&self.think))
+    }
+}
+
+/// The body of `POST /api/generate`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct GenerateRequest {
+    /// The model (required).
+    pub model: Option<String>,
+    /// The prompt; none (or empty) loads the model, as Ollama does.
+    pub prompt: Option<String>,
+    /// A system message for the template.
+    pub system: Option<String>,
+    /// Send the prompt as it is, without the template.
+    pub raw: Option<bool>,
+    /// Base64 images, placed before the prompt.
+    pub images: Option<Vec<Value>>,
+    /// A Go template override: refused when given.
+    pub template: Option<String>,
+    /// Fill-in-the-middle text: refused when given.
+    pub suffix: Option<String>,
+    /// The deprecated context tokens: refused when not empty.
+    pub context: Option<Vec<u64>>,
+    /// How long the model stays loaded: seconds or a duration string (negative: forever).
+    pub keep_alive: Option<KeepAlive>,
+    /// Sampling and stopping.
+    pub options: Option<OllamaOptions>,
+    /// Report the tokens' log-probabilities.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token to report (needs `logprobs`).
+    pub top_logprobs: Option<Int>,
+    /// `json` or a JSON schema the reply must follow.
+    pub format: Option<Value>,
+    /// Thinking on or off, or a reasoning level.
+    pub think: Option<Think>,
+    /// Stream NDJSON lines (the default) or answer once.
+    pub stream: Option<bool>,
+}
+
+impl RequestBody for GenerateRequest {
+    /// Fields Berth takes but does not implement (a Go `template` override, a `suffix` for
+    /// fill-in-the-middle, the deprecated `context` tokens): given with a value, each is a 400
+    /// saying so.
+    fn validate(&self) -> Result<(), ApiError> {
+        for (key, v) in [("template", &self.template), ("suffix", &self.suffix)] {
+            if v.as_deref().is_some_and(|s| !s.is_empty()) {
+                return Err(ApiError::param(key, format!("'{key}' is not supported by Berth")));
+            }
         }
-        if !ctx.is_empty() {
+        if self.context.as_ref().is_some_and(|c| !c.is_empty()) {
             return Err(ApiError::param(
                 "context",
                 "'context' is not supported by Berth: send the conversation with /api/chat",
             ));
         }
+        Ok(())
     }
-    Ok(())
 }
 
-/// Ollama `options` (and the top-level `format`/`think`) as decode options.
-fn options(f: &Fields<'_>) -> Result<DecodeOptions, ApiError> {
-    let mut s = SamplingParams::default();
-    let Some(o) = f.object("options")? else {
-        return Ok(DecodeOptions {
-            sampling: s,
-            ..Default::default()
-        });
-    };
-    let o = Fields::new(o, "options.");
-    // Load-time settings Berth sets per server, checked so a bad value is never silently taken.
-    o.int("num_ctx", 1, u32::MAX as i64)?;
-    o.int("num_batch", 1, u32::MAX as i64)?;
-    o.int("num_thread", 0, 4096)?;
-    o.int("num_keep", -1, u32::MAX as i64)?;
-    o.int("num_gpu", -1, 1 << 20)?;
-    if let Some(t) = o.num("temperature", 0.0, 100.0)? {
-        s.temperature = t as f32;
+impl GenerationBody for GenerateRequest {
+    fn model_name(&self) -> Option<&str> {
+        self.model.as_deref()
     }
-    if let Some(p) = o.num("top_p", 0.0, 1.0)? {
-        s.top_p = p as f32;
+
+    fn keep_alive(&self) -> Option<Option<Duration>> {
+        self.keep_alive.map(|KeepAlive(k)| k)
     }
-    if let Some(k) = o.int("top_k", -1, 1 << 20)? {
-        s.top_k = k.max(0) as usize;
+
+    fn decode_options(&self, _json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
+        ollama_decode(&self.options, self.logprobs, self.top_logprobs)
     }
-    if let Some(p) = o.num("min_p", 0.0, 1.0)? {
-        s.min_p = p as f32;
+
+    fn constraints(&self) -> Result<RequestConstraints, ApiError> {
+        RequestConstraints::from_ollama(None, self.format.as_ref()).map_err(param_error)
     }
-    if let Some(seed) = o.int("seed", i64::MIN, i64::MAX)? {
-        s.seed = Some(seed as u64);
+
+    fn template_extra(&self, _json: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+        Ok(think_extra(&self.think))
     }
-    if let Some(p) = o.num("repeat_penalty", 0.0, 100.0)? {
-        s.repeat_penalty = p as f32;
+}
+
+/// The pack a body names: `model`, else the older `name` (400 when neither).
+fn pack_name<'a>(model: &'a Option<String>, name: &'a Option<String>) -> Result<&'a str, ApiError> {
+    model
+        .as_deref()
+        .or(name.as_deref())
+        .ok_or_else(|| ApiError::param("name", "'name' is required"))
+}
+
+/// The body of `POST /api/show`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ShowRequest {
+    /// The pack.
+    pub model: Option<String>,
+    /// The pack (the older name of the field).
+    pub name: Option<String>,
+    /// Accepted (the answer is always the full one) but typed, as Ollama checks it.
+    pub verbose: Option<bool>,
+}
+
+impl RequestBody for ShowRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        pack_name(&self.model, &self.name).map(|_| ())
     }
-    if let Some(n) = o.int("repeat_last_n", -1, 1 << 20)? {
-        s.repeat_last_n = n.max(0) as usize;
+}
+
+/// The body of `DELETE /api/delete`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct DeleteRequest {
+    /// The pack.
+    pub model: Option<String>,
+    /// The pack (the older name of the field).
+    pub name: Option<String>,
+}
+
+impl RequestBody for DeleteRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        pack_name(&self.model, &self.name).map(|_| ())
     }
-    if let Some(p) = o.num("presence_penalty", -100.0, 100.0)? {
-        s.presence_penalty = p as f32;
+}
+
+/// The body of `POST /api/pull`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct PullRequest {
+    /// The pack: a catalog name, `hf.co/OWNER/REPO[:QUANT]` or an Ollama registry name.
+    pub model: Option<String>,
+    /// The pack (the older name of the field).
+    pub name: Option<String>,
+    /// Stream progress lines (the default) or answer once.
+    pub stream: Option<bool>,
+}
+
+impl RequestBody for PullRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        pack_name(&self.model, &self.name).map(|_| ())
     }
-    if let Some(p) = o.num("frequency_penalty", -100.0, 100.0)? {
-        s.frequency_penalty = p as f32;
+}
+
+/// The body of `POST /api/copy`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct CopyRequest {
+    /// The pack copied (required).
+    pub source: Option<String>,
+    /// The new name (required).
+    pub destination: Option<String>,
+}
+
+crate::object_only!(
+    OllamaOptions,
+    ChatRequest,
+    GenerateRequest,
+    ShowRequest,
+    DeleteRequest,
+    PullRequest,
+    CopyRequest
+);
+
+impl RequestBody for CopyRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        for (key, v) in [("source", &self.source), ("destination", &self.destination)] {
+            if v.is_none() {
+                return Err(ApiError::param(key, format!("'{key}' is required")));
+            }
+        }
+        Ok(())
     }
-    let max_tokens = o
-        .int("num_predict", -2, u32::MAX as i64)?
-        .filter(|&n| n >= 0)
-        .map(|n| n as usize);
-    Ok(DecodeOptions {
-        sampling: s,
-        max_tokens,
-        stop: crate::decoding::parse_stop(o.raw("stop"), "options.stop", 16).map_err(param_error)?,
-        constraint: None,
-        logprobs: None,
-    })
+}
+
+/// A small body parsed in Ollama's error shape.
+fn parse_ollama<T: RequestBody>(b: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    Ok(body::parse::<T>(&body(b).map_err(oerr)?).map_err(oerr)?.request)
 }
 
 fn ndjson(stream: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static) -> Response {
@@ -225,30 +473,6 @@ fn to_template_messages(messages: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// The prompt's template variables: `think`. A level (`low`, `medium`, `high`) is also the
-/// reasoning effort; gpt-oss cannot stop reasoning, so for it a boolean leaves the default effort
-/// (`medium`), as Ollama ignores `true`/`false` for gpt-oss.
-fn think_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
-    let mut extra = Map::new();
-    match f.raw("think") {
-        None => {}
-        Some(Value::Bool(b)) => {
-            extra.insert("enable_thinking".into(), (*b).into());
-        }
-        Some(Value::String(s)) if ["low", "medium", "high"].contains(&s.as_str()) => {
-            extra.insert("enable_thinking".into(), true.into());
-            extra.insert("reasoning_effort".into(), s.clone().into());
-        }
-        Some(_) => {
-            return Err(ApiError::param(
-                "think",
-                "'think' is a boolean (or low, medium, high)",
-            ))
-        }
-    }
-    Ok(extra)
-}
-
 struct Gen {
     model: Arc<Model>,
     rx: UnboundedReceiver<Event>,
@@ -270,19 +494,22 @@ pub async fn chat(
 
 async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let obj = parse_object(&body(b)?)?;
-    let f = Fields::new(&obj, "");
-    let name = f.required_str("model")?;
-    let mut messages = f.array("messages")?.cloned().unwrap_or_default();
-    let ka = keep_alive(&f)?;
-    let mut decode = options(&f)?;
-    decode.logprobs = super::logprobs::chat_request(&f)?;
+    let Prepared {
+        request: req,
+        mut json,
+        mut decode,
+        constraints: rc,
+        extra,
+        model,
+        keep_alive: ka,
+    } = prepare::<ChatRequest>(&st, b).await?;
+    let mut messages = match json.remove("messages") {
+        Some(Value::Array(m)) => m,
+        _ => Vec::new(),
+    };
     let logprobs = decode.logprobs.is_some();
-    let rc = RequestConstraints::from_ollama(f.raw("tools"), f.raw("format")).map_err(param_error)?;
     let tools = rc.parser_tools().map(<[Value]>::to_vec);
-    let extra = think_extra(&f)?;
-    let stream = f.bool("stream")?.unwrap_or(true);
-    let model = model_for(&st, name, ka).await?;
+    let stream = req.stream.unwrap_or(true);
     if messages.is_empty() {
         // Ollama's way to load (or, with keep_alive 0, unload) a model.
         if ka == Some(Some(Duration::ZERO)) {
@@ -292,7 +519,6 @@ async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) ->
             "message": {"role": "assistant", "content": ""}, "done_reason": "load", "done": true});
         return Ok(axum::Json(v).into_response());
     }
-    check_messages_as(&messages, false)?;
     let images = super::images::take_ollama(&mut messages)?;
     super::images::check_vision(&model, &images)?;
     // openai-harmony reads Ollama's messages itself (`thinking`, `tool_name`, object arguments).
@@ -488,22 +714,21 @@ async fn generate_inner(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let obj = parse_object(&body(b)?)?;
-    let f = Fields::new(&obj, "");
-    let name = f.required_str("model")?;
-    let prompt = f.str("prompt")?.unwrap_or("");
-    let system = f.str("system")?;
-    let raw = f.bool("raw")?.unwrap_or(false);
-    let image_list = f.array("images")?;
-    refuse_unimplemented(&f)?;
-    let ka = keep_alive(&f)?;
-    let mut decode = options(&f)?;
-    decode.logprobs = super::logprobs::chat_request(&f)?;
+    let Prepared {
+        request: req,
+        mut decode,
+        constraints: rc,
+        extra,
+        model,
+        keep_alive: ka,
+        ..
+    } = prepare::<GenerateRequest>(&st, b).await?;
+    let prompt = req.prompt.as_deref().unwrap_or("");
+    let system = req.system.as_deref();
+    let raw = req.raw.unwrap_or(false);
+    let image_list = req.images.as_ref();
     let logprobs = decode.logprobs.is_some();
-    let rc = RequestConstraints::from_ollama(None, f.raw("format")).map_err(param_error)?;
-    let extra = think_extra(&f)?;
-    let stream = f.bool("stream")?.unwrap_or(true);
-    let model = model_for(&st, name, ka).await?;
+    let stream = req.stream.unwrap_or(true);
     if prompt.is_empty() {
         if ka == Some(Some(Duration::ZERO)) {
             st.models.unload(&model.reference);
@@ -594,14 +819,8 @@ pub async fn tags(State(st): State<Shared>) -> Response {
 
 /// `POST /api/show`.
 pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
-    let f = Fields::new(&obj, "");
-    let name = match f.str("model").map_err(oerr)? {
-        Some(n) => n,
-        None => f.required_str("name").map_err(oerr)?,
-    };
-    // Accepted (the answer is always the full one) but typed, as Ollama checks it.
-    f.bool("verbose").map_err(oerr)?;
+    let req = parse_ollama::<ShowRequest>(b)?;
+    let name = pack_name(&req.model, &req.name).map_err(oerr)?;
     let e = st
         .models
         .store()
@@ -628,7 +847,7 @@ pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         "template": template,
         "details": details(&e),
         "model_info": info,
-        "capabilities": super::openai::capabilities(&st, &e),
+        "capabilities": super::pipeline::capabilities(&st, &e),
         "modified_at": rfc3339(e.modified),
     }))
     .into_response())
@@ -667,12 +886,8 @@ pub async fn delete(
     State(st): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
-    let f = Fields::new(&obj, "");
-    let name = match f.str("model").map_err(oerr)? {
-        Some(n) => n,
-        None => f.required_str("name").map_err(oerr)?,
-    };
+    let req = parse_ollama::<DeleteRequest>(b)?;
+    let name = pack_name(&req.model, &req.name).map_err(oerr)?;
     let reference = st
         .models
         .resolve(name)
@@ -688,15 +903,16 @@ pub async fn delete(
 
 /// `POST /api/copy`.
 pub async fn copy(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
-    let f = Fields::new(&obj, "");
-    let src = f.required_str("source").map_err(oerr)?;
-    let dst = f.required_str("destination").map_err(oerr)?;
-    if st.models.resolve(src).is_none() {
-        return Err(ApiError::model_not_found(src).for_ollama());
+    let req = parse_ollama::<CopyRequest>(b)?;
+    // Both present: `validate` saw to it.
+    let (src, dst) = (
+        req.source.unwrap_or_default(),
+        req.destination.unwrap_or_default(),
+    );
+    if st.models.resolve(&src).is_none() {
+        return Err(ApiError::model_not_found(&src).for_ollama());
     }
     let store = st.models.store().clone();
-    let (src, dst) = (src.to_string(), dst.to_string());
     tokio::task::spawn_blocking(move || store.copy(&src, &dst))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).for_ollama())?
@@ -723,14 +939,9 @@ fn pull_event(p: &berth_registry::Progress) -> Value {
 /// lines; a pack already in the store answers `success` at once.
 /// An unknown name is a 404 before the stream starts; later failures are `{"error"}` lines.
 pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let obj = parse_object(&body(b).map_err(oerr)?).map_err(oerr)?;
-    let f = Fields::new(&obj, "");
-    let name = match f.str("model").map_err(oerr)? {
-        Some(n) => n,
-        None => f.required_str("name").map_err(oerr)?,
-    }
-    .to_string();
-    let stream = f.bool("stream").map_err(oerr)?.unwrap_or(true);
+    let req = parse_ollama::<PullRequest>(b)?;
+    let name = pack_name(&req.model, &req.name).map_err(oerr)?.to_string();
+    let stream = req.stream.unwrap_or(true);
     if st.models.resolve(&name).is_some() {
         let body = if stream {
             "{\"status\":\"pulling manifest\"}\n{\"status\":\"success\"}\n".to_string()
@@ -801,37 +1012,52 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{options, parse_object, refuse_unimplemented, rfc3339, think_extra, without_calls, Fields};
-    use crate::api::openai::harmony_effort;
+    use super::{
+        rfc3339, think_extra, without_calls, ChatRequest, CopyRequest, GenerateRequest, PullRequest,
+        ShowRequest,
+    };
+    use crate::api::body::parse;
+    use crate::api::pipeline::harmony_effort;
+    use crate::api::pipeline::GenerationBody;
+    use crate::api::ApiError;
+    use crate::decoding::DecodeOptions;
     use crate::harmony::ReasoningEffort;
     use axum::http::StatusCode;
+    use serde_json::Map;
     use std::time::{Duration, UNIX_EPOCH};
+
+    /// The template variables of an `/api/chat` body (with a model, as the preamble wants).
+    fn chat_extra(body: &str) -> Result<Map<String, serde_json::Value>, ApiError> {
+        let p = parse::<ChatRequest>(body.as_bytes())?;
+        Ok(think_extra(&p.request.think))
+    }
+
+    /// The decode options of an `/api/chat` body, as the preamble builds them.
+    fn chat_decode(body: &serde_json::Value) -> Result<DecodeOptions, ApiError> {
+        let p = parse::<ChatRequest>(body.to_string().as_bytes())?;
+        p.request.decode_options(&p.json)
+    }
 
     /// The reasoning effort a gpt-oss model renders for an `/api/chat` body, or the error.
     fn effort(body: &str) -> Result<ReasoningEffort, (StatusCode, Option<String>)> {
-        let obj = parse_object(body.as_bytes()).unwrap();
-        think_extra(&Fields::new(&obj, ""))
+        chat_extra(body)
             .and_then(|extra| harmony_effort(&extra))
             .map_err(|e| (e.status, e.param))
     }
 
     #[test]
     fn options_stop_goes_through_parse_stop() {
-        let obj = parse_object(br#"{"options": {"stop": ["a", "", "b", "c", "d", "e"]}}"#).unwrap();
-        assert_eq!(
-            options(&Fields::new(&obj, "")).unwrap().stop,
-            vec!["a", "b", "c", "d", "e"]
-        );
-        let obj = parse_object(br#"{"options": {"stop": "\n\n"}}"#).unwrap();
-        assert_eq!(options(&Fields::new(&obj, "")).unwrap().stop, vec!["\n\n"]);
+        let body = serde_json::json!({"options": {"stop": ["a", "", "b", "c", "d", "e"]}});
+        assert_eq!(chat_decode(&body).unwrap().stop, vec!["a", "b", "c", "d", "e"]);
+        let body = serde_json::json!({"options": {"stop": "\n\n"}});
+        assert_eq!(chat_decode(&body).unwrap().stop, vec!["\n\n"]);
         let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
         for bad in [
             serde_json::json!({"options": {"stop": 3}}),
             serde_json::json!({"options": {"stop": [1]}}),
             serde_json::json!({"options": {"stop": many}}),
         ] {
-            let obj = bad.as_object().unwrap();
-            let e = options(&Fields::new(obj, "")).unwrap_err();
+            let e = chat_decode(&bad).unwrap_err();
             assert_eq!(
                 (e.status, e.param.as_deref()),
                 (StatusCode::BAD_REQUEST, Some("options.stop")),
@@ -864,10 +1090,7 @@ mod tests {
 
     #[test]
     fn think_keeps_its_meaning_for_other_templates() {
-        let extra = |body: &str| {
-            let obj = parse_object(body.as_bytes()).unwrap();
-            think_extra(&Fields::new(&obj, "")).unwrap()
-        };
+        let extra = |body: &str| chat_extra(body).unwrap();
         assert_eq!(extra(r#"{"think": false}"#)["enable_thinking"], false);
         let high = extra(r#"{"think": "high"}"#);
         assert_eq!(
@@ -903,19 +1126,60 @@ mod tests {
             (r#"{"suffix": "end"}"#, "suffix"),
             (r#"{"context": "x"}"#, "context"),
             (r#"{"context": [1, 2]}"#, "context"),
+            (r#"{"context": [1, -2]}"#, "context[1]"),
+            (r#"{"images": "x"}"#, "images"),
+            (r#"{"keep_alive": [5]}"#, "keep_alive"),
+            (r#"{"keep_alive": "5 fortnights"}"#, "keep_alive"),
+            (r#"{"keep_alive": 1e300}"#, "keep_alive"),
+            (r#"{"options": {"top_k": "many"}}"#, "options.top_k"),
+            (r#"{"options": {"seed": 1.5}}"#, "options.seed"),
         ] {
-            let obj = parse_object(body.as_bytes()).unwrap();
-            let e = refuse_unimplemented(&Fields::new(&obj, "")).unwrap_err();
+            let e = parse::<GenerateRequest>(body.as_bytes()).unwrap_err();
             assert_eq!(
                 (e.status.as_u16(), e.param.as_deref()),
                 (400, Some(param)),
                 "{body}"
             );
         }
-        let obj = parse_object(br#"{"template": "", "context": []}"#).unwrap();
-        assert!(refuse_unimplemented(&Fields::new(&obj, "")).is_ok());
-        let obj = parse_object(br#"{"options": {"num_ctx": -5}}"#).unwrap();
-        let e = options(&Fields::new(&obj, "")).unwrap_err();
+        let ok = parse::<GenerateRequest>(br#"{"template": "", "context": [], "keep_alive": "5m"}"#).unwrap();
+        assert_eq!(ok.request.keep_alive(), Some(Some(Duration::from_secs(300))));
+        let forever = parse::<GenerateRequest>(br#"{"keep_alive": -1}"#).unwrap();
+        assert_eq!(forever.request.keep_alive(), Some(None));
+        let e = chat_decode(&serde_json::json!({"options": {"num_ctx": -5}})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("options.num_ctx"));
+        let e = chat_decode(&serde_json::json!({"options": {"num_ctx": 0.0}})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("options.num_ctx"));
+    }
+
+    #[test]
+    fn chat_and_pack_bodies_name_the_path_of_a_wrong_field() {
+        fn param<T: crate::api::body::RequestBody + std::fmt::Debug>(body: &str) -> String {
+            let e = parse::<T>(body.as_bytes()).unwrap_err();
+            assert_eq!(e.status.as_u16(), 400, "{body}");
+            e.param.unwrap_or_default()
+        }
+        assert_eq!(
+            param::<ChatRequest>(r#"{"messages": [{"role": "user", "content": 5}]}"#),
+            "messages[0].content"
+        );
+        assert_eq!(param::<ChatRequest>(r#"{"messages": "hi"}"#), "messages");
+        assert_eq!(
+            param::<ChatRequest>(r#"{"messages": [{"content": "hi"}]}"#),
+            "messages[0].role"
+        );
+        assert_eq!(param::<ChatRequest>(r#"{"options": [1]}"#), "options");
+        assert_eq!(param::<ChatRequest>(r#"{"stream": "no"}"#), "stream");
+        assert_eq!(param::<ShowRequest>(r#"{}"#), "name");
+        assert_eq!(
+            param::<ShowRequest>(r#"{"model": "m", "verbose": "yes"}"#),
+            "verbose"
+        );
+        assert_eq!(param::<PullRequest>(r#"{"model": 5}"#), "model");
+        assert_eq!(param::<PullRequest>(r#"{"model": "m", "stream": "x"}"#), "stream");
+        assert_eq!(param::<CopyRequest>(r#"{"source": "a"}"#), "destination");
+        // No messages (or none at all) loads the model; an Ollama tool message names no call id.
+        assert!(parse::<ChatRequest>(br#"{"model": "m", "messages": []}"#).is_ok());
+        let tool = r#"{"messages": [{"role": "tool", "tool_name": "f", "content": "1"}]}"#;
+        assert!(parse::<ChatRequest>(tool.as_bytes()).is_ok());
     }
 }

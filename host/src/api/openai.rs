@@ -1,166 +1,420 @@
 //! The OpenAI API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
-use super::{parse_object, ApiError, Fields};
-use crate::chat::{self, ChatFormat, ParseStart, StreamParser};
-use crate::constraint::{ParamError, RequestConstraints, SequenceConstraint};
+use super::body::{self, field_names, int_in, num_in, Int, RequestBody, StreamOptions, Think};
+use super::messages::{self, ChatMessage};
+use super::pipeline::{
+    capabilities, chat_finish_reason, choice_decodes, collect_all, constraint_for, data, now_secs,
+    param_error, prepare, refuse_images, render, sse, submit_n, thinking, usage_n, GenerationBody, Prepared,
+    MAX_CHOICES,
+};
+use super::{ApiError, Fields};
+use crate::chat::{self, StreamParser};
+use crate::constraint::RequestConstraints;
 use crate::decoding::{DecodeOptions, FinishReason};
-use crate::engine::{Event, Finish, Job, JobImage, Sibling, SubmitError};
-use crate::harmony::{HarmonyInput, ReasoningEffort};
-use crate::sampling::SamplingParams;
-use crate::sampling::TokenLogprobs;
-use crate::server::models::{Model, ModelError};
-use crate::server::{RequestId, Shared};
-use crate::template::RenderInput;
-use axum::body::{Body, Bytes};
+use crate::engine::{Event, Finish};
+use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::state::models::Model;
+use crate::state::{RequestId, Shared};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Unexpected, Visitor};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
+use std::fmt;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use std::time::UNIX_EPOCH;
+use tokio::sync::mpsc::UnboundedReceiver;
 
-const CHAT_FIELDS: &[&str] = &[
-    "model",
-    "messages",
-    "stream",
-    "stream_options",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "max_tokens",
-    "max_completion_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "response_format",
-    "chat_template_kwargs",
-    "reasoning_effort",
-    "think",
-    "n",
-    "user",
-    "logprobs",
-    "top_logprobs",
-    "store",
-    "metadata",
-    "service_tier",
-    "modalities",
-    "keep_alive",
-    "verbosity",
-    "prediction",
-    "web_search_options",
-    "functions",
-    "function_call",
-];
-
-const COMPLETION_FIELDS: &[&str] = &[
-    "model",
-    "prompt",
-    "stream",
-    "stream_options",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "max_tokens",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "n",
-    "user",
-    "echo",
-    "suffix",
-    "best_of",
-    "logprobs",
-    "keep_alive",
-];
-
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// The body of `POST /v1/chat/completions`; the sampling fields are [`OpenAiSampling`] and the
+/// template variables [`ChatTemplateFields`], read from the same object.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ChatCompletionRequest {
+    /// The model (required).
+    pub model: Option<String>,
+    /// The conversation (required, not empty).
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Most tokens to generate (the older name).
+    pub max_tokens: Option<Int>,
+    /// Most tokens to generate (wins over `max_tokens`).
+    pub max_completion_tokens: Option<Int>,
+    /// Token id -> bias (checked against the model's vocabulary).
+    pub logit_bias: Option<Value>,
+    /// Tools the model may call (checked by the constraint builder).
+    pub tools: Option<Value>,
+    /// Which tool, if any, the model must call.
+    pub tool_choice: Option<Value>,
+    /// Whether several calls may come in one reply.
+    pub parallel_tool_calls: Option<Value>,
+    /// A JSON object or schema the reply must follow.
+    pub response_format: Option<Value>,
+    /// Choices to generate.
+    pub n: Option<Int>,
+    /// Report the tokens' log-probabilities.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token to report (needs `logprobs`).
+    pub top_logprobs: Option<Int>,
+    /// Accepted and ignored: they do not change the reply.
+    pub user: Option<IgnoredAny>,
+    /// Accepted and ignored.
+    pub store: Option<IgnoredAny>,
+    /// Accepted and ignored.
+    pub metadata: Option<IgnoredAny>,
+    /// Accepted and ignored.
+    pub service_tier: Option<IgnoredAny>,
+    /// Accepted and ignored.
+    pub modalities: Option<IgnoredAny>,
+    /// Accepted and ignored (the server's keep-alive applies).
+    pub keep_alive: Option<IgnoredAny>,
+    /// Accepted and ignored.
+    pub verbosity: Option<IgnoredAny>,
+    /// Accepted and ignored.
+    pub prediction: Option<IgnoredAny>,
+    /// Accepted and ignored.
+    pub web_search_options: Option<IgnoredAny>,
+    /// The legacy function-calling API: refused when given.
+    pub functions: Option<IgnoredAny>,
+    /// The legacy function-calling API: refused when given.
+    pub function_call: Option<IgnoredAny>,
 }
 
-/// The request body, with axum's own rejections (413, ...) in OpenAI's shape.
-pub(crate) fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    b.map_err(|e| {
-        let status = e.status();
-        let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "the request body is too large".to_string()
-        } else {
-            e.body_text()
-        };
-        ApiError::new(status, msg)
-    })
+impl RequestBody for ChatCompletionRequest {
+    fn known_keys() -> Option<Vec<&'static str>> {
+        Some(
+            [
+                field_names::<Self>(),
+                field_names::<OpenAiSampling>(),
+                field_names::<ChatTemplateFields>(),
+            ]
+            .concat(),
+        )
+    }
+
+    fn validate(&self) -> Result<(), ApiError> {
+        refuse_legacy_functions(self.functions.is_some(), self.function_call.is_some())?;
+        let messages = self
+            .messages
+            .as_ref()
+            .ok_or_else(|| ApiError::param("messages", "'messages' is required"))?;
+        messages::check(messages, true)?;
+        max_tokens(&[
+            ("max_tokens", self.max_tokens),
+            ("max_completion_tokens", self.max_completion_tokens),
+        ])?;
+        int_in("n", self.n, 1, MAX_CHOICES as i64)?;
+        super::logprobs::request(self.logprobs, self.top_logprobs)?;
+        Ok(())
+    }
 }
 
-/// Sampling and stopping fields shared by chat and completions (OpenAI names), all but
-/// `logit_bias`, which needs the model's vocabulary (see [`logit_bias`]).
-pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeOptions, ApiError> {
-    let mut s = SamplingParams::default();
-    if let Some(t) = f.num("temperature", 0.0, 2.0)? {
-        s.temperature = t as f32;
+impl GenerationBody for ChatCompletionRequest {
+    fn model_name(&self) -> Option<&str> {
+        self.model.as_deref()
     }
-    if let Some(p) = f.num("top_p", 0.0, 1.0)? {
-        s.top_p = p as f32;
+
+    fn decode_options(&self, json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
+        let max = max_tokens(&[
+            ("max_tokens", self.max_tokens),
+            ("max_completion_tokens", self.max_completion_tokens),
+        ])?;
+        let mut decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
+        decode.logprobs = super::logprobs::request(self.logprobs, self.top_logprobs)?;
+        Ok(decode)
     }
-    if let Some(k) = f.int("top_k", -1, 1 << 20)? {
-        s.top_k = k.max(0) as usize;
+
+    fn constraints(&self) -> Result<RequestConstraints, ApiError> {
+        RequestConstraints::from_openai(
+            self.tools.as_ref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls.as_ref(),
+            self.response_format.as_ref(),
+        )
+        .map_err(param_error)
     }
-    if let Some(p) = f.num("min_p", 0.0, 1.0)? {
-        s.min_p = p as f32;
+
+    fn template_extra(&self, json: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+        Ok(body::part::<ChatTemplateFields>(json)?.extra())
     }
-    if let Some(seed) = f.int("seed", i64::MIN, i64::MAX)? {
-        s.seed = Some(seed as u64);
+
+    fn with_model(&self, decode: &mut DecodeOptions, model: &Model) -> Result<(), ApiError> {
+        decode.sampling.logit_bias = logit_bias(self.logit_bias.as_ref(), model.vocab_size)?;
+        Ok(())
     }
-    if let Some(p) = f.num("presence_penalty", -2.0, 2.0)? {
-        s.presence_penalty = p as f32;
+}
+
+/// The body of `POST /v1/completions` (with [`OpenAiSampling`] from the same object).
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct CompletionRequest {
+    /// The model (required).
+    pub model: Option<String>,
+    /// The prompt (required): a string, or a list of one string.
+    pub prompt: Option<Prompt>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Most tokens to generate (16 when absent).
+    pub max_tokens: Option<Int>,
+    /// Token id -> bias (checked against the model's vocabulary).
+    pub logit_bias: Option<Value>,
+    /// Choices to generate.
+    pub n: Option<Int>,
+    /// Accepted and ignored.
+    pub user: Option<IgnoredAny>,
+    /// Echo the prompt: only `false` is served.
+    pub echo: Option<bool>,
+    /// Accepted and ignored.
+    pub suffix: Option<IgnoredAny>,
+    /// Candidates to pick the best of: only `n` is served.
+    pub best_of: Option<Int>,
+    /// Alternatives per token to report (0-5; the chosen token always included).
+    pub logprobs: Option<Int>,
+    /// Accepted and ignored (the server's keep-alive applies).
+    pub keep_alive: Option<IgnoredAny>,
+}
+
+impl RequestBody for CompletionRequest {
+    fn known_keys() -> Option<Vec<&'static str>> {
+        Some([field_names::<Self>(), field_names::<OpenAiSampling>()].concat())
     }
-    if let Some(p) = f.num("frequency_penalty", -2.0, 2.0)? {
-        s.frequency_penalty = p as f32;
+
+    fn validate(&self) -> Result<(), ApiError> {
+        if self.prompt.is_none() {
+            return Err(ApiError::param("prompt", "'prompt' is required"));
+        }
+        max_tokens(&[("max_tokens", self.max_tokens)])?;
+        int_in("logprobs", self.logprobs, 0, 5)?;
+        let n = int_in("n", self.n, 1, MAX_CHOICES as i64)?.unwrap_or(1);
+        if self.echo == Some(true) {
+            return Err(ApiError::param("echo", "'echo' is not supported"));
+        }
+        if let Some(best_of) = int_in("best_of", self.best_of, 1, MAX_CHOICES as i64)? {
+            if best_of != n {
+                return Err(ApiError::param(
+                    "best_of",
+                    "'best_of' other than 'n' is not supported",
+                ));
+            }
+        }
+        Ok(())
     }
-    if let Some(p) = f.num("repetition_penalty", 0.0, 10.0)? {
-        s.repeat_penalty = p as f32;
+}
+
+impl GenerationBody for CompletionRequest {
+    fn model_name(&self) -> Option<&str> {
+        self.model.as_deref()
     }
-    let mut max_tokens = None;
-    for k in max_key {
-        if let Some(m) = f.int(k, 1, u32::MAX as i64)? {
-            max_tokens = Some(m as usize);
+
+    fn decode_options(&self, json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
+        let max = max_tokens(&[("max_tokens", self.max_tokens)])?.or(Some(16));
+        let mut decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
+        decode.logprobs = self.logprobs.map(|Int(n)| n as usize);
+        Ok(decode)
+    }
+
+    fn with_model(&self, decode: &mut DecodeOptions, model: &Model) -> Result<(), ApiError> {
+        decode.sampling.logit_bias = logit_bias(self.logit_bias.as_ref(), model.vocab_size)?;
+        Ok(())
+    }
+}
+
+/// A legacy completions prompt: a string, or a list holding one string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prompt(pub String);
+
+impl<'de> Deserialize<'de> for Prompt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Prompt, D::Error> {
+        struct PromptVisitor;
+        impl<'de> Visitor<'de> for PromptVisitor {
+            type Value = Prompt;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Prompt, E> {
+                Ok(Prompt(v.to_string()))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt, A::Error> {
+                let first = seq.next_element::<Value>()?;
+                let more = seq.next_element::<IgnoredAny>()?.is_some();
+                match first {
+                    Some(Value::String(s)) if !more => Ok(Prompt(s)),
+                    _ => Err(de::Error::invalid_type(Unexpected::Seq, &self)),
+                }
+            }
+        }
+        d.deserialize_any(PromptVisitor)
+    }
+}
+
+/// OpenAI's sampling and stopping fields, shared by chat, completions and responses. The token
+/// cap (named differently by each) and `logit_bias` (which needs the model) are the request's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(remote = "Self")]
+pub struct OpenAiSampling {
+    /// 0-2.
+    pub temperature: Option<f64>,
+    /// 0-1.
+    pub top_p: Option<f64>,
+    /// -1 (off) to 2^20.
+    pub top_k: Option<Int>,
+    /// 0-1.
+    pub min_p: Option<f64>,
+    /// Seed for reproducible sampling.
+    pub seed: Option<Int>,
+    /// -2 to 2.
+    pub presence_penalty: Option<f64>,
+    /// -2 to 2.
+    pub frequency_penalty: Option<f64>,
+    /// 0-10.
+    pub repetition_penalty: Option<f64>,
+    /// Up to 4 stop strings (a string or a list).
+    pub stop: Option<Value>,
+}
+
+impl RequestBody for OpenAiSampling {
+    fn validate(&self) -> Result<(), ApiError> {
+        self.decode_options(None).map(|_| ())
+    }
+}
+
+impl OpenAiSampling {
+    /// The decode options these fields ask for, with a token cap; each value out of range is a
+    /// 400 naming its field.
+    pub fn decode_options(&self, max_tokens: Option<usize>) -> Result<DecodeOptions, ApiError> {
+        let mut s = SamplingParams::default();
+        if let Some(t) = num_in("temperature", self.temperature, 0.0, 2.0)? {
+            s.temperature = t as f32;
+        }
+        if let Some(p) = num_in("top_p", self.top_p, 0.0, 1.0)? {
+            s.top_p = p as f32;
+        }
+        if let Some(k) = int_in("top_k", self.top_k, -1, 1 << 20)? {
+            s.top_k = k.max(0) as usize;
+        }
+        if let Some(p) = num_in("min_p", self.min_p, 0.0, 1.0)? {
+            s.min_p = p as f32;
+        }
+        if let Some(Int(seed)) = self.seed {
+            s.seed = Some(seed as u64);
+        }
+        if let Some(p) = num_in("presence_penalty", self.presence_penalty, -2.0, 2.0)? {
+            s.presence_penalty = p as f32;
+        }
+        if let Some(p) = num_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)? {
+            s.frequency_penalty = p as f32;
+        }
+        if let Some(p) = num_in("repetition_penalty", self.repetition_penalty, 0.0, 10.0)? {
+            s.repeat_penalty = p as f32;
+        }
+        Ok(DecodeOptions {
+            sampling: s,
+            max_tokens,
+            stop: crate::decoding::parse_stop(self.stop.as_ref(), "stop", 4).map_err(param_error)?,
+            constraint: None,
+            logprobs: None,
+        })
+    }
+}
+
+/// A token cap from the first given of several names, checked (1 to 2^32-1): the last given wins.
+fn max_tokens(fields: &[(&str, Option<Int>)]) -> Result<Option<usize>, ApiError> {
+    let mut max = None;
+    for (name, v) in fields {
+        if let Some(m) = int_in(name, *v, 1, u32::MAX as i64)? {
+            max = Some(m as usize);
         }
     }
-    Ok(DecodeOptions {
-        sampling: s,
-        max_tokens,
-        stop: crate::decoding::parse_stop(f.raw("stop"), "stop", 4).map_err(param_error)?,
-        constraint: None,
-        logprobs: None,
-    })
+    Ok(max)
+}
+
+/// The template variables of a chat request: `chat_template_kwargs`, `reasoning_effort`, `think`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ChatTemplateFields {
+    /// Variables passed to the chat template as they are.
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// none, minimal, low, medium or high.
+    pub reasoning_effort: Option<String>,
+    /// Thinking on or off, or a reasoning level.
+    pub think: Option<Think>,
+}
+
+crate::object_only!(
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAiSampling,
+    ChatTemplateFields
+);
+
+impl RequestBody for ChatTemplateFields {
+    fn validate(&self) -> Result<(), ApiError> {
+        match self.reasoning_effort.as_deref() {
+            Some(e) if !["none", "minimal", "low", "medium", "high"].contains(&e) => Err(ApiError::param(
+                "reasoning_effort",
+                "'reasoning_effort' is one of none, minimal, low, medium, high",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl ChatTemplateFields {
+    /// The template variables: the kwargs, then `reasoning_effort` (with `enable_thinking` unless
+    /// the kwargs set it), then `think` (which wins).
+    pub fn extra(&self) -> Map<String, Value> {
+        let mut extra = self.chat_template_kwargs.clone().unwrap_or_default();
+        if let Some(effort) = &self.reasoning_effort {
+            extra.insert("reasoning_effort".into(), effort.clone().into());
+            extra
+                .entry("enable_thinking")
+                .or_insert((effort != "none").into());
+        }
+        if let Some(think) = &self.think {
+            think.apply(&mut extra);
+        }
+        extra
+    }
+}
+
+/// Sampling and stopping fields of a walked body (the Responses API), with the token cap under
+/// the first of `max_key` given; `logit_bias` is left to the handler, which knows the model.
+pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeOptions, ApiError> {
+    let mut max = None;
+    for k in max_key {
+        if let Some(m) = f.int(k, 1, u32::MAX as i64)? {
+            max = Some(m as usize);
+        }
+    }
+    body::part::<OpenAiSampling>(f.map())?.decode_options(max)
 }
 
 /// OpenAI's `logit_bias`, checked against the loaded model's vocabulary: a token id outside it is
 /// a 400 on `logit_bias` naming the id.
-pub(crate) fn logit_bias(f: &Fields<'_>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
-    crate::sampling::parse_logit_bias(f.raw("logit_bias"), vocab).map_err(param_error)
+pub(crate) fn logit_bias(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    crate::sampling::parse_logit_bias(v, vocab).map_err(param_error)
 }
 
 /// The legacy `functions` / `function_call` fields (superseded by `tools` / `tool_choice`) are
 /// not served: a 400 naming the field rather than a reply that silently ignores them.
-pub(crate) fn refuse_legacy_functions(f: &Fields<'_>) -> Result<(), ApiError> {
-    for (legacy, current) in [("functions", "tools"), ("function_call", "tool_choice")] {
-        if f.raw(legacy).is_some() {
+fn refuse_legacy_functions(functions: bool, function_call: bool) -> Result<(), ApiError> {
+    for (given, legacy, current) in [
+        (functions, "functions", "tools"),
+        (function_call, "function_call", "tool_choice"),
+    ] {
+        if given {
             return Err(ApiError::param(
                 legacy,
                 format!("'{legacy}' (the legacy function-calling API) is not supported; use '{current}'"),
@@ -170,476 +424,9 @@ pub(crate) fn refuse_legacy_functions(f: &Fields<'_>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A constraint error as a 400 naming the parameter.
-pub(crate) fn param_error(e: ParamError) -> ApiError {
-    ApiError::param(&e.param, e.message)
-}
-
-/// Whether the rendered prompt leaves the model thinking (the constraint allows reasoning first).
-/// gpt-oss always reasons (on its analysis channel): thinking cannot be turned off.
-pub(crate) fn thinking(model: &Model, start: ParseStart, extra: &Map<String, Value>) -> bool {
-    if model.detected.format == ChatFormat::Harmony {
-        return true;
-    }
-    match start {
-        ParseStart::Reasoning => true,
-        ParseStart::ReasoningClosed => false,
-        _ => {
-            model.detected.reasoning.is_some()
-                && extra.get("enable_thinking").and_then(Value::as_bool) != Some(false)
-        }
-    }
-}
-
-/// The grammar for a request's tools / format, if it needs one.
-pub(crate) fn constraint_for(
-    model: &Model,
-    rc: &RequestConstraints,
-    thinking: bool,
-    start: ParseStart,
-) -> Result<Option<SequenceConstraint>, ApiError> {
-    if rc.is_unconstrained() {
-        return Ok(None);
-    }
-    match &model.constraints {
-        Ok(f) => f.build(rc, thinking, start).map_err(param_error),
-        Err(e) => Err(ApiError::param(
-            "response_format",
-            format!(
-                "constrained decoding is not available for {}: {e}",
-                model.reference
-            ),
-        )),
-    }
-}
-
-/// The loaded model named by the request (404 unknown, 503 loading).
-pub(crate) async fn model_for(
-    st: &Shared,
-    name: &str,
-    keep_alive: Option<Option<std::time::Duration>>,
-) -> Result<Arc<Model>, ApiError> {
-    match st.models.get(name, keep_alive).await {
-        Ok(m) => Ok(m),
-        Err(ModelError::NotFound) => Err(ApiError::model_not_found(name)),
-        Err(ModelError::Loading) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the model '{name}' is loading; retry shortly"),
-        )),
-        Err(ModelError::Failed(m)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)),
-    }
-}
-
-/// Queues a prompt on a model's engine; the receiver gets its events.
-pub(crate) fn submit(
-    model: &Model,
-    id: &str,
-    prompt: Vec<u32>,
-    images: Vec<JobImage>,
-    decode: DecodeOptions,
-) -> Result<UnboundedReceiver<Event>, ApiError> {
-    let mut rxs = submit_n(model, id, prompt, images, vec![decode])?;
-    Ok(rxs.remove(0))
-}
-
-/// Queues a prompt for several choices (`n`), one [`DecodeOptions`] each: the first choice
-/// computes the prompt and the others fork its sequence. One receiver per choice, in order.
-pub(crate) fn submit_n(
-    model: &Model,
-    id: &str,
-    prompt: Vec<u32>,
-    images: Vec<JobImage>,
-    mut decodes: Vec<DecodeOptions>,
-) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
-    if prompt.is_empty() {
-        return Err(ApiError::param("messages", "the prompt is empty"));
-    }
-    if prompt.len() >= model.context_length {
-        let mut e = ApiError::param(
-            "messages",
-            format!(
-                "This model's maximum context length is {} tokens; the prompt has {}.",
-                model.context_length,
-                prompt.len()
-            ),
-        );
-        e.code = Some("context_length_exceeded");
-        return Err(e);
-    }
-    let mut rxs = Vec::new();
-    let mut siblings = Vec::new();
-    let first = decodes.remove(0);
-    let (tx, rx) = unbounded_channel();
-    rxs.push(rx);
-    for decode in decodes {
-        let (events, rx) = unbounded_channel();
-        rxs.push(rx);
-        siblings.push(Sibling { decode, events });
-    }
-    let job = Job {
-        id: id.to_string(),
-        prompt,
-        decode: first,
-        events: tx,
-        received: Instant::now(),
-        images,
-        siblings,
-    };
-    match model.engine.submit(job) {
-        Ok(()) => Ok(rxs),
-        Err(SubmitError::QueueFull) => Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "the server is busy: the request queue is full; retry shortly",
-        )),
-        Err(SubmitError::Closed) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the model is being unloaded; retry shortly",
-        )),
-    }
-}
-
-/// `n` of a request (1 when absent), at most [`MAX_CHOICES`].
-pub(crate) fn choices(f: &Fields<'_>) -> Result<usize, ApiError> {
-    Ok(f.int("n", 1, MAX_CHOICES as i64)?.unwrap_or(1) as usize)
-}
-
-/// The decode options of `n` choices: the first as given, each other with its own seed
-/// ([`choice_seed`]) and a fresh constraint from `constraint`.
-pub(crate) fn choice_decodes(
-    first: DecodeOptions,
-    n: usize,
-    constraint: impl Fn() -> Result<Option<SequenceConstraint>, ApiError>,
-) -> Result<Vec<DecodeOptions>, ApiError> {
-    let mut rest = Vec::new();
-    for k in 1..n {
-        let mut sampling = first.sampling.clone();
-        sampling.seed = choice_seed(first.sampling.seed, k);
-        rest.push(DecodeOptions {
-            sampling,
-            max_tokens: first.max_tokens,
-            stop: first.stop.clone(),
-            constraint: constraint()?,
-            logprobs: first.logprobs,
-        });
-    }
-    rest.insert(0, first);
-    Ok(rest)
-}
-
-/// Most choices one request may ask for.
-pub const MAX_CHOICES: usize = 16;
-
-/// The seed of choice `k`: the request's seed for the first, a different fixed stream for each
-/// other, so a seeded request with `n` > 1 is reproducible and its choices differ.
-pub(crate) fn choice_seed(seed: Option<u64>, k: usize) -> Option<u64> {
-    match (seed, k) {
-        (s, 0) => s,
-        (Some(s), k) => Some(s.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))),
-        (None, _) => None,
-    }
-}
-
-/// The template variables of a chat request: `chat_template_kwargs`, `think`, `reasoning_effort`.
+/// The template variables of a walked body (the Responses API): as [`ChatTemplateFields`].
 pub(crate) fn template_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
-    let mut extra = f.object("chat_template_kwargs")?.cloned().unwrap_or_default();
-    if let Some(effort) = f.str("reasoning_effort")? {
-        if !["none", "minimal", "low", "medium", "high"].contains(&effort) {
-            return Err(ApiError::param(
-                "reasoning_effort",
-                "'reasoning_effort' is one of none, minimal, low, medium, high",
-            ));
-        }
-        extra.insert("reasoning_effort".into(), effort.into());
-        extra
-            .entry("enable_thinking")
-            .or_insert((effort != "none").into());
-    }
-    match f.raw("think") {
-        None => {}
-        Some(Value::Bool(b)) => {
-            extra.insert("enable_thinking".into(), (*b).into());
-        }
-        Some(Value::String(s)) if ["low", "medium", "high"].contains(&s.as_str()) => {
-            extra.insert("reasoning_effort".into(), s.clone().into());
-            extra.insert("enable_thinking".into(), true.into());
-        }
-        Some(_) => {
-            return Err(ApiError::param(
-                "think",
-                "'think' is a boolean (or low, medium, high)",
-            ))
-        }
-    }
-    Ok(extra)
-}
-
-/// Checks the messages' shape (400 for anything malformed).
-pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
-    check_messages_as(messages, true)
-}
-
-/// Checks the messages' shape; `openai`: a tool message must name its `tool_call_id` (Ollama's
-/// name the tool with `tool_name` instead).
-pub(crate) fn check_messages_as(messages: &[Value], openai: bool) -> Result<(), ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::param("messages", "'messages' must not be empty"));
-    }
-    for (i, m) in messages.iter().enumerate() {
-        let p = format!("messages[{i}]");
-        let Some(o) = m.as_object() else {
-            return Err(ApiError::param(&p, format!("'{p}' must be an object")));
-        };
-        match o.get("role").and_then(Value::as_str) {
-            Some("system" | "developer" | "user" | "assistant" | "tool" | "function") => {}
-            Some(r) => {
-                return Err(ApiError::param(
-                    &format!("{p}.role"),
-                    format!("unknown role '{r}'"),
-                ))
-            }
-            None => {
-                return Err(ApiError::param(
-                    &format!("{p}.role"),
-                    format!("'{p}.role' is required"),
-                ))
-            }
-        }
-        let role = o.get("role").and_then(Value::as_str).unwrap_or("");
-        if openai && role == "tool" && !o.get("tool_call_id").is_some_and(Value::is_string) {
-            return Err(ApiError::param(
-                &format!("{p}.tool_call_id"),
-                format!("'{p}.tool_call_id' is required (a string) on a tool message"),
-            ));
-        }
-        match o.get("tool_calls") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(calls)) if role == "assistant" => {
-                for (k, c) in calls.iter().enumerate() {
-                    let q = format!("{p}.tool_calls[{k}]");
-                    let f = c.get("function");
-                    let named = f.and_then(|f| f.get("name")).is_some_and(Value::is_string);
-                    let args_ok = f
-                        .and_then(|f| f.get("arguments"))
-                        .is_none_or(|a| a.is_string() || a.is_object());
-                    if !named || !args_ok {
-                        return Err(ApiError::param(
-                            &q,
-                            format!("'{q}' must be an object with 'function': {{'name', 'arguments'}}"),
-                        ));
-                    }
-                }
-            }
-            Some(_) => {
-                return Err(ApiError::param(
-                    &format!("{p}.tool_calls"),
-                    format!("'{p}.tool_calls' must be an array, on an assistant message"),
-                ))
-            }
-        }
-        match o.get("content") {
-            None | Some(Value::Null | Value::String(_)) => {}
-            Some(Value::Array(parts)) => {
-                for (j, part) in parts.iter().enumerate() {
-                    let kind = part.get("type").and_then(Value::as_str);
-                    let ok = kind.is_some_and(|t| {
-                        matches!(
-                            t,
-                            "text" | "image_url" | "input_audio" | "file" | "refusal" | "image"
-                        )
-                    });
-                    if !ok {
-                        return Err(ApiError::param(
-                            &format!("{p}.content"),
-                            "content parts are objects with a 'type' (text, image_url, ...)",
-                        ));
-                    }
-                    if kind == Some("text") && !part.get("text").is_some_and(Value::is_string) {
-                        let q = format!("{p}.content[{j}].text");
-                        return Err(ApiError::param(&q, format!("'{q}' is required (a string)")));
-                    }
-                }
-            }
-            Some(_) => {
-                return Err(ApiError::param(
-                    &format!("{p}.content"),
-                    format!("'{p}.content' must be a string or an array of parts"),
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A 400 naming the first `image_url` part, for a model that takes no images (before any is
-/// fetched).
-pub(crate) fn refuse_images(model: &Model, messages: &[Value]) -> Result<(), ApiError> {
-    for (i, m) in messages.iter().enumerate() {
-        let Some(Value::Array(parts)) = m.get("content") else {
-            continue;
-        };
-        if let Some(j) = parts
-            .iter()
-            .position(|p| p.get("type").and_then(Value::as_str) == Some("image_url"))
-        {
-            let place = format!("messages[{i}].content[{j}]");
-            return Err(ApiError::param(
-                &place,
-                format!("{place}: model {} does not take images", model.reference),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The reasoning effort of a request to a harmony (gpt-oss) model: `low`, `medium` (the default)
-/// or `high`, from `reasoning_effort` or `think`. gpt-oss cannot reason less than `low`, so
-/// `none` and `minimal` are refused; a boolean `think` leaves the default, as Ollama does.
-pub(crate) fn harmony_effort(extra: &Map<String, Value>) -> Result<ReasoningEffort, ApiError> {
-    let known = "gpt-oss knows the reasoning efforts low, medium and high";
-    match extra.get("reasoning_effort") {
-        None | Some(Value::Null) => Ok(ReasoningEffort::Medium),
-        Some(Value::String(s)) => crate::harmony::parse_effort(s)
-            .ok_or_else(|| ApiError::param("reasoning_effort", format!("'{s}' is not supported: {known}"))),
-        Some(_) => Err(ApiError::param(
-            "reasoning_effort",
-            format!("'reasoning_effort' must be a string: {known}"),
-        )),
-    }
-}
-
-/// Renders a conversation with openai-harmony (a harmony pack with the o200k vocabulary) or the
-/// model's template; returns (rendered text, tokens).
-pub(crate) fn render(
-    model: &Model,
-    messages: Vec<Value>,
-    tools: Option<Vec<Value>>,
-    extra: Map<String, Value>,
-) -> Result<(String, Vec<u32>), ApiError> {
-    if model.detected.format == ChatFormat::Harmony {
-        let effort = harmony_effort(&extra)?;
-        if let Some(harmony) = &model.harmony {
-            let tokens = harmony
-                .render(&HarmonyInput {
-                    messages: &messages,
-                    tools: tools.as_deref(),
-                    effort,
-                    date: None,
-                    add_generation_prompt: true,
-                })
-                .map_err(|e| ApiError::param(&e.param, e.message))?;
-            return Ok((model.tokenizer.decode(&tokens, false), tokens));
-        }
-    }
-    let template = model.template.as_ref().ok_or_else(|| {
-        ApiError::param(
-            "model",
-            format!("{} has no chat template; use /v1/completions", model.reference),
-        )
-    })?;
-    let (bos, eos) = model.special_texts();
-    let text = template
-        .render(&RenderInput {
-            messages,
-            tools,
-            add_generation_prompt: true,
-            extra,
-            bos_token: bos,
-            eos_token: eos,
-        })
-        .map_err(|e| {
-            ApiError::param(
-                "messages",
-                format!("the chat template rejected the conversation: {e}"),
-            )
-        })?;
-    let tokens = model.tokenizer.encode(&text, false);
-    Ok((text, tokens))
-}
-
-/// A chat choice's `finish_reason`: `length` whenever `max_tokens` or the context cut the reply
-/// (also inside a call, or after calls the model went on repeating), else `tool_calls` when the
-/// reply holds calls, else how the engine ended (`stop`).
-pub(crate) fn chat_finish_reason(fin: &Finish, calls: bool) -> &'static str {
-    if fin.reason == FinishReason::Length {
-        "length"
-    } else if calls {
-        "tool_calls"
-    } else {
-        fin.reason.as_str()
-    }
-}
-
-fn usage(fin: &Finish) -> Value {
-    json!({
-        "prompt_tokens": fin.prompt_tokens,
-        "completion_tokens": fin.completion_tokens,
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
-    })
-}
-
-/// Collects a whole generation: text and how it ended.
-pub(crate) async fn collect(rx: UnboundedReceiver<Event>) -> Result<(String, Finish), ApiError> {
-    let c = collect_all(rx).await?;
-    Ok((c.text, c.finish))
-}
-
-/// A whole generation: its text, the tokens' log-probabilities (when asked for) and its end.
-pub(crate) struct Collected {
-    /// The generated text.
-    pub text: String,
-    /// One entry per generated token, when the request asked for log-probabilities.
-    pub logprobs: Vec<TokenLogprobs>,
-    /// How it ended.
-    pub finish: Finish,
-}
-
-/// Collects a whole generation with its log-probabilities.
-pub(crate) async fn collect_all(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
-    let mut text = String::new();
-    let mut logprobs = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Logprobs(lp) => logprobs.push(lp),
-            Event::Done(finish) => {
-                return Ok(Collected {
-                    text,
-                    logprobs,
-                    finish,
-                })
-            }
-            Event::Error(e) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e)),
-        }
-    }
-    Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the model was unloaded during the request",
-    ))
-}
-
-/// `usage` of several choices of one prompt: the prompt counted once.
-fn usage_n(fins: &[Finish]) -> Value {
-    let mut u = usage(&fins[0]);
-    let completion: usize = fins.iter().map(|f| f.completion_tokens).sum();
-    u["completion_tokens"] = completion.into();
-    u["total_tokens"] = (fins[0].prompt_tokens + completion).into();
-    u
-}
-
-/// A server-sent-events response over a stream of `data:` payloads.
-pub(crate) fn sse(
-    stream: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
-) -> Response {
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .header("cache-control", "no-cache")
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
-fn data(v: &Value) -> Bytes {
-    Bytes::from(format!("data: {v}\n\n"))
+    Ok(body::part::<ChatTemplateFields>(f.map())?.extra())
 }
 
 /// `POST /v1/chat/completions`.
@@ -648,44 +435,29 @@ pub async fn chat_completions(
     Extension(RequestId(id)): Extension<RequestId>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body(b)?;
-    let obj = parse_object(&body)?;
-    let f = Fields::new(&obj, "");
-    f.only(CHAT_FIELDS)?;
-    refuse_legacy_functions(&f)?;
-    let name = f.required_str("model")?;
-    let mut messages = f
-        .array("messages")?
-        .ok_or_else(|| ApiError::param("messages", "'messages' is required"))?
-        .clone();
-    check_messages(&messages)?;
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.object("stream_options")? {
-        Some(o) => Fields::new(o, "stream_options.")
-            .bool("include_usage")?
-            .unwrap_or(false),
-        None => false,
+    let Prepared {
+        request: req,
+        mut json,
+        mut decode,
+        constraints: rc,
+        extra,
+        model,
+        ..
+    } = prepare::<ChatCompletionRequest>(&st, b).await?;
+    let mut messages = match json.remove("messages") {
+        Some(Value::Array(m)) => m,
+        _ => Vec::new(),
     };
-    let mut decode = decode_options(&f, &["max_tokens", "max_completion_tokens"])?;
-    let rc = RequestConstraints::from_openai(
-        f.raw("tools"),
-        f.raw("tool_choice"),
-        f.raw("parallel_tool_calls"),
-        f.raw("response_format"),
-    )
-    .map_err(param_error)?;
-    let logprobs = super::logprobs::chat_request(&f)?;
-    decode.logprobs = logprobs;
-    let n = choices(&f)?;
-    let extra = template_extra(&f)?;
-    let tool_choice_none = f.raw("tool_choice").and_then(Value::as_str) == Some("none");
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    let logprobs = decode.logprobs;
+    let n = req.n.map_or(1, |Int(n)| n as usize);
+    let tool_choice_none = req.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
     let render_tools = if tool_choice_none {
         None
     } else {
         rc.parser_tools().map(<[Value]>::to_vec)
     };
-    let model = model_for(&st, name, None).await?;
-    decode.sampling.logit_bias = logit_bias(&f, model.vocab_size)?;
     if model.vision.is_none() {
         refuse_images(&model, &messages)?;
     }
@@ -857,45 +629,17 @@ pub async fn completions(
     Extension(RequestId(id)): Extension<RequestId>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body(b)?;
-    let obj = parse_object(&body)?;
-    let f = Fields::new(&obj, "");
-    f.only(COMPLETION_FIELDS)?;
-    let name = f.required_str("model")?;
-    let prompt = match f.raw("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or("").to_string(),
-        Some(_) => return Err(ApiError::param("prompt", "'prompt' must be a string")),
-        None => return Err(ApiError::param("prompt", "'prompt' is required")),
-    };
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.object("stream_options")? {
-        Some(o) => Fields::new(o, "stream_options.")
-            .bool("include_usage")?
-            .unwrap_or(false),
-        None => false,
-    };
-    let mut decode = decode_options(&f, &["max_tokens"])?;
-    if decode.max_tokens.is_none() {
-        decode.max_tokens = Some(16);
-    }
-    // The legacy `logprobs` is the number of alternatives (0-5), the chosen token always included.
-    let logprobs = f.int("logprobs", 0, 5)?.map(|n| n as usize);
-    decode.logprobs = logprobs;
-    let n = choices(&f)?;
-    if f.bool("echo")? == Some(true) {
-        return Err(ApiError::param("echo", "'echo' is not supported"));
-    }
-    if let Some(best_of) = f.int("best_of", 1, MAX_CHOICES as i64)? {
-        if best_of != n as i64 {
-            return Err(ApiError::param(
-                "best_of",
-                "'best_of' other than 'n' is not supported",
-            ));
-        }
-    }
-    let model = model_for(&st, name, None).await?;
-    decode.sampling.logit_bias = logit_bias(&f, model.vocab_size)?;
+    let Prepared {
+        request: req,
+        decode,
+        model,
+        ..
+    } = prepare::<CompletionRequest>(&st, b).await?;
+    let prompt = req.prompt.map(|Prompt(p)| p).unwrap_or_default();
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    let logprobs = decode.logprobs;
+    let n = req.n.map_or(1, |Int(n)| n as usize);
     let tokens = model.tokenizer.encode(&prompt, true);
     let decodes = choice_decodes(decode, n, || Ok(None))?;
     let rxs = submit_n(&model, &id, tokens, Vec::new(), decodes)?;
@@ -997,25 +741,6 @@ pub async fn completions(
     Ok(sse(futures_util::StreamExt::chain(merged, tail)))
 }
 
-/// A pack's capabilities: its manifest's, plus `vision` when it is loaded and its plugin
-/// reports a vision spec.
-pub(crate) fn capabilities(st: &Shared, e: &berth_registry::store::PackEntry) -> Vec<String> {
-    let mut caps = e
-        .manifest
-        .as_ref()
-        .map(|m| m.capabilities.clone())
-        .unwrap_or_default();
-    let vision = st
-        .models
-        .loaded()
-        .iter()
-        .any(|m| m.reference == e.reference && m.vision.is_some());
-    if vision && !caps.iter().any(|c| c == "vision") {
-        caps.push("vision".into());
-    }
-    caps
-}
-
 /// One `/v1/models` entry.
 fn model_object(st: &Shared, e: &berth_registry::store::PackEntry) -> Value {
     let created = e.modified.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -1071,10 +796,10 @@ pub async fn get_model(
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        check_messages, check_messages_as, choice_seed, decode_options, harmony_effort, logit_bias,
-        refuse_legacy_functions, template_extra,
-    };
+    use super::{decode_options, logit_bias, template_extra, ChatCompletionRequest, CompletionRequest};
+    use crate::api::body::{parse, RequestBody};
+    use crate::api::pipeline::check_body;
+    use crate::api::pipeline::{check_messages, choice_seed, harmony_effort};
     use crate::api::{parse_object, ApiError, Fields};
     use crate::harmony::ReasoningEffort;
     use axum::http::StatusCode;
@@ -1202,10 +927,12 @@ mod tests {
     fn logit_bias_is_checked_against_the_vocabulary() {
         let obj = parse_object(br#"{"logit_bias": {"0": -100, "99": 5}}"#).unwrap();
         assert_eq!(
-            logit_bias(&Fields::new(&obj, ""), 100).unwrap(),
+            logit_bias(obj.get("logit_bias"), 100).unwrap(),
             vec![(0, -100.0), (99, 5.0)]
         );
-        let (status, param, message) = refusal(r#"{"logit_bias": {"100": 1}}"#, |f| logit_bias(f, 100));
+        let (status, param, message) = refusal(r#"{"logit_bias": {"100": 1}}"#, |f| {
+            logit_bias(f.raw("logit_bias"), 100)
+        });
         assert_eq!(
             (status, param.as_deref()),
             (StatusCode::BAD_REQUEST, Some("logit_bias"))
@@ -1219,7 +946,7 @@ mod tests {
             r#"{"logit_bias": {"a": 1}}"#,
             r#"{"logit_bias": [1]}"#,
         ] {
-            let (status, param, _) = refusal(bad, |f| logit_bias(f, 100));
+            let (status, param, _) = refusal(bad, |f| logit_bias(f.raw("logit_bias"), 100));
             assert_eq!(
                 (status, param.as_deref()),
                 (StatusCode::BAD_REQUEST, Some("logit_bias")),
@@ -1227,7 +954,9 @@ mod tests {
             );
         }
         let obj = parse_object(br#"{"logit_bias": null}"#).unwrap();
-        assert!(logit_bias(&Fields::new(&obj, ""), 100).unwrap().is_empty());
+        assert!(logit_bias(Fields::new(&obj, "").raw("logit_bias"), 100)
+            .unwrap()
+            .is_empty());
         // decode_options leaves logit_bias to the handler, which knows the model.
         let obj = parse_object(br#"{"logit_bias": {"100000000": 1}}"#).unwrap();
         assert!(decode_options(&Fields::new(&obj, ""), &[])
@@ -1239,27 +968,25 @@ mod tests {
 
     #[test]
     fn legacy_functions_are_refused_naming_the_field() {
-        let (status, param, message) = refusal(
-            r#"{"functions": [{"name": "f", "parameters": {}}]}"#,
-            refuse_legacy_functions,
-        );
+        let chat = |body: &str| parse::<ChatCompletionRequest>(body.as_bytes()).map(|_| ());
+        let e = chat(r#"{"functions": [{"name": "f", "parameters": {}}]}"#).unwrap_err();
         assert_eq!(
-            (status, param.as_deref()),
+            (e.status, e.param.as_deref()),
             (StatusCode::BAD_REQUEST, Some("functions"))
         );
-        assert!(message.contains("'tools'"), "{message}");
-        let (status, param, message) = refusal(r#"{"function_call": "auto"}"#, refuse_legacy_functions);
+        assert!(e.message.contains("'tools'"), "{}", e.message);
+        let e = chat(r#"{"function_call": "auto"}"#).unwrap_err();
         assert_eq!(
-            (status, param.as_deref()),
+            (e.status, e.param.as_deref()),
             (StatusCode::BAD_REQUEST, Some("function_call"))
         );
-        assert!(message.contains("'tool_choice'"), "{message}");
+        assert!(e.message.contains("'tool_choice'"), "{}", e.message);
+        let user = r#""messages": [{"role": "user", "content": "hi"}]"#;
         for ok in [
-            r#"{"functions": null, "function_call": null}"#,
-            r#"{"tools": []}"#,
+            format!(r#"{{{user}, "functions": null, "function_call": null}}"#),
+            format!(r#"{{{user}, "tools": []}}"#),
         ] {
-            let obj = parse_object(ok.as_bytes()).unwrap();
-            assert!(refuse_legacy_functions(&Fields::new(&obj, "")).is_ok(), "{ok}");
+            assert!(chat(&ok).is_ok(), "{ok}");
         }
     }
 
@@ -1279,7 +1006,7 @@ mod tests {
             ),
             (
                 serde_json::json!([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]),
-                "messages[0].tool_calls[0]",
+                "messages[0].tool_calls[0].function.name",
             ),
             (
                 serde_json::json!([{"role": "user", "content": [{"type": "text"}]}]),
@@ -1295,7 +1022,193 @@ mod tests {
         assert_eq!(check(good), Ok(()));
         // Ollama's tool messages name the tool, not a call id.
         let ollama = serde_json::json!([user, {"role": "tool", "tool_name": "f", "content": "1"}]);
-        assert!(check_messages_as(ollama.as_array().unwrap(), false).is_ok());
+        assert!(crate::api::messages::check_json(ollama.as_array().unwrap(), false).is_ok());
+    }
+
+    #[test]
+    fn chat_bodies_parse_typed_and_name_the_path_of_a_wrong_field() {
+        // Everything the handler checks before it looks the model up (a model named, unless the
+        // body names one).
+        let error = |body: &str| {
+            let mut v: Value = serde_json::from_str(body).unwrap();
+            v.as_object_mut().unwrap().entry("model").or_insert("m".into());
+            match check_body::<ChatCompletionRequest>(v.to_string().as_bytes()) {
+                Ok(_) => panic!("accepted: {body}"),
+                Err(e) => (e.status.as_u16(), e.param.unwrap_or_default()),
+            }
+        };
+        let user = r#"{"role": "user", "content": "hi"}"#;
+        for (body, param) in [
+            (
+                r#"{"messages":[{"role":"tool"}]}"#.to_string(),
+                "messages[0].tool_call_id",
+            ),
+            (
+                format!(r#"{{"messages":[{user}, {{"role":"tool","tool_call_id":3}}]}}"#),
+                "messages[1].tool_call_id",
+            ),
+            (format!(r#"{{"messages":[{user}], "stream": "yes"}}"#), "stream"),
+            (
+                format!(r#"{{"model": "m", "messages":[{user}], "seed": 1.5}}"#),
+                "seed",
+            ),
+            (
+                format!(r#"{{"messages":[{user}], "stream_options": {{"include_usage": 1}}}}"#),
+                "stream_options.include_usage",
+            ),
+            (
+                format!(r#"{{"messages":[{user}], "temperature": "hot"}}"#),
+                "temperature",
+            ),
+            (
+                format!(r#"{{"messages":[{user}], "temperature": 3}}"#),
+                "temperature",
+            ),
+            (
+                format!(r#"{{"messages":[{user}], "max_completion_tokens": 0}}"#),
+                "max_completion_tokens",
+            ),
+            (format!(r#"{{"messages":[{user}], "n": 17}}"#), "n"),
+            (
+                format!(r#"{{"messages":[{user}], "top_logprobs": 3}}"#),
+                "top_logprobs",
+            ),
+            (
+                format!(r#"{{"messages":[{user}], "reasoning_effort": "extreme"}}"#),
+                "reasoning_effort",
+            ),
+            (
+                format!(r#"{{"messages":[{user}], "chat_template_kwargs": []}}"#),
+                "chat_template_kwargs",
+            ),
+            (format!(r#"{{"messages":[{user}], "bogus": 1}}"#), "bogus"),
+            (r#"{"model": "m"}"#.to_string(), "messages"),
+            (
+                format!(r#"{{"messages":[{user}], "stream_options": [true]}}"#),
+                "stream_options",
+            ),
+            (r#"{"messages":[["user", "hi"]]}"#.to_string(), "messages[0]"),
+            (format!(r#"{{"messages":[{user}], "tools": 5}}"#), "tools"),
+            (format!(r#"{{"messages":[{user}], "think": "extreme"}}"#), "think"),
+        ] {
+            assert_eq!(error(&body), (400, param.to_string()), "{body}");
+        }
+        let no_model = format!(r#"{{"messages":[{user}]}}"#);
+        let e = check_body::<ChatCompletionRequest>(no_model.as_bytes())
+            .err()
+            .unwrap();
+        assert_eq!(e.param.as_deref(), Some("model"));
+        let ok = parse::<ChatCompletionRequest>(
+            format!(r#"{{"model": "m", "messages": [{user}], "max_tokens": 10.0, "user": 5, "n": null}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(ok.request.model.as_deref(), Some("m"));
+        assert_eq!(ok.request.max_tokens, Some(crate::api::body::Int(10)));
+    }
+
+    #[test]
+    fn the_strict_field_lists_are_the_ones_openai_served_before() {
+        let mut chat = ChatCompletionRequest::known_keys().unwrap();
+        chat.sort_unstable();
+        let mut expected = vec![
+            "model",
+            "messages",
+            "stream",
+            "stream_options",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stop",
+            "max_tokens",
+            "max_completion_tokens",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "logit_bias",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "response_format",
+            "chat_template_kwargs",
+            "reasoning_effort",
+            "think",
+            "n",
+            "user",
+            "logprobs",
+            "top_logprobs",
+            "store",
+            "metadata",
+            "service_tier",
+            "modalities",
+            "keep_alive",
+            "verbosity",
+            "prediction",
+            "web_search_options",
+            "functions",
+            "function_call",
+        ];
+        expected.sort_unstable();
+        assert_eq!(chat, expected);
+        let mut completion = CompletionRequest::known_keys().unwrap();
+        completion.sort_unstable();
+        let mut expected = vec![
+            "model",
+            "prompt",
+            "stream",
+            "stream_options",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stop",
+            "max_tokens",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "logit_bias",
+            "n",
+            "user",
+            "echo",
+            "suffix",
+            "best_of",
+            "logprobs",
+            "keep_alive",
+        ];
+        expected.sort_unstable();
+        assert_eq!(completion, expected);
+    }
+
+    #[test]
+    fn completion_prompts_and_refusals() {
+        let prompt = |body: &str| parse::<CompletionRequest>(body.as_bytes()).map(|p| p.request.prompt);
+        assert_eq!(
+            prompt(r#"{"prompt": ["once"]}"#).unwrap(),
+            Some(super::Prompt("once".into()))
+        );
+        for (body, param) in [
+            (r#"{"prompt": ["a", "b"]}"#, "prompt"),
+            (r#"{"prompt": 5}"#, "prompt"),
+            (r#"{}"#, "prompt"),
+            (r#"{"prompt": "x", "echo": true}"#, "echo"),
+            (r#"{"prompt": "x", "best_of": 2}"#, "best_of"),
+            (r#"{"prompt": "x", "best_of": -1}"#, "best_of"),
+            (r#"{"prompt": "x", "logprobs": -1}"#, "logprobs"),
+            (
+                r#"{"prompt": "x", "max_completion_tokens": 5}"#,
+                "max_completion_tokens",
+            ),
+        ] {
+            let e = prompt(body).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{body}"
+            );
+        }
     }
 
     #[test]

@@ -77,29 +77,7 @@ struct FileConfig {
     log_format: Option<String>,
 }
 
-/// Parses a keep-alive: a duration (`30s`, `5m`, `1h`, bare seconds), negative = forever.
-pub fn parse_keep_alive(s: &str) -> Result<Option<Duration>> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, "s"),
-    };
-    let x: f64 = num
-        .trim()
-        .parse()
-        .with_context(|| format!("bad keep-alive '{s}'"))?;
-    if x < 0.0 {
-        return Ok(None);
-    }
-    let secs = match unit {
-        "ms" => x / 1000.0,
-        "s" => x,
-        "m" => x * 60.0,
-        "h" => x * 3600.0,
-        _ => bail!("bad keep-alive unit in '{s}' (ms, s, m, h)"),
-    };
-    Ok(Some(Duration::from_secs_f64(secs)))
-}
+pub use crate::state::parse_keep_alive;
 
 /// Checks CORS origins: `*` or `scheme://host[:port]` without a path; trailing slashes dropped.
 fn cors_origins(list: Vec<String>) -> Result<Vec<String>> {

@@ -2,7 +2,10 @@
 //! `/metrics`), bearer-token auth, request ids, the store watcher and graceful shutdown.
 
 pub mod config;
-pub mod models;
+
+/// The model registry, which lives in [`crate::state`] (re-exported for existing paths).
+pub use crate::state::models;
+pub use crate::state::{AppState, RequestId, Shared};
 
 use crate::api::{self, ApiError};
 use crate::engine::metrics::Metrics;
@@ -15,7 +18,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use models::{Models, ModelsConfig};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,38 +41,6 @@ pub struct ServeConfig {
     /// Logs as JSON lines.
     pub log_json: bool,
 }
-
-/// Shared state of the handlers.
-pub struct AppState {
-    /// The models.
-    pub models: Arc<Models>,
-    /// Counters for `/metrics`.
-    pub metrics: Arc<Metrics>,
-    /// Bearer token, if required.
-    pub api_key: Option<String>,
-    /// Origins allowed to call from a browser (`*`: any); empty: CORS off.
-    pub cors_origins: Vec<String>,
-    /// Stored `/v1/responses` answers, for `previous_response_id` and retrieval.
-    pub responses: api::responses::ResponseStore,
-    next_id: AtomicU64,
-    /// Random per process (48 bits used), the first part of every request id.
-    id_prefix: u64,
-}
-
-impl AppState {
-    /// A fresh request id: this process's random prefix and a counter, so ids (and the
-    /// completion ids made from them) do not repeat across restarts.
-    pub fn request_id(&self) -> String {
-        format!(
-            "req-{:012x}{:x}",
-            self.id_prefix,
-            self.next_id.fetch_add(1, Relaxed)
-        )
-    }
-}
-
-/// Shared state as handlers take it.
-pub type Shared = Arc<AppState>;
 
 /// The router over a state.
 pub fn router(state: Shared, max_body: usize) -> Router {
@@ -159,18 +129,6 @@ fn preflight(req: &Request, origin: HeaderValue) -> Response {
     r
 }
 
-/// A random number from the standard library's per-process hash keys (no RNG dependency).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
 /// Compares two secrets in time that depends only on their lengths, not on where they differ.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -254,10 +212,6 @@ async fn answer(st: &AppState, req: Request, next: Next, path: &str, id: &str) -
     resp
 }
 
-/// The request id, as handlers see it.
-#[derive(Clone, Debug)]
-pub struct RequestId(pub String);
-
 /// The metrics label of a request: its route pattern (`/v1/responses/{id}`), or `unmatched`
 /// for a path no route serves (so odd URLs cannot grow the label set).
 fn route_label(req: &Request) -> String {
@@ -296,15 +250,12 @@ pub fn serve(cfg: ServeConfig) -> Result<()> {
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::default());
         let models = Arc::new(Models::new(cfg.models.clone(), metrics.clone()));
-        let state = Arc::new(AppState {
-            models: models.clone(),
+        let state = Arc::new(AppState::new(
+            models.clone(),
             metrics,
-            api_key: cfg.api_key.clone(),
-            cors_origins: cfg.cors_origins.clone(),
-            responses: api::responses::ResponseStore::default(),
-            next_id: AtomicU64::new(1),
-            id_prefix: random_u64() & 0xffff_ffff_ffff,
-        });
+            cfg.api_key.clone(),
+            cfg.cors_origins.clone(),
+        ));
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
@@ -369,7 +320,8 @@ fn init_logs(json: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{random_u64, same_secret};
+    use super::same_secret;
+    use crate::state::random_u64;
 
     #[test]
     fn secrets_compare_whole_and_process_prefixes_differ() {
