@@ -58,7 +58,9 @@ fn oerr(e: ApiError) -> ApiError {
 }
 
 /// Ollama `options`: sampling and stopping, plus load-time settings Berth sets per server (checked
-/// so that a bad value is never silently taken). Other keys are ignored, as Ollama does.
+/// so that a bad value is never silently taken). Samplers Berth does not implement (`mirostat`,
+/// `typical_p`, `tfs_z`) are a 400 unless set to their "off" value; other keys (runner settings
+/// such as `use_mmap`, `numa`, `main_gpu`) are ignored, as Ollama ignores keys it does not use.
 #[derive(Debug, Default, Deserialize)]
 #[serde(remote = "Self")]
 pub struct OllamaOptions {
@@ -94,6 +96,27 @@ pub struct OllamaOptions {
     pub num_predict: Option<Int>,
     /// Up to 16 stop strings.
     pub stop: Option<Value>,
+    /// Not implemented: only 0 (off) is taken.
+    pub mirostat: Option<Int>,
+    /// Only with `mirostat`; checked as a number.
+    pub mirostat_tau: Option<f64>,
+    /// Only with `mirostat`; checked as a number.
+    pub mirostat_eta: Option<f64>,
+    /// Not implemented: only 1 (off) is taken.
+    pub typical_p: Option<f64>,
+    /// Not implemented (and gone from Ollama): only 1 (off) is taken.
+    pub tfs_z: Option<f64>,
+}
+
+/// A 400 for a sampler Berth does not implement, unless the value is its "off" value.
+fn refuse_unless_off(field: &str, value: Option<f64>, off: f64) -> Result<(), ApiError> {
+    match value {
+        Some(v) if v != off => Err(ApiError::param(
+            field,
+            format!("'{field}' is not supported by Berth (only {off}, which turns it off)"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 impl OllamaOptions {
@@ -104,6 +127,9 @@ impl OllamaOptions {
         int_in("options.num_thread", self.num_thread, 0, 4096)?;
         int_in("options.num_keep", self.num_keep, -1, u32::MAX as i64)?;
         int_in("options.num_gpu", self.num_gpu, -1, 1 << 20)?;
+        refuse_unless_off("options.mirostat", self.mirostat.map(|Int(m)| m as f64), 0.0)?;
+        refuse_unless_off("options.typical_p", self.typical_p, 1.0)?;
+        refuse_unless_off("options.tfs_z", self.tfs_z, 1.0)?;
         let mut s = SamplingParams::default();
         if let Some(t) = num_in("options.temperature", self.temperature, 0.0, 100.0)? {
             s.temperature = t as f32;
@@ -1149,6 +1175,23 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("options.num_ctx"));
         let e = chat_decode(&serde_json::json!({"options": {"num_ctx": 0.0}})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("options.num_ctx"));
+        // Samplers Berth does not implement: a 400 unless off; runner settings are ignored.
+        for (options, param) in [
+            (serde_json::json!({"mirostat": 2}), "options.mirostat"),
+            (serde_json::json!({"typical_p": 0.7}), "options.typical_p"),
+            (serde_json::json!({"tfs_z": 0.9}), "options.tfs_z"),
+        ] {
+            let e = chat_decode(&serde_json::json!({ "options": options })).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{options}"
+            );
+        }
+        chat_decode(&serde_json::json!({"options": {
+            "mirostat": 0, "typical_p": 1.0, "tfs_z": 1, "use_mmap": true, "numa": false, "main_gpu": 0
+        }}))
+        .unwrap();
     }
 
     #[test]

@@ -71,15 +71,15 @@ pub struct ChatCompletionRequest {
     pub metadata: Option<IgnoredAny>,
     /// Accepted and ignored.
     pub service_tier: Option<IgnoredAny>,
-    /// Accepted and ignored.
-    pub modalities: Option<IgnoredAny>,
+    /// Output modalities: only `["text"]` is served.
+    pub modalities: Option<Vec<String>>,
     /// Accepted and ignored (the server's keep-alive applies).
     pub keep_alive: Option<IgnoredAny>,
-    /// Accepted and ignored.
+    /// Not implemented: a 400 when given.
     pub verbosity: Option<IgnoredAny>,
-    /// Accepted and ignored.
+    /// Predicted outputs: not implemented, a 400 when given.
     pub prediction: Option<IgnoredAny>,
-    /// Accepted and ignored.
+    /// Web search: not implemented, a 400 when given.
     pub web_search_options: Option<IgnoredAny>,
     /// The legacy function-calling API: refused when given.
     pub functions: Option<IgnoredAny>,
@@ -101,6 +101,24 @@ impl RequestBody for ChatCompletionRequest {
 
     fn validate(&self) -> Result<(), ApiError> {
         refuse_legacy_functions(self.functions.is_some(), self.function_call.is_some())?;
+        if let Some(m) = self.modalities.as_ref().filter(|m| m.iter().any(|x| x != "text")) {
+            return Err(ApiError::param(
+                "modalities",
+                format!("'modalities' {m:?} is not supported: Berth answers with text only"),
+            ));
+        }
+        for (field, given) in [
+            ("verbosity", self.verbosity.is_some()),
+            ("prediction", self.prediction.is_some()),
+            ("web_search_options", self.web_search_options.is_some()),
+        ] {
+            if given {
+                return Err(ApiError::param(
+                    field,
+                    format!("'{field}' is not supported by Berth"),
+                ));
+            }
+        }
         let messages = self
             .messages
             .as_ref()
@@ -173,8 +191,8 @@ pub struct CompletionRequest {
     pub user: Option<IgnoredAny>,
     /// Echo the prompt: only `false` is served.
     pub echo: Option<bool>,
-    /// Accepted and ignored.
-    pub suffix: Option<IgnoredAny>,
+    /// Text after the completion (fill-in-the-middle): only empty is served.
+    pub suffix: Option<String>,
     /// Candidates to pick the best of: only `n` is served.
     pub best_of: Option<Int>,
     /// Alternatives per token to report (0-5; the chosen token always included).
@@ -197,6 +215,12 @@ impl RequestBody for CompletionRequest {
         let n = int_in("n", self.n, 1, MAX_CHOICES as i64)?.unwrap_or(1);
         if self.echo == Some(true) {
             return Err(ApiError::param("echo", "'echo' is not supported"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::param(
+                "suffix",
+                "'suffix' (fill-in-the-middle) is not supported by Berth",
+            ));
         }
         if let Some(best_of) = int_in("best_of", self.best_of, 1, MAX_CHOICES as i64)? {
             if best_of != n {
@@ -1197,6 +1221,7 @@ mod tests {
             (r#"{"prompt": "x", "best_of": 2}"#, "best_of"),
             (r#"{"prompt": "x", "best_of": -1}"#, "best_of"),
             (r#"{"prompt": "x", "logprobs": -1}"#, "logprobs"),
+            (r#"{"prompt": "x", "suffix": "}"}"#, "suffix"),
             (
                 r#"{"prompt": "x", "max_completion_tokens": 5}"#,
                 "max_completion_tokens",
@@ -1209,6 +1234,39 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[test]
+    fn fields_berth_does_not_implement_are_400s_saying_so() {
+        let check = |body: &str| check_body::<ChatCompletionRequest>(body.as_bytes());
+        let base = r#""model": "m", "messages": [{"role": "user", "content": "hi"}]"#;
+        for (extra, param) in [
+            (r#""modalities": ["text", "audio"]"#, "modalities"),
+            (r#""verbosity": "low""#, "verbosity"),
+            (
+                r#""prediction": {"type": "content", "content": "x"}"#,
+                "prediction",
+            ),
+            (r#""web_search_options": {}"#, "web_search_options"),
+        ] {
+            let e = check(&format!("{{{base}, {extra}}}")).err().expect(extra);
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{extra}"
+            );
+            assert!(e.message.contains("not supported"), "{}", e.message);
+        }
+        for extra in [
+            r#""modalities": ["text"]"#,
+            r#""verbosity": null"#,
+            r#""user": "u""#,
+        ] {
+            assert!(check(&format!("{{{base}, {extra}}}")).is_ok(), "{extra}");
+        }
+        let completion = |body: &str| parse::<CompletionRequest>(body.as_bytes());
+        assert!(completion(r#"{"prompt": "x", "suffix": ""}"#).is_ok());
+        assert!(completion(r#"{"prompt": "x", "suffix": null}"#).is_ok());
     }
 
     #[test]
