@@ -196,8 +196,10 @@ fn a_plugin_panic_mid_batch_fails_that_batch_cleanly_and_the_reloaded_instance_s
         server.port,
         chat(SCRIPTED, &format!("boom {}", PANIC_BYTE as char), 300, true),
     );
-    wait_for(&server, "the panicking request to be queued", |s| {
-        metric(s, "berth_queue_depth") == 1.0
+    // The step running when the hold appeared may end first and admit it: queued or admitted,
+    // it is in the next batch, which waits for the release.
+    wait_for(&server, "the panicking request to be queued or admitted", |s| {
+        metric(s, "berth_queue_depth") + metric(s, "berth_active_sequences") == 4.0
     });
     let t_release = Instant::now();
     std::fs::remove_file(&hold).unwrap();
@@ -255,7 +257,7 @@ fn a_plugin_panic_mid_batch_fails_that_batch_cleanly_and_the_reloaded_instance_s
         &chat(SCRIPTED, &format!("boom {}", PANIC_BYTE as char), 3, false),
     );
     println!("non-streamed panicking request alone: {status} {body}");
-    assert!((500..600).contains(&status), "{status} {body}");
+    assert_eq!(status, 500, "{status} {body}");
     assert!(openai_error_message(&body).contains("scripted panic"), "{body}");
     assert_alive(&mut server);
     let (status, body) = server.post("/v1/chat/completions", &chat(SCRIPTED, "last", 4, false));
@@ -343,19 +345,19 @@ fn weights_truncated_after_import_are_refused_naming_the_file_and_the_server_ser
         // `berth serve`: an error in each API's shape naming the file, streamed or not.
         let (status, body) = server.post("/v1/chat/completions", &chat("qwen:copy", "hi", 2, false));
         println!("served chat, weights cut to {what}: {status} {body}");
-        assert!((500..600).contains(&status), "{what}: {status} {body}");
+        assert_eq!(status, 500, "{what}: {status} {body}");
         let message = openai_error_message(&body);
         assert!(
             message.contains("model.gguf") && message.contains("truncated"),
             "{message}"
         );
         let (status, body) = server.post("/v1/chat/completions", &chat("qwen:copy", "hi", 2, true));
-        assert!((500..600).contains(&status), "{what} streamed: {status} {body}");
+        assert_eq!(status, 500, "{what} streamed: {status} {body}");
         assert!(openai_error_message(&body).contains("model.gguf"), "{body}");
         let ollama = serde_json::json!({"model": "qwen:copy", "stream": false,
             "messages": [{"role": "user", "content": "hi"}]});
         let (status, body) = server.post("/api/chat", &ollama.to_string());
-        assert!((500..600).contains(&status), "{what} ollama: {status} {body}");
+        assert_eq!(status, 500, "{what} ollama: {status} {body}");
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert!(
             v["error"].as_str().is_some_and(|e| e.contains("model.gguf")),
@@ -396,7 +398,7 @@ fn weights_truncated_under_a_loaded_model_do_not_kill_the_server() {
     }
     println!("request after truncating the loaded weights: {status} {body}; server exit: {exited:?}");
     assert!(exited.is_none(), "berth serve died: {exited:?}");
-    assert!((500..600).contains(&status), "{status} {body}");
+    assert_eq!(status, 500, "{status} {body}");
     assert!(openai_error_message(&body).contains("model.gguf"), "{body}");
     assert_healthy(&server);
     let (status, body) = server.post("/v1/chat/completions", &chat("ok:latest", "hi", 8, false));

@@ -99,7 +99,9 @@ pub(crate) async fn model_for(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the model '{name}' is loading; retry shortly"),
         )),
-        Err(ModelError::Failed(m)) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)),
+        // A pack that cannot load (no plugin, broken weights) stays broken on retry: a server
+        // fault, not "busy" (Anthropic's clients read 503 as overloaded).
+        Err(ModelError::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),
     }
 }
 
@@ -460,7 +462,7 @@ pub(crate) async fn collect_all(mut rx: UnboundedReceiver<Event>) -> Result<Coll
                     finish,
                 })
             }
-            Event::Error(e) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e)),
+            Event::Error(e) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
         }
     }
     Err(ApiError::new(

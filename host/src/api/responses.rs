@@ -1018,7 +1018,7 @@ pub async fn create(
                 parser.push(&t);
             }
             Some(Event::Done(fin)) => break fin,
-            Some(Event::Error(e)) => return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e)),
+            Some(Event::Error(e)) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
             Some(_) => {}
             None => {
                 return Err(ApiError::new(
