@@ -99,13 +99,8 @@ fn time_generation(model: &mut LoadedModel, tokens: &[i32], logits: &mut [f32]) 
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// Runs the benchmark for one pack at every thread count.
-pub fn bench_pack(
-    store: &Store,
-    home: &Path,
-    reference: &str,
-    opts: &BenchOptions,
-) -> Result<Vec<BenchResult>> {
+/// Loads one pack with one sequence and `threads` threads through the best installed plugin.
+pub fn load_pack(store: &Store, home: &Path, reference: &str, threads: u32) -> Result<LoadedModel> {
     let entry = store.get(reference)?;
     let m = entry
         .manifest
@@ -115,12 +110,23 @@ pub fn bench_pack(
     let (_, plugin) = plugins
         .best_for(&packs::probe_config(m))
         .ok_or_else(|| anyhow!("no installed plugin serves {}", entry.reference))?;
+    let mut config = packs::load_config(&entry, m);
+    config.threads = Some(threads);
+    config.max_sequences = Some(1);
+    Ok(LoadedModel::load(plugin.clone(), &config)?)
+}
+
+/// Runs the benchmark for one pack at every thread count.
+pub fn bench_pack(
+    store: &Store,
+    home: &Path,
+    reference: &str,
+    opts: &BenchOptions,
+) -> Result<Vec<BenchResult>> {
+    let name = store.get(reference)?.reference.clone();
     let mut results = Vec::new();
     for &threads in &opts.threads {
-        let mut config = packs::load_config(&entry, m);
-        config.threads = Some(threads);
-        config.max_sequences = Some(1);
-        let mut model = LoadedModel::load(plugin.clone(), &config)?;
+        let mut model = load_pack(store, home, reference, threads)?;
         let vocab = model.description().vocab_size;
         let mut logits = vec![0.0f32; vocab as usize];
         // One untimed warm-up of each test, as llama-bench does.
@@ -134,7 +140,7 @@ pub fn bench_pack(
                     .collect::<Result<_>>()?;
                 let (mean, sd) = mean_sd(&samples);
                 results.push(BenchResult {
-                    model: entry.reference.clone(),
+                    model: name.clone(),
                     test,
                     threads,
                     tokens_per_second: mean,
@@ -155,4 +161,94 @@ pub fn bench_pack(
         }
     }
     Ok(results)
+}
+
+/// How a sequence's logits computed several rows per call (the verify step of speculative
+/// decoding) compare with the same rows computed one row per call (plain decoding).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RowAgreement {
+    /// Rows compared.
+    pub rows: usize,
+    /// Rows per call on the several-rows side.
+    pub width: usize,
+    /// Rows whose greedy token (argmax) is the same both ways.
+    pub argmax_equal: usize,
+    /// Rows whose logits are bit-identical both ways.
+    pub bit_identical: usize,
+    /// Largest absolute logit difference over all rows.
+    pub max_abs_diff: f32,
+    /// Mean milliseconds of one single-row call.
+    pub single_row_ms: f64,
+    /// Mean milliseconds of one `width`-row call.
+    pub multi_row_ms: f64,
+}
+
+/// Prefills `prompt` into sequence 0 (aligned 64-row chunks), generates `generate` greedy tokens
+/// one row per call, then rewinds to the prompt and feeds the same tokens `width` rows per call
+/// with logits for every row, and compares the two sets of logits row by row.
+pub fn compare_multi_row_logits(
+    model: &mut LoadedModel,
+    prompt: &[i32],
+    generate: usize,
+    width: usize,
+) -> Result<RowAgreement> {
+    let vocab = model.description().vocab_size as usize;
+    let width = width.max(1);
+    let mut logits = vec![0.0f32; vocab * width];
+    let argmax = |row: &[f32]| {
+        row.iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |best, (i, &v)| if v > best.1 { (i, v) } else { best },
+            )
+            .0 as i32
+    };
+    time_prompt(model, prompt, 64, &mut logits)?;
+    let mut next = argmax(&logits[..vocab]);
+    let (mut fed, mut single) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    for i in 0..generate {
+        let b = BatchView {
+            tokens: std::slice::from_ref(&next),
+            positions: &[(prompt.len() + i) as i32],
+            seq_ids: &[0],
+            want_logits: &[1],
+        };
+        model.decode(&b, &mut logits)?;
+        fed.push(next);
+        single.extend_from_slice(&logits[..vocab]);
+        next = argmax(&logits[..vocab]);
+    }
+    let single_row_ms = start.elapsed().as_secs_f64() * 1e3 / generate.max(1) as f64;
+    model.instance()?.seq_truncate(0, prompt.len() as u32)?;
+    let mut multi = Vec::new();
+    let start = Instant::now();
+    for (c, chunk) in fed.chunks(width).enumerate() {
+        let first = prompt.len() + c * width;
+        let positions: Vec<i32> = (0..chunk.len()).map(|k| (first + k) as i32).collect();
+        let b = BatchView {
+            tokens: chunk,
+            positions: &positions,
+            seq_ids: &vec![0; chunk.len()],
+            want_logits: &vec![1; chunk.len()],
+        };
+        model.decode(&b, &mut logits)?;
+        multi.extend_from_slice(&logits[..chunk.len() * vocab]);
+    }
+    let calls = generate.div_ceil(width).max(1);
+    let multi_row_ms = start.elapsed().as_secs_f64() * 1e3 / calls as f64;
+    let rows: Vec<(&[f32], &[f32])> = single.chunks(vocab).zip(multi.chunks(vocab)).collect();
+    Ok(RowAgreement {
+        rows: rows.len(),
+        width,
+        argmax_equal: rows.iter().filter(|(a, b)| argmax(a) == argmax(b)).count(),
+        bit_identical: rows.iter().filter(|(a, b)| a == b).count(),
+        max_abs_diff: rows
+            .iter()
+            .flat_map(|(a, b)| a.iter().zip(b.iter()).map(|(x, y)| (x - y).abs()))
+            .fold(0.0, f32::max),
+        single_row_ms,
+        multi_row_ms,
+    })
 }

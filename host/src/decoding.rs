@@ -197,6 +197,27 @@ impl DecodeState {
         self.constraint.is_some()
     }
 
+    /// Whether tokens are picked by argmax (so drafted tokens can be checked exactly).
+    pub fn is_greedy(&self) -> bool {
+        self.sampler.params().is_greedy()
+    }
+
+    /// Whether the next pick may be `token`: not after the end, and inside the constraint's mask
+    /// (computed here when not ready yet); always true without a constraint.
+    pub fn allows(&mut self, token: u32) -> bool {
+        if self.finished.is_some() || self.constraint_failed {
+            return false;
+        }
+        if self.constraint.is_none() {
+            return true;
+        }
+        let _ = self.prepare();
+        self.mask.as_deref().is_some_and(|m| {
+            m.get(token as usize / 32)
+                .is_some_and(|w| w & (1 << (token % 32)) != 0)
+        })
+    }
+
     /// Computes the next token mask; Send, so the engine may run it on another thread while the plugin decodes.
     pub fn prepare(&mut self) -> Result<()> {
         if self.mask.is_some() || self.finished.is_some() || self.constraint_failed {

@@ -42,6 +42,10 @@ pub struct GenerationStats {
     pub finish_reason: &'static str,
     /// Time spent computing constraint masks that did not overlap a forward pass.
     pub mask_duration: Duration,
+    /// Tokens drafted by prompt-lookup speculation (`BERTH_SPECULATION=on`).
+    pub draft_tokens: usize,
+    /// Drafted tokens the model's own picks confirmed.
+    pub accepted_draft_tokens: usize,
 }
 
 impl GenerationStats {
@@ -266,6 +270,10 @@ impl Session {
         stats.prompt_duration = start.elapsed();
 
         let start = Instant::now();
+        let mut spec = crate::engine::speculation::Speculator::default();
+        let speculate = !constrained
+            && state.is_greedy()
+            && crate::engine::speculation::enabled(self.model.description().rewind);
         while state.finished().is_none() {
             let waited = Instant::now();
             state.prepare()?;
@@ -278,6 +286,26 @@ impl Session {
             if step.finished.is_some() {
                 break;
             }
+            if speculate && spec.may_draft() {
+                let room = context.saturating_sub(self.cached.len() + 1);
+                let history: Vec<u64> = self
+                    .cached
+                    .iter()
+                    .chain(std::iter::once(&token))
+                    .map(|&t| u64::from(t))
+                    .collect();
+                let drafts = crate::engine::speculation::draft(
+                    &history,
+                    crate::engine::speculation::MAX_DRAFT.min(room),
+                );
+                if !drafts.is_empty() {
+                    let t0 = Instant::now();
+                    let accepted = self.speculate(token, &drafts, &mut state, &mut on_text)?;
+                    spec.record(drafts.len(), accepted, t0.elapsed().as_secs_f64());
+                    continue;
+                }
+            }
+            let plain = Instant::now();
             // Tokens the grammar forces go to the model in one batch with the sampled one.
             let mut batch = vec![token];
             for forced in state.forced() {
@@ -302,26 +330,92 @@ impl Session {
                 })?;
             } else {
                 self.feed(&batch, true)?;
+                if speculate {
+                    spec.record_plain(plain.elapsed().as_secs_f64());
+                }
             }
         }
         let tail = state.finish();
         if !tail.is_empty() {
             on_text(&tail);
         }
+        stats.draft_tokens = spec.total_drafted as usize;
+        stats.accepted_draft_tokens = spec.total_accepted as usize;
         stats.generated_tokens = state.generated();
         stats.finish_reason = state.finished().unwrap_or(FinishReason::Stop).as_str();
         stats.generation_duration = start.elapsed();
         Ok(stats)
     }
 
+    /// One speculative step: feeds `[token, drafts..]` with logits for every row and takes the
+    /// drafts while each equals the greedy pick of the row before it; returns how many it took. The row after the last
+    /// accepted draft is left in `self.logits` for the next pick (the same token again: greedy);
+    /// rows after it are cut from the cache (kept when the sequence ended: the cache then holds
+    /// exactly what the plugin has).
+    fn speculate(
+        &mut self,
+        token: u32,
+        drafts: &[u32],
+        state: &mut DecodeState,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<usize> {
+        let vocab = self.model.description().vocab_size as usize;
+        let base = self.cached.len();
+        let mut rows = vec![token];
+        rows.extend_from_slice(drafts);
+        self.logits.resize(rows.len() * vocab, 0.0);
+        let fed = self.feed_rows(&rows, true);
+        let mut accepted = 0;
+        if fed.is_ok() {
+            for (j, &d) in drafts.iter().enumerate() {
+                if state.pick(&self.logits[j * vocab..(j + 1) * vocab]) != d {
+                    break;
+                }
+                accepted += 1;
+                let step = state.accept(d);
+                if !step.text.is_empty() {
+                    on_text(&step.text);
+                }
+                if step.finished.is_some() {
+                    break;
+                }
+            }
+            self.logits
+                .copy_within(accepted * vocab..(accepted + 1) * vocab, 0);
+        }
+        self.logits.truncate(vocab);
+        fed?;
+        let keep = base + 1 + accepted;
+        if state.finished().is_none() && keep < self.cached.len() {
+            if let Err(e) = self.model.instance()?.seq_truncate(SEQ, keep as u32) {
+                self.cached.clear();
+                self.cached_images.clear();
+                self.stale = true;
+                bail!("the model cannot cut rejected drafts: {}", e.message);
+            }
+            self.cached.truncate(keep);
+        }
+        Ok(accepted)
+    }
+
     /// Feeds tokens at the end of the cached sequence; the last row's logits land in
     /// `self.logits` when `want_last` is set.
     fn feed(&mut self, tokens: &[u32], want_last: bool) -> Result<()> {
+        self.feed_with(tokens, want_last, false)
+    }
+
+    /// Feeds tokens at the end of the cached sequence with logits for every row (into
+    /// `self.logits`, which must hold them), when `all` is set.
+    fn feed_rows(&mut self, tokens: &[u32], all: bool) -> Result<()> {
+        self.feed_with(tokens, true, all)
+    }
+
+    fn feed_with(&mut self, tokens: &[u32], want_last: bool, want_all: bool) -> Result<()> {
         let start = self.cached.len() as i32;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let positions: Vec<i32> = (0..ids.len() as i32).map(|i| start + i).collect();
         let seq_ids = vec![SEQ; ids.len()];
-        let mut want = vec![0u8; ids.len()];
+        let mut want = vec![u8::from(want_all); ids.len()];
         if want_last {
             *want.last_mut().expect("non-empty chunk") = 1;
         }

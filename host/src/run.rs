@@ -379,6 +379,14 @@ fn print_stats(session: &Session, s: &GenerationStats) {
     eprintln!("eval count:           {} token(s)", s.generated_tokens);
     eprintln!("eval duration:        {:?}", s.generation_duration);
     eprintln!("eval rate:            {:.2} tokens/s", s.generation_rate());
+    if s.draft_tokens > 0 {
+        eprintln!(
+            "draft acceptance:     {:.1}% ({} of {} drafted token(s))",
+            100.0 * s.accepted_draft_tokens as f64 / s.draft_tokens as f64,
+            s.accepted_draft_tokens,
+            s.draft_tokens
+        );
+    }
 }
 
 /// The name a template reads for a reasoning effort.

@@ -18,8 +18,14 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     /// Prompt tokens reused from a slot's cache.
     pub cached_tokens: AtomicU64,
+    /// Prompts whose reused prefix was forked from a running sequence.
+    pub prefix_forks: AtomicU64,
     /// Tokens generated.
     pub generated_tokens: AtomicU64,
+    /// Tokens drafted by prompt-lookup speculation.
+    pub draft_tokens: AtomicU64,
+    /// Drafted tokens the model's own picks confirmed.
+    pub accepted_draft_tokens: AtomicU64,
     /// Requests waiting for a slot, over all models.
     pub queue_depth: AtomicI64,
     /// Sequences holding a slot, over all models.
@@ -90,9 +96,41 @@ impl Metrics {
         );
         counter(
             &mut o,
+            "berth_prefix_forks_total",
+            "Prompts whose cached prefix was forked from a running sequence.",
+            self.prefix_forks.load(Relaxed),
+        );
+        counter(
+            &mut o,
             "berth_generated_tokens_total",
             "Tokens generated.",
             self.generated_tokens.load(Relaxed),
+        );
+        let (drafted, accepted) = (
+            self.draft_tokens.load(Relaxed),
+            self.accepted_draft_tokens.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "berth_speculative_draft_tokens_total",
+            "Tokens drafted by prompt-lookup speculation.",
+            drafted,
+        );
+        counter(
+            &mut o,
+            "berth_speculative_accepted_tokens_total",
+            "Drafted tokens confirmed by the model.",
+            accepted,
+        );
+        gauge(
+            &mut o,
+            "berth_speculative_acceptance_rate",
+            "Share of drafted tokens confirmed (0 before any draft).",
+            if drafted > 0 {
+                accepted as f64 / drafted as f64
+            } else {
+                0.0
+            },
         );
         counter(
             &mut o,

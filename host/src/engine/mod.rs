@@ -16,10 +16,12 @@
 
 pub mod metrics;
 pub mod sequence;
+pub mod speculation;
 
 use crate::models::LoadedModel;
 use metrics::Metrics;
 use sequence::{DecodeOptions, FinishReason, SequenceDecoder};
+use speculation::{Speculator, MAX_DRAFT};
 
 use crate::tokenizer::Tokenizer;
 use berth_plugin_api::{BatchView, ImageInput, Rewind};
@@ -294,6 +296,8 @@ struct Running {
     cached_tokens: usize,
     admitted: u64,
     prompt_done: Option<Instant>,
+    /// Prompt-lookup speculation record of this sequence.
+    spec: Speculator,
 }
 
 struct Slot {
@@ -323,6 +327,49 @@ fn reusable_prefix<T: PartialEq>(cached: &[T], exact: usize, prompt: &[T], rewin
     rewind.floor(keep as u32, cached.len() as u32) as usize
 }
 
+/// What the scheduler knows of one slot when it picks where a prompt goes.
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotView {
+    /// No sequence holds the slot.
+    free: bool,
+    /// Rows of the slot's cache the prompt can reuse.
+    reusable: usize,
+    /// The plugin's sequence must be reset before use.
+    stale: bool,
+    /// Tick of the slot's last admission.
+    last_used: u64,
+    /// A running sequence whose cache may be forked.
+    donor: bool,
+}
+
+/// Where a prompt goes: the free slot sharing the longest reusable prefix (ties: not stale,
+/// then least recently used), never `avoid` while another slot is free; and, when `may_fork`
+/// and a running sequence holds a longer one, that donor instead, whose prefix is then forked
+/// into the free slot whose cache is worth least (stale, else least recently used).
+fn choose_slot(views: &[SlotView], avoid: Option<usize>, may_fork: bool) -> (usize, Option<usize>) {
+    let free = || (0..views.len()).filter(|&i| views[i].free);
+    let best = free()
+        .max_by_key(|&i| {
+            let v = &views[i];
+            (Some(i) != avoid, v.reusable, !v.stale, u64::MAX - v.last_used)
+        })
+        .expect("a free slot");
+    let donor = (0..views.len())
+        .filter(|&i| may_fork && !views[i].free && views[i].donor)
+        .filter(|&i| views[i].reusable > views[best].reusable)
+        .max_by_key(|&i| (views[i].reusable, std::cmp::Reverse(i)));
+    let Some(donor) = donor else {
+        return (best, None);
+    };
+    let dst = free()
+        .min_by_key(|&i| {
+            let v = &views[i];
+            (Some(i) == avoid, !v.stale, v.last_used)
+        })
+        .expect("a free slot");
+    (dst, Some(donor))
+}
+
 struct Scheduler {
     model: LoadedModel,
     text: TextSide,
@@ -330,6 +377,10 @@ struct Scheduler {
     slots: Vec<Slot>,
     logits: Vec<f32>,
     tick: u64,
+    /// The plugin has no `seq_fork`: prefixes are never forked from running sequences.
+    fork_unsupported: bool,
+    /// Prompt-lookup speculation is on ([`speculation::enabled`]).
+    speculate: bool,
 }
 
 impl Scheduler {
@@ -339,6 +390,7 @@ impl Scheduler {
             .slots
             .min(model.description().max_sequences as usize)
             .max(1);
+        let model_rewind = model.description().rewind;
         let slots = (0..n)
             .map(|_| Slot {
                 cached: Vec::new(),
@@ -355,6 +407,8 @@ impl Scheduler {
             slots,
             logits: Vec::new(),
             tick: 0,
+            fork_unsupported: false,
+            speculate: speculation::enabled(model_rewind),
         }
     }
 
@@ -399,27 +453,32 @@ impl Scheduler {
     }
 
     /// Puts a job in the free slot sharing the longest reusable prefix (else the least recently
-    /// used one) and cuts that slot's cache back to the reusable part. When the plugin refuses
-    /// that rewind, the sequence is reset to 0 and the whole prompt is prefilled; only when even
-    /// the reset fails does this job fail (alone).
+    /// used one) and cuts that slot's cache back to the reusable part. When a running sequence
+    /// holds a longer reusable prefix than every free slot, that prefix is forked into a free slot
+    /// instead (the running sequence is not disturbed); a plugin refusing the fork or the copy's
+    /// rewind sends the job down the ordinary path. When the plugin refuses the ordinary rewind,
+    /// the sequence is reset to 0 and the whole prompt is prefilled; only when even the reset
+    /// fails does this job fail (alone).
     fn place(&mut self, mut job: Job) {
         self.tick += 1;
         let rewind = self.model.description().rewind;
         let key = prompt_key(&job.prompt, &job.images);
         let prompt = &key;
-        let images = &job.images;
-        let reusable = |s: &Slot| {
-            let keep = reusable_prefix(&s.cached, s.exact, prompt, rewind);
-            clear_of_images(keep, images, s.cached.len(), rewind)
+        let mut avoid = None;
+        let mut may_fork = !self.fork_unsupported;
+        let (i, mut keep) = loop {
+            let views = self.slot_views(prompt, &job.images, rewind);
+            let (i, donor) = choose_slot(&views, avoid, may_fork);
+            let Some(src) = donor else {
+                break (i, views[i].reusable);
+            };
+            let shared = views[src].reusable;
+            if self.fork_prefix(src, i, shared, &job.id) {
+                break (i, shared);
+            }
+            avoid = Some(i);
+            may_fork = false;
         };
-        let i = (0..self.slots.len())
-            .filter(|&i| self.slots[i].run.is_none())
-            .max_by_key(|&i| {
-                let s = &self.slots[i];
-                (reusable(s), !s.stale, u64::MAX - s.last_used)
-            })
-            .expect("a free slot");
-        let mut keep = reusable(&self.slots[i]);
         let context_left =
             (self.model.description().context_length as usize).saturating_sub(job.prompt.len());
         let dec = SequenceDecoder::new(
@@ -502,7 +561,119 @@ impl Scheduler {
             cached_tokens: keep,
             admitted: self.tick,
             prompt_done: None,
+            spec: Speculator::default(),
         });
+    }
+
+    /// The one generating sequence that speculates this step and its drafted tokens, or
+    /// `(usize::MAX, [])`. Only a step without a prompt chunk and with few generating sequences
+    /// speculates (a busy batch already shares each weight read between its rows), and only a
+    /// greedy sequence whose drafting is not paused; under a grammar only one token is drafted,
+    /// and only one its mask allows.
+    fn pick_drafts(&mut self) -> (usize, Vec<u32>) {
+        let none = (usize::MAX, Vec::new());
+        if !self.speculate {
+            return none;
+        }
+        let generating = self
+            .slots
+            .iter()
+            .filter(|s| s.run.as_ref().is_some_and(|r| r.next.is_some()))
+            .count();
+        if generating > SPECULATE_MAX_GENERATING {
+            return none;
+        }
+        let context = self.model.description().context_length as usize;
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(r) = &mut slot.run else { continue };
+            let Some(next) = r.next else { continue };
+            if !r.dec.is_greedy() || r.dec.finished().is_some() || !r.spec.may_draft() {
+                continue;
+            }
+            // Room in the context for every drafted row.
+            let room = context.saturating_sub(slot.cached.len() + 1);
+            let max = MAX_DRAFT.min(room);
+            let max = if r.dec.is_constrained() { max.min(1) } else { max };
+            if max == 0 {
+                continue;
+            }
+            let mut history = Vec::with_capacity(slot.cached.len() + 1);
+            history.extend_from_slice(&slot.cached);
+            history.push(u64::from(next));
+            let mut drafts = speculation::draft(&history, max);
+            if r.dec.is_constrained() && drafts.first().is_some_and(|&d| !r.dec.allows(d)) {
+                drafts.clear();
+            }
+            if !drafts.is_empty() {
+                return (i, drafts);
+            }
+        }
+        none
+    }
+
+    /// What [`choose_slot`] needs of every slot for a prompt (its key and images).
+    fn slot_views(&self, prompt: &[u64], images: &[JobImage], rewind: Rewind) -> Vec<SlotView> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let keep = reusable_prefix(&s.cached, s.exact, prompt, rewind);
+                SlotView {
+                    free: s.run.is_none(),
+                    reusable: clear_of_images(keep, images, s.cached.len(), rewind),
+                    stale: s.stale,
+                    last_used: s.last_used,
+                    // A sequence still in a prompt with images may have features waiting in the
+                    // plugin, which a fork would copy to rows they do not belong to.
+                    donor: s
+                        .run
+                        .as_ref()
+                        .is_some_and(|r| r.next.is_some() || r.job.images.is_empty()),
+                }
+            })
+            .collect()
+    }
+
+    /// Copies running slot `src`'s sequence into free slot `dst` and cuts the copy back to
+    /// `keep` rows. False when the plugin refused either step; `dst` then records what it
+    /// holds (a whole copy of `src` after a refused rewind, an unknown state after a failed fork).
+    fn fork_prefix(&mut self, src: usize, dst: usize, keep: usize, id: &str) -> bool {
+        let forked = self
+            .model
+            .instance()
+            .and_then(|m| m.seq_fork(src as i32, dst as i32));
+        if let Err(e) = forked {
+            tracing::debug!(request = %id, src, dst, error = %e.message, "seq_fork refused; prefilling instead");
+            if e.kind == berth_plugin_api::ErrorKind::Unsupported {
+                self.fork_unsupported = true;
+            } else {
+                let d = &mut self.slots[dst];
+                d.cached.clear();
+                d.exact = 0;
+                d.stale = true;
+            }
+            return false;
+        }
+        let (cached, exact) = (self.slots[src].cached.clone(), self.slots[src].exact);
+        let d = &mut self.slots[dst];
+        d.cached = cached;
+        d.exact = exact;
+        d.stale = false;
+        if keep < d.cached.len() {
+            let truncated = self
+                .model
+                .instance()
+                .and_then(|m| m.seq_truncate(dst as i32, keep as u32));
+            if let Err(e) = truncated {
+                tracing::debug!(request = %id, src, dst, to = keep, error = %e.message, "plugin refused to rewind the forked prefix; prefilling instead");
+                return false;
+            }
+            let d = &mut self.slots[dst];
+            d.cached.truncate(keep);
+            d.exact = d.exact.min(keep);
+        }
+        self.shared.metrics.prefix_forks.fetch_add(1, Relaxed);
+        tracing::debug!(request = %id, src, dst, shared = keep, "prefix forked from a running sequence");
+        true
     }
 
     /// Frees the slots of requests whose client went away.
@@ -528,21 +699,29 @@ impl Scheduler {
         let mut want = Vec::new();
         // (slot, is prompt chunk, tokens fed) per slot in the batch, in row order.
         let mut plan: Vec<(usize, usize)> = Vec::new();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(r) = &mut slot.run {
-                if let Some(t) = r.next {
-                    tokens.push(t as i32);
-                    positions.push(slot.cached.len() as i32);
-                    seqs.push(i as i32);
-                    want.push(1u8);
-                    plan.push((i, 1));
-                }
-            }
-        }
         // The prompt admitted first gets this step's chunk, up to the next aligned boundary.
         let prefill = (0..self.slots.len())
             .filter(|&i| self.slots[i].run.as_ref().is_some_and(|r| r.next.is_none()))
             .min_by_key(|&i| self.slots[i].run.as_ref().map(|r| r.admitted));
+        let (spec_slot, drafts) = if prefill.is_none() {
+            self.pick_drafts()
+        } else {
+            (usize::MAX, Vec::new())
+        };
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(r) = &mut slot.run {
+                if let Some(t) = r.next {
+                    let extra: &[u32] = if i == spec_slot { &drafts } else { &[] };
+                    for (k, &t) in std::iter::once(&t).chain(extra).enumerate() {
+                        tokens.push(t as i32);
+                        positions.push((slot.cached.len() + k) as i32);
+                        seqs.push(i as i32);
+                        want.push(1u8);
+                    }
+                    plan.push((i, 1 + extra.len()));
+                }
+            }
+        }
         if let Some(i) = prefill {
             let slot = &self.slots[i];
             let r = slot.run.as_ref().expect("running");
@@ -589,6 +768,7 @@ impl Scheduler {
             model.decode(&batch, logits_buf)
         };
         let m = &self.shared.metrics;
+        let step_secs = t0.elapsed().as_secs_f64();
         m.decode_steps.fetch_add(1, Relaxed);
         m.decode_micros
             .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
@@ -627,6 +807,41 @@ impl Scheduler {
                     .extend(tokens[k..k + n].iter().map(|&t| u64::from(t as u32)));
             }
             k += n;
+            if r.next.is_some() && n > 1 {
+                let drafts: Vec<u32> = tokens[k - n + 1..k].iter().map(|&t| t as u32).collect();
+                let rows = &self.logits[row * vocab..(row + n) * vocab];
+                row += n;
+                let stops = &self.text.stop_tokens;
+                let slot_and_secs = (i, step_secs);
+                if let Some(end) = verify(
+                    r,
+                    &mut slot.cached,
+                    slot_and_secs,
+                    rows,
+                    &drafts,
+                    stops,
+                    &mut self.model,
+                    m,
+                ) {
+                    let r = slot.run.take().expect("running");
+                    m.active_sequences.fetch_sub(1, Relaxed);
+                    match end {
+                        Ok(reason) => finish(r, reason, i),
+                        Err(e) => {
+                            // The plugin's sequence holds rows the host no longer knows,
+                            // and this plugin cannot take speculation.
+                            slot.exact = 0;
+                            slot.stale = true;
+                            self.speculate = false;
+                            let _ = r.job.events.send(Event::Error(e));
+                        }
+                    }
+                }
+                continue;
+            }
+            if r.next.is_some() && self.speculate {
+                r.spec.record_plain(step_secs);
+            }
             if r.next.is_none() {
                 r.fed += n;
                 m.prompt_tokens.fetch_add(n as u64, Relaxed);
@@ -747,6 +962,7 @@ impl Scheduler {
                 cached_tokens,
                 admitted: self.tick,
                 prompt_done: Some(Instant::now()),
+                spec: Speculator::default(),
             };
             match advance(&mut r, logits, &self.text.stop_tokens, &m) {
                 Some(reason) => {
@@ -796,6 +1012,64 @@ fn advance(r: &mut Running, logits: &[f32], stop_tokens: &HashSet<u32>, m: &Metr
         let _ = r.job.events.send(Event::Text(s.text));
     }
     s.finished
+}
+
+/// Most generating sequences in a step that still lets one of them speculate.
+const SPECULATE_MAX_GENERATING: usize = 4;
+
+/// Checks a speculative step of slot `i` that took `step_secs`: `rows` holds the logits of its
+/// rows `[next, drafts..]`.
+/// Each row's token is picked and taken in order (stop strings, grammar, logprobs and budget see
+/// every one) while the drafts agree; rows after the last agreeing one are cut from the cache.
+/// Returns how the sequence ended, if it did (an error, with `cached` cleared, when the cut was
+/// refused).
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    r: &mut Running,
+    cached: &mut Vec<u64>,
+    (i, step_secs): (usize, f64),
+    rows: &[f32],
+    drafts: &[u32],
+    stop_tokens: &HashSet<u32>,
+    model: &mut LoadedModel,
+    m: &Metrics,
+) -> Option<Result<FinishReason, String>> {
+    let vocab = rows.len() / (drafts.len() + 1);
+    let fed = drafts.len() + 1;
+    let base = cached.len() - fed;
+    let mut accepted = 0;
+    let mut ended = None;
+    for (j, logits) in rows.chunks(vocab).enumerate() {
+        ended = advance(r, logits, stop_tokens, m);
+        if ended.is_some() {
+            break;
+        }
+        match drafts.get(j) {
+            Some(&d) if r.next == Some(d) => accepted += 1,
+            _ => break,
+        }
+    }
+    r.spec.record(drafts.len(), accepted, step_secs);
+    m.draft_tokens.fetch_add(drafts.len() as u64, Relaxed);
+    m.accepted_draft_tokens.fetch_add(accepted as u64, Relaxed);
+    let keep = base + 1 + accepted;
+    // An ended sequence keeps its rows: the cache records what the plugin holds, and only the
+    // prompt's whole chunks are ever reused.
+    if ended.is_none() && keep < cached.len() {
+        if let Err(e) = model
+            .instance()
+            .and_then(|inst| inst.seq_truncate(i as i32, keep as u32))
+        {
+            tracing::warn!(slot = i, error = %e.message, "cannot cut rejected drafts; ending the sequence");
+            cached.clear();
+            return Some(Err(format!(
+                "model error: cannot rewind sequence {i}: {}",
+                e.message
+            )));
+        }
+        cached.truncate(keep);
+    }
+    ended.map(Ok)
 }
 
 /// Sends a finished sequence's end and counts.
@@ -880,6 +1154,59 @@ mod tests {
         assert_eq!(clear_of_images(192, &imgs, 200, Rewind::Anywhere), 192);
         assert_eq!(clear_of_images(64, &imgs, 200, Rewind::Anywhere), 64);
         assert_eq!(clear_of_images(128, &imgs, 200, Rewind::OnlyToStart), 0);
+    }
+
+    fn free(reusable: usize, last_used: u64) -> SlotView {
+        SlotView {
+            free: true,
+            reusable,
+            last_used,
+            ..SlotView::default()
+        }
+    }
+
+    fn busy(reusable: usize) -> SlotView {
+        SlotView {
+            reusable,
+            donor: true,
+            ..SlotView::default()
+        }
+    }
+
+    #[test]
+    fn a_running_sequence_with_a_longer_prefix_is_forked_into_the_least_used_free_slot() {
+        // Slot 1 runs with 512 reusable rows; the free slots hold less.
+        let views = [free(64, 5), busy(512), free(0, 2), free(0, 9)];
+        assert_eq!(choose_slot(&views, None, true), (2, Some(1)));
+        // A stale free slot is overwritten first.
+        let mut stale = views;
+        stale[3].stale = true;
+        assert_eq!(choose_slot(&stale, None, true), (3, Some(1)));
+        // The longest prefix among several running sequences.
+        let views = [busy(128), free(0, 1), busy(576)];
+        assert_eq!(choose_slot(&views, None, true), (1, Some(2)));
+    }
+
+    #[test]
+    fn a_free_slot_holding_as_much_is_used_as_is_and_forking_can_be_off() {
+        let views = [free(512, 5), busy(512), free(0, 2)];
+        assert_eq!(choose_slot(&views, None, true), (0, None));
+        let views = [free(64, 5), busy(512), free(0, 2)];
+        assert_eq!(choose_slot(&views, None, false), (0, None));
+        // A sequence still taking a prompt with images does not donate.
+        let mut views = [free(64, 5), busy(512), free(0, 2)];
+        views[1].donor = false;
+        assert_eq!(choose_slot(&views, None, true), (0, None));
+    }
+
+    #[test]
+    fn after_a_refused_fork_the_slot_it_spoiled_is_avoided_while_another_is_free() {
+        // Slot 2 now holds a whole copy of slot 1 (its rewind was refused).
+        let views = [free(0, 5), busy(512), free(512, 6)];
+        assert_eq!(choose_slot(&views, Some(2), false), (0, None));
+        // It is still used when it is the only free slot.
+        let views = [busy(64), busy(512), free(512, 6)];
+        assert_eq!(choose_slot(&views, Some(2), false), (2, None));
     }
 
     #[test]

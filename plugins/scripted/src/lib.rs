@@ -15,7 +15,7 @@
 //! `enforce_rewind` the rule `seq_truncate` applies (default: the reported one; also `"never"`,
 //! which refuses even a truncate to 0), so a test can make it refuse rewinds the host believed
 //! allowed. When the script names a `truncate_log`, every `seq_truncate` call is appended to it
-//! as a JSON line (`{"seq", "from", "len", "ok"}`).
+//! as a JSON line (`{"seq", "from", "len", "ok"}`). `refuse_fork` makes every `seq_fork` fail.
 //!
 //! Images (ABI 1.3): a script with a `vision` spec reports it and accepts `encode_images`; every
 //! image it receives is appended to `image_log` as a JSON line (`{"seq", "shape", "pixels"
@@ -87,6 +87,9 @@ pub struct Script {
     /// A file every `seq_truncate` call is appended to, one JSON line each.
     #[serde(default)]
     pub truncate_log: Option<PathBuf>,
+    /// `seq_fork` fails (a plugin that cannot copy a sequence).
+    #[serde(default)]
+    pub refuse_fork: bool,
     /// How the model takes images; `None` takes none.
     #[serde(default)]
     pub vision: Option<VisionSpec>,
@@ -413,6 +416,11 @@ impl Model for ScriptedModel {
     fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
         self.check_seq(src)?;
         self.check_seq(dst)?;
+        if self.script.refuse_fork {
+            return Err(PluginError::failed(format!(
+                "refusing to fork sequence {src} (refuse_fork)"
+            )));
+        }
         let h = self.sequences.get(&src).cloned().unwrap_or_default();
         self.sequences.insert(dst, h);
         Ok(())
