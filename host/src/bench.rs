@@ -101,12 +101,21 @@ fn time_generation(model: &mut LoadedModel, tokens: &[i32], logits: &mut [f32]) 
 
 /// Loads one pack with one sequence and `threads` threads through the best installed plugin.
 pub fn load_pack(store: &Store, home: &Path, reference: &str, threads: u32) -> Result<LoadedModel> {
+    load_pack_from(&PluginSet::discover_default(home), store, reference, threads)
+}
+
+/// [`load_pack`] with the plugin chosen from `plugins` (a test names the build under test).
+pub fn load_pack_from(
+    plugins: &PluginSet,
+    store: &Store,
+    reference: &str,
+    threads: u32,
+) -> Result<LoadedModel> {
     let entry = store.get(reference)?;
     let m = entry
         .manifest
         .as_ref()
         .ok_or_else(|| anyhow!("{}: {}", entry.reference, entry.problems.join("; ")))?;
-    let plugins = PluginSet::discover_default(home);
     let (_, plugin) = plugins
         .best_for(&packs::probe_config(m))
         .ok_or_else(|| anyhow!("no installed plugin serves {}", entry.reference))?;

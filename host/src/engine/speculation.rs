@@ -4,15 +4,15 @@
 //! each row's greedy pick is taken in order, and the drafts are kept while they equal the picks.
 //!
 //! The output stays token for token what plain decoding gives as long as every verified row's
-//! logits are bit-identical to the same row decoded alone. The plugins tile a sequence's rows as
-//! one matrix from four rows on (a different rounding); up to three rows round as single rows, so
-//! at most [`MAX_DRAFT`] = 2 tokens are drafted, and only one sequence per step speculates (two
-//! would make six rows, tiled together).
+//! logits are bit-identical to the same row decoded alone: a plugin rounds the rows of a sequence
+//! that all want logits as single-row steps (plugins/common does, through the kernels' four-row
+//! single-rounding dot, so four rows cost one weight read), unlike a prompt chunk, which it tiles.
+//! [`MAX_DRAFT`] = 3 makes a verify step exactly four rows; one sequence per step speculates.
 //!
 //! Each sequence switches itself off for a while when its drafts are mostly rejected.
 
 /// Most tokens drafted per step (the verify step then has `MAX_DRAFT + 1` rows of one sequence).
-pub const MAX_DRAFT: usize = 2;
+pub const MAX_DRAFT: usize = 3;
 
 /// Longest and shortest n-gram looked up.
 const NGRAM_MAX: usize = 3;

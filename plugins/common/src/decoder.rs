@@ -374,6 +374,9 @@ struct Scratch {
     rows: Vec<(usize, usize)>,
     // Batch arrangement (see `Decoder::decode`): rows per sequence, row order, rows reordered.
     per_seq: Vec<usize>,
+    // Whether every row of a sequence wants logits, and the rows each sequence rounds as.
+    all_want: Vec<bool>,
+    round_rows: Vec<usize>,
     order: Vec<usize>,
     rows_in: Vec<(usize, usize)>,
     tokens: Vec<i32>,
@@ -666,24 +669,43 @@ impl Decoder {
         }
         // Continuous batching: the rows of sequences with several rows here (a prompt chunk) go
         // first and are tiled as they would be alone; one-row sequences (decode steps) follow and
-        // round as single-row steps. Logits still come out in batch order.
+        // round as single-row steps. A sequence whose every row wants logits (drafted tokens
+        // being verified) is a run of decode steps taken together: its rows round as single-row
+        // steps too (matmuls and attention), so each row's logits are bit for bit those of
+        // decoding it alone. Logits still come out in batch order.
         s.per_seq.clear();
         s.per_seq.resize(self.kv.max_sequences(), 0);
-        for &(seq, _) in &s.rows {
+        s.all_want.clear();
+        s.all_want.resize(self.kv.max_sequences(), true);
+        for (&(seq, _), &w) in s.rows.iter().zip(batch.want_logits) {
             s.per_seq[seq] += 1;
+            s.all_want[seq] &= w != 0;
         }
-        let per_seq = &s.per_seq;
+        // Attention's summation order follows the rows each sequence rounds as.
+        s.round_rows.clear();
+        s.round_rows.extend(
+            s.per_seq
+                .iter()
+                .zip(&s.all_want)
+                .map(|(&c, &all)| if c > 1 && all { 1 } else { c }),
+        );
+        let (rows, per_seq, round_rows) = (&s.rows, &s.per_seq, &s.round_rows);
+        let stepwise = |seq: usize| per_seq[seq] > 1 && round_rows[seq] == 1;
         let several = per_seq.iter().filter(|&&c| c > 0).count() > 1;
+        let any_stepwise = (0..per_seq.len()).any(stepwise);
         s.order.clear();
         s.order.extend(0..n);
-        if several {
-            let rows = &s.rows;
-            s.order.sort_by_key(|&i| per_seq[rows[i].0] == 1);
+        if several || any_stepwise {
+            s.order
+                .sort_by_key(|&i| per_seq[rows[i].0] == 1 || stepwise(rows[i].0));
         }
         let gemm = s
             .order
             .iter()
-            .take_while(|&&i| !several || per_seq[s.rows[i].0] > 1)
+            .take_while(|&&i| {
+                let seq = rows[i].0;
+                !stepwise(seq) && (!several || per_seq[seq] > 1)
+            })
             .count();
         s.tokens.clear();
         s.tokens.extend(s.order.iter().map(|&i| batch.tokens[i]));
@@ -854,7 +876,7 @@ impl Decoder {
                         kv.write(seq, l, pos, kr, vr);
                     }
                     let att = grow(&mut s.att, n * qd);
-                    attention(cfg, kv, g, p.sinks, &s.rows, &s.per_seq, q, att, threads);
+                    attention(cfg, kv, g, p.sinks, &s.rows, &s.round_rows, q, att, threads);
                     if p.gated {
                         att.iter_mut()
                             .zip(&s.qgate[..n * qd])
