@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--model", default="qwen2.5-coder:0.5b")
     ap.add_argument("--lines", type=int, default=150)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tasks", default="copy,free", help="comma-separated: copy, free")
     args = ap.parse_args()
     src = source_file(args.lines)
     tasks = {
@@ -89,6 +90,8 @@ def main():
         stream(c, args.model, "Say hi.", 4)
     failed = False
     for task, (prompt, max_tokens) in tasks.items():
+        if task not in args.tasks.split(","):
+            continue
         rates, texts = {"off": [], "on": []}, {}
         drafted0 = metric(args.url_on, "berth_speculative_draft_tokens_total")
         accepted0 = metric(args.url_on, "berth_speculative_accepted_tokens_total")
@@ -105,6 +108,11 @@ def main():
         off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
         same = texts["off"] == texts["on"]
         failed |= not same
+        if not same:
+            a, b = texts["off"], texts["on"]
+            i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+            print(f"{task}: texts part at character {i} of {len(a)}/{len(b)}:\n  off: {a[max(0, i - 60):i + 60]!r}"
+                  f"\n  on:  {b[max(0, i - 60):i + 60]!r}", file=sys.stderr)
         acc = f"{accepted / drafted:.2f}" if drafted else "n/a"
         print(f"{task}: off {off:.2f} tokens/s, on {on:.2f} tokens/s, ratio {on / off:.3f}, "
               f"acceptance {acc} ({accepted:.0f}/{drafted:.0f}), identical text: {same}", flush=True)

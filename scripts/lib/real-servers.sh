@@ -29,7 +29,9 @@ start_berth_real() {
   real_tmp_home
   BERTH_HOME="$real_home" "$berth" import "$real_model" --name qwen2.5-coder:0.5b >/dev/null
   BERTH_HOME="$real_home" "$berth" plugins install "$plugin" >/dev/null
-  BERTH_HOME="$real_home" "$berth" serve --port 0 >"$real_home/serve.log" 2>&1 &
+  # BERTH_PLUGIN_PATH is searched first: the plugin just built serves, never an older copy that
+  # scripts/setup installed next to the binary (target/release/lib/berth/plugins).
+  BERTH_HOME="$real_home" BERTH_PLUGIN_PATH="$real_home/plugins" "$berth" serve --port 0 >"$real_home/serve.log" 2>&1 &
   pid=$!
   real_pids="$real_pids $pid"
   berth_url=""
