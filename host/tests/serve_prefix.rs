@@ -10,17 +10,11 @@ mod common;
 use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// What every scripted model here answers by default.
-const REPLY: &str = "done";
-/// The scripted models answer a prompt containing this with [`long_reply`].
-const LONG_TRIGGER: &str = "LONG";
-
-fn long_reply() -> String {
-    "0123456789".repeat(30)
-}
+const REPLY: &str = REWIND_MODEL_REPLY;
 
 /// Sends an HTTP/1.0 POST (a streamed answer comes unchunked, ending at close).
 fn post(port: u16, path: &str, body: &serde_json::Value) -> TcpStream {
@@ -101,29 +95,6 @@ fn metric(server: &TestServer, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
 }
 
-/// Imports a scripted pack `name:latest` (reported rewind rule `rewind`, enforced `enforce`,
-/// forks refused when `refuse_fork`) that logs its `seq_truncate` calls; returns the log's path.
-fn import_scripted(home: &Path, name: &str, rewind: &str, enforce: &str, refuse_fork: bool) -> PathBuf {
-    let log = home.join(format!("{name}-truncates.jsonl"));
-    let src = home.join(format!("src-{name}"));
-    let script = serde_json::json!({
-        "stop_tokens": [256],
-        "rewind": rewind,
-        "enforce_rewind": enforce,
-        "refuse_fork": refuse_fork,
-        "truncate_log": log,
-        "step_delay_ms": 5,
-        "entries": [
-            {"trigger": byte_tokens(LONG_TRIGGER), "reply": byte_tokens(&long_reply())},
-            {"reply": byte_tokens(REPLY)},
-        ],
-    });
-    write_scripted_pack(&src, name, "latest", &script);
-    write_byte_tokenizer(&src, &["<|end|>"], None);
-    berth_ok(home, None, &["import", src.to_str().unwrap()]);
-    log
-}
-
 /// The `seq_truncate` calls a model saw: (seq, from, len, ok).
 fn truncates(log: &Path) -> Vec<(i64, u64, u64, bool)> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -155,18 +126,21 @@ fn a_prompt_sharing_a_prefix_with_a_running_stream_forks_it_and_refusals_fall_ba
     let logs = [
         (
             "anywhere",
-            import_scripted(home, "anywhere", "anywhere", "anywhere", false),
+            import_rewind_model(home, "anywhere", "anywhere".into(), "anywhere".into(), false),
         ),
         (
             "nofork",
-            import_scripted(home, "nofork", "anywhere", "anywhere", true),
+            import_rewind_model(home, "nofork", "anywhere".into(), "anywhere".into(), true),
         ),
         // Reports "anywhere" but rewinds only to 0: the forked copy cannot be cut back.
         (
             "lying",
-            import_scripted(home, "lying", "anywhere", "start", false),
+            import_rewind_model(home, "lying", "anywhere".into(), "start".into(), false),
         ),
-        ("start", import_scripted(home, "start", "start", "start", false)),
+        (
+            "start",
+            import_rewind_model(home, "start", "start".into(), "start".into(), false),
+        ),
     ];
     let server = TestServer::start(home, &["--parallel", "4", "--max-loaded-models", "4"]);
 

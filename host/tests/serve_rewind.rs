@@ -8,19 +8,12 @@ mod common;
 use common::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 /// What every scripted model here answers by default.
-const REPLY: &str = "done";
-/// What it answers to a prompt containing [`LONG_TRIGGER`]: long enough (with the step delay)
-/// to still be streaming while other requests come and go.
-const LONG_TRIGGER: &str = "LONG";
-
-fn long_reply() -> String {
-    "0123456789".repeat(30)
-}
+const REPLY: &str = REWIND_MODEL_REPLY;
 
 /// A Berth home with the scripted plugin installed.
 fn home() -> tempfile::TempDir {
@@ -34,28 +27,6 @@ fn home() -> tempfile::TempDir {
         &["plugins", "install", scripted_library().to_str().unwrap()],
     );
     tmp
-}
-
-/// Imports a scripted pack `name:latest` whose model reports `rewind` and whose `seq_truncate`
-/// enforces `enforce`, logging every call; returns the log's path.
-fn import_model(home: &Path, name: &str, rewind: serde_json::Value, enforce: serde_json::Value) -> PathBuf {
-    let log = home.join(format!("{name}-truncates.jsonl"));
-    let src = home.join(format!("src-{name}"));
-    let script = serde_json::json!({
-        "stop_tokens": [256],
-        "rewind": rewind,
-        "enforce_rewind": enforce,
-        "truncate_log": log,
-        "step_delay_ms": 5,
-        "entries": [
-            {"trigger": byte_tokens(LONG_TRIGGER), "reply": byte_tokens(&long_reply())},
-            {"reply": byte_tokens(REPLY)},
-        ],
-    });
-    write_scripted_pack(&src, name, "latest", &script);
-    write_byte_tokenizer(&src, &["<|end|>"], None);
-    berth_ok(home, None, &["import", src.to_str().unwrap()]);
-    log
 }
 
 /// The `seq_truncate` calls a model saw: (from, len, ok).
@@ -196,18 +167,19 @@ fn text_and_cached(body: &serde_json::Value) -> (&str, u64) {
 fn serve_prefix_reuse_follows_the_rewind_rule_and_a_refused_rewind_costs_one_prefill() {
     let home = home();
     let home = home.path();
-    let anywhere = import_model(home, "anywhere", "anywhere".into(), "anywhere".into());
-    let snap = import_model(
+    let anywhere = import_rewind_model(home, "anywhere", "anywhere".into(), "anywhere".into(), false);
+    let snap = import_rewind_model(
         home,
         "snap",
         serde_json::json!({"every": 48}),
         serde_json::json!({"every": 48}),
+        false,
     );
-    let start = import_model(home, "start", "start".into(), "start".into());
+    let start = import_rewind_model(home, "start", "start".into(), "start".into(), false);
     // Reports "anywhere" but can only rewind to 0 (a hybrid model that does not say so).
-    let lying = import_model(home, "lying", "anywhere".into(), "start".into());
+    let lying = import_rewind_model(home, "lying", "anywhere".into(), "start".into(), false);
     // Cannot even reset its sequences: the request that needs a reset fails, alone.
-    let never = import_model(home, "never", "anywhere".into(), "never".into());
+    let never = import_rewind_model(home, "never", "anywhere".into(), "never".into(), false);
     let server = Server::start(home);
 
     // The first prompt fills two whole 64-token chunks (128) plus 22 tokens; the second shares
@@ -277,12 +249,13 @@ fn serve_prefix_reuse_follows_the_rewind_rule_and_a_refused_rewind_costs_one_pre
 fn berth_run_chat_falls_back_to_a_full_prefill_when_the_rewind_is_refused() {
     let home = home();
     let home = home.path();
-    let lying = import_model(home, "lying", "anywhere".into(), "start".into());
-    let snap = import_model(
+    let lying = import_rewind_model(home, "lying", "anywhere".into(), "start".into(), false);
+    let snap = import_rewind_model(
         home,
         "snap",
         serde_json::json!({"every": 48}),
         serde_json::json!({"every": 48}),
+        false,
     );
     let (a, b) = prompts(150, 140);
     let cached_len = 150 + REPLY.len() as u64;

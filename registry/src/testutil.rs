@@ -1,7 +1,7 @@
 //! Test helpers: chunk wheels and a fake PyPI index, plus the GGUF and safetensors writers from
 //! `berth-formats` (public with the `testutil` feature, for the host's end-to-end tests).
 
-pub use berth_formats::testutil::{safetensors_bytes, sample_gguf, GgufWriter};
+pub use berth_formats::testutil::{file_tree, safetensors_bytes, sample_gguf, GgufWriter};
 
 /// A wheel (zip) for `module` holding one data file, `<module>-1.0.data/data/chunk`.
 pub fn wheel_bytes(module: &str, data: &[u8], deflate: bool) -> Vec<u8> {

@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use berth_formats::testutil::{safetensors_bytes, sample_gguf, GgufWriter};
+use berth_formats::testutil::{file_tree as tree, safetensors_bytes, sample_gguf, GgufWriter};
 use berth_registry::hub::{pull_hub, HubOptions, HubRef, PullOutcome};
 use berth_registry::{FileRole, PackManifest, PullError, PullOptions, Store};
 use sha2::Digest as _;
@@ -245,25 +245,6 @@ fn hub(reference: &str, opts: &HubOptions) -> HubRef {
 
 fn pull(e: &Env, reference: &str) -> Result<PullOutcome, PullError> {
     pull_hub(&e.store, &hub(reference, &e.opts), &e.opts, &mut |_| {})
-}
-
-/// Every file under a folder, relative, sorted (empty when it does not exist).
-fn tree(dir: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(root, &p, out);
-            } else {
-                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
 }
 
 /// The store holds nothing: no packs, and nothing left in its temporary folder.

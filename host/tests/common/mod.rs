@@ -274,3 +274,45 @@ impl Drop for TestServer {
         let _ = self.child.wait();
     }
 }
+
+/// What the scripted rewind model ([`import_rewind_model`]) answers by default.
+pub const REWIND_MODEL_REPLY: &str = "done";
+/// The rewind model answers a prompt containing this with [`long_reply`]: long enough (with its
+/// step delay) to still be streaming while other requests come and go.
+pub const LONG_TRIGGER: &str = "LONG";
+
+/// The rewind model's answer to [`LONG_TRIGGER`].
+pub fn long_reply() -> String {
+    "0123456789".repeat(30)
+}
+
+/// Imports a scripted pack `name:latest` for the rewind and prefix-sharing tests: its model
+/// reports the rewind rule `rewind`, its `seq_truncate` enforces `enforce`, `seq_fork` fails when
+/// `refuse_fork`, every `seq_truncate` call is logged, and it answers [`REWIND_MODEL_REPLY`] (or
+/// [`long_reply`] to [`LONG_TRIGGER`]) at 5 ms a step. Returns the log's path.
+pub fn import_rewind_model(
+    home: &Path,
+    name: &str,
+    rewind: serde_json::Value,
+    enforce: serde_json::Value,
+    refuse_fork: bool,
+) -> PathBuf {
+    let log = home.join(format!("{name}-truncates.jsonl"));
+    let src = home.join(format!("src-{name}"));
+    let script = serde_json::json!({
+        "stop_tokens": [256],
+        "rewind": rewind,
+        "enforce_rewind": enforce,
+        "refuse_fork": refuse_fork,
+        "truncate_log": log,
+        "step_delay_ms": 5,
+        "entries": [
+            {"trigger": byte_tokens(LONG_TRIGGER), "reply": byte_tokens(&long_reply())},
+            {"reply": byte_tokens(REWIND_MODEL_REPLY)},
+        ],
+    });
+    write_scripted_pack(&src, name, "latest", &script);
+    write_byte_tokenizer(&src, &["<|end|>"], None);
+    berth_ok(home, None, &["import", src.to_str().unwrap()]);
+    log
+}
