@@ -19,10 +19,11 @@ fn main() {
     ] {
         let k = if wtype.block_size() == 256 { 1024 } else { k };
         let w: Vec<Vec<u8>> = (0..rows).map(|_| random_row(&mut rng, wtype, k)).collect();
-        let x = rng.vec(4 * k);
+        let x = rng.vec(8 * k);
         let mut q = QuantizedActivations::new();
         q.quantize_into(wtype, &x, k);
-        let acts: Vec<ActRow<'_>> = (0..4).map(|i| q.row(i)).collect();
+        let acts: Vec<ActRow<'_>> = (0..8).map(|i| q.row(i)).collect();
+        let flat: Vec<u8> = w.concat();
         let reps: usize = std::env::var("TB_REPS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -42,7 +43,10 @@ fn main() {
                 }
                 s = s.min(t0.elapsed().as_secs_f64());
             }
-            let macs = (reps * rows * k) as f64 * if name.contains("x4") { 4.0 } else { 1.0 };
+            let width = name
+                .rsplit_once(" x")
+                .map_or(1.0, |(_, x)| x.parse().unwrap_or(1.0));
+            let macs = (reps * rows * k) as f64 * width;
             println!("{wtype:?} {name}: {:.2} GMAC/s", macs / s / 1e9);
         };
         run("single", &mut |s| {
@@ -57,10 +61,22 @@ fn main() {
         });
         run("tile2 x4", &mut |s| {
             for r in w.chunks(2) {
-                t.vec_dot_tile(wtype, &[&r[0][..], &r[1]], &acts, k, &mut out);
+                t.vec_dot_tile(wtype, &[&r[0][..], &r[1]], &acts[..4], k, &mut out);
                 *s += out[0];
             }
         });
+        run("single4 x4", &mut |s| {
+            for r in w.iter() {
+                *s += t.vec_dot4_single(wtype, r, [acts[0], acts[1], acts[2], acts[3]], k)[0];
+            }
+        });
+        let mut many = vec![0.0f32; rows * 8];
+        for na in [2usize, 4, 8] {
+            run(&format!("many x{na}"), &mut |s| {
+                t.vec_dot_rows_single(wtype, &flat, rows, &acts[..na], k, &mut many);
+                *s += many[0];
+            });
+        }
         std::hint::black_box(sink);
     }
 }

@@ -6,7 +6,7 @@
 //! are split in chunks over the thread pool; every weight row is reused across a tile of
 //! activation rows while it is hot in L1.
 
-use crate::dot::{DotTable, QuantizedActivations};
+use crate::dot::{ActRow, DotTable, QuantizedActivations};
 use crate::pool::ThreadPool;
 use crate::quant::WeightType;
 
@@ -18,10 +18,13 @@ struct OutPtr(*mut f32);
 // exactly one chunk) while the owning `&mut [f32]` is borrowed by the caller.
 unsafe impl Sync for OutPtr {}
 
+/// Most weight rows in one parallel chunk.
+const MANY_CHUNK: usize = 256;
+
 /// Weight rows per parallel chunk for a matrix of `rows` rows on `threads` threads.
 fn rows_per_chunk(rows: usize, threads: usize) -> usize {
     // About 4 chunks per thread for load balance, at least 4 rows each.
-    rows.div_ceil(threads * 4).clamp(4, 256)
+    rows.div_ceil(threads * 4).clamp(4, MANY_CHUNK)
 }
 
 /// `out[i][r] = dot(W[r], act.row(i))` for pre-quantized activations (`act.rows()` rows).
@@ -77,7 +80,44 @@ pub fn matmul_quantized_split(
         // Weight rows per tile call: what the table's tile kernel covers best (2 or 4).
         let tw = table.tile_rows.clamp(1, 4);
         let mut tile = [0.0f32; 16];
-        for i0 in (0..m).step_by(M_TILE) {
+        let mut many = [0.0f32; MANY_CHUNK * DotTable::MANY_MAX];
+        // Up to eight activation rows through one pass over this chunk's weight rows, where the
+        // table's many-row kernel covers the type (its results equal single rows bit for bit,
+        // as the tiles' do for the types it covers); false when it does not.
+        let mut many_rows = |i0: usize, i1: usize| -> bool {
+            let Some(f) = table.rows_many else { return false };
+            let mut b: [&[u8]; DotTable::MANY_MAX] = [&[]; DotTable::MANY_MAX];
+            for (d, i) in b.iter_mut().zip(i0..i1) {
+                match act.row(i) {
+                    ActRow::Q8_0(x) | ActRow::Q8_K(x) => *d = x,
+                    ActRow::F32(_) => return false,
+                }
+            }
+            let na = i1 - i0;
+            if !f(
+                wtype,
+                &w[r0 * rb..r1 * rb],
+                r1 - r0,
+                k,
+                &b[..na],
+                &mut many[..(r1 - r0) * na],
+            ) {
+                return false;
+            }
+            for (ri, vals) in many.chunks_exact(na).take(r1 - r0).enumerate() {
+                for (di, &v) in vals.iter().enumerate() {
+                    // SAFETY: i0 + di < m_all and r0 + ri < rows, so the index is < out.len()
+                    // (asserted); chunk c is the only writer of rows r0..r1.
+                    unsafe { *outp.0.add((i0 + di) * rows + r0 + ri) = v };
+                }
+            }
+            true
+        };
+        let mut gemm_from = 0;
+        while gemm_from < m && many_rows(gemm_from, (gemm_from + DotTable::MANY_MAX).min(m)) {
+            gemm_from += DotTable::MANY_MAX;
+        }
+        for i0 in (gemm_from.min(m)..m).step_by(M_TILE) {
             let i1 = (i0 + M_TILE).min(m);
             let mut i = i0;
             // Four activation rows at a time against `tw` (else 2, else 1) weight rows.
@@ -111,8 +151,15 @@ pub fn matmul_quantized_split(
                 }
             }
         }
-        // Rows past `gemm_rows`: four at a time through the kernel that rounds as `vec_dot`.
+        // Rows past `gemm_rows`: eight at a time through the many-row kernel, else four at a
+        // time through the kernel that rounds as `vec_dot`.
         let mut i = m;
+        if m_all - m >= 2 {
+            while i < m_all && many_rows(i, (i + DotTable::MANY_MAX).min(m_all)) {
+                i += DotTable::MANY_MAX;
+            }
+            i = i.min(m_all);
+        }
         while i + 4 <= m_all {
             let acts = [act.row(i), act.row(i + 1), act.row(i + 2), act.row(i + 3)];
             for r in r0..r1 {

@@ -356,3 +356,172 @@ pub(crate) fn tile(wtype: WeightType, w: &[&[u8]], a: &[&[u8]], n: usize, out: &
     }
     true
 }
+
+/// Most activation rows one [`rows_many`] call takes.
+pub(crate) const MANY_MAX: usize = super::DotTable::MANY_MAX;
+
+thread_local! {
+    /// Per-thread scratch of [`rows_many`]: the activation rows paired for 16-lane steps.
+    static PAIRED: std::cell::RefCell<(Vec<__m512i>, Vec<__m512>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs of `_0` weight rows of kind `K` (`nrows` consecutive rows of `nb` blocks at `w`)
+/// against `na ≤ 2 P` Q8_0 activation rows prepared in pairs (`yu[i * P + p]`: block `i` of
+/// rows `2p` and `2p + 1` made unsigned, side by side; `dy[i * P + p]`: their scales, eight
+/// lanes each), into `out[r * na + j]`. Two weight rows go through each step.
+///
+/// Bit for bit the single-row kernels: each half of a 16-lane accumulator is the single row's
+/// eight lanes (the same exact integer group sums, `dx · dy` then one fused multiply-add per
+/// block, in block order, and the same horizontal sum at the end).
+///
+/// # Safety
+/// `w` holds `nrows · nb` whole blocks of kind `K`; `yu` and `dy` hold `nb · P` entries; `out`
+/// holds `nrows · na`; the CPU has every feature enabled here.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn rows_0_many<const K: u8, const P: usize>(
+    w: *const u8,
+    nrows: usize,
+    nb: usize,
+    yu: &[__m512i],
+    dy: &[__m512],
+    na: usize,
+    out: &mut [f32],
+) {
+    let xb = block_bytes(K);
+    let bias = _mm512_set1_epi8(-128);
+    let z = _mm512_setzero_si512();
+    let row_bytes = nb * xb;
+    let mut store = |r: usize, acc: &[__m512; P]| {
+        for (p, &v) in acc.iter().enumerate() {
+            let (lo, hi) = halves_ps(v);
+            out[r * na + 2 * p] = hsum_ps(lo);
+            if 2 * p + 1 < na {
+                out[r * na + 2 * p + 1] = hsum_ps(hi);
+            }
+        }
+    };
+    let mut r = 0;
+    while r + 2 <= nrows {
+        // SAFETY: rows r and r + 1 < nrows lie inside `w` (the caller's contract).
+        let (x0, x1) = unsafe { (w.add(r * row_bytes), w.add((r + 1) * row_bytes)) };
+        let mut acc0 = [_mm512_setzero_ps(); P];
+        let mut acc1 = [_mm512_setzero_ps(); P];
+        for i in 0..nb {
+            // SAFETY: block i < nb of rows r and r + 1; the prefetch address is only a hint.
+            let ((d0, q0), (d1, q1)) = unsafe {
+                prefetch_block(x0.add(i * xb), xb);
+                prefetch_block(x1.add(i * xb), xb);
+                (decode_s0::<K>(x0.add(i * xb)), decode_s0::<K>(x1.add(i * xb)))
+            };
+            let (w0, w1) = (join(q0, q0), join(q1, q1));
+            let s0 = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, bias, w0));
+            let s1 = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, bias, w1));
+            let (dx0, dx1) = (_mm512_set1_ps(d0), _mm512_set1_ps(d1));
+            for p in 0..P {
+                let (y, d) = (yu[i * P + p], dy[i * P + p]);
+                let v0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(s0, y, w0));
+                let v1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(s1, y, w1));
+                acc0[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx0, d), v0, acc0[p]);
+                acc1[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx1, d), v1, acc1[p]);
+            }
+        }
+        store(r, &acc0);
+        store(r + 1, &acc1);
+        r += 2;
+    }
+    if r < nrows {
+        // SAFETY: row r < nrows lies inside `w`.
+        let x0 = unsafe { w.add(r * row_bytes) };
+        let mut acc0 = [_mm512_setzero_ps(); P];
+        for i in 0..nb {
+            // SAFETY: block i < nb of row r.
+            let (d0, q0) = unsafe { decode_s0::<K>(x0.add(i * xb)) };
+            let w0 = join(q0, q0);
+            let s0 = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, bias, w0));
+            let dx0 = _mm512_set1_ps(d0);
+            for p in 0..P {
+                let v0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(s0, yu[i * P + p], w0));
+                acc0[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx0, dy[i * P + p]), v0, acc0[p]);
+            }
+        }
+        store(r, &acc0);
+    }
+}
+
+/// Pairs `acts` (Q8_0 rows of `nb` blocks) for [`rows_0_many`]: the last row stands in for a
+/// missing partner.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+fn pair_acts(acts: &[&[u8]], nb: usize, yu: &mut Vec<__m512i>, dy: &mut Vec<__m512>) {
+    let pairs = acts.len().div_ceil(2);
+    let bias = _mm512_set1_epi8(-128);
+    yu.clear();
+    dy.clear();
+    for i in 0..nb {
+        for p in 0..pairs {
+            let (a0, a1) = (acts[2 * p], acts[(2 * p + 1).min(acts.len() - 1)]);
+            // SAFETY: block i < nb of rows holding nb 34-byte blocks (checked by the caller).
+            unsafe {
+                let (y0, y1) = (a0.as_ptr().add(i * Q8_0_BYTES), a1.as_ptr().add(i * Q8_0_BYTES));
+                yu.push(_mm512_xor_si512(
+                    join(load256(y0.add(2)), load256(y1.add(2))),
+                    bias,
+                ));
+                dy.push(join_ps(_mm256_set1_ps(f16c_at(y0)), _mm256_set1_ps(f16c_at(y1))));
+            }
+        }
+    }
+}
+
+/// `nrows` consecutive Q4_0/Q5_0/Q8_0 weight rows at `w` against up to [`MANY_MAX`] Q8_0
+/// activation rows into `out[r * acts.len() + j]`, each result bit for bit the single-row
+/// kernel's; false for other types or counts.
+pub(crate) fn rows_many(
+    wtype: WeightType,
+    w: &[u8],
+    nrows: usize,
+    n: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> bool {
+    let na = acts.len();
+    let kind = match wtype {
+        WeightType::Q4_0 => Q4,
+        WeightType::Q5_0 => Q5,
+        WeightType::Q8_0 => Q8,
+        _ => return false,
+    };
+    if na == 0 || na > MANY_MAX || !n.is_multiple_of(QK) {
+        return false;
+    }
+    let nb = n / QK;
+    assert!(w.len() >= nrows * nb * block_bytes(kind), "weight rows too short");
+    assert!(
+        acts.iter().all(|y| y.len() >= nb * Q8_0_BYTES),
+        "activation row too short"
+    );
+    assert!(out.len() >= nrows * na, "output too short");
+    PAIRED.with_borrow_mut(|(yu, dy)| {
+        // SAFETY (the block): see the note above the wrappers; the lengths are asserted above.
+        unsafe {
+            pair_acts(acts, nb, yu, dy);
+            let (w, yu, dy) = (w.as_ptr(), &yu[..], &dy[..]);
+            macro_rules! go {
+                ($k:expr) => {
+                    match na.div_ceil(2) {
+                        1 => rows_0_many::<$k, 1>(w, nrows, nb, yu, dy, na, out),
+                        2 => rows_0_many::<$k, 2>(w, nrows, nb, yu, dy, na, out),
+                        3 => rows_0_many::<$k, 3>(w, nrows, nb, yu, dy, na, out),
+                        _ => rows_0_many::<$k, 4>(w, nrows, nb, yu, dy, na, out),
+                    }
+                };
+            }
+            match kind {
+                Q4 => go!(Q4),
+                Q5 => go!(Q5),
+                _ => go!(Q8),
+            }
+        }
+    });
+    true
+}

@@ -58,7 +58,15 @@ pub struct DotTable {
     /// Weight rows per [`DotTable::vec_dot_tile`] call (with four activation rows) that
     /// [`DotTable::tile`] covers best: 2, or 4 where the kernel also takes four.
     pub tile_rows: usize,
+    /// Optional kernel for a run of consecutive weight rows against several (up to
+    /// [`DotTable::MANY_MAX`]) quantized activation rows, each result bit for bit
+    /// [`DotTable::vec_dot`]'s; returns false for types it does not cover.
+    pub rows_many: Option<RowsManyFn>,
 }
+
+/// `nrows` consecutive weight rows (raw bytes) × quantized activation rows into
+/// `out[r * acts.len() + j]`: `(wtype, weights, nrows, n, acts, out)`.
+pub type RowsManyFn = fn(WeightType, &[u8], usize, usize, &[&[u8]], &mut [f32]) -> bool;
 
 /// Weight rows × quantized activation rows into `out[wi * acts.len() + r]`:
 /// `(wtype, rows, acts, n, out)`.
@@ -87,8 +95,12 @@ impl DotTable {
             dot4_gemv: None,
             tile: None,
             tile_rows: 2,
+            rows_many: None,
         }
     }
+
+    /// Most activation rows one [`DotTable::rows_many`] call takes.
+    pub const MANY_MAX: usize = 8;
 
     /// Names of every table this build has, best first (whether or not this CPU runs them).
     pub const NAMES: [&'static str; 3] = ["avx512", "avx2", "scalar"];
@@ -145,6 +157,7 @@ impl DotTable {
             dot4_gemv: Some(avx512::dot4_gemv),
             tile: Some(avx512::tile),
             tile_rows: 4,
+            rows_many: Some(avx512::rows_many),
             ..DotTable::avx2()?
         })
     }
@@ -172,6 +185,7 @@ impl DotTable {
             dot4_gemv: Some(avx2::dot4_gemv),
             tile: Some(avx2::tile),
             tile_rows: 2,
+            rows_many: None,
         })
     }
 
@@ -219,6 +233,51 @@ impl DotTable {
             }
         }
         acts.map(|a| self.vec_dot(wtype, row, a, n))
+    }
+
+    /// Dot products of `nrows` consecutive weight rows (`wtype` rows of `n` in `w`) with each of
+    /// `acts` into `out[r * acts.len() + j]`, each bit for bit [`DotTable::vec_dot`]'s: one pass
+    /// over the weights for up to [`DotTable::MANY_MAX`] rows where [`DotTable::rows_many`]
+    /// covers the type, else four-row single-order kernels.
+    pub fn vec_dot_rows_single(
+        &self,
+        wtype: WeightType,
+        w: &[u8],
+        nrows: usize,
+        acts: &[ActRow<'_>],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let na = acts.len();
+        assert!(out.len() >= nrows * na, "output too short");
+        let rb = wtype.row_bytes(n);
+        assert!(w.len() >= nrows * rb, "weight rows too short");
+        if let Some(f) = self.rows_many {
+            if (1..=Self::MANY_MAX).contains(&na) && acts.iter().all(|a| a.format() == wtype.act_format()) {
+                let mut b: [&[u8]; Self::MANY_MAX] = [&[]; Self::MANY_MAX];
+                for (d, a) in b.iter_mut().zip(acts) {
+                    if let ActRow::Q8_0(x) | ActRow::Q8_K(x) = a {
+                        *d = x;
+                    }
+                }
+                if f(wtype, w, nrows, n, &b[..na], out) {
+                    return;
+                }
+            }
+        }
+        for r in 0..nrows {
+            let row = &w[r * rb..(r + 1) * rb];
+            let o = &mut out[r * na..(r + 1) * na];
+            let mut j = 0;
+            while j + 4 <= na {
+                let v = self.vec_dot4_single(wtype, row, [acts[j], acts[j + 1], acts[j + 2], acts[j + 3]], n);
+                o[j..j + 4].copy_from_slice(&v);
+                j += 4;
+            }
+            for j in j..na {
+                o[j] = self.vec_dot(wtype, row, acts[j], n);
+            }
+        }
     }
 
     /// Dot products of every weight row in `rows` with every activation row in `acts` (at

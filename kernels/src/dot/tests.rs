@@ -269,6 +269,66 @@ fn single_order_four_row_kernels_equal_single_rows_bit_for_bit() {
 }
 
 #[test]
+fn many_row_kernels_equal_single_rows_bit_for_bit() {
+    // Runs of weight rows (odd and even counts) against 1..=8 activation rows, every type, on
+    // every table: the many-row kernel where it covers the type, the fallback elsewhere.
+    let mut rng = XorShift::new(24);
+    for best in std::iter::once(DotTable::scalar()).chain(simd_tables()) {
+        for n in [256, 896] {
+            for wtype in WeightType::ALL {
+                if n % wtype.block_size() != 0 {
+                    continue;
+                }
+                let nrows = 5;
+                let w: Vec<u8> = (0..nrows).flat_map(|_| random_row(&mut rng, wtype, n)).collect();
+                let x = rng.vec(DotTable::MANY_MAX * n);
+                let mut q = QuantizedActivations::new();
+                q.quantize_into(wtype, &x, n);
+                let rb = wtype.row_bytes(n);
+                for na in 1..=DotTable::MANY_MAX {
+                    let acts: Vec<ActRow<'_>> = (0..na).map(|j| q.row(j)).collect();
+                    let mut got = vec![f32::NAN; nrows * na];
+                    best.vec_dot_rows_single(wtype, &w, nrows, &acts, n, &mut got);
+                    if let (Some(f), WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0) =
+                        (best.rows_many, wtype)
+                    {
+                        let bytes: Vec<&[u8]> = acts
+                            .iter()
+                            .map(|a| match a {
+                                ActRow::Q8_0(b) => *b,
+                                _ => unreachable!(),
+                            })
+                            .collect();
+                        let mut direct = vec![f32::NAN; nrows * na];
+                        assert!(
+                            f(wtype, &w, nrows, n, &bytes, &mut direct),
+                            "{} covers {wtype:?}",
+                            best.name
+                        );
+                        assert_eq!(
+                            direct.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                        );
+                    }
+                    for r in 0..nrows {
+                        for j in 0..na {
+                            let e = best.vec_dot(wtype, &w[r * rb..(r + 1) * rb], q.row(j), n);
+                            let g = got[r * na + j];
+                            assert_eq!(
+                                g.to_bits(),
+                                e.to_bits(),
+                                "{} {wtype:?} n={n} na={na} row {r} act {j}: {g} vs {e}",
+                                best.name
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn mxfp4_every_exponent_and_code_matches_scalar() {
     // All 256 E8M0 exponents (subnormal scales at 0 and 1) and all 16 codes in each block, in
     // the single-row, four-row and tile kernels.
