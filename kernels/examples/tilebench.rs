@@ -77,6 +77,19 @@ fn main() {
                 *s += many[0];
             });
         }
+        if let Some(p) = berth_kernels::packed::PackedMatrix::pack(wtype, &flat, rows, k) {
+            let pool = berth_kernels::pool::ThreadPool::new(1);
+            let mut scratch = berth_kernels::packed::PackedActs::new();
+            let mut out = vec![0.0f32; rows * 8];
+            for na in [1usize, 4, 8] {
+                let mut qa = QuantizedActivations::new();
+                qa.quantize_into(wtype, &x[..na * k], k);
+                run(&format!("packed x{na}"), &mut |s| {
+                    berth_kernels::packed::matmul_packed(&p, &qa, &mut out, &mut scratch, &pool);
+                    *s += out[0];
+                });
+            }
+        }
         std::hint::black_box(sink);
     }
 }

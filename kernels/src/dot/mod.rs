@@ -499,6 +499,12 @@ impl QuantizedActivations {
         self.rows
     }
 
+    /// Every row's bytes, back to back (Q8_0 activations only).
+    pub fn q8_0_bytes(&self) -> &[u8] {
+        assert_eq!(self.format, ActFormat::Q8_0, "not Q8_0 activations");
+        &self.bytes[..self.rows * ActFormat::Q8_0.row_bytes(self.n)]
+    }
+
     /// Borrow row `i`.
     #[inline]
     pub fn row(&self, i: usize) -> ActRow<'_> {

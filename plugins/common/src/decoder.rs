@@ -668,11 +668,12 @@ impl Decoder {
             }
         }
         // Continuous batching: the rows of sequences with several rows here (a prompt chunk) go
-        // first and are tiled as they would be alone; one-row sequences (decode steps) follow and
-        // round as single-row steps. A sequence whose every row wants logits (drafted tokens
-        // being verified) is a run of decode steps taken together: its rows round as single-row
-        // steps too (matmuls and attention), so each row's logits are bit for bit those of
-        // decoding it alone. Logits still come out in batch order.
+        // first; one-row sequences (decode steps) follow. Matmuls round every row as a single
+        // row would (packed or single-order kernels), so only attention's order depends on the
+        // batch: a prompt chunk's rows are tiled as they would be alone, and a sequence whose
+        // every row wants logits (drafted tokens being verified) is a run of decode steps taken
+        // together, its rows attending in single-row order. Each row's logits are thus bit for
+        // bit those of running its sequence alone. Logits still come out in batch order.
         s.per_seq.clear();
         s.per_seq.resize(self.kv.max_sequences(), 0);
         s.all_want.clear();
@@ -699,14 +700,6 @@ impl Decoder {
             s.order
                 .sort_by_key(|&i| per_seq[rows[i].0] == 1 || stepwise(rows[i].0));
         }
-        let gemm = s
-            .order
-            .iter()
-            .take_while(|&&i| {
-                let seq = rows[i].0;
-                !stepwise(seq) && (!several || per_seq[seq] > 1)
-            })
-            .count();
         s.tokens.clear();
         s.tokens.extend(s.order.iter().map(|&i| batch.tokens[i]));
         s.want.clear();
@@ -728,7 +721,6 @@ impl Decoder {
                 .filter(|&&i| batch.want_logits[i] != 0)
                 .map(|&i| s.rank[i]),
         );
-        let head_gemm = s.want[..gemm].iter().filter(|&&w| w != 0).count();
         let (tokens, want, dest) = (
             std::mem::take(&mut s.tokens),
             std::mem::take(&mut s.want),
@@ -745,7 +737,7 @@ impl Decoder {
                 (j.expect("every row is in the order"), e)
             })
             .collect();
-        self.forward(&tokens, &placed, &want, (gemm, head_gemm), &dest, logits);
+        self.forward(&tokens, &placed, &want, &dest, logits);
         (self.s.tokens, self.s.want, self.s.dest) = (tokens, want, dest);
         let s = &mut self.s;
         for (seq, next) in s.seq_next.iter().enumerate() {
@@ -757,14 +749,13 @@ impl Decoder {
     }
 
     /// The forward pass over validated rows (`self.s.rows` holds each row's sequence and position).
-    /// `embeds`: rows (in this order) whose input is given rather than their token's. `gemm`: rows (all, then those wanting logits) tiled as one matrix, the rest rounding as
-    /// single rows; `dest`: the logits row of each row that wants logits.
+    /// `embeds`: rows (in this order) whose input is given rather than their token's; `dest`: the
+    /// logits row of each row that wants logits.
     fn forward(
         &mut self,
         tokens: &[i32],
         embeds: &[(usize, &[f32])],
         want_logits: &[u8],
-        gemm: (usize, usize),
         dest: &[usize],
         logits: &mut LogitsOut<'_>,
     ) {
@@ -775,7 +766,7 @@ impl Decoder {
         let threads = self.threads;
         let n = tokens.len();
         let h = cfg.hidden;
-        s.mm.gemm_rows = Some(gemm.0);
+        s.mm.tiled = false;
 
         let x = grow(&mut s.x, n * h);
         for (i, &t) in tokens.iter().enumerate() {
@@ -966,7 +957,7 @@ impl Decoder {
                     }
                     route(&moe, r, ne, selection_bias.as_deref(), None, &mut s.assign);
                     // Experts see subsets of rows: tile them all (MoE batches are not split).
-                    s.mm.gemm_rows = None;
+                    s.mm.tiled = true;
                     let ex = ExpertScratch {
                         input: &mut s.moe_in,
                         output: &mut s.moe_out,
@@ -1015,7 +1006,7 @@ impl Decoder {
                                 .for_each(|(a, b)| *a += sg[i] * b);
                         }
                     }
-                    s.mm.gemm_rows = Some(gemm.0);
+                    s.mm.tiled = false;
                 }
                 Ffn::DenseMoe(m) => {
                     let moe = cfg.moe.expect("MoE weights need a MoE config");
@@ -1056,7 +1047,7 @@ impl Decoder {
                         );
                     }
                     let acc = grow(&mut s.moe_acc, n * h);
-                    s.mm.gemm_rows = None;
+                    s.mm.tiled = true;
                     let ex = ExpertScratch {
                         input: &mut s.moe_in,
                         output: &mut s.moe_out,
@@ -1075,7 +1066,7 @@ impl Decoder {
                         ex,
                         threads,
                     );
-                    s.mm.gemm_rows = Some(gemm.0);
+                    s.mm.tiled = false;
                     // out = post_dense(dense) + post_experts(experts).
                     for i in 0..n {
                         let (orow, tmp) = (&mut out[i * h..(i + 1) * h], &mut xn[i * h..(i + 1) * h]);
@@ -1161,7 +1152,7 @@ impl Decoder {
         }
         let vocab = w.output.rows;
         let lg = grow(&mut s.logits, m * vocab);
-        s.mm.gemm_rows = Some(gemm.1);
+        s.mm.tiled = false;
         matmul(&w.output, hin, m, lg, &mut s.mm, threads);
         for j in 0..m {
             let src = &mut lg[j * vocab..(j + 1) * vocab];

@@ -4,6 +4,7 @@
 use crate::weights::Matrix;
 use berth_kernels::dot::QuantizedActivations;
 use berth_kernels::matmul::matmul_quantized_split;
+use berth_kernels::packed::{matmul_packed, PackedActs};
 use berth_kernels::pool::ThreadPool;
 use berth_kernels::quant::ActFormat;
 use std::ops::Range;
@@ -79,9 +80,12 @@ where
 #[derive(Default)]
 pub struct MatmulScratch {
     acts: [QuantizedActivations; 3],
-    /// Rows tiled as one matrix; later rows round as single-row products (see
-    /// [`berth_kernels::matmul::matmul_quantized_split`]). `None`: all rows.
-    pub gemm_rows: Option<usize>,
+    packed: PackedActs,
+    /// Rows tiled as one matrix (MoE experts, whose batches are not split); false (the
+    /// default): every row rounds as a single-row product would, so a sequence's numbers never
+    /// depend on the rows batched with it (see
+    /// [`berth_kernels::matmul::matmul_quantized_split`]).
+    pub tiled: bool,
 }
 
 impl MatmulScratch {
@@ -145,7 +149,12 @@ pub fn matmul_shared(
             act.quantize_into_par(w.wtype, &x[..n * cols], cols, pool);
             done[f] = true;
         }
-        let g = scratch.gemm_rows.unwrap_or(n);
+        if let Some(p) = w.packed() {
+            // Every row rounds alike there, whatever it is batched with.
+            matmul_packed(p, act, &mut out[..n * rows], &mut scratch.packed, pool);
+            continue;
+        }
+        let g = if scratch.tiled { n } else { 0 };
         matmul_quantized_split(w.wtype, w.bytes(), rows, cols, act, g, &mut out[..n * rows], pool);
     }
 }

@@ -4,10 +4,11 @@
 /// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
 pub use berth_formats::GgufFile;
 use berth_formats::{Dtype, SafetensorsFile};
+use berth_kernels::packed::PackedMatrix;
 use berth_kernels::quant::WeightType;
 use berth_plugin_api::PluginError;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Something that owns a block of bytes tensors can point into (a mapped weights file).
 pub trait ByteSource: Send + Sync {
@@ -46,6 +47,8 @@ pub struct Matrix {
     source: Arc<dyn ByteSource>,
     start: usize,
     len: usize,
+    /// The rows repacked for the packed kernels, made on first use (None: not packable here).
+    packed: Arc<OnceLock<Option<PackedMatrix>>>,
 }
 
 impl std::fmt::Debug for Matrix {
@@ -85,6 +88,7 @@ impl Matrix {
             source,
             start,
             len,
+            packed: Arc::default(),
         })
     }
 
@@ -98,6 +102,15 @@ impl Matrix {
     /// The raw bytes of all rows.
     pub fn bytes(&self) -> &[u8] {
         &self.source.bytes()[self.start..self.start + self.len]
+    }
+
+    /// The rows repacked into 16-row interleaved groups for the packed kernels, made on first
+    /// call; None where this CPU or `BERTH_KERNELS` rules them out or the type or shape is not
+    /// covered (see [`berth_kernels::packed`]).
+    pub fn packed(&self) -> Option<&PackedMatrix> {
+        self.packed
+            .get_or_init(|| PackedMatrix::pack(self.wtype, self.bytes(), self.rows, self.cols))
+            .as_ref()
     }
 
     /// Bytes per row.
@@ -123,6 +136,7 @@ impl Matrix {
             source: self.source.clone(),
             start: self.start + start * rb,
             len: n * rb,
+            packed: Arc::default(),
         }
     }
 

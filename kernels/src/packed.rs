@@ -1,0 +1,530 @@
+//! Weights repacked at load into 16-row interleaved blocks, and their matrix product.
+//!
+//! A [`PackedMatrix`] holds a Q4_0, Q5_0 or Q8_0 matrix as groups of 16 rows. Per group and
+//! block of 32 columns it stores the 16 rows' scales (f16, side by side) and their quants as
+//! unsigned bytes interleaved four columns at a time, so one 64-byte load feeds 16 rows and
+//! one `vpdpbusd` against four broadcast activation bytes advances all 16 of them. The weight
+//! offset (8, 16 or 128) is taken back once per block with the activation block's sum, which
+//! the activations carry ([`PackedActs`]). Each output is then
+//! `acc = fma(dx · dy, Σ w · y, acc)` over the blocks in order, with the block's whole integer
+//! sum: [`reference_dot`] is that order in scalar code, and every kernel here equals it bit for
+//! bit, for any number of activation rows, so a sequence's results never depend on what it is
+//! batched with.
+//!
+//! The kernels need AVX-512 F/BW/VL + VNNI ([`PackedMatrix::pack`] returns None elsewhere, and
+//! under `BERTH_KERNELS` below avx512); the unpacked tables stay the path on other CPUs.
+
+use crate::dot::QuantizedActivations;
+use crate::pool::ThreadPool;
+use crate::quant::{f16_to_f32, ActFormat, WeightType, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
+
+/// Rows per interleaved group.
+pub const PACK_ROWS: usize = 16;
+
+/// One 64-byte line (the storage unit, so groups start on cache lines).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Weight kinds the packed layout covers, as const parameters of the kernels.
+const Q4: u8 = 4;
+/// Q5_0 (see [`Q4`]).
+const Q5: u8 = 5;
+/// Q8_0 (see [`Q4`]).
+const Q8: u8 = 8;
+
+/// The kind constant of `wtype`, if packed matrices cover it.
+fn kind(wtype: WeightType) -> Option<u8> {
+    match wtype {
+        WeightType::Q4_0 => Some(Q4),
+        WeightType::Q5_0 => Some(Q5),
+        WeightType::Q8_0 => Some(Q8),
+        _ => None,
+    }
+}
+
+/// Bytes of one block's quants for 16 rows: Q8_0 8 lines, Q4_0 4 lines of nibbles, Q5_0 those
+/// and a line of fifth bits.
+const fn quant_bytes(k: u8) -> usize {
+    match k {
+        Q4 => 256,
+        Q5 => 320,
+        _ => 512,
+    }
+}
+
+/// What the stored unsigned value exceeds the weight by.
+const fn offset(k: u8) -> i32 {
+    match k {
+        Q4 => 8,
+        Q5 => 16,
+        _ => 128,
+    }
+}
+
+/// A quantized matrix repacked into 16-row interleaved groups (see the module docs).
+pub struct PackedMatrix {
+    wtype: WeightType,
+    rows: usize,
+    k: usize,
+    /// Bytes per group: the scales (`nb · 32`, rounded up to a line), then the quants.
+    group_bytes: usize,
+    data: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMatrix({} {}x{})", self.wtype.name(), self.rows, self.k)
+    }
+}
+
+/// The signed weights (and f16 scale bits) of block `b` of a GGUF row of kind `kd`.
+fn block_values(kd: u8, row: &[u8], b: usize) -> (u16, [i8; QK]) {
+    let mut v = [0i8; QK];
+    let (bytes, x) = match kd {
+        Q4 => (Q4_0_BYTES, &row[b * Q4_0_BYTES..]),
+        Q5 => (Q5_0_BYTES, &row[b * Q5_0_BYTES..]),
+        _ => (Q8_0_BYTES, &row[b * Q8_0_BYTES..]),
+    };
+    let x = &x[..bytes];
+    let d = u16::from_le_bytes([x[0], x[1]]);
+    match kd {
+        Q4 => {
+            for j in 0..16 {
+                v[j] = (x[2 + j] & 0xf) as i8 - 8;
+                v[j + 16] = (x[2 + j] >> 4) as i8 - 8;
+            }
+        }
+        Q5 => {
+            let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+            for j in 0..16 {
+                let (h0, h1) = (((qh >> j) & 1) << 4, ((qh >> (j + 16)) & 1) << 4);
+                v[j] = ((x[6 + j] & 0xf) as u32 | h0) as i8 - 16;
+                v[j + 16] = ((x[6 + j] >> 4) as u32 | h1) as i8 - 16;
+            }
+        }
+        _ => {
+            for j in 0..QK {
+                v[j] = x[2 + j] as i8;
+            }
+        }
+    }
+    (d, v)
+}
+
+/// Dot product of GGUF weight `row` (Q4_0, Q5_0 or Q8_0) with Q8_0 activation row `act` in the
+/// packed kernels' order: per block the exact integer sum, then `acc = fma(dx · dy, sum, acc)`.
+pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32 {
+    let kd = kind(wtype).expect("packed order covers Q4_0, Q5_0 and Q8_0");
+    let mut acc = 0.0f32;
+    for b in 0..n / QK {
+        let (d, v) = block_values(kd, row, b);
+        let y = &act[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
+        let sum: i32 = v
+            .iter()
+            .zip(&y[2..])
+            .map(|(&w, &a)| w as i32 * a as i8 as i32)
+            .sum();
+        let dd = f16_to_f32(d) * f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+        acc = dd.mul_add(sum as f32, acc);
+    }
+    acc
+}
+
+impl PackedMatrix {
+    /// True when this CPU and `BERTH_KERNELS` allow the packed kernels.
+    pub fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::kernel_level() >= crate::KernelLevel::Avx512 && crate::dot::avx512::supported()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// Repacks `rows` GGUF rows of `k` columns of `wtype` from `w`; None when the packed kernels
+    /// cannot run here or do not cover the type, or `rows` is not a multiple of [`PACK_ROWS`].
+    pub fn pack(wtype: WeightType, w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        if !Self::available() {
+            return None;
+        }
+        Self::pack_anywhere(wtype, w, rows, k)
+    }
+
+    /// [`PackedMatrix::pack`] whatever this CPU runs (the layout alone, for tests).
+    pub fn pack_anywhere(wtype: WeightType, w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        let kd = kind(wtype)?;
+        if rows == 0 || !rows.is_multiple_of(PACK_ROWS) || !k.is_multiple_of(QK) {
+            return None;
+        }
+        let rb = wtype.row_bytes(k);
+        assert!(w.len() >= rows * rb, "weight matrix too short");
+        let nb = k / QK;
+        let scale_bytes = (nb * 32).next_multiple_of(64);
+        let qb = quant_bytes(kd);
+        let group_bytes = scale_bytes + nb * qb;
+        let groups = rows / PACK_ROWS;
+        let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
+        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
+        let bytes: &mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
+        for g in 0..groups {
+            let dst = &mut bytes[g * group_bytes..(g + 1) * group_bytes];
+            let (scales, quants) = dst.split_at_mut(scale_bytes);
+            for lane in 0..PACK_ROWS {
+                let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
+                for b in 0..nb {
+                    let (d, v) = block_values(kd, row, b);
+                    scales[b * 32 + 2 * lane..][..2].copy_from_slice(&d.to_le_bytes());
+                    let q = &mut quants[b * qb..(b + 1) * qb];
+                    for (j, &x) in v.iter().enumerate() {
+                        let (grp, e) = (j / 4, j % 4);
+                        let u = (x as i32 + offset(kd)) as u8;
+                        match kd {
+                            Q8 => q[grp * 64 + lane * 4 + e] = u,
+                            _ => {
+                                // Nibble lines: group g in the low nibbles of line g % 4,
+                                // group g + 4 in the high ones; Q5_0's fifth bits after them.
+                                let at = (grp % 4) * 64 + lane * 4 + e;
+                                q[at] |= if grp < 4 { u & 0xf } else { (u & 0xf) << 4 };
+                                if kd == Q5 && u & 0x10 != 0 {
+                                    let bit = lane * 4 + e;
+                                    q[256 + grp * 8 + bit / 8] |= 1 << (bit % 8);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Some(PackedMatrix {
+            wtype,
+            rows,
+            k,
+            group_bytes,
+            data,
+        })
+    }
+
+    /// The weight type the rows had.
+    pub fn wtype(&self) -> WeightType {
+        self.wtype
+    }
+
+    /// Rows (output dimension).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input dimension).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.data.len() * 64
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) }
+    }
+}
+
+/// Q8_0 activation rows with what the packed kernels take per block: the scale as f32 and the
+/// weight offset times the block's sum.
+#[derive(Default)]
+pub struct PackedActs {
+    dy: Vec<f32>,
+    cor: Vec<i32>,
+}
+
+impl PackedActs {
+    /// Empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn prepare(&mut self, kd: u8, act: &QuantizedActivations) {
+        let nb = act.n() / QK;
+        let rb = ActFormat::Q8_0.row_bytes(act.n());
+        self.dy.clear();
+        self.cor.clear();
+        let bytes = act.q8_0_bytes();
+        for r in 0..act.rows() {
+            let row = &bytes[r * rb..(r + 1) * rb];
+            for b in 0..nb {
+                let y = &row[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
+                self.dy.push(f16_to_f32(u16::from_le_bytes([y[0], y[1]])));
+                let s: i32 = y[2..].iter().map(|&v| v as i8 as i32).sum();
+                self.cor.push(offset(kd) * s);
+            }
+        }
+    }
+}
+
+struct OutPtr(*mut f32);
+// SAFETY: each parallel chunk writes only the output columns of its own row groups while the
+// owning `&mut [f32]` is borrowed by the caller.
+unsafe impl Sync for OutPtr {}
+
+/// `out[i][r] = dot(W[r], act.row(i))` for a packed matrix and Q8_0 activations (quantized for
+/// its type), every element bit for bit [`reference_dot`]; `scratch` holds the activations'
+/// block scales and sums.
+pub fn matmul_packed(
+    p: &PackedMatrix,
+    act: &QuantizedActivations,
+    out: &mut [f32],
+    scratch: &mut PackedActs,
+    pool: &ThreadPool,
+) {
+    let m = act.rows();
+    assert_eq!(act.n(), p.k, "activation row length must equal k");
+    assert_eq!(
+        act.format(),
+        ActFormat::Q8_0,
+        "packed matrices take Q8_0 activations"
+    );
+    assert!(out.len() >= m * p.rows, "output too short");
+    assert!(PackedMatrix::available(), "packed kernels need AVX-512 VNNI");
+    let kd = kind(p.wtype).expect("packed type");
+    scratch.prepare(kd, act);
+    let nb = p.k / QK;
+    let groups = p.rows / PACK_ROWS;
+    let per = groups.div_ceil(pool.n_threads() * 4).max(1);
+    let outp = OutPtr(out.as_mut_ptr());
+    let (dy, cor, acts) = (&scratch.dy[..], &scratch.cor[..], act.q8_0_bytes());
+    let rb = ActFormat::Q8_0.row_bytes(p.k);
+    let data = p.bytes();
+    // Activation rows per kernel call: eight for Q8_0; four where unpacking nibbles takes
+    // registers too (measured faster than eight for Q5_0).
+    let batch = if kd == Q8 { 8 } else { 4 };
+    pool.parallel_for(groups.div_ceil(per), |c| {
+        let outp = &outp;
+        for g in c * per..((c + 1) * per).min(groups) {
+            let group = &data[g * p.group_bytes..(g + 1) * p.group_bytes];
+            let mut i = 0;
+            while i < m {
+                let r = (m - i).min(batch);
+                let mut res = [[0.0f32; PACK_ROWS]; 8];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `available()` (asserted) confirmed the CPU features; the group holds
+                // nb blocks of kind kd, and rows i..i + r of the activations nb blocks each.
+                unsafe {
+                    avx512::group(
+                        kd,
+                        r,
+                        group,
+                        p.group_bytes - nb * quant_bytes(kd),
+                        nb,
+                        &acts[i * rb..],
+                        rb,
+                        &dy[i * nb..],
+                        &cor[i * nb..],
+                        &mut res,
+                    )
+                };
+                for (di, vals) in res.iter().take(r).enumerate() {
+                    for (lane, &v) in vals.iter().enumerate() {
+                        // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
+                        // < out.len() (asserted); chunk c alone writes group g's columns.
+                        unsafe { *outp.0.add((i + di) * p.rows + g * PACK_ROWS + lane) = v };
+                    }
+                }
+                i += r;
+            }
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{quant_bytes, PACK_ROWS, Q4, Q5, Q8};
+    use crate::quant::Q8_0_BYTES;
+    use std::arch::x86_64::*;
+
+    /// One 16-row group (`group`: scales in the first `scale_bytes`, then `nb` blocks of
+    /// quants) against `r ≤ 8` activation rows (`acts`, `rb` bytes apart; their per-block
+    /// scales `dy` and corrections `cor`, `nb` apart) into `out[j][lane]`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI; the slices hold what the shapes say.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group(
+        kd: u8,
+        r: usize,
+        group: &[u8],
+        scale_bytes: usize,
+        nb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        cor: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        assert!((1..=8).contains(&r) && acts.len() >= (r - 1) * rb + nb * Q8_0_BYTES);
+        assert!(dy.len() >= (r - 1) * nb + nb && cor.len() >= (r - 1) * nb + nb);
+        assert!(group.len() >= scale_bytes + nb * quant_bytes(kd));
+        macro_rules! rows {
+            ($k:expr) => {
+                match r {
+                    // SAFETY (each arm): as this function's contract, checked above.
+                    1 => unsafe { kernel::<$k, 1>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    2 => unsafe { kernel::<$k, 2>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    3 => unsafe { kernel::<$k, 3>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    4 => unsafe { kernel::<$k, 4>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    5 => unsafe { kernel::<$k, 5>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    6 => unsafe { kernel::<$k, 6>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    7 => unsafe { kernel::<$k, 7>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    _ => unsafe { kernel::<$k, 8>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                }
+            };
+        }
+        match kd {
+            Q4 => rows!(Q4),
+            Q5 => rows!(Q5),
+            _ => rows!(Q8),
+        }
+    }
+
+    /// Prefetch distance (bytes) ahead of the quants being read, for decode's streaming.
+    const PREFETCH: usize = 2048;
+
+    /// The kernel of [`group`] for kind `K` and `R` activation rows.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    unsafe fn kernel<const K: u8, const R: usize>(
+        group: &[u8],
+        scale_bytes: usize,
+        nb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        cor: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        let qb = quant_bytes(K);
+        let base = group.as_ptr();
+        let ap = acts.as_ptr();
+        let m4 = _mm512_set1_epi8(0x0f);
+        let sixteen = _mm512_set1_epi8(0x10);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..nb {
+            // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
+            let (dx, wv) = unsafe {
+                let q = base.add(scale_bytes + b * qb);
+                for l in (0..qb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + l) as *const i8);
+                }
+                let dx = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(b * 32) as *const __m256i));
+                let mut wv = [_mm512_setzero_si512(); 8];
+                match K {
+                    Q8 => {
+                        for (g, v) in wv.iter_mut().enumerate() {
+                            *v = _mm512_loadu_si512(q.add(64 * g) as *const _);
+                        }
+                    }
+                    _ => {
+                        for l in 0..4 {
+                            let x = _mm512_loadu_si512(q.add(64 * l) as *const _);
+                            wv[l] = _mm512_and_si512(x, m4);
+                            wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
+                        }
+                        if K == Q5 {
+                            for (g, v) in wv.iter_mut().enumerate() {
+                                let bits = (q.add(256 + 8 * g) as *const u64).read_unaligned();
+                                *v = _mm512_mask_add_epi8(*v, bits, *v, sixteen);
+                            }
+                        }
+                    }
+                }
+                (dx, wv)
+            };
+            for j in 0..R {
+                // SAFETY: block b < nb of activation row j < R (asserted by the caller).
+                let y = unsafe { ap.add(j * rb + b * Q8_0_BYTES + 2) };
+                let mut s = _mm512_setzero_si512();
+                for (g, &w) in wv.iter().enumerate() {
+                    // SAFETY: four bytes of the block's 32 quants.
+                    let a = unsafe { (y.add(4 * g) as *const i32).read_unaligned() };
+                    s = _mm512_dpbusd_epi32(s, w, _mm512_set1_epi32(a));
+                }
+                let s = _mm512_sub_epi32(s, _mm512_set1_epi32(cor[j * nb + b]));
+                let d = _mm512_mul_ps(dx, _mm512_set1_ps(dy[j * nb + b]));
+                acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
+            }
+        }
+        for j in 0..R {
+            // SAFETY: out[j] holds 16 floats.
+            unsafe { _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{random_row, XorShift};
+
+    #[test]
+    fn packed_products_equal_the_reference_order_bit_for_bit() {
+        if !PackedMatrix::available() {
+            berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
+            return;
+        }
+        let mut rng = XorShift::new(31);
+        let pool = ThreadPool::new(2);
+        for wtype in [WeightType::Q4_0, WeightType::Q5_0, WeightType::Q8_0] {
+            for (rows, k) in [(16, 32), (48, 896), (32, 4864)] {
+                let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
+                let p = PackedMatrix::pack(wtype, &w, rows, k).expect("packs");
+                let rb = wtype.row_bytes(k);
+                let mut scratch = PackedActs::new();
+                for m in [1, 3, 8, 11] {
+                    let x = rng.vec(m * k);
+                    let mut act = QuantizedActivations::new();
+                    act.quantize_into(wtype, &x, k);
+                    let mut out = vec![f32::NAN; m * rows];
+                    matmul_packed(&p, &act, &mut out, &mut scratch, &pool);
+                    let arb = ActFormat::Q8_0.row_bytes(k);
+                    for i in 0..m {
+                        let a = &act.q8_0_bytes()[i * arb..(i + 1) * arb];
+                        for r in 0..rows {
+                            let e = reference_dot(wtype, &w[r * rb..(r + 1) * rb], a, k);
+                            let g = out[i * rows + r];
+                            assert_eq!(
+                                g.to_bits(),
+                                e.to_bits(),
+                                "{wtype:?} {rows}x{k} m={m} act {i} row {r}: {g} vs {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_reference_order_is_close_to_the_scalar_dot() {
+        let mut rng = XorShift::new(32);
+        for wtype in [WeightType::Q4_0, WeightType::Q5_0, WeightType::Q8_0] {
+            let k = 896;
+            let row = random_row(&mut rng, wtype, k);
+            let act = QuantizedActivations::quantize(wtype, &rng.vec(k));
+            let e = crate::dot::DotTable::scalar().vec_dot(wtype, &row, act.row(0), k);
+            let g = reference_dot(wtype, &row, act.q8_0_bytes(), k);
+            assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{wtype:?}: {g} vs {e}");
+        }
+    }
+
+    #[test]
+    fn packing_declines_what_it_does_not_cover() {
+        let w = vec![0u8; 16 * WeightType::Q6_K.row_bytes(256)];
+        assert!(PackedMatrix::pack_anywhere(WeightType::Q6_K, &w, 16, 256).is_none());
+        let w = vec![0u8; 15 * WeightType::Q8_0.row_bytes(32)];
+        assert!(PackedMatrix::pack_anywhere(WeightType::Q8_0, &w, 15, 32).is_none());
+    }
+}
