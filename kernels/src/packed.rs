@@ -170,35 +170,57 @@ impl PackedMatrix {
         // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
         let bytes: &mut [u8] =
             unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
-        for g in 0..groups {
-            let dst = &mut bytes[g * group_bytes..(g + 1) * group_bytes];
+        let xb = wtype.block_bytes();
+        // One group: straight copies of the GGUF bytes in four-byte steps (the nibble lines
+        // are Q4_0/Q5_0's own `qs` bytes; Q8_0's values are flipped to unsigned).
+        let pack_group = |g: usize, dst: &mut [u8]| {
             let (scales, quants) = dst.split_at_mut(scale_bytes);
             for lane in 0..PACK_ROWS {
                 let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
                 for b in 0..nb {
-                    let (d, v) = block_values(kd, row, b);
-                    scales[b * 32 + 2 * lane..][..2].copy_from_slice(&d.to_le_bytes());
+                    let x = &row[b * xb..(b + 1) * xb];
+                    scales[b * 32 + 2 * lane..][..2].copy_from_slice(&x[..2]);
                     let q = &mut quants[b * qb..(b + 1) * qb];
-                    for (j, &x) in v.iter().enumerate() {
-                        let (grp, e) = (j / 4, j % 4);
-                        let u = (x as i32 + offset(kd)) as u8;
-                        match kd {
-                            Q8 => q[grp * 64 + lane * 4 + e] = u,
-                            _ => {
-                                // Nibble lines: group g in the low nibbles of line g % 4,
-                                // group g + 4 in the high ones; Q5_0's fifth bits after them.
-                                let at = (grp % 4) * 64 + lane * 4 + e;
-                                q[at] |= if grp < 4 { u & 0xf } else { (u & 0xf) << 4 };
-                                if kd == Q5 && u & 0x10 != 0 {
-                                    let bit = lane * 4 + e;
-                                    q[256 + grp * 8 + bit / 8] |= 1 << (bit % 8);
+                    match kd {
+                        Q8 => {
+                            for grp in 0..8 {
+                                for e in 0..4 {
+                                    q[grp * 64 + lane * 4 + e] = x[2 + 4 * grp + e] ^ 0x80;
+                                }
+                            }
+                        }
+                        _ => {
+                            let qs = if kd == Q5 { &x[6..22] } else { &x[2..18] };
+                            for line in 0..4 {
+                                q[line * 64 + lane * 4..][..4].copy_from_slice(&qs[4 * line..4 * line + 4]);
+                            }
+                            if kd == Q5 {
+                                // Group g's mask: bit 4 lane + e is value 4 g + e's fifth bit.
+                                let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+                                for grp in 0..8 {
+                                    q[256 + grp * 8 + lane / 2] |=
+                                        (((qh >> (4 * grp)) & 0xf) as u8) << (4 * (lane % 2));
                                 }
                             }
                         }
                     }
                 }
             }
-        }
+        };
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(groups);
+        let per = groups.div_ceil(workers.max(1));
+        std::thread::scope(|scope| {
+            for (c, chunk) in bytes.chunks_mut(per * group_bytes).enumerate() {
+                let pack_group = &pack_group;
+                scope.spawn(move || {
+                    for (i, dst) in chunk.chunks_mut(group_bytes).enumerate() {
+                        pack_group(c * per + i, dst);
+                    }
+                });
+            }
+        });
         Some(PackedMatrix {
             wtype,
             rows,

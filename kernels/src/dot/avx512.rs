@@ -473,6 +473,52 @@ fn pair_acts(acts: &[&[u8]], nb: usize, yu: &mut Vec<__m512i>, dy: &mut Vec<__m5
     }
 }
 
+/// `nrows` consecutive Q4_K or Q6_K weight rows against up to [`MANY_MAX`] Q8_K activation
+/// rows, each weight row decoded once for all of them, in the single-row order.
+fn rows_many_k(wtype: WeightType, w: &[u8], nrows: usize, n: usize, acts: &[&[u8]], out: &mut [f32]) -> bool {
+    let na = acts.len();
+    if na == 0 || na > MANY_MAX || !n.is_multiple_of(QK_K) {
+        return false;
+    }
+    let rb = wtype.row_bytes(n);
+    assert!(w.len() >= nrows * rb, "weight rows too short");
+    assert!(out.len() >= nrows * na, "output too short");
+    fn go<const R: usize>(
+        wtype: WeightType,
+        w: &[u8],
+        nrows: usize,
+        n: usize,
+        acts: &[&[u8]],
+        out: &mut [f32],
+    ) {
+        let rb = wtype.row_bytes(n);
+        let a: [&[u8]; R] = std::array::from_fn(|j| acts[j]);
+        for r in 0..nrows {
+            let row = &w[r * rb..(r + 1) * rb];
+            // SAFETY: see the note above the wrappers (the kernels check their slices).
+            let v = unsafe {
+                if wtype == WeightType::Q4_K {
+                    rows_q4_k::<R>(true, row, &a, n)
+                } else {
+                    rows_q6_k::<R>(row, &a, n)
+                }
+            };
+            out[r * R..(r + 1) * R].copy_from_slice(&v);
+        }
+    }
+    match na {
+        1 => go::<1>(wtype, w, nrows, n, acts, out),
+        2 => go::<2>(wtype, w, nrows, n, acts, out),
+        3 => go::<3>(wtype, w, nrows, n, acts, out),
+        4 => go::<4>(wtype, w, nrows, n, acts, out),
+        5 => go::<5>(wtype, w, nrows, n, acts, out),
+        6 => go::<6>(wtype, w, nrows, n, acts, out),
+        7 => go::<7>(wtype, w, nrows, n, acts, out),
+        _ => go::<8>(wtype, w, nrows, n, acts, out),
+    }
+    true
+}
+
 /// `nrows` consecutive Q4_0/Q5_0/Q8_0 weight rows at `w` against up to [`MANY_MAX`] Q8_0
 /// activation rows into `out[r * acts.len() + j]`, each result bit for bit the single-row
 /// kernel's; false for other types or counts.
@@ -489,6 +535,7 @@ pub(crate) fn rows_many(
         WeightType::Q4_0 => Q4,
         WeightType::Q5_0 => Q5,
         WeightType::Q8_0 => Q8,
+        WeightType::Q4_K | WeightType::Q6_K => return rows_many_k(wtype, w, nrows, n, acts, out),
         _ => return false,
     };
     if na == 0 || na > MANY_MAX || !n.is_multiple_of(QK) {
