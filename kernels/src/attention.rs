@@ -89,20 +89,50 @@ pub fn window_start(pos: usize, window: Option<usize>) -> usize {
 /// The dot products use [`crate::dot::dot_f32`]; the softmax is [`crate::ops::softmax`] (libm
 /// `exp`, f64 sum) and the weighted sum [`crate::ops::axpy`] in position order.
 pub fn head_attention(q: &[f32], kv: &KvRows, opts: &HeadOpts, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let hd = q.len();
-    assert_eq!(out.len(), hd, "attention: output is not one head");
+    group_attention(q, kv, std::slice::from_ref(opts), scores, out);
+}
+
+/// Several query heads that share one KV head (`q` and `out`: `opts.len()` heads back to back,
+/// `opts[h]` for head `h`), each bit for bit as [`head_attention`] computes it alone, with every
+/// cached key and value read once for all of them.
+pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut Vec<f32>, out: &mut [f32]) {
+    let g = opts.len();
+    assert!(
+        g > 0 && q.len().is_multiple_of(g),
+        "attention: q is not whole heads"
+    );
+    let hd = q.len() / g;
+    assert_eq!(out.len(), q.len(), "attention: output is not the heads");
     kv.check(hd);
+    let len = kv.end - kv.start;
+    // Head h's scores at h * stride, with room for its sink.
+    let stride = len + 1;
     scores.clear();
-    scores.extend((kv.start..kv.end).map(|t| dot_f32(q, kv.key(t, hd)) * opts.scale));
-    if let Some(cap) = opts.softcap {
-        softcap(scores, cap);
+    scores.resize(g * stride, 0.0);
+    for (j, t) in (kv.start..kv.end).enumerate() {
+        let k = kv.key(t, hd);
+        for (h, o) in opts.iter().enumerate() {
+            scores[h * stride + j] = dot_f32(&q[h * hd..(h + 1) * hd], k) * o.scale;
+        }
     }
-    scores.extend(opts.sink);
-    softmax(scores);
+    for (h, o) in opts.iter().enumerate() {
+        let sh = &mut scores[h * stride..h * stride + len];
+        if let Some(cap) = o.softcap {
+            softcap(sh, cap);
+        }
+        let n = len + usize::from(o.sink.is_some());
+        if let Some(sink) = o.sink {
+            scores[h * stride + len] = sink;
+        }
+        softmax(&mut scores[h * stride..h * stride + n]);
+    }
     out.fill(0.0);
-    // With a sink, its probability is the last entry, past the zip.
-    for (t, &p) in (kv.start..kv.end).zip(scores.iter()) {
-        axpy(out, p, kv.value(t, hd));
+    // With a sink, its probability is the entry past the positions.
+    for (j, t) in (kv.start..kv.end).enumerate() {
+        let v = kv.value(t, hd);
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            axpy(oh, scores[h * stride + j], v);
+        }
     }
 }
 
@@ -115,7 +145,8 @@ pub const GGML_KV_PAD: usize = 256;
 pub struct F16Scratch {
     scores: Vec<f32>,
     q16: Vec<f32>,
-    /// Value accumulators, slot-major: slot `s` of dimension `i` at `s * head_dim + i`.
+    /// Value accumulators per head, slot-major: slot `s` of dimension `i` at
+    /// `s * head_dim + i`.
     acc: Vec<f32>,
     tail: Vec<f64>,
 }
@@ -135,58 +166,89 @@ pub fn head_attention_f16(
     f: &mut F16Scratch,
     out: &mut [f32],
 ) {
-    let hd = q.len();
-    assert_eq!(out.len(), hd, "attention: output is not one head");
+    group_attention_f16(q, kv, std::slice::from_ref(opts), order, f, out);
+}
+
+/// Several query heads that share one KV head (`q` and `out`: `opts.len()` heads back to back),
+/// each bit for bit as [`head_attention_f16`] computes it alone, with every cached key and value
+/// read once for all of them.
+pub fn group_attention_f16(
+    q: &[f32],
+    kv: &KvRows,
+    opts: &[HeadOpts],
+    order: F16DotOrder,
+    f: &mut F16Scratch,
+    out: &mut [f32],
+) {
+    let g = opts.len();
+    assert!(
+        g > 0 && q.len().is_multiple_of(g),
+        "attention: q is not whole heads"
+    );
+    let hd = q.len() / g;
+    assert_eq!(out.len(), q.len(), "attention: output is not the heads");
     kv.check(hd);
-    let (pre, post) = if opts.q_prescale {
-        (opts.scale, 1.0)
-    } else {
-        (1.0, opts.scale)
-    };
+    let len = kv.end - kv.start;
     f.q16.clear();
-    f.q16.extend(q.iter().map(|&b| round_f16(b * pre)));
-    let q16 = &f.q16;
-    f.scores.clear();
-    f.scores.extend((kv.start..kv.end).map(|t| {
-        let s = dot_f16(order, q16, kv.key(t, hd));
-        if post == 1.0 {
-            s
-        } else {
-            s * post
-        }
-    }));
-    if let Some(cap) = opts.softcap {
-        softcap(&mut f.scores, cap);
+    for (h, o) in opts.iter().enumerate() {
+        let pre = if o.q_prescale { o.scale } else { 1.0 };
+        f.q16
+            .extend(q[h * hd..(h + 1) * hd].iter().map(|&b| round_f16(b * pre)));
     }
-    softmax_ggml_sink(&mut f.scores, kv.start, opts.sink);
+    f.scores.clear();
+    f.scores.resize(g * len, 0.0);
+    for (j, t) in (kv.start..kv.end).enumerate() {
+        let k = kv.key(t, hd);
+        for (h, o) in opts.iter().enumerate() {
+            let s = dot_f16(order, &f.q16[h * hd..(h + 1) * hd], k);
+            let post = if o.q_prescale { 1.0 } else { o.scale };
+            f.scores[h * len + j] = if post == 1.0 { s } else { s * post };
+        }
+    }
+    for (h, o) in opts.iter().enumerate() {
+        let sh = &mut f.scores[h * len..(h + 1) * len];
+        if let Some(cap) = o.softcap {
+            softcap(sh, cap);
+        }
+        softmax_ggml_sink(sh, kv.start, o.sink);
+    }
     // The value rows are dotted with the probabilities along the cells (ggml multiplies the
     // transposed V cache by the f16 probabilities): cell t goes to slot `order.slot(t)` of every
     // dimension, cells past the vectorised part to an f64 tail.
     let n_cells = kv.end.next_multiple_of(GGML_KV_PAD);
     let nv = order.vector_len(n_cells);
+    let per = order.slots() * hd;
     f.acc.clear();
-    f.acc.resize(order.slots() * hd, 0.0);
+    f.acc.resize(g * per, 0.0);
+    let tail = if nv < kv.end { hd } else { 0 };
     f.tail.clear();
-    f.tail.resize(if nv < kv.end { hd } else { 0 }, 0.0);
-    for (t, &p) in (kv.start..kv.end).zip(&f.scores) {
-        let p = round_f16(p);
-        if p == 0.0 {
-            continue;
-        }
+    f.tail.resize(g * tail, 0.0);
+    for (j, t) in (kv.start..kv.end).enumerate() {
         let vr = kv.value(t, hd);
-        if t < nv {
-            let slot = order.slot(t);
-            axpy(&mut f.acc[slot * hd..(slot + 1) * hd], p, vr);
-        } else {
-            f.tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
+        for h in 0..g {
+            let p = round_f16(f.scores[h * len + j]);
+            if p == 0.0 {
+                continue;
+            }
+            if t < nv {
+                let slot = order.slot(t);
+                axpy(&mut f.acc[h * per + slot * hd..h * per + (slot + 1) * hd], p, vr);
+            } else {
+                f.tail[h * tail..(h + 1) * tail]
+                    .iter_mut()
+                    .zip(vr)
+                    .for_each(|(a, &v)| *a += (p * v) as f64);
+            }
         }
     }
     let mut x = [0.0f32; 32];
-    for (i, oi) in out.iter_mut().enumerate() {
-        for (s, xs) in x.iter_mut().enumerate().take(order.slots()) {
-            *xs = f.acc[s * hd + i];
+    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+        for (i, oi) in oh.iter_mut().enumerate() {
+            for (s, xs) in x.iter_mut().enumerate().take(order.slots()) {
+                *xs = f.acc[h * per + s * hd + i];
+            }
+            *oi = order.reduce(&x, f.tail.get(h * tail + i).copied().unwrap_or(0.0));
         }
-        *oi = order.reduce(&x, f.tail.get(i).copied().unwrap_or(0.0));
     }
 }
 
@@ -330,6 +392,66 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn grouped_heads_equal_each_head_alone_bit_for_bit() {
+        let mut rng = XorShift::new(12);
+        let (g, hd, n_ctx) = (3usize, 32usize, 300usize);
+        let stride = hd + 5;
+        let r16 = |v: &f32| round_f16(v * 3.0);
+        let k: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
+        let v: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
+        let (mut scores, mut f16) = (Vec::new(), F16Scratch::default());
+        for (cap, q_prescale, sinks) in [
+            (None, false, [None, None, None]),
+            (Some(30.0f32), true, [Some(0.5f32), Some(-2.0), Some(1.0)]),
+        ] {
+            let opts: Vec<HeadOpts> = sinks
+                .iter()
+                .map(|&sink| HeadOpts {
+                    scale: 0.2,
+                    softcap: cap,
+                    q_prescale,
+                    sink,
+                })
+                .collect();
+            for (pos, window) in [(0usize, None), (40, None), (299, None), (299, Some(50usize))] {
+                let kv = KvRows {
+                    k: &k,
+                    v: &v,
+                    stride,
+                    start: window_start(pos, window),
+                    end: pos + 1,
+                };
+                let q = rng.vec(g * hd);
+                let mut got = vec![f32::NAN; g * hd];
+                group_attention(&q, &kv, &opts, &mut scores, &mut got);
+                let mut want = vec![f32::NAN; g * hd];
+                for h in 0..g {
+                    head_attention(
+                        &q[h * hd..(h + 1) * hd],
+                        &kv,
+                        &opts[h],
+                        &mut scores,
+                        &mut want[h * hd..(h + 1) * hd],
+                    );
+                }
+                assert_eq!(bits(&got), bits(&want), "f32 pos {pos}");
+                for order in [F16DotOrder::Gemm, F16DotOrder::VecDot] {
+                    group_attention_f16(&q, &kv, &opts, order, &mut f16, &mut got);
+                    for h in 0..g {
+                        let w = f16_as_written(&q[h * hd..(h + 1) * hd], &kv, &opts[h], order);
+                        want[h * hd..(h + 1) * hd].copy_from_slice(&w);
+                    }
+                    assert_eq!(bits(&got), bits(&want), "f16 pos {pos} {order:?}");
+                }
+            }
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::recurrent::{gated_delta_net, short_conv, RecurrentScratch, SeqGroups}
 use crate::state::{LayerStateDims, SeqStates};
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_kernels::attention::{
-    head_attention, head_attention_f16, window_start, F16Scratch, HeadOpts, KvRows,
+    group_attention, group_attention_f16, window_start, F16Scratch, HeadOpts, KvRows,
 };
 use berth_plugin_api::{BatchView, LogitsOut, PluginError, Rewind};
 
@@ -1415,18 +1415,29 @@ fn attention(
         let n = per_seq[seq];
         (cfg.kv_f16 && n <= GGML_ORDER_MAX_ROWS).then(|| F16DotOrder::for_rows(n))
     };
+    // Query heads sharing a KV head run together (each cached key and value read once for
+    // them), as many as still leaves a unit of work per thread.
+    let n_units = |sub: usize| rows.len() * nh / sub;
+    let sub = (1..=group)
+        .rev()
+        .find(|&d| group.is_multiple_of(d) && n_units(d) >= threads)
+        .unwrap_or(1);
     thread_local! {
         // Per-thread score buffer kept between calls: a warm decode step does not allocate.
         static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
         static F16: std::cell::Cell<F16Scratch> = std::cell::Cell::new(F16Scratch::default());
+        static OPTS: std::cell::Cell<Vec<HeadOpts>> = const { std::cell::Cell::new(Vec::new()) };
     }
-    par_units(threads, out, hd, |units, dst| {
+    let per_row = nh / sub;
+    par_units(threads, out, sub * hd, |units, dst| {
         let mut scores = SCORES.take();
         let mut f16 = F16.take();
-        for (u, o) in units.zip(dst.chunks_exact_mut(hd)) {
-            let (row, head) = (u / nh, u % nh);
+        let mut head_opts = OPTS.take();
+        for (u, o) in units.zip(dst.chunks_exact_mut(sub * hd)) {
+            let (row, head) = (u / per_row, (u % per_row) * sub);
             let (seq, pos) = rows[row];
-            let qh = &q[row * nh * hd + head * hd..row * nh * hd + (head + 1) * hd];
+            let base = row * nh * hd + head * hd;
+            let qh = &q[base..base + sub * hd];
             let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
             let kh = head / group;
             let rows = KvRows {
@@ -1436,17 +1447,19 @@ fn attention(
                 start: window_start(pos, g.window),
                 end: pos + 1,
             };
-            let opts = HeadOpts {
-                sink: sinks.map(|s| s[head]),
+            head_opts.clear();
+            head_opts.extend((head..head + sub).map(|h| HeadOpts {
+                sink: sinks.map(|s| s[h]),
                 ..opts
-            };
+            }));
             match order(seq) {
-                Some(ord) => head_attention_f16(qh, &rows, &opts, ord, &mut f16, o),
-                None => head_attention(qh, &rows, &opts, &mut scores, o),
+                Some(ord) => group_attention_f16(qh, &rows, &head_opts, ord, &mut f16, o),
+                None => group_attention(qh, &rows, &head_opts, &mut scores, o),
             }
         }
         SCORES.set(scores);
         F16.set(f16);
+        OPTS.set(head_opts);
     });
 }
 
