@@ -93,8 +93,12 @@ pub fn head_attention(q: &[f32], kv: &KvRows, opts: &HeadOpts, scores: &mut Vec<
 }
 
 /// Several query heads that share one KV head (`q` and `out`: `opts.len()` heads back to back,
-/// `opts[h]` for head `h`), each bit for bit as [`head_attention`] computes it alone, with every
-/// cached key and value read once for all of them.
+/// `opts[h]` for head `h`), each as [`head_attention`] computes it alone (bit for bit: a head's
+/// numbers never depend on the others), with every cached key and value read once for them.
+///
+/// With AVX2 and a head dimension that is a multiple of 64, the scores and the weighted sum of
+/// values are fused multiply-adds held in registers (the weighted sum in position order, one
+/// accumulator per lane): the same results on every call, close to the portable path's.
 pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut Vec<f32>, out: &mut [f32]) {
     let g = opts.len();
     assert!(
@@ -109,10 +113,30 @@ pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut V
     let stride = len + 1;
     scores.clear();
     scores.resize(g * stride, 0.0);
-    for (j, t) in (kv.start..kv.end).enumerate() {
-        let k = kv.key(t, hd);
+    #[cfg(target_arch = "x86_64")]
+    let fast = crate::dot::has_avx2() && hd.is_multiple_of(64);
+    #[cfg(not(target_arch = "x86_64"))]
+    let fast = false;
+    if fast {
+        #[cfg(target_arch = "x86_64")]
         for (h, o) in opts.iter().enumerate() {
-            scores[h * stride + j] = dot_f32(&q[h * hd..(h + 1) * hd], k) * o.scale;
+            // SAFETY: AVX2 and FMA are present (has_avx2); kv.check(hd) confirmed every key
+            // row of the range, and the slices have the lengths asserted above.
+            unsafe {
+                avx2::scores(
+                    &q[h * hd..(h + 1) * hd],
+                    kv,
+                    o.scale,
+                    &mut scores[h * stride..h * stride + len],
+                )
+            };
+        }
+    } else {
+        for (j, t) in (kv.start..kv.end).enumerate() {
+            let k = kv.key(t, hd);
+            for (h, o) in opts.iter().enumerate() {
+                scores[h * stride + j] = dot_f32(&q[h * hd..(h + 1) * hd], k) * o.scale;
+            }
         }
     }
     for (h, o) in opts.iter().enumerate() {
@@ -126,12 +150,76 @@ pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut V
         }
         softmax(&mut scores[h * stride..h * stride + n]);
     }
+    if fast {
+        #[cfg(target_arch = "x86_64")]
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            // SAFETY: as for the scores; value rows are checked like key rows.
+            unsafe { avx2::weighted_values(kv, &scores[h * stride..h * stride + len], oh) };
+        }
+        return;
+    }
     out.fill(0.0);
     // With a sink, its probability is the entry past the positions.
     for (j, t) in (kv.start..kv.end).enumerate() {
         let v = kv.value(t, hd);
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             axpy(oh, scores[h * stride + j], v);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::KvRows;
+    use crate::dot::avx2::hsum_ps;
+    use std::arch::x86_64::*;
+
+    /// `scores[j] = (q · k_{start + j}) · scale` for a head of `q.len()` (a multiple of 64).
+    ///
+    /// # Safety
+    /// AVX2 and FMA are present; `kv.check(q.len())` holds; `scores` has the range's length.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores(q: &[f32], kv: &KvRows, scale: f32, scores: &mut [f32]) {
+        let hd = q.len();
+        let qp = q.as_ptr();
+        for (j, s) in scores.iter_mut().enumerate() {
+            // SAFETY: row start + j is inside the checked range; i + 16 <= hd.
+            unsafe {
+                let k = kv.k.as_ptr().add((kv.start + j) * kv.stride);
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                for i in (0..hd).step_by(16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(k.add(i)), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 8)), _mm256_loadu_ps(k.add(i + 8)), a1);
+                }
+                *s = hsum_ps(_mm256_add_ps(a0, a1)) * scale;
+            }
+        }
+    }
+
+    /// `out = Σ_j p[j] · v_{start + j}`, 64 dimensions at a time in registers, positions in order.
+    ///
+    /// # Safety
+    /// As [`scores`], with `out.len()` the head dimension (a multiple of 64).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn weighted_values(kv: &KvRows, p: &[f32], out: &mut [f32]) {
+        for c in (0..out.len()).step_by(64) {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (j, &pj) in p.iter().enumerate() {
+                if pj == 0.0 {
+                    continue;
+                }
+                let pv = _mm256_set1_ps(pj);
+                // SAFETY: row start + j is inside the checked range; c + 64 <= head_dim.
+                let v = unsafe { kv.v.as_ptr().add((kv.start + j) * kv.stride + c) };
+                for (u, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *a = _mm256_fmadd_ps(pv, unsafe { _mm256_loadu_ps(v.add(8 * u)) }, *a);
+                }
+            }
+            for (u, a) in acc.iter().enumerate() {
+                // SAFETY: c + 8 u + 8 <= out.len().
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * u), *a) };
+            }
         }
     }
 }
@@ -397,54 +485,57 @@ mod tests {
     #[test]
     fn grouped_heads_equal_each_head_alone_bit_for_bit() {
         let mut rng = XorShift::new(12);
-        let (g, hd, n_ctx) = (3usize, 32usize, 300usize);
-        let stride = hd + 5;
-        let r16 = |v: &f32| round_f16(v * 3.0);
-        let k: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
-        let v: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
-        let (mut scores, mut f16) = (Vec::new(), F16Scratch::default());
-        for (cap, q_prescale, sinks) in [
-            (None, false, [None, None, None]),
-            (Some(30.0f32), true, [Some(0.5f32), Some(-2.0), Some(1.0)]),
-        ] {
-            let opts: Vec<HeadOpts> = sinks
-                .iter()
-                .map(|&sink| HeadOpts {
-                    scale: 0.2,
-                    softcap: cap,
-                    q_prescale,
-                    sink,
-                })
-                .collect();
-            for (pos, window) in [(0usize, None), (40, None), (299, None), (299, Some(50usize))] {
-                let kv = KvRows {
-                    k: &k,
-                    v: &v,
-                    stride,
-                    start: window_start(pos, window),
-                    end: pos + 1,
-                };
-                let q = rng.vec(g * hd);
-                let mut got = vec![f32::NAN; g * hd];
-                group_attention(&q, &kv, &opts, &mut scores, &mut got);
-                let mut want = vec![f32::NAN; g * hd];
-                for h in 0..g {
-                    head_attention(
-                        &q[h * hd..(h + 1) * hd],
-                        &kv,
-                        &opts[h],
-                        &mut scores,
-                        &mut want[h * hd..(h + 1) * hd],
-                    );
-                }
-                assert_eq!(bits(&got), bits(&want), "f32 pos {pos}");
-                for order in [F16DotOrder::Gemm, F16DotOrder::VecDot] {
-                    group_attention_f16(&q, &kv, &opts, order, &mut f16, &mut got);
+        // 64: the AVX2 path where there is one; 32: the portable one.
+        for hd in [64usize, 32] {
+            let (g, n_ctx) = (3usize, 300usize);
+            let stride = hd + 5;
+            let r16 = |v: &f32| round_f16(v * 3.0);
+            let k: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
+            let v: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
+            let (mut scores, mut f16) = (Vec::new(), F16Scratch::default());
+            for (cap, q_prescale, sinks) in [
+                (None, false, [None, None, None]),
+                (Some(30.0f32), true, [Some(0.5f32), Some(-2.0), Some(1.0)]),
+            ] {
+                let opts: Vec<HeadOpts> = sinks
+                    .iter()
+                    .map(|&sink| HeadOpts {
+                        scale: 0.2,
+                        softcap: cap,
+                        q_prescale,
+                        sink,
+                    })
+                    .collect();
+                for (pos, window) in [(0usize, None), (40, None), (299, None), (299, Some(50usize))] {
+                    let kv = KvRows {
+                        k: &k,
+                        v: &v,
+                        stride,
+                        start: window_start(pos, window),
+                        end: pos + 1,
+                    };
+                    let q = rng.vec(g * hd);
+                    let mut got = vec![f32::NAN; g * hd];
+                    group_attention(&q, &kv, &opts, &mut scores, &mut got);
+                    let mut want = vec![f32::NAN; g * hd];
                     for h in 0..g {
-                        let w = f16_as_written(&q[h * hd..(h + 1) * hd], &kv, &opts[h], order);
-                        want[h * hd..(h + 1) * hd].copy_from_slice(&w);
+                        head_attention(
+                            &q[h * hd..(h + 1) * hd],
+                            &kv,
+                            &opts[h],
+                            &mut scores,
+                            &mut want[h * hd..(h + 1) * hd],
+                        );
                     }
-                    assert_eq!(bits(&got), bits(&want), "f16 pos {pos} {order:?}");
+                    assert_eq!(bits(&got), bits(&want), "f32 pos {pos}");
+                    for order in [F16DotOrder::Gemm, F16DotOrder::VecDot] {
+                        group_attention_f16(&q, &kv, &opts, order, &mut f16, &mut got);
+                        for h in 0..g {
+                            let w = f16_as_written(&q[h * hd..(h + 1) * hd], &kv, &opts[h], order);
+                            want[h * hd..(h + 1) * hd].copy_from_slice(&w);
+                        }
+                        assert_eq!(bits(&got), bits(&want), "f16 pos {pos} {order:?}");
+                    }
                 }
             }
         }
