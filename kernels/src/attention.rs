@@ -8,7 +8,7 @@
 
 use crate::dot::dot_f32;
 use crate::ggml::{dot_f16, softmax_ggml_sink, F16DotOrder};
-use crate::ops::{axpy, round_f16, softcap, softmax};
+use crate::ops::{axpy, round_f16, softcap, softmax, softmax_fast};
 
 /// The cached keys and values one query head attends to.
 #[derive(Clone, Copy, Debug)]
@@ -98,7 +98,8 @@ pub fn head_attention(q: &[f32], kv: &KvRows, opts: &HeadOpts, scores: &mut Vec<
 ///
 /// With AVX2 and a head dimension that is a multiple of 64, the scores and the weighted sum of
 /// values are fused multiply-adds held in registers (the weighted sum in position order, one
-/// accumulator per lane): the same results on every call, close to the portable path's.
+/// accumulator per lane) and the softmax is [`softmax_fast`]: the same results on every call,
+/// close to the portable path's.
 pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut Vec<f32>, out: &mut [f32]) {
     let g = opts.len();
     assert!(
@@ -148,7 +149,11 @@ pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut V
         if let Some(sink) = o.sink {
             scores[h * stride + len] = sink;
         }
-        softmax(&mut scores[h * stride..h * stride + n]);
+        if fast {
+            softmax_fast(&mut scores[h * stride..h * stride + n]);
+        } else {
+            softmax(&mut scores[h * stride..h * stride + n]);
+        }
     }
     if fast {
         #[cfg(target_arch = "x86_64")]
