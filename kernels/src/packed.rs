@@ -16,7 +16,10 @@
 
 use crate::dot::QuantizedActivations;
 use crate::pool::ThreadPool;
-use crate::quant::{f16_to_f32, ActFormat, WeightType, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK};
+use crate::quant::{
+    f16_to_f32, rd_f32, unpack_scales_mins_k4, ActFormat, WeightType, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES,
+    Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+};
 
 /// Rows per interleaved group.
 pub const PACK_ROWS: usize = 16;
@@ -32,6 +35,12 @@ const Q4: u8 = 4;
 const Q5: u8 = 5;
 /// Q8_0 (see [`Q4`]).
 const Q8: u8 = 8;
+/// Q4_K (see [`Q4`]): 256-value super-blocks against Q8_K activations.
+const K4: u8 = 44;
+
+/// Bytes of one Q4_K super-block for 16 rows: a line of `d` and `dmin` (f16), four lines of
+/// sub-block scales and mins (u8, `[sub-block][row]`), 32 lines of nibbles.
+const K4_BYTES: usize = 64 + 256 + 2048;
 
 /// The kind constant of `wtype`, if packed matrices cover it.
 fn kind(wtype: WeightType) -> Option<u8> {
@@ -39,6 +48,7 @@ fn kind(wtype: WeightType) -> Option<u8> {
         WeightType::Q4_0 => Some(Q4),
         WeightType::Q5_0 => Some(Q5),
         WeightType::Q8_0 => Some(Q8),
+        WeightType::Q4_K => Some(K4),
         _ => None,
     }
 }
@@ -115,7 +125,9 @@ fn block_values(kd: u8, row: &[u8], b: usize) -> (u16, [i8; QK]) {
 /// Dot product of GGUF weight `row` (Q4_0, Q5_0 or Q8_0) with Q8_0 activation row `act` in the
 /// packed kernels' order: per block the exact integer sum, then `acc = fma(dx · dy, sum, acc)`.
 pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32 {
-    let kd = kind(wtype).expect("packed order covers Q4_0, Q5_0 and Q8_0");
+    let kd = kind(wtype)
+        .filter(|&k| k != K4)
+        .expect("the reference order covers Q4_0, Q5_0 and Q8_0");
     let mut acc = 0.0f32;
     for b in 0..n / QK {
         let (d, v) = block_values(kd, row, b);
@@ -158,6 +170,9 @@ impl PackedMatrix {
         let kd = kind(wtype)?;
         if rows == 0 || !rows.is_multiple_of(PACK_ROWS) || !k.is_multiple_of(QK) {
             return None;
+        }
+        if kd == K4 {
+            return Self::pack_q4_k(w, rows, k);
         }
         let rb = wtype.row_bytes(k);
         assert!(w.len() >= rows * rb, "weight matrix too short");
@@ -230,6 +245,66 @@ impl PackedMatrix {
         })
     }
 
+    /// Q4_K rows in 16-row groups of [`K4_BYTES`] per super-block: straight copies of the
+    /// GGUF nibbles in four-byte steps (byte `4 lane + e` of line `8 j + g` is byte
+    /// `32 j + 4 g + e` of the row's `qs`: sub-block `2 j` in the low nibbles, `2 j + 1` in the
+    /// high ones), the scales and mins unpacked to bytes.
+    fn pack_q4_k(w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        if !k.is_multiple_of(QK_K) {
+            return None;
+        }
+        let nsb = k / QK_K;
+        let rb = WeightType::Q4_K.row_bytes(k);
+        assert!(w.len() >= rows * rb, "weight matrix too short");
+        let group_bytes = nsb * K4_BYTES;
+        let groups = rows / PACK_ROWS;
+        let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
+        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
+        let bytes: &mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
+        let pack_group = |g: usize, dst: &mut [u8]| {
+            for lane in 0..PACK_ROWS {
+                let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
+                for b in 0..nsb {
+                    let x = &row[b * Q4_K_BYTES..(b + 1) * Q4_K_BYTES];
+                    let o = &mut dst[b * K4_BYTES..(b + 1) * K4_BYTES];
+                    o[2 * lane..2 * lane + 2].copy_from_slice(&x[0..2]);
+                    o[32 + 2 * lane..32 + 2 * lane + 2].copy_from_slice(&x[2..4]);
+                    let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
+                    for j in 0..8 {
+                        o[64 + 16 * j + lane] = sc[j];
+                        o[192 + 16 * j + lane] = m[j];
+                    }
+                    for line in 0..32 {
+                        o[320 + 64 * line + 4 * lane..][..4]
+                            .copy_from_slice(&x[16 + 4 * line..16 + 4 * line + 4]);
+                    }
+                }
+            }
+        };
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(groups);
+        let per = groups.div_ceil(workers.max(1));
+        std::thread::scope(|scope| {
+            for (c, chunk) in bytes.chunks_mut(per * group_bytes).enumerate() {
+                let pack_group = &pack_group;
+                scope.spawn(move || {
+                    for (i, dst) in chunk.chunks_mut(group_bytes).enumerate() {
+                        pack_group(c * per + i, dst);
+                    }
+                });
+            }
+        });
+        Some(PackedMatrix {
+            wtype: WeightType::Q4_K,
+            rows,
+            k,
+            group_bytes,
+            data,
+        })
+    }
+
     /// The weight type the rows had.
     pub fn wtype(&self) -> WeightType {
         self.wtype
@@ -271,6 +346,25 @@ impl PackedActs {
     }
 
     fn prepare(&mut self, kd: u8, act: &QuantizedActivations) {
+        if kd == K4 {
+            // Per super-block: the scale, and the eight 32-value sums (pairs of bsums).
+            let nsb = act.n() / QK_K;
+            let rb = ActFormat::Q8_K.row_bytes(act.n());
+            self.dy.clear();
+            self.cor.clear();
+            let bytes = act.bytes();
+            for r in 0..act.rows() {
+                for b in 0..nsb {
+                    let y = &bytes[r * rb + b * Q8_K_BYTES..r * rb + (b + 1) * Q8_K_BYTES];
+                    self.dy.push(rd_f32(y, 0));
+                    for j in 0..8 {
+                        let bs = |i: usize| i16::from_le_bytes([y[260 + 2 * i], y[261 + 2 * i]]) as i32;
+                        self.cor.push(bs(2 * j) + bs(2 * j + 1));
+                    }
+                }
+            }
+            return;
+        }
         let nb = act.n() / QK;
         let rb = ActFormat::Q8_0.row_bytes(act.n());
         self.dy.clear();
@@ -307,13 +401,16 @@ pub fn matmul_packed(
     assert_eq!(act.n(), p.k, "activation row length must equal k");
     assert_eq!(
         act.format(),
-        ActFormat::Q8_0,
-        "packed matrices take Q8_0 activations"
+        p.wtype.act_format(),
+        "activations quantized for another type"
     );
     assert!(out.len() >= m * p.rows, "output too short");
     assert!(PackedMatrix::available(), "packed kernels need AVX-512 VNNI");
     let kd = kind(p.wtype).expect("packed type");
     scratch.prepare(kd, act);
+    if kd == K4 {
+        return matmul_packed_q4_k(p, act, out, scratch, pool);
+    }
     let nb = p.k / QK;
     let groups = p.rows / PACK_ROWS;
     let per = groups.div_ceil(pool.n_threads() * 4).max(1);
@@ -346,6 +443,60 @@ pub fn matmul_packed(
                         rb,
                         &dy[i * nb..],
                         &cor[i * nb..],
+                        &mut res,
+                    )
+                };
+                for (di, vals) in res.iter().take(r).enumerate() {
+                    for (lane, &v) in vals.iter().enumerate() {
+                        // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
+                        // < out.len() (asserted); chunk c alone writes group g's columns.
+                        unsafe { *outp.0.add((i + di) * p.rows + g * PACK_ROWS + lane) = v };
+                    }
+                }
+                i += r;
+            }
+        }
+    });
+}
+
+/// [`matmul_packed`] for Q4_K: each element bit for bit the single-row Q4_K kernels' order
+/// (per super-block the whole integer sums of scaled quants and of mins times sums, each in one
+/// fused multiply-add with `d · yd` and `dmin · yd`; the result is their difference).
+fn matmul_packed_q4_k(
+    p: &PackedMatrix,
+    act: &QuantizedActivations,
+    out: &mut [f32],
+    scratch: &PackedActs,
+    pool: &ThreadPool,
+) {
+    let m = act.rows();
+    let nsb = p.k / QK_K;
+    let groups = p.rows / PACK_ROWS;
+    let per = groups.div_ceil(pool.n_threads() * 4).max(1);
+    let outp = OutPtr(out.as_mut_ptr());
+    let (dy, sums, acts) = (&scratch.dy[..], &scratch.cor[..], act.bytes());
+    let rb = ActFormat::Q8_K.row_bytes(p.k);
+    let data = p.bytes();
+    pool.parallel_for(groups.div_ceil(per), |c| {
+        let outp = &outp;
+        for g in c * per..((c + 1) * per).min(groups) {
+            let group = &data[g * p.group_bytes..(g + 1) * p.group_bytes];
+            let mut i = 0;
+            while i < m {
+                let r = (m - i).min(4);
+                let mut res = [[0.0f32; PACK_ROWS]; 8];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `available()` (asserted by the caller) confirmed the CPU features; the
+                // group holds nsb super-blocks, and rows i..i + r of the activations nsb each.
+                unsafe {
+                    avx512::group_q4_k(
+                        r,
+                        group,
+                        nsb,
+                        &acts[i * rb..],
+                        rb,
+                        &dy[i * nsb..],
+                        &sums[i * nsb * 8..],
                         &mut res,
                     )
                 };
@@ -409,6 +560,116 @@ mod avx512 {
             Q4 => rows!(Q4),
             Q5 => rows!(Q5),
             _ => rows!(Q8),
+        }
+    }
+
+    /// One 16-row Q4_K group (`nsb` super-blocks of [`super::K4_BYTES`]) against `r ≤ 4`
+    /// Q8_K activation rows (`rb` bytes apart; their scales `dy` and 32-value sums `sums`, 8 per
+    /// super-block) into `out[j][lane]`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI; the slices hold what the shapes say.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group_q4_k(
+        r: usize,
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        sums: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        assert!((1..=4).contains(&r) && acts.len() >= (r - 1) * rb + nsb * Q8_K_BYTES);
+        assert!(dy.len() >= (r - 1) * nsb + nsb && sums.len() >= 8 * ((r - 1) * nsb + nsb));
+        assert!(group.len() >= nsb * super::K4_BYTES);
+        // SAFETY (each arm): as this function's contract, checked above.
+        unsafe {
+            match r {
+                1 => kernel_q4_k::<1>(group, nsb, acts, rb, dy, sums, out),
+                2 => kernel_q4_k::<2>(group, nsb, acts, rb, dy, sums, out),
+                3 => kernel_q4_k::<3>(group, nsb, acts, rb, dy, sums, out),
+                _ => kernel_q4_k::<4>(group, nsb, acts, rb, dy, sums, out),
+            }
+        }
+    }
+
+    /// The kernel of [`group_q4_k`] for `R` activation rows.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    unsafe fn kernel_q4_k<const R: usize>(
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        sums: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        let m4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut accm = [_mm512_setzero_ps(); R];
+        for b in 0..nsb {
+            // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
+            // the caller); the prefetch is a hint.
+            unsafe {
+                let x = group.as_ptr().add(b * super::K4_BYTES);
+                for l in (0..super::K4_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PREFETCH + l) as *const i8);
+                }
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(32) as *const __m256i));
+                let mut isum = [_mm512_setzero_si512(); R];
+                let mut msum = [_mm512_setzero_si512(); R];
+                for j in 0..4 {
+                    let mut slo = [_mm512_setzero_si512(); R];
+                    let mut shi = [_mm512_setzero_si512(); R];
+                    for g in 0..8 {
+                        let q = _mm512_loadu_si512(x.add(320 + 64 * (8 * j + g)) as *const _);
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                        for r in 0..R {
+                            let y = acts.as_ptr().add(r * rb + b * Q8_K_BYTES + 4 + 64 * j + 4 * g);
+                            let y0 = (y as *const i32).read_unaligned();
+                            let y1 = (y.add(32) as *const i32).read_unaligned();
+                            slo[r] = _mm512_dpbusd_epi32(slo[r], lo, _mm512_set1_epi32(y0));
+                            shi[r] = _mm512_dpbusd_epi32(shi[r], hi, _mm512_set1_epi32(y1));
+                        }
+                    }
+                    let sc = |i: usize| {
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128(x.add(64 + 16 * i) as *const __m128i))
+                    };
+                    let mn = |i: usize| {
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128(x.add(192 + 16 * i) as *const __m128i))
+                    };
+                    let (s0, s1, m0, m1) = (sc(2 * j), sc(2 * j + 1), mn(2 * j), mn(2 * j + 1));
+                    for r in 0..R {
+                        let bs = &sums[(r * nsb + b) * 8..];
+                        isum[r] = _mm512_add_epi32(
+                            isum[r],
+                            _mm512_add_epi32(_mm512_mullo_epi32(slo[r], s0), _mm512_mullo_epi32(shi[r], s1)),
+                        );
+                        msum[r] = _mm512_add_epi32(
+                            msum[r],
+                            _mm512_add_epi32(
+                                _mm512_mullo_epi32(m0, _mm512_set1_epi32(bs[2 * j])),
+                                _mm512_mullo_epi32(m1, _mm512_set1_epi32(bs[2 * j + 1])),
+                            ),
+                        );
+                    }
+                }
+                for r in 0..R {
+                    let yd = _mm512_set1_ps(dy[r * nsb + b]);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, yd), acc[r]);
+                    accm[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[r]), _mm512_mul_ps(dmin, yd), accm[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            // SAFETY: out[r] holds 16 floats.
+            unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), _mm512_sub_ps(acc[r], accm[r])) };
         }
     }
 
@@ -530,6 +791,43 @@ mod tests {
     }
 
     #[test]
+    fn packed_q4_k_equals_the_single_row_kernel_bit_for_bit() {
+        if !PackedMatrix::available() {
+            berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
+            return;
+        }
+        // The AVX2 table's Q4_K single row is the order the packed kernel keeps.
+        let single = crate::dot::DotTable::by_name("avx2").expect("AVX-512 implies AVX2");
+        let mut rng = XorShift::new(33);
+        let pool = ThreadPool::new(2);
+        let wtype = WeightType::Q4_K;
+        for (rows, k) in [(16, 256), (32, 2048)] {
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
+            let p = PackedMatrix::pack(wtype, &w, rows, k).expect("packs");
+            let rb = wtype.row_bytes(k);
+            let mut scratch = PackedActs::new();
+            for m in [1, 3, 4, 9] {
+                let x = rng.vec(m * k);
+                let mut act = QuantizedActivations::new();
+                act.quantize_into(wtype, &x, k);
+                let mut out = vec![f32::NAN; m * rows];
+                matmul_packed(&p, &act, &mut out, &mut scratch, &pool);
+                for i in 0..m {
+                    for r in 0..rows {
+                        let e = single.vec_dot(wtype, &w[r * rb..(r + 1) * rb], act.row(i), k);
+                        let g = out[i * rows + r];
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{rows}x{k} m={m} act {i} row {r}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_reference_order_is_close_to_the_scalar_dot() {
         let mut rng = XorShift::new(32);
         for wtype in [WeightType::Q4_0, WeightType::Q5_0, WeightType::Q8_0] {
@@ -545,6 +843,7 @@ mod tests {
     #[test]
     fn packing_declines_what_it_does_not_cover() {
         let w = vec![0u8; 16 * WeightType::Q6_K.row_bytes(256)];
+        assert!(PackedMatrix::pack_anywhere(WeightType::Q4_K, &vec![0u8; 16 * 144], 16, 256).is_some());
         assert!(PackedMatrix::pack_anywhere(WeightType::Q6_K, &w, 16, 256).is_none());
         let w = vec![0u8; 15 * WeightType::Q8_0.row_bytes(32)];
         assert!(PackedMatrix::pack_anywhere(WeightType::Q8_0, &w, 15, 32).is_none());

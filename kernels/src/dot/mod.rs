@@ -499,6 +499,12 @@ impl QuantizedActivations {
         self.rows
     }
 
+    /// Every row's bytes, back to back (quantized activations only).
+    pub fn bytes(&self) -> &[u8] {
+        assert_ne!(self.format, ActFormat::F32, "f32 activations have no bytes");
+        &self.bytes[..self.rows * self.format.row_bytes(self.n)]
+    }
+
     /// Every row's bytes, back to back (Q8_0 activations only).
     pub fn q8_0_bytes(&self) -> &[u8] {
         assert_eq!(self.format, ActFormat::Q8_0, "not Q8_0 activations");
