@@ -3,7 +3,8 @@
 //! This crate holds everything numeric that a transformer forward pass needs on the CPU:
 //! the GGML block formats and their (de)quantizers ([`quant`]), quantized dot products of
 //! one weight row against activations quantized once per row ([`dot`]), multi-threaded
-//! matrix-vector and matrix-matrix products over raw weight bytes ([`matmul`]) running on a
+//! matrix-vector and matrix-matrix products over raw weight bytes ([`matmul`]) and over weights
+//! repacked into 16-row interleaved groups for AVX-512 VNNI ([`packed`]), running on a
 //! small persistent thread pool ([`pool`]), element-wise operations such as RMS norm,
 //! softmax, activations and RoPE ([`ops`]), one query head's attention over a KV cache
 //! ([`attention`]), the emulation of llama.cpp's own float arithmetic that greedy parity needs
