@@ -101,14 +101,7 @@ pub fn head_attention(q: &[f32], kv: &KvRows, opts: &HeadOpts, scores: &mut Vec<
 /// accumulator per lane) and the softmax is [`softmax_fast`]: the same results on every call,
 /// close to the portable path's.
 pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut Vec<f32>, out: &mut [f32]) {
-    let g = opts.len();
-    assert!(
-        g > 0 && q.len().is_multiple_of(g),
-        "attention: q is not whole heads"
-    );
-    let hd = q.len() / g;
-    assert_eq!(out.len(), q.len(), "attention: output is not the heads");
-    kv.check(hd);
+    let (g, hd) = (opts.len(), group_head_dim(q, kv, opts.len(), out));
     let len = kv.end - kv.start;
     // Head h's scores at h * stride, with room for its sink.
     let stride = len + 1;
@@ -171,6 +164,18 @@ pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut V
             axpy(oh, scores[h * stride + j], v);
         }
     }
+}
+
+/// The head dimension of `g` heads in `q` (and `out`), checked against `kv`.
+fn group_head_dim(q: &[f32], kv: &KvRows, g: usize, out: &[f32]) -> usize {
+    assert!(
+        g > 0 && q.len().is_multiple_of(g),
+        "attention: q is not whole heads"
+    );
+    let hd = q.len() / g;
+    assert_eq!(out.len(), q.len(), "attention: output is not the heads");
+    kv.check(hd);
+    hd
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -273,14 +278,7 @@ pub fn group_attention_f16(
     f: &mut F16Scratch,
     out: &mut [f32],
 ) {
-    let g = opts.len();
-    assert!(
-        g > 0 && q.len().is_multiple_of(g),
-        "attention: q is not whole heads"
-    );
-    let hd = q.len() / g;
-    assert_eq!(out.len(), q.len(), "attention: output is not the heads");
-    kv.check(hd);
+    let (g, hd) = (opts.len(), group_head_dim(q, kv, opts.len(), out));
     let len = kv.end - kv.start;
     f.q16.clear();
     for (h, o) in opts.iter().enumerate() {

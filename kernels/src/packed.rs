@@ -29,6 +29,30 @@ pub const PACK_ROWS: usize = 16;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
+/// Zeroed storage for `groups` groups of `group_bytes` (a multiple of 64), each filled by
+/// `fill(group, bytes)`, the groups split over the machine's cores.
+fn fill_groups(groups: usize, group_bytes: usize, fill: impl Fn(usize, &mut [u8]) + Sync) -> Vec<Line> {
+    let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
+    // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
+    let bytes: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(groups);
+    let per = groups.div_ceil(workers.max(1));
+    std::thread::scope(|scope| {
+        for (c, chunk) in bytes.chunks_mut(per * group_bytes).enumerate() {
+            let fill = &fill;
+            scope.spawn(move || {
+                for (i, dst) in chunk.chunks_mut(group_bytes).enumerate() {
+                    fill(c * per + i, dst);
+                }
+            });
+        }
+    });
+    data
+}
+
 /// Weight kinds the packed layout covers, as const parameters of the kernels.
 const Q4: u8 = 4;
 /// Q5_0 (see [`Q4`]).
@@ -181,10 +205,6 @@ impl PackedMatrix {
         let qb = quant_bytes(kd);
         let group_bytes = scale_bytes + nb * qb;
         let groups = rows / PACK_ROWS;
-        let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
-        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
-        let bytes: &mut [u8] =
-            unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
         let xb = wtype.block_bytes();
         // One group: straight copies of the GGUF bytes in four-byte steps (the nibble lines
         // are Q4_0/Q5_0's own `qs` bytes; Q8_0's values are flipped to unsigned).
@@ -222,20 +242,7 @@ impl PackedMatrix {
                 }
             }
         };
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(groups);
-        let per = groups.div_ceil(workers.max(1));
-        std::thread::scope(|scope| {
-            for (c, chunk) in bytes.chunks_mut(per * group_bytes).enumerate() {
-                let pack_group = &pack_group;
-                scope.spawn(move || {
-                    for (i, dst) in chunk.chunks_mut(group_bytes).enumerate() {
-                        pack_group(c * per + i, dst);
-                    }
-                });
-            }
-        });
+        let data = fill_groups(groups, group_bytes, pack_group);
         Some(PackedMatrix {
             wtype,
             rows,
@@ -258,10 +265,6 @@ impl PackedMatrix {
         assert!(w.len() >= rows * rb, "weight matrix too short");
         let group_bytes = nsb * K4_BYTES;
         let groups = rows / PACK_ROWS;
-        let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
-        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
-        let bytes: &mut [u8] =
-            unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
         let pack_group = |g: usize, dst: &mut [u8]| {
             for lane in 0..PACK_ROWS {
                 let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
@@ -282,20 +285,7 @@ impl PackedMatrix {
                 }
             }
         };
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(groups);
-        let per = groups.div_ceil(workers.max(1));
-        std::thread::scope(|scope| {
-            for (c, chunk) in bytes.chunks_mut(per * group_bytes).enumerate() {
-                let pack_group = &pack_group;
-                scope.spawn(move || {
-                    for (i, dst) in chunk.chunks_mut(group_bytes).enumerate() {
-                        pack_group(c * per + i, dst);
-                    }
-                });
-            }
-        });
+        let data = fill_groups(groups, group_bytes, pack_group);
         Some(PackedMatrix {
             wtype: WeightType::Q4_K,
             rows,
