@@ -33,8 +33,8 @@ TOPICS = [
 
 
 def ask(client, model, topic, max_tokens):
-    """One greedy answer, streamed: (text, completion tokens, time of its last token)."""
-    text, tokens, last = "", 0, None
+    """One greedy answer, streamed: (text, completion tokens, time of its first token, of its last)."""
+    text, tokens, first, last = "", 0, None, None
     s = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": f"Explain {topic} in a few paragraphs."}],
@@ -50,7 +50,8 @@ def ask(client, model, topic, max_tokens):
             if c.delta.content:
                 text += c.delta.content
                 last = time.monotonic()
-    return text, tokens, last
+                first = first or last
+    return text, tokens, first, last
 
 
 def main():
@@ -63,23 +64,31 @@ def main():
     client = openai.OpenAI(base_url=a.url + "/v1", api_key="none", timeout=600)
     topics = [TOPICS[i % len(TOPICS)] + ("" if i < len(TOPICS) else f" (part {i})") for i in range(a.streams)]
     ask(client, a.model, "a warm-up", 8)
-    alone, alone_tokens, alone_secs = [], 0, 0.0
+    alone, alone_tokens, alone_secs, alone_decode = [], 0, 0.0, 0.0
     for t in topics:
         t0 = time.monotonic()
-        text, n, last = ask(client, a.model, t, a.max_tokens)
+        text, n, first, last = ask(client, a.model, t, a.max_tokens)
         alone.append(text)
         alone_tokens += n
         alone_secs += last - t0
+        alone_decode += last - first
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(a.streams) as pool:
         together = list(pool.map(lambda t: ask(client, a.model, t, a.max_tokens), topics))
-    wall = max(last for _, _, last in together) - t0
-    together_tokens = sum(n for _, n, _ in together)
+    last_token = max(last for _, _, _, last in together)
+    wall = last_token - t0
+    together_tokens = sum(n for _, n, _, _ in together)
     one, many = alone_tokens / alone_secs, together_tokens / wall
-    same = sum(text == alone[i] for i, (text, _, _) in enumerate(together))
+    # Decode alone: from the first token to the last (after the last prompt was processed).
+    decode_wall = last_token - max(first for _, _, first, _ in together)
+    one_decode = (alone_tokens - len(topics)) / alone_decode
+    many_decode = sum(n - 1 for _, n, first, _ in together) / (last_token - min(f for _, _, f, _ in together))
+    same = sum(text == alone[i] for i, (text, _, _, _) in enumerate(together))
     print(f"one stream at a time: {alone_tokens} tokens in {alone_secs:.1f} s, {one:.2f} tokens/s")
     print(f"{a.streams} streams at once:   {together_tokens} tokens in {wall:.1f} s, {many:.2f} tokens/s")
     print(f"aggregate ratio: {many / one:.2f}x (target >= 3 at 8 streams); texts equal to alone: {same} of {a.streams}")
+    print(f"decode only (first token to last): one {one_decode:.2f} tokens/s, {a.streams} at once {many_decode:.2f} "
+          f"tokens/s, {many_decode / one_decode:.2f}x (all {a.streams} decoding together for the last {decode_wall:.1f} s)")
     if same != a.streams:
         sys.exit(1)
 
