@@ -775,6 +775,56 @@ pub(crate) fn tile(wtype: WeightType, w: &[&[u8]], a: &[&[u8]], n: usize, out: &
     }
 }
 
+/// `nrows` consecutive Q4_0/Q5_0/Q8_0/MXFP4 weight rows at `w` against up to eight Q8_0
+/// activation rows into `out[r * acts.len() + j]`: two weight rows × four activation rows per
+/// tile call, each result bit for bit the single-row kernel's (the tiles round each pair as
+/// `vec_dot` does); false for other types or counts.
+pub(crate) fn rows_many(
+    wtype: WeightType,
+    w: &[u8],
+    nrows: usize,
+    n: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> bool {
+    let na = acts.len();
+    if !matches!(
+        wtype,
+        WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::Mxfp4
+    ) || na == 0
+        || na > 8
+        || !n.is_multiple_of(QK)
+    {
+        return false;
+    }
+    let rb = wtype.row_bytes(n);
+    assert!(w.len() >= nrows * rb, "weight rows too short");
+    assert!(out.len() >= nrows * na, "output too short");
+    let row = |r: usize| &w[r * rb..(r + 1) * rb];
+    let mut tile = [0.0f32; 8];
+    let mut r = 0;
+    while r < nrows {
+        // Two weight rows (the last one twice at an odd end), activation rows four at a time.
+        let pair = [row(r), row((r + 1).min(nrows - 1))];
+        let mut j = 0;
+        while j < na {
+            let take = (na - j).min(4);
+            let a: [&[u8]; 4] = std::array::from_fn(|i| acts[j + i.min(take - 1)]);
+            // SAFETY: only installed in the dispatch table after AVX2+FMA+F16C were detected.
+            let ok = unsafe { tile_0_typed::<2, 4>(wtype, &pair, &a, n, &mut tile) };
+            assert!(ok, "tile covers the _0 types");
+            for wi in 0..2.min(nrows - r) {
+                for i in 0..take {
+                    out[(r + wi) * na + j + i] = tile[wi * 4 + i];
+                }
+            }
+            j += take;
+        }
+        r += 2;
+    }
+    true
+}
+
 /// f32 · f32 over raw pointers, `n` elements.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32_ptr(w: *const f32, x: *const f32, n: usize) -> f32 {

@@ -536,7 +536,7 @@ pub(crate) fn rows_many(
         WeightType::Q5_0 => Q5,
         WeightType::Q8_0 => Q8,
         WeightType::Q4_K | WeightType::Q6_K => return rows_many_k(wtype, w, nrows, n, acts, out),
-        _ => return false,
+        _ => return super::avx2::rows_many(wtype, w, nrows, n, acts, out),
     };
     if na == 0 || na > MANY_MAX || !n.is_multiple_of(QK) {
         return false;

