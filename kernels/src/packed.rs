@@ -359,7 +359,7 @@ impl PackedActs {
         let rb = ActFormat::Q8_0.row_bytes(act.n());
         self.dy.clear();
         self.cor.clear();
-        let bytes = act.q8_0_bytes();
+        let bytes = act.bytes();
         for r in 0..act.rows() {
             let row = &bytes[r * rb..(r + 1) * rb];
             for b in 0..nb {
@@ -377,9 +377,11 @@ struct OutPtr(*mut f32);
 // owning `&mut [f32]` is borrowed by the caller.
 unsafe impl Sync for OutPtr {}
 
-/// `out[i][r] = dot(W[r], act.row(i))` for a packed matrix and Q8_0 activations (quantized for
-/// its type), every element bit for bit [`reference_dot`]; `scratch` holds the activations'
-/// block scales and sums.
+/// `out[i][r] = dot(W[r], act.row(i))` for a packed matrix and activations quantized for its
+/// type, every element bit for bit [`reference_dot`] (Q4_K: the single-row Q4_K kernels' order:
+/// per super-block the whole integer sums of scaled quants and of mins times sums, each in one
+/// fused multiply-add with `d · yd` and `dmin · yd`; the result is their difference);
+/// `scratch` holds the activations' block scales and sums.
 pub fn matmul_packed(
     p: &PackedMatrix,
     act: &QuantizedActivations,
@@ -398,15 +400,13 @@ pub fn matmul_packed(
     assert!(PackedMatrix::available(), "packed kernels need AVX-512 VNNI");
     let kd = kind(p.wtype).expect("packed type");
     scratch.prepare(kd, act);
-    if kd == K4 {
-        return matmul_packed_q4_k(p, act, out, scratch, pool);
-    }
-    let nb = p.k / QK;
+    // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value sub-block).
+    let (nb, sums_per_block) = if kd == K4 { (p.k / QK_K, 8) } else { (p.k / QK, 1) };
     let groups = p.rows / PACK_ROWS;
     let per = groups.div_ceil(pool.n_threads() * 4).max(1);
     let outp = OutPtr(out.as_mut_ptr());
-    let (dy, cor, acts) = (&scratch.dy[..], &scratch.cor[..], act.q8_0_bytes());
-    let rb = ActFormat::Q8_0.row_bytes(p.k);
+    let (dy, cor, acts) = (&scratch.dy[..], &scratch.cor[..], act.bytes());
+    let rb = act.format().row_bytes(p.k);
     let data = p.bytes();
     // Activation rows per kernel call: eight for Q8_0; four where unpacking nibbles takes
     // registers too (measured faster than eight for Q5_0).
@@ -419,76 +419,17 @@ pub fn matmul_packed(
             while i < m {
                 let r = (m - i).min(batch);
                 let mut res = [[0.0f32; PACK_ROWS]; 8];
+                let (acts, dy, cor) = (&acts[i * rb..], &dy[i * nb..], &cor[i * nb * sums_per_block..]);
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `available()` (asserted) confirmed the CPU features; the group holds
                 // nb blocks of kind kd, and rows i..i + r of the activations nb blocks each.
                 unsafe {
-                    avx512::group(
-                        kd,
-                        r,
-                        group,
-                        p.group_bytes - nb * quant_bytes(kd),
-                        nb,
-                        &acts[i * rb..],
-                        rb,
-                        &dy[i * nb..],
-                        &cor[i * nb..],
-                        &mut res,
-                    )
-                };
-                for (di, vals) in res.iter().take(r).enumerate() {
-                    for (lane, &v) in vals.iter().enumerate() {
-                        // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
-                        // < out.len() (asserted); chunk c alone writes group g's columns.
-                        unsafe { *outp.0.add((i + di) * p.rows + g * PACK_ROWS + lane) = v };
+                    if kd == K4 {
+                        avx512::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                    } else {
+                        let scale_bytes = p.group_bytes - nb * quant_bytes(kd);
+                        avx512::group(kd, r, group, scale_bytes, nb, acts, rb, dy, cor, &mut res)
                     }
-                }
-                i += r;
-            }
-        }
-    });
-}
-
-/// [`matmul_packed`] for Q4_K: each element bit for bit the single-row Q4_K kernels' order
-/// (per super-block the whole integer sums of scaled quants and of mins times sums, each in one
-/// fused multiply-add with `d · yd` and `dmin · yd`; the result is their difference).
-fn matmul_packed_q4_k(
-    p: &PackedMatrix,
-    act: &QuantizedActivations,
-    out: &mut [f32],
-    scratch: &PackedActs,
-    pool: &ThreadPool,
-) {
-    let m = act.rows();
-    let nsb = p.k / QK_K;
-    let groups = p.rows / PACK_ROWS;
-    let per = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let outp = OutPtr(out.as_mut_ptr());
-    let (dy, sums, acts) = (&scratch.dy[..], &scratch.cor[..], act.bytes());
-    let rb = ActFormat::Q8_K.row_bytes(p.k);
-    let data = p.bytes();
-    pool.parallel_for(groups.div_ceil(per), |c| {
-        let outp = &outp;
-        for g in c * per..((c + 1) * per).min(groups) {
-            let group = &data[g * p.group_bytes..(g + 1) * p.group_bytes];
-            let mut i = 0;
-            while i < m {
-                let r = (m - i).min(4);
-                let mut res = [[0.0f32; PACK_ROWS]; 8];
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `available()` (asserted by the caller) confirmed the CPU features; the
-                // group holds nsb super-blocks, and rows i..i + r of the activations nsb each.
-                unsafe {
-                    avx512::group_q4_k(
-                        r,
-                        group,
-                        nsb,
-                        &acts[i * rb..],
-                        rb,
-                        &dy[i * nsb..],
-                        &sums[i * nsb * 8..],
-                        &mut res,
-                    )
                 };
                 for (di, vals) in res.iter().take(r).enumerate() {
                     for (lane, &v) in vals.iter().enumerate() {
@@ -742,41 +683,59 @@ mod tests {
     use super::*;
     use crate::testutil::{random_row, XorShift};
 
+    /// Packs random `wtype` matrices of each shape and checks every product of `m` activation
+    /// rows (for each `m`) against `want(row bytes, activations, activation row, k)` bit for bit.
+    fn check_packed(
+        wtype: WeightType,
+        seed: u64,
+        shapes: &[(usize, usize)],
+        ms: &[usize],
+        want: impl Fn(&[u8], &QuantizedActivations, usize, usize) -> f32,
+    ) {
+        let mut rng = XorShift::new(seed);
+        let pool = ThreadPool::new(2);
+        for &(rows, k) in shapes {
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
+            let p = PackedMatrix::pack(wtype, &w, rows, k).expect("packs");
+            let rb = wtype.row_bytes(k);
+            let mut scratch = PackedActs::new();
+            for &m in ms {
+                let x = rng.vec(m * k);
+                let mut act = QuantizedActivations::new();
+                act.quantize_into(wtype, &x, k);
+                let mut out = vec![f32::NAN; m * rows];
+                matmul_packed(&p, &act, &mut out, &mut scratch, &pool);
+                for i in 0..m {
+                    for r in 0..rows {
+                        let e = want(&w[r * rb..(r + 1) * rb], &act, i, k);
+                        let g = out[i * rows + r];
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{wtype:?} {rows}x{k} m={m} act {i} row {r}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn packed_products_equal_the_reference_order_bit_for_bit() {
         if !PackedMatrix::available() {
             berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
             return;
         }
-        let mut rng = XorShift::new(31);
-        let pool = ThreadPool::new(2);
-        for wtype in [WeightType::Q4_0, WeightType::Q5_0, WeightType::Q8_0] {
-            for (rows, k) in [(16, 32), (48, 896), (32, 4864)] {
-                let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
-                let p = PackedMatrix::pack(wtype, &w, rows, k).expect("packs");
-                let rb = wtype.row_bytes(k);
-                let mut scratch = PackedActs::new();
-                for m in [1, 3, 8, 11] {
-                    let x = rng.vec(m * k);
-                    let mut act = QuantizedActivations::new();
-                    act.quantize_into(wtype, &x, k);
-                    let mut out = vec![f32::NAN; m * rows];
-                    matmul_packed(&p, &act, &mut out, &mut scratch, &pool);
-                    let arb = ActFormat::Q8_0.row_bytes(k);
-                    for i in 0..m {
-                        let a = &act.q8_0_bytes()[i * arb..(i + 1) * arb];
-                        for r in 0..rows {
-                            let e = reference_dot(wtype, &w[r * rb..(r + 1) * rb], a, k);
-                            let g = out[i * rows + r];
-                            assert_eq!(
-                                g.to_bits(),
-                                e.to_bits(),
-                                "{wtype:?} {rows}x{k} m={m} act {i} row {r}: {g} vs {e}"
-                            );
-                        }
-                    }
-                }
-            }
+        for (seed, wtype) in [
+            (31, WeightType::Q4_0),
+            (32, WeightType::Q5_0),
+            (33, WeightType::Q8_0),
+        ] {
+            let shapes = [(16, 32), (48, 896), (32, 4864)];
+            check_packed(wtype, seed, &shapes, &[1, 3, 8, 11], |row, act, i, k| {
+                let arb = ActFormat::Q8_0.row_bytes(k);
+                reference_dot(wtype, row, &act.bytes()[i * arb..(i + 1) * arb], k)
+            });
         }
     }
 
@@ -788,33 +747,14 @@ mod tests {
         }
         // The AVX2 table's Q4_K single row is the order the packed kernel keeps.
         let single = crate::dot::DotTable::by_name("avx2").expect("AVX-512 implies AVX2");
-        let mut rng = XorShift::new(33);
-        let pool = ThreadPool::new(2);
         let wtype = WeightType::Q4_K;
-        for (rows, k) in [(16, 256), (32, 2048)] {
-            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
-            let p = PackedMatrix::pack(wtype, &w, rows, k).expect("packs");
-            let rb = wtype.row_bytes(k);
-            let mut scratch = PackedActs::new();
-            for m in [1, 3, 4, 9] {
-                let x = rng.vec(m * k);
-                let mut act = QuantizedActivations::new();
-                act.quantize_into(wtype, &x, k);
-                let mut out = vec![f32::NAN; m * rows];
-                matmul_packed(&p, &act, &mut out, &mut scratch, &pool);
-                for i in 0..m {
-                    for r in 0..rows {
-                        let e = single.vec_dot(wtype, &w[r * rb..(r + 1) * rb], act.row(i), k);
-                        let g = out[i * rows + r];
-                        assert_eq!(
-                            g.to_bits(),
-                            e.to_bits(),
-                            "{rows}x{k} m={m} act {i} row {r}: {g} vs {e}"
-                        );
-                    }
-                }
-            }
-        }
+        check_packed(
+            wtype,
+            34,
+            &[(16, 256), (32, 2048)],
+            &[1, 3, 4, 9],
+            |row, act, i, k| single.vec_dot(wtype, row, act.row(i), k),
+        );
     }
 
     #[test]
@@ -825,7 +765,7 @@ mod tests {
             let row = random_row(&mut rng, wtype, k);
             let act = QuantizedActivations::quantize(wtype, &rng.vec(k));
             let e = crate::dot::DotTable::scalar().vec_dot(wtype, &row, act.row(0), k);
-            let g = reference_dot(wtype, &row, act.q8_0_bytes(), k);
+            let g = reference_dot(wtype, &row, act.bytes(), k);
             assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{wtype:?}: {g} vs {e}");
         }
     }

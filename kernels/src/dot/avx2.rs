@@ -788,18 +788,14 @@ pub(crate) fn rows_many(
     out: &mut [f32],
 ) -> bool {
     let na = acts.len();
-    if !matches!(
+    let covered = matches!(
         wtype,
         WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 | WeightType::Mxfp4
-    ) || na == 0
-        || na > 8
-        || !n.is_multiple_of(QK)
-    {
+    );
+    if !covered || !super::many_call_fits(wtype, w, nrows, n, acts, out) {
         return false;
     }
     let rb = wtype.row_bytes(n);
-    assert!(w.len() >= nrows * rb, "weight rows too short");
-    assert!(out.len() >= nrows * na, "output too short");
     let row = |r: usize| &w[r * rb..(r + 1) * rb];
     let mut tile = [0.0f32; 8];
     let mut r = 0;

@@ -357,9 +357,6 @@ pub(crate) fn tile(wtype: WeightType, w: &[&[u8]], a: &[&[u8]], n: usize, out: &
     true
 }
 
-/// Most activation rows one [`rows_many`] call takes.
-pub(crate) const MANY_MAX: usize = super::DotTable::MANY_MAX;
-
 thread_local! {
     /// Per-thread scratch of [`rows_many`]: the activation rows paired for 16-lane steps.
     static PAIRED: std::cell::RefCell<(Vec<__m512i>, Vec<__m512>)> =
@@ -473,16 +470,13 @@ fn pair_acts(acts: &[&[u8]], nb: usize, yu: &mut Vec<__m512i>, dy: &mut Vec<__m5
     }
 }
 
-/// `nrows` consecutive Q4_K or Q6_K weight rows against up to [`MANY_MAX`] Q8_K activation
+/// `nrows` consecutive Q4_K or Q6_K weight rows against up to [`super::DotTable::MANY_MAX`] Q8_K activation
 /// rows, each weight row decoded once for all of them, in the single-row order.
 fn rows_many_k(wtype: WeightType, w: &[u8], nrows: usize, n: usize, acts: &[&[u8]], out: &mut [f32]) -> bool {
     let na = acts.len();
-    if na == 0 || na > MANY_MAX || !n.is_multiple_of(QK_K) {
+    if !super::many_call_fits(wtype, w, nrows, n, acts, out) {
         return false;
     }
-    let rb = wtype.row_bytes(n);
-    assert!(w.len() >= nrows * rb, "weight rows too short");
-    assert!(out.len() >= nrows * na, "output too short");
     fn go<const R: usize>(
         wtype: WeightType,
         w: &[u8],
@@ -519,7 +513,7 @@ fn rows_many_k(wtype: WeightType, w: &[u8], nrows: usize, n: usize, acts: &[&[u8
     true
 }
 
-/// `nrows` consecutive Q4_0/Q5_0/Q8_0 weight rows at `w` against up to [`MANY_MAX`] Q8_0
+/// `nrows` consecutive Q4_0/Q5_0/Q8_0 weight rows at `w` against up to [`super::DotTable::MANY_MAX`] Q8_0
 /// activation rows into `out[r * acts.len() + j]`, each result bit for bit the single-row
 /// kernel's; false for other types or counts.
 pub(crate) fn rows_many(
@@ -538,16 +532,10 @@ pub(crate) fn rows_many(
         WeightType::Q4_K | WeightType::Q6_K => return rows_many_k(wtype, w, nrows, n, acts, out),
         _ => return super::avx2::rows_many(wtype, w, nrows, n, acts, out),
     };
-    if na == 0 || na > MANY_MAX || !n.is_multiple_of(QK) {
+    if !super::many_call_fits(wtype, w, nrows, n, acts, out) {
         return false;
     }
     let nb = n / QK;
-    assert!(w.len() >= nrows * nb * block_bytes(kind), "weight rows too short");
-    assert!(
-        acts.iter().all(|y| y.len() >= nb * Q8_0_BYTES),
-        "activation row too short"
-    );
-    assert!(out.len() >= nrows * na, "output too short");
     PAIRED.with_borrow_mut(|(yu, dy)| {
         // SAFETY (the block): see the note above the wrappers; the lengths are asserted above.
         unsafe {

@@ -68,6 +68,22 @@ pub struct DotTable {
 /// `out[r * acts.len() + j]`: `(wtype, weights, nrows, n, acts, out)`.
 pub type RowsManyFn = fn(WeightType, &[u8], usize, usize, &[&[u8]], &mut [f32]) -> bool;
 
+/// The shape checks of every [`RowsManyFn`]: false for a call none takes (no activation rows,
+/// more than [`DotTable::MANY_MAX`], `n` not whole blocks); panics when a slice is shorter than
+/// the shape says.
+#[cfg(target_arch = "x86_64")]
+fn many_call_fits(wtype: WeightType, w: &[u8], nrows: usize, n: usize, acts: &[&[u8]], out: &[f32]) -> bool {
+    let na = acts.len();
+    if na == 0 || na > DotTable::MANY_MAX || !n.is_multiple_of(wtype.block_size()) {
+        return false;
+    }
+    assert!(w.len() >= nrows * wtype.row_bytes(n), "weight rows too short");
+    let arb = wtype.act_format().row_bytes(n);
+    assert!(acts.iter().all(|y| y.len() >= arb), "activation row too short");
+    assert!(out.len() >= nrows * na, "output too short");
+    true
+}
+
 /// Weight rows × quantized activation rows into `out[wi * acts.len() + r]`:
 /// `(wtype, rows, acts, n, out)`.
 pub type TileFn = fn(WeightType, &[&[u8]], &[&[u8]], usize, &mut [f32]) -> bool;
@@ -503,12 +519,6 @@ impl QuantizedActivations {
     pub fn bytes(&self) -> &[u8] {
         assert_ne!(self.format, ActFormat::F32, "f32 activations have no bytes");
         &self.bytes[..self.rows * self.format.row_bytes(self.n)]
-    }
-
-    /// Every row's bytes, back to back (Q8_0 activations only).
-    pub fn q8_0_bytes(&self) -> &[u8] {
-        assert_eq!(self.format, ActFormat::Q8_0, "not Q8_0 activations");
-        &self.bytes[..self.rows * ActFormat::Q8_0.row_bytes(self.n)]
     }
 
     /// Borrow row `i`.
