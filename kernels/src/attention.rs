@@ -185,6 +185,8 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// `scores[j] = (q · k_{start + j}) · scale` for a head of `q.len()` (a multiple of 64).
+    /// Each score is two accumulators over alternate 8-lane halves of 16 dimensions, summed and
+    /// reduced; four keys run side by side (eight independent chains), each exactly as alone.
     ///
     /// # Safety
     /// AVX2 and FMA are present; `kv.check(q.len())` holds; `scores` has the range's length.
@@ -192,17 +194,41 @@ mod avx2 {
     pub(super) unsafe fn scores(q: &[f32], kv: &KvRows, scale: f32, scores: &mut [f32]) {
         let hd = q.len();
         let qp = q.as_ptr();
-        for (j, s) in scores.iter_mut().enumerate() {
-            // SAFETY: row start + j is inside the checked range; i + 16 <= hd.
-            unsafe {
-                let k = kv.k.as_ptr().add((kv.start + j) * kv.stride);
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                for i in (0..hd).step_by(16) {
+        let key = |j: usize| {
+            // SAFETY: callers pass j < scores.len(), so row start + j is inside the checked
+            // range.
+            unsafe { kv.k.as_ptr().add((kv.start + j) * kv.stride) }
+        };
+        let done = scores.len() / 4 * 4;
+        let mut quads = scores.chunks_exact_mut(4);
+        for (c, s4) in (&mut quads).enumerate() {
+            let k = [key(4 * c), key(4 * c + 1), key(4 * c + 2), key(4 * c + 3)];
+            let mut a = [[_mm256_setzero_ps(); 2]; 4];
+            for i in (0..hd).step_by(16) {
+                // SAFETY: i + 16 <= hd, inside q and inside each checked key row.
+                unsafe {
+                    let (q0, q1) = (_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(qp.add(i + 8)));
+                    for (ar, &kr) in a.iter_mut().zip(&k) {
+                        ar[0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kr.add(i)), ar[0]);
+                        ar[1] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kr.add(i + 8)), ar[1]);
+                    }
+                }
+            }
+            for (s, ar) in s4.iter_mut().zip(&a) {
+                *s = hsum_ps(_mm256_add_ps(ar[0], ar[1])) * scale;
+            }
+        }
+        for (j, s) in quads.into_remainder().iter_mut().enumerate() {
+            let k = key(done + j);
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for i in (0..hd).step_by(16) {
+                // SAFETY: as above.
+                unsafe {
                     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i)), _mm256_loadu_ps(k.add(i)), a0);
                     a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(i + 8)), _mm256_loadu_ps(k.add(i + 8)), a1);
                 }
-                *s = hsum_ps(_mm256_add_ps(a0, a1)) * scale;
             }
+            *s = hsum_ps(_mm256_add_ps(a0, a1)) * scale;
         }
     }
 
@@ -480,6 +506,45 @@ mod tests {
                             assert_eq!(a.to_bits(), b.to_bits(), "f16 vs as written [{i}] {order:?}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_scores_equal_each_key_alone_bit_for_bit() {
+        if !crate::dot::has_avx2() {
+            eprintln!("avx2 attention scores not run: no AVX2/FMA on this CPU");
+            return;
+        }
+        let mut rng = XorShift::new(21);
+        for hd in [64usize, 128, 256] {
+            let (n_ctx, stride) = (23usize, hd + 8);
+            let (k, q) = (rng.vec(n_ctx * stride), rng.vec(hd));
+            for start in 0..5 {
+                let kv = KvRows {
+                    k: &k,
+                    v: &k,
+                    stride,
+                    start,
+                    end: n_ctx,
+                };
+                let mut all = vec![f32::NAN; n_ctx - start];
+                // SAFETY: AVX2 and FMA are present; every row lies inside `k`.
+                unsafe { avx2::scores(&q, &kv, 0.3, &mut all) };
+                for (j, &got) in all.iter().enumerate() {
+                    let one = KvRows {
+                        start: start + j,
+                        end: start + j + 1,
+                        ..kv
+                    };
+                    let mut alone = [f32::NAN];
+                    // SAFETY: as above.
+                    unsafe { avx2::scores(&q, &one, 0.3, &mut alone) };
+                    assert_eq!(got.to_bits(), alone[0].to_bits(), "hd {hd} start {start} key {j}");
+                    let want = dot_f32(&q, &k[(start + j) * stride..(start + j) * stride + hd]) * 0.3;
+                    assert!((got - want).abs() < 1e-4, "hd {hd} key {j}: {got} vs {want}");
                 }
             }
         }

@@ -1208,7 +1208,12 @@ fn gated_ffn(
         g.chunks_exact_mut(d).for_each(|row| add_bias(row, Some(&b.gate)));
         u.chunks_exact_mut(d).for_each(|row| add_bias(row, Some(&b.up)));
     }
-    g.iter_mut().zip(u.iter()).for_each(|(a, &b)| *a = act.glu(*a, b));
+    let u: &[f32] = u;
+    par_units(if n * d < 1 << 14 { 1 } else { threads }, g, d, |rows, gs| {
+        for (i, row) in rows.zip(gs.chunks_exact_mut(d)) {
+            act.glu_row(row, &u[i * d..(i + 1) * d]);
+        }
+    });
     matmul(&f.down, g, n, out, mm, threads);
     if let Some(b) = bias {
         let h = f.down.rows;

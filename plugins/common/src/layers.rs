@@ -5,6 +5,7 @@
 use crate::decoder::DecoderConfig;
 use crate::ops::{gelu_tanh, gelu_tanh_f16, silu, Rope};
 use crate::weights::Matrix;
+use berth_kernels::ops::{geglu_tanh_f16, swiglu_fast};
 use berth_plugin_api::PluginError;
 
 /// The gated activation of the FFN: `down(act(gate(x)) * up(x))` ([`Activation::glu`]).
@@ -47,6 +48,19 @@ impl Activation {
         match self {
             Activation::ClampedSwiglu { limit, .. } => (up.clamp(-limit, limit) + 1.0) * self.apply(gate),
             _ => self.apply(gate) * up,
+        }
+    }
+
+    /// [`Activation::glu`] of one row in place (`gate = glu(gate, up)`), vectorised where the
+    /// kernels have the activation: SiLU through [`swiglu_fast`] (a polynomial `exp`, as ggml's
+    /// SIMD SiLU), ggml's f16 GELU table exactly. An element's result depends only on its
+    /// column, never on the rows around it.
+    pub fn glu_row(self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "glu: gate and up differ in length");
+        match self {
+            Activation::Silu => swiglu_fast(gate, up),
+            Activation::GeluTanhF16 => geglu_tanh_f16(gate, up),
+            _ => gate.iter_mut().zip(up).for_each(|(a, &b)| *a = self.glu(*a, b)),
         }
     }
 }
