@@ -11,14 +11,19 @@
 //! bit, for any number of activation rows, so a sequence's results never depend on what it is
 //! batched with.
 //!
+//! Q4_K and Q6_K (256-value super-blocks against Q8_K activations) keep the order of their
+//! single-row kernels instead, so a packed product equals the unpacked one bit for bit: Q4_K's
+//! whole per-super-block sums in two fused multiply-adds, Q6_K's eight i32 lanes each with its
+//! own fused multiply-add and the lanes summed at the end ([`reference_dot_q6_k`]).
+//!
 //! The kernels need AVX-512 F/BW/VL + VNNI ([`PackedMatrix::pack`] returns None elsewhere, and
 //! under `BERTH_KERNELS` below avx512); the unpacked tables stay the path on other CPUs.
 
 use crate::dot::QuantizedActivations;
 use crate::pool::ThreadPool;
 use crate::quant::{
-    f16_to_f32, rd_f32, unpack_scales_mins_k4, ActFormat, WeightType, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES,
-    Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+    f16_to_f32, q6_quad, rd_f32, unpack_scales_mins_k4, ActFormat, WeightType, Q4_0_BYTES, Q4_K_BYTES,
+    Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
 };
 
 /// Rows per interleaved group.
@@ -62,9 +67,23 @@ const Q8: u8 = 8;
 /// Q4_K (see [`Q4`]): 256-value super-blocks against Q8_K activations.
 const K4: u8 = 44;
 
+/// Q6_K (see [`Q4`]): 256-value super-blocks against Q8_K activations.
+const K6: u8 = 46;
+
 /// Bytes of one Q4_K super-block for 16 rows: a line of `d` and `dmin` (f16), four lines of
 /// sub-block scales and mins (u8, `[sub-block][row]`), 32 lines of nibbles.
 const K4_BYTES: usize = 64 + 256 + 2048;
+
+/// Bytes of one Q6_K super-block for 16 rows: a line of `d` (f16), four lines of scales (i8,
+/// `[pair p][row][2]`: sub-blocks `2 p` and `2 p + 1` side by side), 48 lines of quants (the
+/// GGUF block's 210 bytes a row become 212).
+///
+/// The quants are unsigned (0..63), in 64 vectors of 16 rows × 4 columns (byte `4 row + e`):
+/// vector `(l, j)` holds columns `32 j + 4 l + e`, the columns that the single-row kernel sums
+/// in its i32 lane `l`. Vectors `(l, 4 h .. 4 h + 4)` share three lines (`6 l + 3 h + m`,
+/// m < 3): line `m` is vector `4 h + m` in the low six bits and bits `2 m, 2 m + 1` of vector
+/// `4 h + 3` in the top two. (Whole bytes, 64 lines, measured no faster even in cache.)
+const K6_BYTES: usize = 64 + 256 + 3072;
 
 /// The kind constant of `wtype`, if packed matrices cover it.
 fn kind(wtype: WeightType) -> Option<u8> {
@@ -73,6 +92,7 @@ fn kind(wtype: WeightType) -> Option<u8> {
         WeightType::Q5_0 => Some(Q5),
         WeightType::Q8_0 => Some(Q8),
         WeightType::Q4_K => Some(K4),
+        WeightType::Q6_K => Some(K6),
         _ => None,
     }
 }
@@ -148,10 +168,14 @@ fn block_values(kd: u8, row: &[u8], b: usize) -> (u16, [i8; QK]) {
 
 /// Dot product of GGUF weight `row` (Q4_0, Q5_0 or Q8_0) with Q8_0 activation row `act` in the
 /// packed kernels' order: per block the exact integer sum, then `acc = fma(dx · dy, sum, acc)`.
+/// Q6_K (against a Q8_K row): the single-row kernels' order, see [`reference_dot_q6_k`].
 pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32 {
+    if wtype == WeightType::Q6_K {
+        return reference_dot_q6_k(row, act, n);
+    }
     let kd = kind(wtype)
         .filter(|&k| k != K4)
-        .expect("the reference order covers Q4_0, Q5_0 and Q8_0");
+        .expect("the reference order covers Q4_0, Q5_0, Q8_0 and Q6_K");
     let mut acc = 0.0f32;
     for b in 0..n / QK {
         let (d, v) = block_values(kd, row, b);
@@ -165,6 +189,47 @@ pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32
         acc = dd.mul_add(sum as f32, acc);
     }
     acc
+}
+
+/// The 256 unsigned quants (0..63) of a Q6_K super-block `x`, in column order.
+fn q6_k_quants(x: &[u8]) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    for n2 in 0..2 {
+        let (ql, qh) = (&x[64 * n2..64 * n2 + 64], &x[128 + 32 * n2..128 + 32 * n2 + 32]);
+        for l in 0..32 {
+            for (k, v) in q6_quad(ql, qh, l).into_iter().enumerate() {
+                q[128 * n2 + 32 * k + l] = v as u8;
+            }
+        }
+    }
+    q
+}
+
+/// Q6_K `row` · Q8_K `act` in the order of the single-row Q6_K kernels (AVX2's, which
+/// AVX-512's equals) and of the packed one: eight i32 lanes per super-block, lane `l` holding
+/// `Σ scale · q · y` over the columns `c` with `(c / 4) % 8 == l` minus
+/// `32 · (scale[2 l] · bsum[2 l] + scale[2 l + 1] · bsum[2 l + 1])`; per lane
+/// `acc[l] = fma(dy · d, lane, acc[l])` over the super-blocks in order; the result
+/// `((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))`.
+pub fn reference_dot_q6_k(row: &[u8], act: &[u8], n: usize) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for b in 0..n / QK_K {
+        let x = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+        let y = &act[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        let q = q6_k_quants(x);
+        let sc = |s: usize| x[192 + s] as i8 as i32;
+        let bs = |i: usize| i16::from_le_bytes([y[260 + 2 * i], y[261 + 2 * i]]) as i32;
+        let mut lanes = [0i32; 8];
+        for (c, &qc) in q.iter().enumerate() {
+            lanes[(c / 4) % 8] += sc(c / 16) * qc as i32 * y[4 + c] as i8 as i32;
+        }
+        let dd = rd_f32(y, 0) * f16_to_f32(u16::from_le_bytes([x[208], x[209]]));
+        for (l, (a, &s)) in acc.iter_mut().zip(&lanes).enumerate() {
+            let s = s - 32 * (sc(2 * l) * bs(2 * l) + sc(2 * l + 1) * bs(2 * l + 1));
+            *a = dd.mul_add(s as f32, *a);
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 impl PackedMatrix {
@@ -197,6 +262,9 @@ impl PackedMatrix {
         }
         if kd == K4 {
             return Self::pack_q4_k(w, rows, k);
+        }
+        if kd == K6 {
+            return Self::pack_q6_k(w, rows, k);
         }
         let rb = wtype.row_bytes(k);
         assert!(w.len() >= rows * rb, "weight matrix too short");
@@ -295,6 +363,55 @@ impl PackedMatrix {
         })
     }
 
+    /// Q6_K rows in 16-row groups of [`K6_BYTES`] per super-block (layout there).
+    fn pack_q6_k(w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        if !k.is_multiple_of(QK_K) {
+            return None;
+        }
+        let nsb = k / QK_K;
+        let rb = WeightType::Q6_K.row_bytes(k);
+        assert!(w.len() >= rows * rb, "weight matrix too short");
+        let group_bytes = nsb * K6_BYTES;
+        let groups = rows / PACK_ROWS;
+        let pack_group = |g: usize, dst: &mut [u8]| {
+            for lane in 0..PACK_ROWS {
+                let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
+                for b in 0..nsb {
+                    let x = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+                    let o = &mut dst[b * K6_BYTES..(b + 1) * K6_BYTES];
+                    o[2 * lane..2 * lane + 2].copy_from_slice(&x[208..210]);
+                    for p in 0..8 {
+                        o[64 + 32 * p + 2 * lane..][..2].copy_from_slice(&x[192 + 2 * p..194 + 2 * p]);
+                    }
+                    let q = q6_k_quants(x);
+                    // Byte e of row `lane` in vector (l, j).
+                    let v = |l: usize, j: usize, e: usize| q[32 * j + 4 * l + e];
+                    let quants = &mut o[320..];
+                    for l in 0..8 {
+                        for e in 0..4 {
+                            let at = 4 * lane + e;
+                            for h in 0..2 {
+                                let top = v(l, 4 * h + 3, e);
+                                for m in 0..3 {
+                                    quants[64 * (6 * l + 3 * h + m) + at] =
+                                        v(l, 4 * h + m, e) | ((top >> (2 * m)) & 3) << 6;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let data = fill_groups(groups, group_bytes, pack_group);
+        Some(PackedMatrix {
+            wtype: WeightType::Q6_K,
+            rows,
+            k,
+            group_bytes,
+            data,
+        })
+    }
+
     /// The weight type the rows had.
     pub fn wtype(&self) -> WeightType {
         self.wtype
@@ -336,8 +453,9 @@ impl PackedActs {
     }
 
     fn prepare(&mut self, kd: u8, act: &QuantizedActivations) {
-        if kd == K4 {
-            // Per super-block: the scale, and the eight 32-value sums (pairs of bsums).
+        if kd == K4 || kd == K6 {
+            // Per super-block: the scale, and eight values from the pairs of bsums: Q4_K their
+            // sums (the 32-value sums), Q6_K the pairs negated as two i16 in one i32.
             let nsb = act.n() / QK_K;
             let rb = ActFormat::Q8_K.row_bytes(act.n());
             self.dy.clear();
@@ -349,7 +467,11 @@ impl PackedActs {
                     self.dy.push(rd_f32(y, 0));
                     for j in 0..8 {
                         let bs = |i: usize| i16::from_le_bytes([y[260 + 2 * i], y[261 + 2 * i]]) as i32;
-                        self.cor.push(bs(2 * j) + bs(2 * j + 1));
+                        self.cor.push(if kd == K4 {
+                            bs(2 * j) + bs(2 * j + 1)
+                        } else {
+                            (-bs(2 * j)) as u16 as i32 | ((-bs(2 * j + 1)) as u16 as i32) << 16
+                        });
                     }
                 }
             }
@@ -372,6 +494,9 @@ impl PackedActs {
     }
 }
 
+/// Activation rows per Q6_K kernel call.
+const K6_BATCH: usize = 8;
+
 struct OutPtr(*mut f32);
 // SAFETY: each parallel chunk writes only the output columns of its own row groups while the
 // owning `&mut [f32]` is borrowed by the caller.
@@ -380,7 +505,8 @@ unsafe impl Sync for OutPtr {}
 /// `out[i][r] = dot(W[r], act.row(i))` for a packed matrix and activations quantized for its
 /// type, every element bit for bit [`reference_dot`] (Q4_K: the single-row Q4_K kernels' order:
 /// per super-block the whole integer sums of scaled quants and of mins times sums, each in one
-/// fused multiply-add with `d · yd` and `dmin · yd`; the result is their difference);
+/// fused multiply-add with `d · yd` and `dmin · yd`; the result is their difference; Q6_K:
+/// [`reference_dot_q6_k`], the single-row Q6_K kernels' order);
 /// `scratch` holds the activations' block scales and sums.
 pub fn matmul_packed(
     p: &PackedMatrix,
@@ -400,8 +526,13 @@ pub fn matmul_packed(
     assert!(PackedMatrix::available(), "packed kernels need AVX-512 VNNI");
     let kd = kind(p.wtype).expect("packed type");
     scratch.prepare(kd, act);
-    // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value sub-block).
-    let (nb, sums_per_block) = if kd == K4 { (p.k / QK_K, 8) } else { (p.k / QK, 1) };
+    // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value sub-block;
+    // Q6_K: one pair of 16-value sums per 32 values).
+    let (nb, sums_per_block) = if kd == K4 || kd == K6 {
+        (p.k / QK_K, 8)
+    } else {
+        (p.k / QK, 1)
+    };
     let groups = p.rows / PACK_ROWS;
     let per = groups.div_ceil(pool.n_threads() * 4).max(1);
     let outp = OutPtr(out.as_mut_ptr());
@@ -410,7 +541,11 @@ pub fn matmul_packed(
     let data = p.bytes();
     // Activation rows per kernel call: eight for Q8_0; four where unpacking nibbles takes
     // registers too (measured faster than eight for Q5_0).
-    let batch = if kd == Q8 { 8 } else { 4 };
+    let batch = match kd {
+        Q8 => 8,
+        K6 => K6_BATCH,
+        _ => 4,
+    };
     pool.parallel_for(groups.div_ceil(per), |c| {
         let outp = &outp;
         for g in c * per..((c + 1) * per).min(groups) {
@@ -426,6 +561,8 @@ pub fn matmul_packed(
                 unsafe {
                     if kd == K4 {
                         avx512::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                    } else if kd == K6 {
+                        avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else {
                         let scale_bytes = p.group_bytes - nb * quant_bytes(kd);
                         avx512::group(kd, r, group, scale_bytes, nb, acts, rb, dy, cor, &mut res)
@@ -604,6 +741,142 @@ mod avx512 {
         }
     }
 
+    /// One 16-row Q6_K group (`nsb` super-blocks of [`super::K6_BYTES`]) against `r ≤ 8`
+    /// Q8_K activation rows (`rb` bytes apart; their scales `dy` and negated bsum pairs `nbs`,
+    /// 8 per super-block) into `out[j][lane]`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI; the slices hold what the shapes say.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group_q6_k(
+        r: usize,
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        nbs: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        assert!((1..=8).contains(&r) && acts.len() >= (r - 1) * rb + nsb * Q8_K_BYTES);
+        assert!(dy.len() >= (r - 1) * nsb + nsb && nbs.len() >= 8 * ((r - 1) * nsb + nsb));
+        assert!(group.len() >= nsb * super::K6_BYTES);
+        // SAFETY (each arm): as this function's contract, checked above.
+        unsafe {
+            match r {
+                1 => kernel_q6_k::<1>(group, nsb, acts, rb, dy, nbs, out),
+                2 => kernel_q6_k::<2>(group, nsb, acts, rb, dy, nbs, out),
+                3 => kernel_q6_k::<3>(group, nsb, acts, rb, dy, nbs, out),
+                4 => kernel_q6_k::<4>(group, nsb, acts, rb, dy, nbs, out),
+                5 => kernel_q6_k::<5>(group, nsb, acts, rb, dy, nbs, out),
+                6 => kernel_q6_k::<6>(group, nsb, acts, rb, dy, nbs, out),
+                7 => kernel_q6_k::<7>(group, nsb, acts, rb, dy, nbs, out),
+                _ => kernel_q6_k::<8>(group, nsb, acts, rb, dy, nbs, out),
+            }
+        }
+    }
+
+    /// The kernel of [`group_q6_k`] for `R` activation rows: per super-block and i32 lane `l` of
+    /// the single-row kernel (columns `32 j + 4 l .. + 4`, see [`super::K6_BYTES`]), the 16
+    /// rows' lane sums `Σ_j scale · (q · y)` by `vpmaddubsw` and `vpdpwssd`, minus the lane's
+    /// `32 · scale · bsum` pair (one more `vpdpwssd`), then the lane's own fused multiply-add;
+    /// the lanes are summed at the end in the single-row kernel's tree.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    unsafe fn kernel_q6_k<const R: usize>(
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        nbs: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        // vpshufb patterns putting a pair's first (second) i16 in both halves of each i32.
+        let dup = [
+            _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13)),
+            _mm512_broadcast_i32x4(_mm_setr_epi8(
+                2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
+            )),
+        ];
+        let m6 = _mm512_set1_epi8(0x3f);
+        let mut acc = [[_mm512_setzero_ps(); 8]; R];
+        for b in 0..nsb {
+            // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
+            // the caller); the prefetch is a hint.
+            unsafe {
+                let x = group.as_ptr().add(b * super::K6_BYTES);
+                for l in (0..super::K6_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PREFETCH + l) as *const i8);
+                }
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
+                // Per pair p, the 16 rows' (scale[2 p], scale[2 p + 1]) as two i16 in an i32.
+                let pairs: [__m512i; 8] = std::array::from_fn(|p| {
+                    _mm512_cvtepi8_epi16(_mm256_loadu_si256(x.add(64 + 32 * p) as *const __m256i))
+                });
+                let q = x.add(320);
+                for (h, &dup_h) in dup.iter().enumerate() {
+                    // Lanes 4 h .. 4 h + 4 take sub-block 2 j + h's scale in chunk j.
+                    let sc: [__m512i; 8] = std::array::from_fn(|j| _mm512_shuffle_epi8(pairs[j], dup_h));
+                    for l in 4 * h..4 * h + 4 {
+                        let mut s = [_mm512_setzero_si512(); R];
+                        for hj in 0..2 {
+                            let v: [__m512i; 4] = {
+                                let line = |m: usize| {
+                                    _mm512_loadu_si512(q.add(64 * (6 * l + 3 * hj + m)) as *const _)
+                                };
+                                let (l0, l1, l2) = (line(0), line(1), line(2));
+                                // The top bits of l0, l1, l2 to bits 0-1, 2-3, 4-5 of the
+                                // fourth vector (0xe4: a where c is set, else b).
+                                let t = _mm512_ternarylogic_epi32::<0xe4>(
+                                    _mm512_srli_epi16::<6>(l0),
+                                    _mm512_srli_epi16::<4>(l1),
+                                    _mm512_set1_epi8(0x03),
+                                );
+                                let t = _mm512_ternarylogic_epi32::<0xe4>(
+                                    t,
+                                    _mm512_srli_epi16::<2>(l2),
+                                    _mm512_set1_epi8(0x0f),
+                                );
+                                [
+                                    _mm512_and_si512(l0, m6),
+                                    _mm512_and_si512(l1, m6),
+                                    _mm512_and_si512(l2, m6),
+                                    _mm512_and_si512(t, m6),
+                                ]
+                            };
+                            for (m, &w) in v.iter().enumerate() {
+                                let j = 4 * hj + m;
+                                for (r, sr) in s.iter_mut().enumerate() {
+                                    let y = acts.as_ptr().add(r * rb + b * Q8_K_BYTES + 4 + 32 * j + 4 * l);
+                                    let y = _mm512_set1_epi32((y as *const i32).read_unaligned());
+                                    *sr = _mm512_dpwssd_epi32(*sr, _mm512_maddubs_epi16(w, y), sc[j]);
+                                }
+                            }
+                        }
+                        let off = _mm512_slli_epi16::<5>(pairs[l]);
+                        for (r, sr) in s.iter().enumerate() {
+                            let i = r * nsb + b;
+                            let si = _mm512_dpwssd_epi32(*sr, off, _mm512_set1_epi32(nbs[8 * i + l]));
+                            let dd = _mm512_mul_ps(d, _mm512_set1_ps(dy[i]));
+                            acc[r][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), dd, acc[r][l]);
+                        }
+                    }
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let sum = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+            );
+            // SAFETY: out[r] holds 16 floats.
+            unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), sum) };
+        }
+    }
+
     /// Prefetch distance (bytes) ahead of the quants being read, for decode's streaming.
     const PREFETCH: usize = 2048;
 
@@ -758,6 +1031,47 @@ mod tests {
     }
 
     #[test]
+    fn packed_q6_k_equals_the_single_row_kernel_bit_for_bit() {
+        if !PackedMatrix::available() {
+            berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
+            return;
+        }
+        // The AVX2 table's Q6_K single row is the order the packed kernel keeps (AVX-512's
+        // single row equals it, checked too).
+        let single = crate::dot::DotTable::by_name("avx2").expect("AVX-512 implies AVX2");
+        let wide = crate::dot::DotTable::by_name("avx512").expect("packed implies AVX-512");
+        let wtype = WeightType::Q6_K;
+        check_packed(
+            wtype,
+            35,
+            &[(16, 256), (48, 768), (32, 2048)],
+            &[1, 2, 3, 4, 5, 8, 9, 13],
+            |row, act, i, k| {
+                let e = single.vec_dot(wtype, row, act.row(i), k);
+                assert_eq!(wide.vec_dot(wtype, row, act.row(i), k).to_bits(), e.to_bits());
+                e
+            },
+        );
+    }
+
+    #[test]
+    fn the_q6_k_reference_order_is_the_single_row_kernels() {
+        let mut rng = XorShift::new(36);
+        let k = 1024;
+        for _ in 0..8 {
+            let row = random_row(&mut rng, WeightType::Q6_K, k);
+            let act = QuantizedActivations::quantize(WeightType::Q6_K, &rng.vec(k));
+            let g = reference_dot(WeightType::Q6_K, &row, act.bytes(), k);
+            let e = crate::dot::DotTable::scalar().vec_dot(WeightType::Q6_K, &row, act.row(0), k);
+            assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{g} vs {e}");
+            if let Some(t) = crate::dot::DotTable::by_name("avx2") {
+                let e = t.vec_dot(WeightType::Q6_K, &row, act.row(0), k);
+                assert_eq!(g.to_bits(), e.to_bits(), "{g} vs {e}");
+            }
+        }
+    }
+
+    #[test]
     fn the_reference_order_is_close_to_the_scalar_dot() {
         let mut rng = XorShift::new(32);
         for wtype in [WeightType::Q4_0, WeightType::Q5_0, WeightType::Q8_0] {
@@ -772,9 +1086,11 @@ mod tests {
 
     #[test]
     fn packing_declines_what_it_does_not_cover() {
-        let w = vec![0u8; 16 * WeightType::Q6_K.row_bytes(256)];
+        let w = vec![0u8; 16 * WeightType::Q5_K.row_bytes(256)];
         assert!(PackedMatrix::pack_anywhere(WeightType::Q4_K, &vec![0u8; 16 * 144], 16, 256).is_some());
-        assert!(PackedMatrix::pack_anywhere(WeightType::Q6_K, &w, 16, 256).is_none());
+        assert!(PackedMatrix::pack_anywhere(WeightType::Q6_K, &vec![0u8; 16 * 210], 16, 256).is_some());
+        assert!(PackedMatrix::pack_anywhere(WeightType::Q6_K, &vec![0u8; 16 * 210], 16, 128).is_none());
+        assert!(PackedMatrix::pack_anywhere(WeightType::Q5_K, &w, 16, 256).is_none());
         let w = vec![0u8; 15 * WeightType::Q8_0.row_bytes(32)];
         assert!(PackedMatrix::pack_anywhere(WeightType::Q8_0, &w, 15, 32).is_none());
     }
