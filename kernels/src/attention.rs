@@ -111,19 +111,27 @@ pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut V
     let fast = crate::dot::has_avx2() && hd.is_multiple_of(64);
     #[cfg(not(target_arch = "x86_64"))]
     let fast = false;
+    #[cfg(target_arch = "x86_64")]
+    let wide = fast && crate::kernel_level() >= crate::KernelLevel::Avx512;
     if fast {
         #[cfg(target_arch = "x86_64")]
-        for (h, o) in opts.iter().enumerate() {
-            // SAFETY: AVX2 and FMA are present (has_avx2); kv.check(hd) confirmed every key
-            // row of the range, and the slices have the lengths asserted above.
-            unsafe {
-                avx2::scores(
-                    &q[h * hd..(h + 1) * hd],
-                    kv,
-                    o.scale,
-                    &mut scores[h * stride..h * stride + len],
-                )
-            };
+        if wide {
+            // SAFETY: AVX-512F (the kernel level), AVX2 and FMA are present; kv.check(hd)
+            // confirmed every key row of the range; scores holds g rows of `stride >= len`.
+            unsafe { avx512::group_scores(q, hd, kv, opts, scores, stride) };
+        } else {
+            for (h, o) in opts.iter().enumerate() {
+                // SAFETY: AVX2 and FMA are present (has_avx2); kv.check(hd) confirmed every key
+                // row of the range, and the slices have the lengths asserted above.
+                unsafe {
+                    avx2::scores(
+                        &q[h * hd..(h + 1) * hd],
+                        kv,
+                        o.scale,
+                        &mut scores[h * stride..h * stride + len],
+                    )
+                };
+            }
         }
     } else {
         for (j, t) in (kv.start..kv.end).enumerate() {
@@ -150,9 +158,15 @@ pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut V
     }
     if fast {
         #[cfg(target_arch = "x86_64")]
-        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            // SAFETY: as for the scores; value rows are checked like key rows.
-            unsafe { avx2::weighted_values(kv, &scores[h * stride..h * stride + len], oh) };
+        if wide {
+            // SAFETY: as for the scores; value rows are checked like key rows; out holds g
+            // heads of hd.
+            unsafe { avx512::group_values(kv, scores, stride, len, out, hd) };
+        } else {
+            for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+                // SAFETY: as for the scores; value rows are checked like key rows.
+                unsafe { avx2::weighted_values(kv, &scores[h * stride..h * stride + len], oh) };
+            }
         }
         return;
     }
@@ -163,6 +177,79 @@ pub fn group_attention(q: &[f32], kv: &KvRows, opts: &[HeadOpts], scores: &mut V
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             axpy(oh, scores[h * stride + j], v);
         }
+    }
+}
+
+/// Several rows of one sequence against the same KV head: row `r` holds `opts.len()` query
+/// heads (`q` and `out`: rows back to back, each `opts.len()` heads of the head dimension) and
+/// attends to `kv[r]` (every entry the same cache, `k`, `v` and `stride`, with the row's own
+/// range). Each row is bit for bit what [`group_attention`] computes for it alone; with
+/// AVX-512, every cached key and value of the rows' ranges is read once for all of them.
+pub fn group_attention_rows(
+    q: &[f32],
+    kv: &[KvRows],
+    opts: &[HeadOpts],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (n_rows, g) = (kv.len(), opts.len());
+    assert!(
+        n_rows > 0 && q.len().is_multiple_of(n_rows),
+        "attention: q is not whole rows"
+    );
+    assert_eq!(out.len(), q.len(), "attention: output is not the rows");
+    let width = q.len() / n_rows;
+    let hd = group_head_dim(&q[..width], &kv[0], g, &out[..width]);
+    #[cfg(target_arch = "x86_64")]
+    let wide = crate::dot::has_avx2()
+        && crate::kernel_level() >= crate::KernelLevel::Avx512
+        && hd.is_multiple_of(64)
+        && n_rows > 1
+        && opts.iter().all(|o| o.sink.is_none());
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = false;
+    if !wide {
+        for ((qr, kr), or) in q.chunks_exact(width).zip(kv).zip(out.chunks_exact_mut(width)) {
+            group_attention(qr, kr, opts, scores, or);
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // The row reaching furthest holds the longest slices of the cache.
+        let last = *kv.iter().max_by_key(|r| r.end).expect("at least one row");
+        for r in kv {
+            assert!(
+                r.k.as_ptr() == last.k.as_ptr() && r.v.as_ptr() == last.v.as_ptr() && r.stride == last.stride,
+                "attention: rows of different caches"
+            );
+            r.check(hd);
+        }
+        let (start, end) = (kv.iter().map(|r| r.start).min().unwrap_or(0), last.end);
+        let all = KvRows { start, ..last };
+        let len = end - start;
+        // Every (row, head) is one vector of the group; its scores span the rows' union.
+        let vectors: Vec<HeadOpts> = (0..n_rows).flat_map(|_| opts.iter().copied()).collect();
+        scores.clear();
+        scores.resize(vectors.len() * len, 0.0);
+        // SAFETY: AVX-512F (the kernel level), AVX2 and FMA are present; every row's range was
+        // checked and lies inside `all`'s; q holds `vectors.len()` heads of hd and scores
+        // that many rows of `len`.
+        unsafe { avx512::group_scores(q, hd, &all, &vectors, scores, len) };
+        for (v, o) in vectors.iter().enumerate() {
+            let r = &kv[v / g];
+            let row = &mut scores[v * len..(v + 1) * len];
+            let (a, b) = (r.start - start, r.end - start);
+            row[..a].fill(0.0);
+            row[b..].fill(0.0);
+            if let Some(cap) = o.softcap {
+                softcap(&mut row[a..b], cap);
+            }
+            softmax_fast(&mut row[a..b]);
+        }
+        // SAFETY: as for the scores; value rows are checked like key rows; out holds
+        // `vectors.len()` heads of hd.
+        unsafe { avx512::group_values(&all, scores, len, len, out, hd) };
     }
 }
 
@@ -256,6 +343,212 @@ mod avx2 {
                 // SAFETY: c + 8 u + 8 <= out.len().
                 unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * u), *a) };
             }
+        }
+    }
+}
+
+/// The AVX2 kernels of [`group_attention`] with AVX-512 registers: every head of a group and
+/// four keys (or 64 value dimensions) per pass, each number bit for bit what the AVX2 kernel
+/// computes. A score's 16-lane accumulator holds the AVX2 kernel's two 8-lane accumulators side
+/// by side (dimensions `i..i + 8` low, `i + 8..i + 16` high) and is reduced as they are; every
+/// lane of a weighted sum is the same fused multiply-add chain in position order.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{HeadOpts, KvRows};
+    use crate::dot::avx2::hsum_ps;
+    use std::arch::x86_64::*;
+
+    /// The AVX2 kernel's `hsum(a0 + a1)` of a 16-lane accumulator.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX2 are present.
+    #[inline(always)]
+    unsafe fn reduce(a: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(a);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+        hsum_ps(_mm256_add_ps(lo, hi))
+    }
+
+    /// `q · k` of `H` heads (`q`: heads back to back, `hd` each) against `K` key rows.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA are present; `q` holds `H · hd` floats and each key `hd`.
+    #[inline(always)]
+    unsafe fn tile<const H: usize, const K: usize>(
+        q: *const f32,
+        hd: usize,
+        k: [*const f32; K],
+    ) -> [[f32; K]; H] {
+        let mut acc = [[_mm512_setzero_ps(); K]; H];
+        for i in (0..hd).step_by(16) {
+            let mut kr = [_mm512_setzero_ps(); K];
+            for (r, &kp) in kr.iter_mut().zip(&k) {
+                // SAFETY: i + 16 <= hd, inside the key row.
+                *r = unsafe { _mm512_loadu_ps(kp.add(i)) };
+            }
+            for (h, ah) in acc.iter_mut().enumerate() {
+                // SAFETY: h < H and i + 16 <= hd, inside q.
+                let qh = unsafe { _mm512_loadu_ps(q.add(h * hd + i)) };
+                for (a, &r) in ah.iter_mut().zip(&kr) {
+                    *a = _mm512_fmadd_ps(qh, r, *a);
+                }
+            }
+        }
+        let mut sums = [[0.0f32; K]; H];
+        for (sh, ah) in sums.iter_mut().zip(&acc) {
+            for (s, &a) in sh.iter_mut().zip(ah) {
+                // SAFETY: the caller's contract: AVX-512F and AVX2 are present.
+                *s = unsafe { reduce(a) };
+            }
+        }
+        sums
+    }
+
+    /// Scores of heads `h0..h0 + H` of the group into `scores` (head `h` at `h · stride`).
+    ///
+    /// # Safety
+    /// As [`group_scores`].
+    #[inline(always)]
+    unsafe fn heads<const H: usize>(
+        q: &[f32],
+        hd: usize,
+        kv: &KvRows,
+        opts: &[HeadOpts],
+        scores: &mut [f32],
+        stride: usize,
+        h0: usize,
+    ) {
+        let len = kv.end - kv.start;
+        let qp = q[h0 * hd..(h0 + H) * hd].as_ptr();
+        // SAFETY: callers pass j < len: row start + j is inside the checked range.
+        let key = |j: usize| unsafe { kv.k.as_ptr().add((kv.start + j) * kv.stride) };
+        let mut put = |j: usize, s: &[f32], h: usize| {
+            for (t, &v) in s.iter().enumerate() {
+                scores[(h0 + h) * stride + j + t] = v * opts[h0 + h].scale;
+            }
+        };
+        let mut j = 0;
+        while j + 4 <= len {
+            // SAFETY: the caller's contract; the four keys are rows of the range.
+            let s = unsafe { tile::<H, 4>(qp, hd, [key(j), key(j + 1), key(j + 2), key(j + 3)]) };
+            for (h, sh) in s.iter().enumerate() {
+                put(j, sh, h);
+            }
+            j += 4;
+        }
+        while j < len {
+            // SAFETY: as above.
+            let s = unsafe { tile::<H, 1>(qp, hd, [key(j)]) };
+            for (h, sh) in s.iter().enumerate() {
+                put(j, sh, h);
+            }
+            j += 1;
+        }
+    }
+
+    /// `scores[h · stride + j] = (q_h · k_{start + j}) · scale_h` for every head of the group.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA are present; `kv.check(hd)` holds (`hd` a multiple of 16); `q`
+    /// holds `opts.len()` heads of `hd`; `scores` holds `opts.len()` rows of `stride` and
+    /// `stride >= kv.end - kv.start`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn group_scores(
+        q: &[f32],
+        hd: usize,
+        kv: &KvRows,
+        opts: &[HeadOpts],
+        scores: &mut [f32],
+        stride: usize,
+    ) {
+        let g = opts.len();
+        let mut h0 = 0;
+        while h0 < g {
+            // SAFETY: the caller's contract, for heads h0..h0 + n of the group.
+            unsafe {
+                match g - h0 {
+                    1 => heads::<1>(q, hd, kv, opts, scores, stride, h0),
+                    2 => heads::<2>(q, hd, kv, opts, scores, stride, h0),
+                    3 => heads::<3>(q, hd, kv, opts, scores, stride, h0),
+                    _ => heads::<4>(q, hd, kv, opts, scores, stride, h0),
+                }
+            }
+            h0 += 4;
+        }
+    }
+
+    /// `out_h = Σ_j p_h[j] · v_{start + j}` for heads `h0..h0 + H`, 64 dimensions at a time.
+    ///
+    /// # Safety
+    /// As [`group_values`].
+    #[inline(always)]
+    unsafe fn values<const H: usize>(
+        kv: &KvRows,
+        p: &[f32],
+        stride: usize,
+        len: usize,
+        out: &mut [f32],
+        hd: usize,
+        h0: usize,
+    ) {
+        for c in (0..hd).step_by(64) {
+            let mut acc = [[_mm512_setzero_ps(); 4]; H];
+            for j in 0..len {
+                // SAFETY: row start + j is inside the checked range; c + 64 <= hd.
+                let v = unsafe { kv.v.as_ptr().add((kv.start + j) * kv.stride + c) };
+                let mut vr = [_mm512_setzero_ps(); 4];
+                for (u, r) in vr.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *r = unsafe { _mm512_loadu_ps(v.add(16 * u)) };
+                }
+                for (h, ah) in acc.iter_mut().enumerate() {
+                    let pj = p[(h0 + h) * stride + j];
+                    if pj == 0.0 {
+                        continue;
+                    }
+                    let pv = _mm512_set1_ps(pj);
+                    for (a, &r) in ah.iter_mut().zip(&vr) {
+                        *a = _mm512_fmadd_ps(pv, r, *a);
+                    }
+                }
+            }
+            for (h, ah) in acc.iter().enumerate() {
+                for (u, a) in ah.iter().enumerate() {
+                    let o = &mut out[(h0 + h) * hd + c + 16 * u..(h0 + h) * hd + c + 16 * (u + 1)];
+                    // SAFETY: o holds 16 floats.
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), *a) };
+                }
+            }
+        }
+    }
+
+    /// `out_h = Σ_j p[h · stride + j] · v_{start + j}` for every head of the group.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX2 and FMA are present; `kv.check(hd)` holds (`hd` a multiple of 64); `p`
+    /// holds `out.len() / hd` rows of `stride >= len`, `len = kv.end - kv.start`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn group_values(
+        kv: &KvRows,
+        p: &[f32],
+        stride: usize,
+        len: usize,
+        out: &mut [f32],
+        hd: usize,
+    ) {
+        let g = out.len() / hd;
+        let mut h0 = 0;
+        while h0 < g {
+            // SAFETY: the caller's contract, for heads h0..h0 + n of the group.
+            unsafe {
+                match g - h0 {
+                    1 => values::<1>(kv, p, stride, len, out, hd, h0),
+                    2 => values::<2>(kv, p, stride, len, out, hd, h0),
+                    3 => values::<3>(kv, p, stride, len, out, hd, h0),
+                    _ => values::<4>(kv, p, stride, len, out, hd, h0),
+                }
+            }
+            h0 += 4;
         }
     }
 }
@@ -545,6 +838,108 @@ mod tests {
                     assert_eq!(got.to_bits(), alone[0].to_bits(), "hd {hd} start {start} key {j}");
                     let want = dot_f32(&q, &k[(start + j) * stride..(start + j) * stride + hd]) * 0.3;
                     assert!((got - want).abs() < 1e-4, "hd {hd} key {j}: {got} vs {want}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_group_kernels_equal_the_avx2_kernels_bit_for_bit() {
+        if !(crate::dot::has_avx2() && crate::KernelLevel::Avx512.supported()) {
+            eprintln!("avx512 attention kernels not run: no AVX-512F on this CPU");
+            return;
+        }
+        let mut rng = XorShift::new(33);
+        for hd in [64usize, 256] {
+            let (n_ctx, stride) = (37usize, hd + 16);
+            let (k, v) = (rng.vec(n_ctx * stride), rng.vec(n_ctx * stride));
+            for g in [1usize, 2, 3, 4, 5, 7, 8] {
+                let q = rng.vec(g * hd);
+                let opts: Vec<HeadOpts> = (0..g).map(|h| HeadOpts::scaled(0.1 + h as f32)).collect();
+                for (start, end) in [(0usize, 1usize), (0, 3), (2, 9), (5, 37)] {
+                    let kv = KvRows {
+                        k: &k,
+                        v: &v,
+                        stride,
+                        start,
+                        end,
+                    };
+                    let (len, sstride) = (end - start, end - start + 3);
+                    let mut wide = vec![f32::NAN; g * sstride];
+                    // SAFETY: AVX-512F, AVX2 and FMA are present; every row lies inside k
+                    // and v; the buffers have the documented sizes.
+                    unsafe { avx512::group_scores(&q, hd, &kv, &opts, &mut wide, sstride) };
+                    let mut p = rng.vec(g * sstride);
+                    p.iter_mut().step_by(5).for_each(|x| *x = 0.0);
+                    let mut out = vec![f32::NAN; g * hd];
+                    // SAFETY: as above.
+                    unsafe { avx512::group_values(&kv, &p, sstride, len, &mut out, hd) };
+                    for h in 0..g {
+                        let mut narrow = vec![f32::NAN; len];
+                        // SAFETY: as above.
+                        unsafe { avx2::scores(&q[h * hd..(h + 1) * hd], &kv, opts[h].scale, &mut narrow) };
+                        assert_eq!(
+                            bits(&wide[h * sstride..h * sstride + len]),
+                            bits(&narrow),
+                            "scores hd {hd} g {g} head {h} {start}..{end}"
+                        );
+                        let mut o = vec![f32::NAN; hd];
+                        // SAFETY: as above.
+                        unsafe { avx2::weighted_values(&kv, &p[h * sstride..h * sstride + len], &mut o) };
+                        assert_eq!(
+                            bits(&out[h * hd..(h + 1) * hd]),
+                            bits(&o),
+                            "values hd {hd} g {g} head {h} {start}..{end}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_of_one_sequence_equal_each_row_alone_bit_for_bit() {
+        let mut rng = XorShift::new(44);
+        // 64 and 256: the AVX-512 path where there is one; 32: the portable one.
+        for hd in [64usize, 256, 32] {
+            let (n_ctx, stride) = (90usize, 2 * hd);
+            let (k, v) = (rng.vec(n_ctx * stride), rng.vec(n_ctx * stride));
+            let mut scores = Vec::new();
+            for (g, cap, window) in [
+                (1usize, None, None),
+                (4, Some(20.0f32), None),
+                (7, None, Some(30usize)),
+            ] {
+                let opts: Vec<HeadOpts> = (0..g)
+                    .map(|h| HeadOpts {
+                        softcap: cap,
+                        ..HeadOpts::scaled(0.125 + 0.01 * h as f32)
+                    })
+                    .collect();
+                for (first, n_rows) in [(0usize, 2usize), (3, 5), (40, 8), (85, 5)] {
+                    let kv: Vec<KvRows> = (first..first + n_rows)
+                        .map(|pos| KvRows {
+                            k: &k[hd..(pos + 1) * stride],
+                            v: &v[hd..(pos + 1) * stride],
+                            stride,
+                            start: window_start(pos, window),
+                            end: pos + 1,
+                        })
+                        .collect();
+                    let q = rng.vec(n_rows * g * hd);
+                    let mut got = vec![f32::NAN; q.len()];
+                    group_attention_rows(&q, &kv, &opts, &mut scores, &mut got);
+                    let w = g * hd;
+                    for (r, kr) in kv.iter().enumerate() {
+                        let mut want = vec![f32::NAN; w];
+                        group_attention(&q[r * w..(r + 1) * w], kr, &opts, &mut scores, &mut want);
+                        assert_eq!(
+                            bits(&got[r * w..(r + 1) * w]),
+                            bits(&want),
+                            "hd {hd} g {g} rows {first}+{n_rows} row {r}"
+                        );
+                    }
                 }
             }
         }

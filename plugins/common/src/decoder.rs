@@ -16,7 +16,7 @@ use crate::recurrent::{gated_delta_net, short_conv, RecurrentScratch, SeqGroups}
 use crate::state::{LayerStateDims, SeqStates};
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_kernels::attention::{
-    group_attention, group_attention_f16, window_start, F16Scratch, HeadOpts, KvRows,
+    group_attention, group_attention_f16, group_attention_rows, window_start, F16Scratch, HeadOpts, KvRows,
 };
 use berth_plugin_api::{BatchView, LogitsOut, PluginError, Rewind};
 
@@ -1420,52 +1420,142 @@ fn attention(
         let n = per_seq[seq];
         (cfg.kv_f16 && n <= GGML_ORDER_MAX_ROWS).then(|| F16DotOrder::for_rows(n))
     };
-    // Query heads sharing a KV head run together (each cached key and value read once for
-    // them), as many as still leaves a unit of work per thread.
-    let n_units = |sub: usize| rows.len() * nh / sub;
-    let sub = (1..=group)
-        .rev()
-        .find(|&d| group.is_multiple_of(d) && n_units(d) >= threads)
-        .unwrap_or(1);
+    // Consecutive rows of one sequence run together in blocks (each cached key and value read
+    // once for the block's rows, where the kernels can), and so do query heads sharing a KV head,
+    // as many of both as still leaves a unit of work per thread.
+    // Decode steps (no two rows of a sequence) keep one row per unit and allocate nothing.
+    let runs = rows.windows(2).any(|w| w[0].0 == w[1].0 && w[1].1 == w[0].1 + 1);
+    let mut block = if runs { ROW_BLOCK } else { 1 };
+    let (blocks, sub) = loop {
+        let blocks = row_blocks(rows, block);
+        let n_units = |sub: usize| blocks.len().max(rows.len() * usize::from(block == 1)) * nh / sub;
+        let sub = (1..=group)
+            .rev()
+            .find(|&d| group.is_multiple_of(d) && n_units(d) >= threads)
+            .unwrap_or(1);
+        if n_units(sub) >= threads || block == 1 {
+            break (blocks, sub);
+        }
+        block /= 2;
+    };
     thread_local! {
-        // Per-thread score buffer kept between calls: a warm decode step does not allocate.
+        // Per-thread buffers kept between calls: a warm decode step does not allocate.
         static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
         static F16: std::cell::Cell<F16Scratch> = std::cell::Cell::new(F16Scratch::default());
         static OPTS: std::cell::Cell<Vec<HeadOpts>> = const { std::cell::Cell::new(Vec::new()) };
+        static QS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     }
     let per_row = nh / sub;
-    par_units(threads, out, sub * hd, |units, dst| {
+    // A row's KV range for heads from `head` on.
+    let kv_rows = |row: usize, head: usize| {
+        let (seq, pos) = rows[row];
+        let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
+        let kh = head / group;
+        KvRows {
+            k: &ks[kh * hd..],
+            v: &vs[kh * hd..],
+            stride: kvd,
+            start: window_start(pos, g.window),
+            end: pos + 1,
+        }
+    };
+    let head_opts_of = |head_opts: &mut Vec<HeadOpts>, head: usize| {
+        head_opts.clear();
+        head_opts.extend((head..head + sub).map(|h| HeadOpts {
+            sink: sinks.map(|s| s[h]),
+            ..opts
+        }));
+    };
+    if block == 1 {
+        // One row per block (decode steps): each unit writes its heads of `out` in place.
+        par_units(threads, out, sub * hd, |units, dst| {
+            let mut scores = SCORES.take();
+            let mut f16 = F16.take();
+            let mut head_opts = OPTS.take();
+            for (u, o) in units.zip(dst.chunks_exact_mut(sub * hd)) {
+                let (row, head) = (u / per_row, (u % per_row) * sub);
+                let base = row * nh * hd + head * hd;
+                let qh = &q[base..base + sub * hd];
+                let kr = kv_rows(row, head);
+                head_opts_of(&mut head_opts, head);
+                match order(rows[row].0) {
+                    Some(ord) => group_attention_f16(qh, &kr, &head_opts, ord, &mut f16, o),
+                    None => group_attention(qh, &kr, &head_opts, &mut scores, o),
+                }
+            }
+            SCORES.set(scores);
+            F16.set(f16);
+            OPTS.set(head_opts);
+        });
+        return;
+    }
+    // Blocks of rows: each unit's rows x heads go to a buffer in unit order, then to `out`.
+    let unit = block * sub * hd;
+    let mut staged = vec![0.0f32; blocks.len() * per_row * unit];
+    par_units(threads, &mut staged, unit, |units, dst| {
         let mut scores = SCORES.take();
         let mut f16 = F16.take();
         let mut head_opts = OPTS.take();
-        for (u, o) in units.zip(dst.chunks_exact_mut(sub * hd)) {
-            let (row, head) = (u / per_row, (u % per_row) * sub);
-            let (seq, pos) = rows[row];
-            let base = row * nh * hd + head * hd;
-            let qh = &q[base..base + sub * hd];
-            let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
-            let kh = head / group;
-            let rows = KvRows {
-                k: &ks[kh * hd..],
-                v: &vs[kh * hd..],
-                stride: kvd,
-                start: window_start(pos, g.window),
-                end: pos + 1,
-            };
-            head_opts.clear();
-            head_opts.extend((head..head + sub).map(|h| HeadOpts {
-                sink: sinks.map(|s| s[h]),
-                ..opts
-            }));
-            match order(seq) {
-                Some(ord) => group_attention_f16(qh, &rows, &head_opts, ord, &mut f16, o),
-                None => group_attention(qh, &rows, &head_opts, &mut scores, o),
+        let mut qs = QS.take();
+        for (u, o) in units.zip(dst.chunks_exact_mut(unit)) {
+            let (b, head) = (u / per_row, (u % per_row) * sub);
+            let span = blocks[b].clone();
+            head_opts_of(&mut head_opts, head);
+            qs.clear();
+            for row in span.clone() {
+                let base = row * nh * hd + head * hd;
+                qs.extend_from_slice(&q[base..base + sub * hd]);
+            }
+            let o = &mut o[..span.len() * sub * hd];
+            match order(rows[span.start].0) {
+                Some(ord) => {
+                    for (row, (qr, or)) in
+                        span.zip(qs.chunks_exact(sub * hd).zip(o.chunks_exact_mut(sub * hd)))
+                    {
+                        group_attention_f16(qr, &kv_rows(row, head), &head_opts, ord, &mut f16, or);
+                    }
+                }
+                None => {
+                    let kvs: Vec<KvRows> = span.map(|row| kv_rows(row, head)).collect();
+                    group_attention_rows(&qs, &kvs, &head_opts, &mut scores, o);
+                }
             }
         }
         SCORES.set(scores);
         F16.set(f16);
         OPTS.set(head_opts);
+        QS.set(qs);
     });
+    for (u, src) in staged.chunks_exact(unit).enumerate() {
+        let (b, head) = (u / per_row, (u % per_row) * sub);
+        for (row, s) in blocks[b].clone().zip(src.chunks_exact(sub * hd)) {
+            let base = row * nh * hd + head * hd;
+            out[base..base + sub * hd].copy_from_slice(s);
+        }
+    }
+}
+
+/// Rows of one sequence at consecutive positions run through attention together, this many at
+/// most.
+const ROW_BLOCK: usize = 8;
+
+/// The batch's rows in blocks of at most `max` consecutive rows of one sequence at consecutive
+/// positions.
+fn row_blocks(rows: &[(usize, usize)], max: usize) -> Vec<std::ops::Range<usize>> {
+    if max == 1 {
+        return Vec::new();
+    }
+    let mut blocks = Vec::new();
+    let mut i = 0;
+    while i < rows.len() {
+        let mut j = i + 1;
+        while j < rows.len() && j - i < max && rows[j].0 == rows[i].0 && rows[j].1 == rows[j - 1].1 + 1 {
+            j += 1;
+        }
+        blocks.push(i..j);
+        i = j;
+    }
+    blocks
 }
 
 /// Snapshots per sequence that fit `budget` bytes for `max_seqs` sequences, at most `wanted`.
