@@ -546,10 +546,34 @@ pub fn matmul_packed(
         K6 => K6_BATCH,
         _ => 4,
     };
+    // Many rows: each Q4_0/Q5_0 group is unpacked once to Q8_0's layout (the stored unsigned
+    // values as bytes; the offset stays the kind's, in `cor`), so that the nibbles are not
+    // unpacked again for every few rows, and eight rows share each weight load. The integer
+    // sums, hence the results, are the same.
+    let expand = (kd == Q4 || kd == Q5) && m >= EXPAND_MIN_ROWS;
+    let batch = if expand { 8 } else { batch };
+    let scale_bytes = p.group_bytes - nb * quant_bytes(kd);
+    thread_local! {
+        // One expanded group per thread, kept between calls.
+        static EXPANDED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
     pool.parallel_for(groups.div_ceil(per), |c| {
         let outp = &outp;
+        let mut expanded = if expand { EXPANDED.take() } else { Vec::new() };
         for g in c * per..((c + 1) * per).min(groups) {
-            let group = &data[g * p.group_bytes..(g + 1) * p.group_bytes];
+            let mut group = &data[g * p.group_bytes..(g + 1) * p.group_bytes];
+            let mut kd = kd;
+            if expand {
+                expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
+                expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `available()` (asserted) confirmed the CPU features; the group holds
+                // nb blocks of kind kd after its scales, `expanded` nb blocks of Q8_0's.
+                unsafe {
+                    avx512::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
+                };
+                (group, kd) = (&expanded[..], Q8);
+            }
             let mut i = 0;
             while i < m {
                 let r = (m - i).min(batch);
@@ -564,7 +588,6 @@ pub fn matmul_packed(
                     } else if kd == K6 {
                         avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else {
-                        let scale_bytes = p.group_bytes - nb * quant_bytes(kd);
                         avx512::group(kd, r, group, scale_bytes, nb, acts, rb, dy, cor, &mut res)
                     }
                 };
@@ -578,8 +601,15 @@ pub fn matmul_packed(
                 i += r;
             }
         }
+        if expand {
+            EXPANDED.set(expanded);
+        }
     });
 }
+
+/// Activation rows from which Q4_0/Q5_0 groups are unpacked once per product (see
+/// [`matmul_packed`]).
+const EXPAND_MIN_ROWS: usize = 16;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
@@ -880,6 +910,39 @@ mod avx512 {
     /// Prefetch distance (bytes) ahead of the quants being read, for decode's streaming.
     const PREFETCH: usize = 2048;
 
+    /// Unpacks the `nb` blocks of quants of a Q4_0 or Q5_0 group (`kd`) into Q8_0's layout in
+    /// `out` (512 bytes a block): the unsigned stored values as bytes, four columns of the 16
+    /// rows per 64-byte line, exactly what [`kernel`] feeds `vpdpbusd` for those kinds.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
+    pub(super) unsafe fn expand(kd: u8, quants: &[u8], nb: usize, out: &mut [u8]) {
+        let qb = quant_bytes(kd);
+        assert!(quants.len() >= nb * qb && out.len() >= nb * quant_bytes(Q8));
+        let m4 = _mm512_set1_epi8(0x0f);
+        let sixteen = _mm512_set1_epi8(0x10);
+        for b in 0..nb {
+            // SAFETY: block b < nb of both buffers (asserted above).
+            unsafe {
+                let q = quants.as_ptr().add(b * qb);
+                let o = out.as_mut_ptr().add(b * quant_bytes(Q8));
+                for l in 0..4 {
+                    let x = _mm512_loadu_si512(q.add(64 * l) as *const _);
+                    let mut lo = _mm512_and_si512(x, m4);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
+                    if kd == Q5 {
+                        let bits = |g: usize| (q.add(256 + 8 * g) as *const u64).read_unaligned();
+                        lo = _mm512_mask_add_epi8(lo, bits(l), lo, sixteen);
+                        hi = _mm512_mask_add_epi8(hi, bits(l + 4), hi, sixteen);
+                    }
+                    _mm512_storeu_si512(o.add(64 * l) as *mut _, lo);
+                    _mm512_storeu_si512(o.add(64 * (l + 4)) as *mut _, hi);
+                }
+            }
+        }
+    }
+
     /// The kernel of [`group`] for kind `K` and `R` activation rows.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
@@ -1005,7 +1068,7 @@ mod tests {
             (33, WeightType::Q8_0),
         ] {
             let shapes = [(16, 32), (48, 896), (32, 4864)];
-            check_packed(wtype, seed, &shapes, &[1, 3, 8, 11], |row, act, i, k| {
+            check_packed(wtype, seed, &shapes, &[1, 3, 8, 11, 16, 21], |row, act, i, k| {
                 let arb = ActFormat::Q8_0.row_bytes(k);
                 reference_dot(wtype, row, &act.bytes()[i * arb..(i + 1) * arb], k)
             });
