@@ -13,6 +13,7 @@ import argparse
 import concurrent.futures
 import sys
 import time
+import urllib.request
 
 import openai
 
@@ -54,6 +55,13 @@ def ask(client, model, topic, max_tokens):
     return text, tokens, first, last
 
 
+def decode_counters(url):
+    """(decode steps, seconds in plugin decode calls) from the server's /metrics."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    v = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#")}
+    return v.get("berth_decode_steps_total", 0.0), v.get("berth_decode_seconds_total", 0.0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True)
@@ -72,10 +80,12 @@ def main():
         alone_tokens += n
         alone_secs += last - t0
         alone_decode += last - first
+    steps0, secs0 = decode_counters(a.url)
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(a.streams) as pool:
         together = list(pool.map(lambda t: ask(client, a.model, t, a.max_tokens), topics))
     last_token = max(last for _, _, _, last in together)
+    steps1, secs1 = decode_counters(a.url)
     wall = last_token - t0
     together_tokens = sum(n for _, n, _, _ in together)
     one, many = alone_tokens / alone_secs, together_tokens / wall
@@ -89,6 +99,10 @@ def main():
     print(f"aggregate ratio: {many / one:.2f}x (target >= 3 at 8 streams); texts equal to alone: {same} of {a.streams}")
     print(f"decode only (first token to last): one {one_decode:.2f} tokens/s, {a.streams} at once {many_decode:.2f} "
           f"tokens/s, {many_decode / one_decode:.2f}x (all {a.streams} decoding together for the last {decode_wall:.1f} s)")
+    steps, secs = steps1 - steps0, secs1 - secs0
+    if steps:
+        print(f"{a.streams} at once: {steps:.0f} decode steps, {1e3 * secs / steps:.1f} ms each in the plugin, "
+              f"{100 * secs / wall:.0f} % of the wall time")
     if same != a.streams:
         sys.exit(1)
 

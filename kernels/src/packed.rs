@@ -497,6 +497,35 @@ impl PackedActs {
 /// Activation rows per Q6_K kernel call.
 const K6_BATCH: usize = 8;
 
+/// How far ahead of the block being computed the kernels prefetch a group's own bytes.
+const PREFETCH: usize = 2048;
+
+/// What a kernel prefetches while it runs: at block `b`, the `step` bytes from `at + b · step`
+/// (a hint: the addresses need not be valid).
+#[derive(Clone, Copy)]
+struct Prefetch {
+    at: *const u8,
+    step: usize,
+}
+
+impl Prefetch {
+    /// The group's own quants, `ahead` bytes ahead of the block being computed.
+    fn ahead(group: &[u8], scale_bytes: usize, block_bytes: usize, ahead: usize) -> Prefetch {
+        Prefetch {
+            at: group.as_ptr().wrapping_add(scale_bytes + ahead),
+            step: block_bytes,
+        }
+    }
+
+    /// All of `next` (the group computed after this one), spread over this one's `nb` blocks.
+    fn next(next: &[u8], nb: usize) -> Prefetch {
+        Prefetch {
+            at: next.as_ptr(),
+            step: next.len().div_ceil(nb.max(1)).next_multiple_of(64),
+        }
+    }
+}
+
 struct OutPtr(*mut f32);
 // SAFETY: each parallel chunk writes only the output columns of its own row groups while the
 // owning `&mut [f32]` is borrowed by the caller.
@@ -546,7 +575,7 @@ pub fn matmul_packed(
         K6 => K6_BATCH,
         _ => 4,
     };
-    // Many rows: each Q4_0/Q5_0 group is unpacked once to Q8_0's layout (the stored unsigned
+    // Several rows: each Q4_0/Q5_0 group is unpacked once to Q8_0's layout (the stored unsigned
     // values as bytes; the offset stays the kind's, in `cor`), so that the nibbles are not
     // unpacked again for every few rows, and eight rows share each weight load. The integer
     // sums, hence the results, are the same.
@@ -563,7 +592,11 @@ pub fn matmul_packed(
         for g in c * per..((c + 1) * per).min(groups) {
             let mut group = &data[g * p.group_bytes..(g + 1) * p.group_bytes];
             let mut kd = kd;
+            let mut prefetch = Prefetch::ahead(group, scale_bytes, quant_bytes(kd), PREFETCH);
             if expand {
+                // The expanded group is in cache: fetch the next one from memory meanwhile.
+                let next = data.get((g + 1) * p.group_bytes..(g + 2) * p.group_bytes);
+                prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
                 expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
                 expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
                 #[cfg(target_arch = "x86_64")]
@@ -588,7 +621,19 @@ pub fn matmul_packed(
                     } else if kd == K6 {
                         avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else {
-                        avx512::group(kd, r, group, scale_bytes, nb, acts, rb, dy, cor, &mut res)
+                        avx512::group(
+                            kd,
+                            r,
+                            group,
+                            scale_bytes,
+                            nb,
+                            acts,
+                            rb,
+                            dy,
+                            cor,
+                            prefetch,
+                            &mut res,
+                        )
                     }
                 };
                 for (di, vals) in res.iter().take(r).enumerate() {
@@ -608,12 +653,13 @@ pub fn matmul_packed(
 }
 
 /// Activation rows from which Q4_0/Q5_0 groups are unpacked once per product (see
-/// [`matmul_packed`]).
-const EXPAND_MIN_ROWS: usize = 16;
+/// [`matmul_packed`]); `examples/headbench` measured Q5_0 4864x896 at 2 threads, direct against
+/// unpacked: 163 / 124 GMAC/s at 5 rows, 94 / 173 at 6, 144 / 172 at 8, 149 / 186 at 64.
+const EXPAND_MIN_ROWS: usize = 6;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{quant_bytes, PACK_ROWS, Q4, Q5, Q8};
+    use super::{quant_bytes, Prefetch, PACK_ROWS, PREFETCH, Q4, Q5, Q8};
     use crate::quant::Q8_0_BYTES;
     use std::arch::x86_64::*;
 
@@ -634,6 +680,7 @@ mod avx512 {
         rb: usize,
         dy: &[f32],
         cor: &[i32],
+        prefetch: Prefetch,
         out: &mut [[f32; PACK_ROWS]; 8],
     ) {
         assert!((1..=8).contains(&r) && acts.len() >= (r - 1) * rb + nb * Q8_0_BYTES);
@@ -643,14 +690,14 @@ mod avx512 {
             ($k:expr) => {
                 match r {
                     // SAFETY (each arm): as this function's contract, checked above.
-                    1 => unsafe { kernel::<$k, 1>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
-                    2 => unsafe { kernel::<$k, 2>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
-                    3 => unsafe { kernel::<$k, 3>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
-                    4 => unsafe { kernel::<$k, 4>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
-                    5 => unsafe { kernel::<$k, 5>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
-                    6 => unsafe { kernel::<$k, 6>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
-                    7 => unsafe { kernel::<$k, 7>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
-                    _ => unsafe { kernel::<$k, 8>(group, scale_bytes, nb, acts, rb, dy, cor, out) },
+                    1 => unsafe { kernel::<$k, 1>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    2 => unsafe { kernel::<$k, 2>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    3 => unsafe { kernel::<$k, 3>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    4 => unsafe { kernel::<$k, 4>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    5 => unsafe { kernel::<$k, 5>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    6 => unsafe { kernel::<$k, 6>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    7 => unsafe { kernel::<$k, 7>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    _ => unsafe { kernel::<$k, 8>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
                 }
             };
         }
@@ -908,7 +955,6 @@ mod avx512 {
     }
 
     /// Prefetch distance (bytes) ahead of the quants being read, for decode's streaming.
-    const PREFETCH: usize = 2048;
 
     /// Unpacks the `nb` blocks of quants of a Q4_0 or Q5_0 group (`kd`) into Q8_0's layout in
     /// `out` (512 bytes a block): the unsigned stored values as bytes, four columns of the 16
@@ -954,6 +1000,7 @@ mod avx512 {
         rb: usize,
         dy: &[f32],
         cor: &[i32],
+        prefetch: Prefetch,
         out: &mut [[f32; PACK_ROWS]; 8],
     ) {
         let qb = quant_bytes(K);
@@ -966,8 +1013,9 @@ mod avx512 {
             // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
             let (dx, wv) = unsafe {
                 let q = base.add(scale_bytes + b * qb);
-                for l in (0..qb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + l) as *const i8);
+                let p = prefetch.at.wrapping_add(b * prefetch.step);
+                for l in (0..prefetch.step).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
                 }
                 let dx = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(b * 32) as *const __m256i));
                 let mut wv = [_mm512_setzero_si512(); 8];
