@@ -497,7 +497,8 @@ impl PackedActs {
 /// Activation rows per Q6_K kernel call.
 const K6_BATCH: usize = 8;
 
-/// How far ahead of the block being computed the kernels prefetch a group's own bytes.
+/// How far ahead of the block being computed the kernels prefetch a group's own bytes (for
+/// decode's streaming).
 const PREFETCH: usize = 2048;
 
 /// What a kernel prefetches while it runs: at block `b`, the `step` bytes from `at + b · step`
@@ -953,8 +954,6 @@ mod avx512 {
             unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), sum) };
         }
     }
-
-    /// Prefetch distance (bytes) ahead of the quants being read, for decode's streaming.
 
     /// Unpacks the `nb` blocks of quants of a Q4_0 or Q5_0 group (`kd`) into Q8_0's layout in
     /// `out` (512 bytes a block): the unsigned stored values as bytes, four columns of the 16
