@@ -70,6 +70,13 @@ const K4: u8 = 44;
 /// Q6_K (see [`Q4`]): 256-value super-blocks against Q8_K activations.
 const K6: u8 = 46;
 
+/// The AVX2 kernels' name for an unpacked Q4_0/Q5_0 group: unsigned bytes in Q8_0's layout,
+/// offset by the original kind's (see [`matmul_packed`]). Never a stored kind.
+const U8: u8 = 80;
+
+/// Activation rows per AVX2 kernel call (sixteen YMM registers).
+const AVX2_BATCH: usize = 4;
+
 /// Bytes of one Q4_K super-block for 16 rows: a line of `d` and `dmin` (f16), four lines of
 /// sub-block scales and mins (u8, `[sub-block][row]`), 32 lines of nibbles.
 const K4_BYTES: usize = 64 + 256 + 2048;
@@ -232,23 +239,74 @@ pub fn reference_dot_q6_k(row: &[u8], act: &[u8], n: usize) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-impl PackedMatrix {
-    /// True when this CPU and `BERTH_KERNELS` allow the packed kernels.
-    pub fn available() -> bool {
+/// The packed kernels a CPU runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernels {
+    /// AVX-512 F/BW/VL + VNNI: every kind.
+    Avx512,
+    /// AVX2 + FMA + F16C: the `_0` kinds (Q4_0, Q5_0, Q8_0).
+    Avx2,
+}
+
+impl Kernels {
+    /// The best this CPU and `BERTH_KERNELS` allow, if any.
+    fn here() -> Option<Kernels> {
         #[cfg(target_arch = "x86_64")]
         {
-            crate::kernel_level() >= crate::KernelLevel::Avx512 && crate::dot::avx512::supported()
+            if crate::kernel_level() >= crate::KernelLevel::Avx512 && crate::dot::avx512::supported() {
+                return Some(Kernels::Avx512);
+            }
+            if crate::dot::has_avx2() {
+                return Some(Kernels::Avx2);
+            }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        None
+    }
+
+    /// Every set this CPU can run, whatever `BERTH_KERNELS` says (for tests).
+    #[cfg(test)]
+    fn runnable() -> Vec<Kernels> {
+        #[allow(unused_mut)]
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
         {
-            false
+            if crate::dot::avx512::supported() {
+                v.push(Kernels::Avx512);
+            }
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                v.push(Kernels::Avx2);
+            }
         }
+        v
+    }
+
+    /// Whether these kernels cover kind `kd`.
+    fn cover(self, kd: u8) -> bool {
+        self == Kernels::Avx512 || matches!(kd, Q4 | Q5 | Q8)
+    }
+}
+
+impl PackedMatrix {
+    /// True when this CPU and `BERTH_KERNELS` allow packed kernels (AVX-512 VNNI: every packed
+    /// kind; AVX2: the `_0` kinds).
+    pub fn available() -> bool {
+        Kernels::here().is_some()
+    }
+
+    /// True when `wtype` matrices are packed here ([`PackedMatrix::pack`] takes them).
+    pub fn covers(wtype: WeightType) -> bool {
+        Kernels::here()
+            .zip(kind(wtype))
+            .is_some_and(|(k, kd)| k.cover(kd))
     }
 
     /// Repacks `rows` GGUF rows of `k` columns of `wtype` from `w`; None when the packed kernels
-    /// cannot run here or do not cover the type, or `rows` is not a multiple of [`PACK_ROWS`].
+    /// that run here do not cover the type, or `rows` is not a multiple of [`PACK_ROWS`].
     pub fn pack(wtype: WeightType, w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
-        if !Self::available() {
+        if !Self::covers(wtype) {
             return None;
         }
         Self::pack_anywhere(wtype, w, rows, k)
@@ -545,6 +603,19 @@ pub fn matmul_packed(
     scratch: &mut PackedActs,
     pool: &ThreadPool,
 ) {
+    let kernels = Kernels::here().expect("packed kernels need AVX-512 VNNI or AVX2");
+    matmul_packed_with(kernels, p, act, out, scratch, pool);
+}
+
+/// [`matmul_packed`] with the given kernels.
+fn matmul_packed_with(
+    kernels: Kernels,
+    p: &PackedMatrix,
+    act: &QuantizedActivations,
+    out: &mut [f32],
+    scratch: &mut PackedActs,
+    pool: &ThreadPool,
+) {
     let m = act.rows();
     assert_eq!(act.n(), p.k, "activation row length must equal k");
     assert_eq!(
@@ -553,8 +624,13 @@ pub fn matmul_packed(
         "activations quantized for another type"
     );
     assert!(out.len() >= m * p.rows, "output too short");
-    assert!(PackedMatrix::available(), "packed kernels need AVX-512 VNNI");
     let kd = kind(p.wtype).expect("packed type");
+    assert!(
+        kernels.cover(kd),
+        "{kernels:?} kernels do not cover {}",
+        p.wtype.name()
+    );
+    let wide = kernels == Kernels::Avx512;
     scratch.prepare(kd, act);
     // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value sub-block;
     // Q6_K: one pair of 16-value sums per 32 values).
@@ -572,6 +648,7 @@ pub fn matmul_packed(
     // Activation rows per kernel call: eight for Q8_0; four where unpacking nibbles takes
     // registers too (measured faster than eight for Q5_0).
     let batch = match kd {
+        _ if !wide => AVX2_BATCH,
         Q8 => 8,
         K6 => K6_BATCH,
         _ => 4,
@@ -581,7 +658,7 @@ pub fn matmul_packed(
     // unpacked again for every few rows, and eight rows share each weight load. The integer
     // sums, hence the results, are the same.
     let expand = (kd == Q4 || kd == Q5) && m >= EXPAND_MIN_ROWS;
-    let batch = if expand { 8 } else { batch };
+    let batch = if expand && wide { 8 } else { batch };
     let scale_bytes = p.group_bytes - nb * quant_bytes(kd);
     thread_local! {
         // One expanded group per thread, kept between calls.
@@ -601,12 +678,18 @@ pub fn matmul_packed(
                 expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
                 expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `available()` (asserted) confirmed the CPU features; the group holds
+                // SAFETY: `kernels` (covering kd, asserted) runs on this CPU; the group holds
                 // nb blocks of kind kd after its scales, `expanded` nb blocks of Q8_0's.
                 unsafe {
-                    avx512::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
+                    if wide {
+                        avx512::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
+                    } else {
+                        avx2::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
+                    }
                 };
-                (group, kd) = (&expanded[..], Q8);
+                // AVX-512 takes Q8_0's bytes unsigned with the offset in `cor` already; the
+                // AVX2 kernel of Q8_0 takes them signed, so it gets a kind of its own.
+                (group, kd) = (&expanded[..], if wide { Q8 } else { U8 });
             }
             let mut i = 0;
             while i < m {
@@ -614,15 +697,29 @@ pub fn matmul_packed(
                 let mut res = [[0.0f32; PACK_ROWS]; 8];
                 let (acts, dy, cor) = (&acts[i * rb..], &dy[i * nb..], &cor[i * nb * sums_per_block..]);
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `available()` (asserted) confirmed the CPU features; the group holds
-                // nb blocks of kind kd, and rows i..i + r of the activations nb blocks each.
+                // SAFETY: `kernels` (covering kd, asserted) runs on this CPU; the group holds nb
+                // blocks of kind kd, and rows i..i + r of the activations nb blocks each.
                 unsafe {
                     if kd == K4 {
                         avx512::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else if kd == K6 {
                         avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
-                    } else {
+                    } else if wide {
                         avx512::group(
+                            kd,
+                            r,
+                            group,
+                            scale_bytes,
+                            nb,
+                            acts,
+                            rb,
+                            dy,
+                            cor,
+                            prefetch,
+                            &mut res,
+                        )
+                    } else {
+                        avx2::group(
                             kd,
                             r,
                             group,
@@ -1061,6 +1158,217 @@ mod avx512 {
     }
 }
 
+/// The AVX2 kernels of the `_0` kinds, on the same 16-row layout: each 64-byte line is two
+/// 32-byte halves of 8 rows. `vpmaddubsw` + `vpmaddwd` stand in for `vpdpbusd`: nibble values
+/// (at most 31) go in unsigned as stored; Q8_0's bytes are taken back to signed and multiplied
+/// as `|w| · sign(y, w)`, so no pair of products can saturate 16 bits (at most 2 · 128 · 127).
+/// The integer sums are exact, and the order of everything after them is the AVX-512 kernel's,
+/// so every result equals [`reference_dot`] bit for bit.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{quant_bytes, Prefetch, PACK_ROWS, Q4, Q5, Q8, U8};
+    use crate::quant::Q8_0_BYTES;
+    use std::arch::x86_64::*;
+
+    /// 0x10 in the bytes of a 32-byte vector whose bits are set in `bits` (byte `i`, bit `i`).
+    #[inline(always)]
+    unsafe fn fifth_bits(bits: u32) -> __m256i {
+        // Every byte takes the mask byte that holds its bit, then tests that bit.
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), spread);
+        let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let hit = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select);
+        _mm256_and_si256(hit, _mm256_set1_epi8(0x10))
+    }
+
+    /// Block `q`'s 16 weight vectors (`[vector][half]`, vector `g` holding columns
+    /// `4 g .. 4 g + 4`): unsigned values for Q4_0/Q5_0/U8, signed bytes for Q8_0.
+    ///
+    /// # Safety
+    /// AVX2 is present; `q` points at a block of `quant_bytes(K)` bytes.
+    #[inline(always)]
+    unsafe fn weights<const K: u8>(q: *const u8) -> [[__m256i; 2]; 8] {
+        let mut w = [[_mm256_setzero_si256(); 2]; 8];
+        // SAFETY: every load lies inside the block (the caller's contract).
+        unsafe {
+            match K {
+                Q8 | U8 => {
+                    let flip = _mm256_set1_epi8(if K == Q8 { -128 } else { 0 });
+                    for (g, wg) in w.iter_mut().enumerate() {
+                        for (h, v) in wg.iter_mut().enumerate() {
+                            let x = _mm256_loadu_si256(q.add(64 * g + 32 * h) as *const __m256i);
+                            *v = _mm256_xor_si256(x, flip);
+                        }
+                    }
+                }
+                _ => {
+                    let m4 = _mm256_set1_epi8(0x0f);
+                    let (low, high) = w.split_at_mut(4);
+                    for (l, (lo, hi)) in low.iter_mut().zip(high).enumerate() {
+                        for (h, (a, b)) in lo.iter_mut().zip(hi).enumerate() {
+                            let x = _mm256_loadu_si256(q.add(64 * l + 32 * h) as *const __m256i);
+                            *a = _mm256_and_si256(x, m4);
+                            *b = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+                        }
+                    }
+                    if K == Q5 {
+                        for (g, wg) in w.iter_mut().enumerate() {
+                            let bits = (q.add(256 + 8 * g) as *const u64).read_unaligned();
+                            wg[0] = _mm256_add_epi8(wg[0], fifth_bits(bits as u32));
+                            wg[1] = _mm256_add_epi8(wg[1], fifth_bits((bits >> 32) as u32));
+                        }
+                    }
+                }
+            }
+        }
+        w
+    }
+
+    /// Unpacks the `nb` blocks of a Q4_0 or Q5_0 group's quants into Q8_0's layout in `out`,
+    /// as [`super::avx512`]'s `expand` does (the same bytes).
+    ///
+    /// # Safety
+    /// AVX2 is present.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn expand(kd: u8, quants: &[u8], nb: usize, out: &mut [u8]) {
+        let qb = quant_bytes(kd);
+        assert!(quants.len() >= nb * qb && out.len() >= nb * quant_bytes(Q8));
+        for b in 0..nb {
+            // SAFETY: block b < nb of both buffers (asserted above).
+            unsafe {
+                let q = quants.as_ptr().add(b * qb);
+                let w = if kd == Q5 {
+                    weights::<Q5>(q)
+                } else {
+                    weights::<Q4>(q)
+                };
+                let o = out.as_mut_ptr().add(b * quant_bytes(Q8));
+                for (g, wg) in w.iter().enumerate() {
+                    for (h, v) in wg.iter().enumerate() {
+                        _mm256_storeu_si256(o.add(64 * g + 32 * h) as *mut __m256i, *v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One 16-row group against `r ≤ 4` activation rows, as [`super::avx512`]'s `group`
+    /// (`kd`: Q4_0, Q5_0, Q8_0 or U8).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; the slices hold what the shapes say.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group(
+        kd: u8,
+        r: usize,
+        group: &[u8],
+        scale_bytes: usize,
+        nb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        cor: &[i32],
+        prefetch: Prefetch,
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        assert!((1..=super::AVX2_BATCH).contains(&r) && acts.len() >= (r - 1) * rb + nb * Q8_0_BYTES);
+        assert!(dy.len() >= (r - 1) * nb + nb && cor.len() >= (r - 1) * nb + nb);
+        assert!(group.len() >= scale_bytes + nb * quant_bytes(kd));
+        macro_rules! rows {
+            ($k:expr) => {
+                match r {
+                    // SAFETY (each arm): as this function's contract, checked above.
+                    1 => unsafe { kernel::<$k, 1>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    2 => unsafe { kernel::<$k, 2>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    3 => unsafe { kernel::<$k, 3>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                    _ => unsafe { kernel::<$k, 4>(group, scale_bytes, nb, acts, rb, dy, cor, prefetch, out) },
+                }
+            };
+        }
+        match kd {
+            Q4 => rows!(Q4),
+            Q5 => rows!(Q5),
+            U8 => rows!(U8),
+            _ => rows!(Q8),
+        }
+    }
+
+    /// The kernel of [`group`] for kind `K` and `R` activation rows.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn kernel<const K: u8, const R: usize>(
+        group: &[u8],
+        scale_bytes: usize,
+        nb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        cor: &[i32],
+        prefetch: Prefetch,
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        let qb = quant_bytes(K);
+        let base = group.as_ptr();
+        let ap = acts.as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for b in 0..nb {
+            // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
+            let (dx, w) = unsafe {
+                let q = base.add(scale_bytes + b * qb);
+                let p = prefetch.at.wrapping_add(b * prefetch.step);
+                for l in (0..prefetch.step).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
+                }
+                let s = base.add(b * 32);
+                let dx = [
+                    _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(s.add(16) as *const __m128i)),
+                ];
+                (dx, weights::<K>(q))
+            };
+            // Q8_0: |w| once for every activation row.
+            let mut mag = w;
+            if K == Q8 {
+                for mg in mag.iter_mut() {
+                    for v in mg.iter_mut() {
+                        *v = _mm256_abs_epi8(*v);
+                    }
+                }
+            }
+            for j in 0..R {
+                // SAFETY: block b < nb of activation row j < R (asserted by the caller).
+                let y = unsafe { ap.add(j * rb + b * Q8_0_BYTES + 2) };
+                let mut s = [_mm256_setzero_si256(); 2];
+                for (g, (wg, mg)) in w.iter().zip(&mag).enumerate() {
+                    // SAFETY: four bytes of the block's 32 quants.
+                    let a = _mm256_set1_epi32(unsafe { (y.add(4 * g) as *const i32).read_unaligned() });
+                    for h in 0..2 {
+                        let ya = if K == Q8 { _mm256_sign_epi8(a, wg[h]) } else { a };
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(mg[h], ya), ones);
+                        s[h] = _mm256_add_epi32(s[h], p);
+                    }
+                }
+                let c = _mm256_set1_epi32(if K == Q8 { 0 } else { cor[j * nb + b] });
+                let d = _mm256_set1_ps(dy[j * nb + b]);
+                for h in 0..2 {
+                    let sh = _mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], c));
+                    acc[j][h] = _mm256_fmadd_ps(_mm256_mul_ps(dx[h], d), sh, acc[j][h]);
+                }
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: out[j] holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(out[j].as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(out[j].as_mut_ptr().add(8), a[1]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1079,24 +1387,29 @@ mod tests {
         let pool = ThreadPool::new(2);
         for &(rows, k) in shapes {
             let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
-            let p = PackedMatrix::pack(wtype, &w, rows, k).expect("packs");
+            let p = PackedMatrix::pack_anywhere(wtype, &w, rows, k).expect("packs");
             let rb = wtype.row_bytes(k);
             let mut scratch = PackedActs::new();
             for &m in ms {
                 let x = rng.vec(m * k);
                 let mut act = QuantizedActivations::new();
                 act.quantize_into(wtype, &x, k);
-                let mut out = vec![f32::NAN; m * rows];
-                matmul_packed(&p, &act, &mut out, &mut scratch, &pool);
-                for i in 0..m {
-                    for r in 0..rows {
-                        let e = want(&w[r * rb..(r + 1) * rb], &act, i, k);
-                        let g = out[i * rows + r];
-                        assert_eq!(
-                            g.to_bits(),
-                            e.to_bits(),
-                            "{wtype:?} {rows}x{k} m={m} act {i} row {r}: {g} vs {e}"
-                        );
+                let kd = kind(wtype).expect("packed kind");
+                let kernels: Vec<Kernels> = Kernels::runnable().into_iter().filter(|k| k.cover(kd)).collect();
+                assert!(!kernels.is_empty(), "no kernels here cover {wtype:?}");
+                for &kernels in &kernels {
+                    let mut out = vec![f32::NAN; m * rows];
+                    matmul_packed_with(kernels, &p, &act, &mut out, &mut scratch, &pool);
+                    for i in 0..m {
+                        for r in 0..rows {
+                            let e = want(&w[r * rb..(r + 1) * rb], &act, i, k);
+                            let g = out[i * rows + r];
+                            assert_eq!(
+                                g.to_bits(),
+                                e.to_bits(),
+                                "{kernels:?} {wtype:?} {rows}x{k} m={m} act {i} row {r}: {g} vs {e}"
+                            );
+                        }
                     }
                 }
             }
@@ -1105,8 +1418,12 @@ mod tests {
 
     #[test]
     fn packed_products_equal_the_reference_order_bit_for_bit() {
-        if !PackedMatrix::available() {
+        let here = Kernels::runnable();
+        if !here.contains(&Kernels::Avx512) {
             berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
+        }
+        if here.is_empty() {
+            berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX2 too");
             return;
         }
         for (seed, wtype) in [
@@ -1124,7 +1441,7 @@ mod tests {
 
     #[test]
     fn packed_q4_k_equals_the_single_row_kernel_bit_for_bit() {
-        if !PackedMatrix::available() {
+        if !Kernels::runnable().contains(&Kernels::Avx512) {
             berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
             return;
         }
@@ -1142,7 +1459,7 @@ mod tests {
 
     #[test]
     fn packed_q6_k_equals_the_single_row_kernel_bit_for_bit() {
-        if !PackedMatrix::available() {
+        if !Kernels::runnable().contains(&Kernels::Avx512) {
             berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
             return;
         }
