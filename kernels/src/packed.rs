@@ -244,7 +244,7 @@ pub fn reference_dot_q6_k(row: &[u8], act: &[u8], n: usize) -> f32 {
 enum Kernels {
     /// AVX-512 F/BW/VL + VNNI: every kind.
     Avx512,
-    /// AVX2 + FMA + F16C: the `_0` kinds (Q4_0, Q5_0, Q8_0).
+    /// AVX2 + FMA + F16C: the `_0` kinds (Q4_0, Q5_0, Q8_0) and Q4_K.
     Avx2,
 }
 
@@ -285,7 +285,7 @@ impl Kernels {
 
     /// Whether these kernels cover kind `kd`.
     fn cover(self, kd: u8) -> bool {
-        self == Kernels::Avx512 || matches!(kd, Q4 | Q5 | Q8)
+        self == Kernels::Avx512 || matches!(kd, Q4 | Q5 | Q8 | K4)
     }
 }
 
@@ -700,7 +700,9 @@ fn matmul_packed_with(
                 // SAFETY: `kernels` (covering kd, asserted) runs on this CPU; the group holds nb
                 // blocks of kind kd, and rows i..i + r of the activations nb blocks each.
                 unsafe {
-                    if kd == K4 {
+                    if kd == K4 && !wide {
+                        avx2::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                    } else if kd == K4 {
                         avx512::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else if kd == K6 {
                         avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
@@ -1367,6 +1369,143 @@ mod avx2 {
             }
         }
     }
+
+    /// One 16-row Q4_K group against `r ≤ 4` Q8_K activation rows, as [`super::avx512`]'s
+    /// `group_q4_k` (the same integer sums per sub-block and the same float order).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; the slices hold what the shapes say.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group_q4_k(
+        r: usize,
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        sums: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        assert!((1..=super::AVX2_BATCH).contains(&r) && acts.len() >= (r - 1) * rb + nsb * Q8_K_BYTES);
+        assert!(dy.len() >= (r - 1) * nsb + nsb && sums.len() >= 8 * ((r - 1) * nsb + nsb));
+        assert!(group.len() >= nsb * super::K4_BYTES);
+        // SAFETY (each arm): as this function's contract, checked above.
+        unsafe {
+            match r {
+                1 => kernel_q4_k::<1>(group, nsb, acts, rb, dy, sums, out),
+                2 => kernel_q4_k::<2>(group, nsb, acts, rb, dy, sums, out),
+                3 => kernel_q4_k::<3>(group, nsb, acts, rb, dy, sums, out),
+                _ => kernel_q4_k::<4>(group, nsb, acts, rb, dy, sums, out),
+            }
+        }
+    }
+
+    /// The kernel of [`group_q4_k`] for `R` activation rows; `[h]` is the half of rows
+    /// `8 h .. 8 h + 8`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn kernel_q4_k<const R: usize>(
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        sums: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        let m4 = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut accm = [[_mm256_setzero_ps(); 2]; R];
+        for b in 0..nsb {
+            // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
+            // the caller); the prefetch is a hint.
+            unsafe {
+                let x = group.as_ptr().add(b * super::K4_BYTES);
+                for l in (0..super::K4_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(super::PREFETCH + l) as *const i8);
+                }
+                let half = |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(x.add(at) as *const __m128i));
+                let (d, dmin) = ([half(0), half(16)], [half(32), half(48)]);
+                let mut isum = [[_mm256_setzero_si256(); 2]; R];
+                let mut msum = [[_mm256_setzero_si256(); 2]; R];
+                for j in 0..4 {
+                    let mut slo = [[_mm256_setzero_si256(); 2]; R];
+                    let mut shi = [[_mm256_setzero_si256(); 2]; R];
+                    for g in 0..8 {
+                        for h in 0..2 {
+                            let q =
+                                _mm256_loadu_si256(x.add(320 + 64 * (8 * j + g) + 32 * h) as *const __m256i);
+                            let lo = _mm256_and_si256(q, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                            for r in 0..R {
+                                let y = acts.as_ptr().add(r * rb + b * Q8_K_BYTES + 4 + 64 * j + 4 * g);
+                                let y0 = _mm256_set1_epi32((y as *const i32).read_unaligned());
+                                let y1 = _mm256_set1_epi32((y.add(32) as *const i32).read_unaligned());
+                                let plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), ones);
+                                let phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), ones);
+                                slo[r][h] = _mm256_add_epi32(slo[r][h], plo);
+                                shi[r][h] = _mm256_add_epi32(shi[r][h], phi);
+                            }
+                        }
+                    }
+                    // Sub-block scales and mins of the 16 rows, as i32 per half.
+                    let bytes = |at: usize, h: usize| {
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(at + 8 * h) as *const __m128i))
+                    };
+                    for h in 0..2 {
+                        let (s0, s1) = (bytes(64 + 16 * (2 * j), h), bytes(64 + 16 * (2 * j + 1), h));
+                        let (m0, m1) = (bytes(192 + 16 * (2 * j), h), bytes(192 + 16 * (2 * j + 1), h));
+                        for r in 0..R {
+                            let bs = &sums[(r * nsb + b) * 8..];
+                            isum[r][h] = _mm256_add_epi32(
+                                isum[r][h],
+                                _mm256_add_epi32(
+                                    _mm256_mullo_epi32(slo[r][h], s0),
+                                    _mm256_mullo_epi32(shi[r][h], s1),
+                                ),
+                            );
+                            msum[r][h] = _mm256_add_epi32(
+                                msum[r][h],
+                                _mm256_add_epi32(
+                                    _mm256_mullo_epi32(m0, _mm256_set1_epi32(bs[2 * j])),
+                                    _mm256_mullo_epi32(m1, _mm256_set1_epi32(bs[2 * j + 1])),
+                                ),
+                            );
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let yd = _mm256_set1_ps(dy[r * nsb + b]);
+                    for h in 0..2 {
+                        acc[r][h] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(isum[r][h]),
+                            _mm256_mul_ps(d[h], yd),
+                            acc[r][h],
+                        );
+                        accm[r][h] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(msum[r][h]),
+                            _mm256_mul_ps(dmin[h], yd),
+                            accm[r][h],
+                        );
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            for h in 0..2 {
+                // SAFETY: out[r] holds 16 floats.
+                unsafe {
+                    _mm256_storeu_ps(
+                        out[r].as_mut_ptr().add(8 * h),
+                        _mm256_sub_ps(acc[r][h], accm[r][h]),
+                    )
+                };
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1441,12 +1580,11 @@ mod tests {
 
     #[test]
     fn packed_q4_k_equals_the_single_row_kernel_bit_for_bit() {
-        if !Kernels::runnable().contains(&Kernels::Avx512) {
-            berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
+        // The AVX2 table's Q4_K single row is the order the packed kernels keep.
+        let Some(single) = crate::dot::DotTable::by_name("avx2") else {
+            berth_formats::test_skip::skip_optional("packed Q4_K kernels: this CPU lacks AVX2");
             return;
-        }
-        // The AVX2 table's Q4_K single row is the order the packed kernel keeps.
-        let single = crate::dot::DotTable::by_name("avx2").expect("AVX-512 implies AVX2");
+        };
         let wtype = WeightType::Q4_K;
         check_packed(
             wtype,
