@@ -1,4 +1,4 @@
-//! Weights repacked at load into 16-row interleaved blocks, and their matrix product.
+//! Weights repacked at first use into 16-row interleaved blocks, and their matrix product.
 //!
 //! A [`PackedMatrix`] holds a Q4_0, Q5_0 or Q8_0 matrix as groups of 16 rows. Per group and
 //! block of 32 columns it stores the 16 rows' scales (f16, side by side) and their quants as
@@ -16,8 +16,14 @@
 //! whole per-super-block sums in two fused multiply-adds, Q6_K's eight i32 lanes each with its
 //! own fused multiply-add and the lanes summed at the end ([`reference_dot_q6_k`]).
 //!
-//! The kernels need AVX-512 F/BW/VL + VNNI ([`PackedMatrix::pack`] returns None elsewhere, and
-//! under `BERTH_KERNELS` below avx512); the unpacked tables stay the path on other CPUs.
+//! Two kernel sets run this layout, chosen at run time (and capped by `BERTH_KERNELS`):
+//! AVX-512 F/BW/VL + VNNI for every kind, and AVX2 + FMA + F16C for the kinds its module lists,
+//! each 64-byte line taken as two halves of 8 rows, `vpmaddubsw` + `vpmaddwd` standing in for
+//! `vpdpbusd`. Both give the same bits. [`PackedMatrix::pack`] returns None for a kind the
+//! CPU's set does not cover; those matrices stay on the unpacked tables.
+//!
+//! From a few activation rows on, a Q4_0/Q5_0 group is unpacked once per product to bytes in
+//! Q8_0's layout (the same integer sums), and the next group is prefetched while it computes.
 
 use crate::dot::QuantizedActivations;
 use crate::pool::ThreadPool;
