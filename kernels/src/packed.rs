@@ -17,10 +17,10 @@
 //! own fused multiply-add and the lanes summed at the end ([`reference_dot_q6_k`]).
 //!
 //! Two kernel sets run this layout, chosen at run time (and capped by `BERTH_KERNELS`):
-//! AVX-512 F/BW/VL + VNNI for every kind, and AVX2 + FMA + F16C for the kinds its module lists,
-//! each 64-byte line taken as two halves of 8 rows, `vpmaddubsw` + `vpmaddwd` standing in for
-//! `vpdpbusd`. Both give the same bits. [`PackedMatrix::pack`] returns None for a kind the
-//! CPU's set does not cover; those matrices stay on the unpacked tables.
+//! AVX-512 F/BW/VL + VNNI and AVX2 + FMA + F16C, both for every kind, AVX2 with each 64-byte
+//! line taken as two halves of 8 rows, `vpmaddubsw` + `vpmaddwd` standing in for
+//! `vpdpbusd`. Both give the same bits. Without AVX2 (or under `BERTH_KERNELS=scalar`)
+//! [`PackedMatrix::pack`] returns None and the unpacked tables stay the path.
 //!
 //! From a few activation rows on, a Q4_0/Q5_0 group is unpacked once per product to bytes in
 //! Q8_0's layout (the same integer sums), and the next group is prefetched while it computes.
@@ -250,7 +250,7 @@ pub fn reference_dot_q6_k(row: &[u8], act: &[u8], n: usize) -> f32 {
 enum Kernels {
     /// AVX-512 F/BW/VL + VNNI: every kind.
     Avx512,
-    /// AVX2 + FMA + F16C: the `_0` kinds (Q4_0, Q5_0, Q8_0) and Q4_K.
+    /// AVX2 + FMA + F16C: every kind as well (the `_0` kinds, Q4_K and Q6_K).
     Avx2,
 }
 
@@ -291,13 +291,13 @@ impl Kernels {
 
     /// Whether these kernels cover kind `kd`.
     fn cover(self, kd: u8) -> bool {
-        self == Kernels::Avx512 || matches!(kd, Q4 | Q5 | Q8 | K4)
+        self == Kernels::Avx512 || matches!(kd, Q4 | Q5 | Q8 | K4 | K6)
     }
 }
 
 impl PackedMatrix {
-    /// True when this CPU and `BERTH_KERNELS` allow packed kernels (AVX-512 VNNI: every packed
-    /// kind; AVX2: the `_0` kinds).
+    /// True when this CPU and `BERTH_KERNELS` allow packed kernels (AVX-512 VNNI or AVX2: every
+    /// packed kind).
     pub fn available() -> bool {
         Kernels::here().is_some()
     }
@@ -710,6 +710,8 @@ fn matmul_packed_with(
                         avx2::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else if kd == K4 {
                         avx512::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                    } else if kd == K6 && !wide {
+                        avx2::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else if kd == K6 {
                         avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
                     } else if wide {
@@ -1166,7 +1168,7 @@ mod avx512 {
     }
 }
 
-/// The AVX2 kernels of the `_0` kinds, on the same 16-row layout: each 64-byte line is two
+/// The AVX2 kernels (the `_0` kinds, Q4_K and Q6_K), on the same 16-row layout: each 64-byte line is two
 /// 32-byte halves of 8 rows. `vpmaddubsw` + `vpmaddwd` stand in for `vpdpbusd`: nibble values
 /// (at most 31) go in unsigned as stored; Q8_0's bytes are taken back to signed and multiplied
 /// as `|w| · sign(y, w)`, so no pair of products can saturate 16 bits (at most 2 · 128 · 127).
@@ -1512,6 +1514,148 @@ mod avx2 {
             }
         }
     }
+
+    /// One 16-row Q6_K group against `r ≤ 4` Q8_K activation rows, as [`super::avx512`]'s
+    /// `group_q6_k` (the same i32 lane sums and the same float order).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; the slices hold what the shapes say.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group_q6_k(
+        r: usize,
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        nbs: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        assert!((1..=super::AVX2_BATCH).contains(&r) && acts.len() >= (r - 1) * rb + nsb * Q8_K_BYTES);
+        assert!(dy.len() >= (r - 1) * nsb + nsb && nbs.len() >= 8 * ((r - 1) * nsb + nsb));
+        assert!(group.len() >= nsb * super::K6_BYTES);
+        // SAFETY (each arm): as this function's contract, checked above.
+        unsafe {
+            match r {
+                1 => kernel_q6_k::<1>(group, nsb, acts, rb, dy, nbs, out),
+                2 => kernel_q6_k::<2>(group, nsb, acts, rb, dy, nbs, out),
+                3 => kernel_q6_k::<3>(group, nsb, acts, rb, dy, nbs, out),
+                _ => kernel_q6_k::<4>(group, nsb, acts, rb, dy, nbs, out),
+            }
+        }
+    }
+
+    /// The kernel of [`group_q6_k`] for `R` activation rows, the AVX-512 one per half of 8 rows
+    /// (`acc[h]`: rows `8 h .. 8 h + 8`): per lane `l`, `vpmaddubsw` then `vpmaddwd` with the
+    /// duplicated i16 scale for `Σ_j scale · (q · y)`, `vpmaddwd` of `32 · scale` with the
+    /// negated bsum pair, the lane's own fused multiply-add, the lanes summed in the same tree.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn kernel_q6_k<const R: usize>(
+        group: &[u8],
+        nsb: usize,
+        acts: &[u8],
+        rb: usize,
+        dy: &[f32],
+        nbs: &[i32],
+        out: &mut [[f32; PACK_ROWS]; 8],
+    ) {
+        use crate::quant::Q8_K_BYTES;
+        // vpshufb patterns putting a pair's first (second) i16 in both halves of each i32.
+        let dup = [
+            _mm256_setr_epi8(
+                0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12,
+                13, 12, 13,
+            ),
+            _mm256_setr_epi8(
+                2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10,
+                11, 14, 15, 14, 15,
+            ),
+        ];
+        let m6 = _mm256_set1_epi8(0x3f);
+        let mut acc = [[[_mm256_setzero_ps(); 8]; R]; 2];
+        for b in 0..nsb {
+            // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
+            // the caller); the prefetch is a hint.
+            unsafe {
+                let x = group.as_ptr().add(b * super::K6_BYTES);
+                for l in (0..super::K6_BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(super::PREFETCH + l) as *const i8);
+                }
+                let q = x.add(320);
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(x.add(16 * h) as *const __m128i));
+                    // Per pair p, the 8 rows' (scale[2 p], scale[2 p + 1]) as two i16 in an i32.
+                    let pairs: [__m256i; 8] = std::array::from_fn(|p| {
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(64 + 32 * p + 16 * h) as *const __m128i))
+                    });
+                    for (u, &dup_u) in dup.iter().enumerate() {
+                        // Lanes 4 u .. 4 u + 4 take sub-block 2 j + u's scale in chunk j.
+                        let sc: [__m256i; 8] = std::array::from_fn(|j| _mm256_shuffle_epi8(pairs[j], dup_u));
+                        for l in 4 * u..4 * u + 4 {
+                            let mut s = [_mm256_setzero_si256(); R];
+                            for hj in 0..2 {
+                                let v: [__m256i; 4] = {
+                                    let line = |m: usize| {
+                                        let at = 64 * (6 * l + 3 * hj + m) + 32 * h;
+                                        _mm256_loadu_si256(q.add(at) as *const __m256i)
+                                    };
+                                    let (l0, l1, l2) = (line(0), line(1), line(2));
+                                    // The top two bits of l0, l1, l2 alone (no bit crosses a
+                                    // byte in the 16-bit shifts below), to bits 0-1, 2-3, 4-5.
+                                    let top = |l: __m256i| _mm256_andnot_si256(m6, l);
+                                    let t = _mm256_or_si256(
+                                        _mm256_or_si256(
+                                            _mm256_srli_epi16::<6>(top(l0)),
+                                            _mm256_srli_epi16::<4>(top(l1)),
+                                        ),
+                                        _mm256_srli_epi16::<2>(top(l2)),
+                                    );
+                                    [
+                                        _mm256_and_si256(l0, m6),
+                                        _mm256_and_si256(l1, m6),
+                                        _mm256_and_si256(l2, m6),
+                                        t,
+                                    ]
+                                };
+                                for (m, &w) in v.iter().enumerate() {
+                                    let j = 4 * hj + m;
+                                    for (r, sr) in s.iter_mut().enumerate() {
+                                        let y =
+                                            acts.as_ptr().add(r * rb + b * Q8_K_BYTES + 4 + 32 * j + 4 * l);
+                                        let y = _mm256_set1_epi32((y as *const i32).read_unaligned());
+                                        // Pairs of q · y are at most 2 · 63 · 128 (no saturation),
+                                        // times the scale at most 2 · 16128 · 128 in i32.
+                                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), sc[j]);
+                                        *sr = _mm256_add_epi32(*sr, p);
+                                    }
+                                }
+                            }
+                            let off = _mm256_slli_epi16::<5>(pairs[l]);
+                            for (r, sr) in s.iter().enumerate() {
+                                let i = r * nsb + b;
+                                let o = _mm256_madd_epi16(off, _mm256_set1_epi32(nbs[8 * i + l]));
+                                let si = _mm256_add_epi32(*sr, o);
+                                let dd = _mm256_mul_ps(d, _mm256_set1_ps(dy[i]));
+                                acc[r][l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), dd, acc[r][l]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (h, ah) in acc.iter().enumerate() {
+            for (r, a) in ah.iter().enumerate() {
+                let sum = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])),
+                );
+                // SAFETY: out[r] holds 16 floats.
+                unsafe { _mm256_storeu_ps(out[r].as_mut_ptr().add(8 * h), sum) };
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1603,14 +1747,13 @@ mod tests {
 
     #[test]
     fn packed_q6_k_equals_the_single_row_kernel_bit_for_bit() {
-        if !Kernels::runnable().contains(&Kernels::Avx512) {
-            berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX-512 VNNI");
+        // The AVX2 table's Q6_K single row is the order the packed kernels keep (AVX-512's
+        // single row equals it, checked too where it runs).
+        let Some(single) = crate::dot::DotTable::by_name("avx2") else {
+            berth_formats::test_skip::skip_optional("packed Q6_K kernels: this CPU lacks AVX2");
             return;
-        }
-        // The AVX2 table's Q6_K single row is the order the packed kernel keeps (AVX-512's
-        // single row equals it, checked too).
-        let single = crate::dot::DotTable::by_name("avx2").expect("AVX-512 implies AVX2");
-        let wide = crate::dot::DotTable::by_name("avx512").expect("packed implies AVX-512");
+        };
+        let wide = crate::dot::DotTable::by_name("avx512");
         let wtype = WeightType::Q6_K;
         check_packed(
             wtype,
@@ -1619,7 +1762,9 @@ mod tests {
             &[1, 2, 3, 4, 5, 8, 9, 13],
             |row, act, i, k| {
                 let e = single.vec_dot(wtype, row, act.row(i), k);
-                assert_eq!(wide.vec_dot(wtype, row, act.row(i), k).to_bits(), e.to_bits());
+                if let Some(wide) = wide {
+                    assert_eq!(wide.vec_dot(wtype, row, act.row(i), k).to_bits(), e.to_bits());
+                }
                 e
             },
         );
