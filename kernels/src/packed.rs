@@ -1352,13 +1352,31 @@ mod avx2 {
                 // SAFETY: block b < nb of activation row j < R (asserted by the caller).
                 let y = unsafe { ap.add(j * rb + b * Q8_0_BYTES + 2) };
                 let mut s = [_mm256_setzero_si256(); 2];
-                for (g, (wg, mg)) in w.iter().zip(&mag).enumerate() {
-                    // SAFETY: four bytes of the block's 32 quants.
-                    let a = _mm256_set1_epi32(unsafe { (y.add(4 * g) as *const i32).read_unaligned() });
-                    for h in 0..2 {
-                        let ya = if K == Q8 { _mm256_sign_epi8(a, wg[h]) } else { a };
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(mg[h], ya), ones);
-                        s[h] = _mm256_add_epi32(s[h], p);
+                if K == Q8 {
+                    for (g, (wg, mg)) in w.iter().zip(&mag).enumerate() {
+                        // SAFETY: four bytes of the block's 32 quants.
+                        let a = _mm256_set1_epi32(unsafe { (y.add(4 * g) as *const i32).read_unaligned() });
+                        for h in 0..2 {
+                            let p = _mm256_maddubs_epi16(mg[h], _mm256_sign_epi8(a, wg[h]));
+                            s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                } else {
+                    // Unsigned values of at most 31: four vectors' pair sums (each at most
+                    // 2 · 31 · 128) add up in 16 bits before widening.
+                    for (q, wq) in w.chunks_exact(4).enumerate() {
+                        let mut t = [_mm256_setzero_si256(); 2];
+                        for (g, wg) in wq.iter().enumerate() {
+                            // SAFETY: four bytes of the block's 32 quants.
+                            let a = unsafe { (y.add(16 * q + 4 * g) as *const i32).read_unaligned() };
+                            let a = _mm256_set1_epi32(a);
+                            for h in 0..2 {
+                                t[h] = _mm256_add_epi16(t[h], _mm256_maddubs_epi16(wg[h], a));
+                            }
+                        }
+                        for h in 0..2 {
+                            s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(t[h], ones));
+                        }
                     }
                 }
                 let c = _mm256_set1_epi32(if K == Q8 { 0 } else { cor[j * nb + b] });
