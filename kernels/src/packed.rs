@@ -622,142 +622,248 @@ fn matmul_packed_with(
     scratch: &mut PackedActs,
     pool: &ThreadPool,
 ) {
-    let m = act.rows();
-    assert_eq!(act.n(), p.k, "activation row length must equal k");
-    assert_eq!(
-        act.format(),
-        p.wtype.act_format(),
-        "activations quantized for another type"
-    );
-    assert!(out.len() >= m * p.rows, "output too short");
-    let kd = kind(p.wtype).expect("packed type");
-    assert!(
-        kernels.cover(kd),
-        "{kernels:?} kernels do not cover {}",
-        p.wtype.name()
-    );
-    let wide = kernels == Kernels::Avx512;
-    scratch.prepare(kd, act);
-    // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value sub-block;
-    // Q6_K: one pair of 16-value sums per 32 values).
-    let (nb, sums_per_block) = if kd == K4 || kd == K6 {
-        (p.k / QK_K, 8)
-    } else {
-        (p.k / QK, 1)
-    };
-    let groups = p.rows / PACK_ROWS;
-    let per = groups.div_ceil(pool.n_threads() * 4).max(1);
-    let outp = OutPtr(out.as_mut_ptr());
-    let (dy, cor, acts) = (&scratch.dy[..], &scratch.cor[..], act.bytes());
-    let rb = act.format().row_bytes(p.k);
-    let data = p.bytes();
-    // Activation rows per kernel call: eight for Q8_0; four where unpacking nibbles takes
-    // registers too (measured faster than eight for Q5_0).
-    let batch = match kd {
-        _ if !wide => AVX2_BATCH,
-        Q8 => 8,
-        K6 => K6_BATCH,
-        _ => 4,
-    };
-    // Several rows: each Q4_0/Q5_0 group is unpacked once to Q8_0's layout (the stored unsigned
-    // values as bytes; the offset stays the kind's, in `cor`), so that the nibbles are not
-    // unpacked again for every few rows, and eight rows share each weight load. The integer
-    // sums, hence the results, are the same.
-    let expand = (kd == Q4 || kd == Q5) && m >= EXPAND_MIN_ROWS;
-    let batch = if expand && wide { 8 } else { batch };
-    let scale_bytes = p.group_bytes - nb * quant_bytes(kd);
+    let plan = Plan::new(kernels, p, act, out, scratch);
+    let per = plan.groups.div_ceil(pool.n_threads() * 4).max(1);
+    pool.parallel_for(plan.groups.div_ceil(per), |c| {
+        with_expanded(|expanded| {
+            for g in c * per..((c + 1) * per).min(plan.groups) {
+                plan.run(g, expanded);
+            }
+        })
+    });
+}
+
+/// Several packed matrices against activations of the same rows (q/k/v, gate/up) in one
+/// parallel section: `items` are (matrix, its activations, its output, its scratch), at most
+/// [`MANY_MAX`]. Each product is what [`matmul_packed`] computes alone, bit for bit.
+pub fn matmul_packed_many<'a>(
+    items: impl IntoIterator<
+        Item = (
+            &'a PackedMatrix,
+            &'a QuantizedActivations,
+            &'a mut [f32],
+            &'a mut PackedActs,
+        ),
+    >,
+    pool: &ThreadPool,
+) {
+    let kernels = Kernels::here().expect("packed kernels need AVX-512 VNNI or AVX2");
+    let mut plans: [Option<Plan<'a>>; MANY_MAX] = [None, None, None, None];
+    let mut items = items.into_iter();
+    for (slot, (p, act, out, scratch)) in plans.iter_mut().zip(&mut items) {
+        *slot = Some(Plan::new(kernels, p, act, out, scratch));
+    }
+    assert!(items.next().is_none(), "at most {MANY_MAX} matrices at once");
+    let plans: &[Option<Plan<'_>>] = &plans;
+    let total: usize = plans.iter().flatten().map(|p| p.groups).sum();
+    let per = total.div_ceil(pool.n_threads() * 4).max(1);
+    pool.parallel_for(total.div_ceil(per), |c| {
+        with_expanded(|expanded| {
+            for x in c * per..((c + 1) * per).min(total) {
+                // Group x of the matrices' groups one after another.
+                let mut g = x;
+                for plan in plans.iter().flatten() {
+                    if g < plan.groups {
+                        plan.run(g, expanded);
+                        break;
+                    }
+                    g -= plan.groups;
+                }
+            }
+        })
+    });
+}
+
+/// Most matrices [`matmul_packed_many`] takes at once.
+pub const MANY_MAX: usize = 4;
+
+/// Calls `f` with this thread's buffer for an unpacked group, kept between calls.
+fn with_expanded(f: impl FnOnce(&mut Vec<u8>)) {
     thread_local! {
-        // One expanded group per thread, kept between calls.
         static EXPANDED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
     }
-    pool.parallel_for(groups.div_ceil(per), |c| {
-        let outp = &outp;
-        let mut expanded = if expand { EXPANDED.take() } else { Vec::new() };
-        for g in c * per..((c + 1) * per).min(groups) {
-            let mut group = &data[g * p.group_bytes..(g + 1) * p.group_bytes];
-            let mut kd = kd;
-            let mut prefetch = Prefetch::ahead(group, scale_bytes, quant_bytes(kd), PREFETCH);
-            if expand {
-                // The expanded group is in cache: fetch the next one from memory meanwhile.
-                let next = data.get((g + 1) * p.group_bytes..(g + 2) * p.group_bytes);
-                prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
-                expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
-                expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `kernels` (covering kd, asserted) runs on this CPU; the group holds
-                // nb blocks of kind kd after its scales, `expanded` nb blocks of Q8_0's.
-                unsafe {
-                    if wide {
-                        avx512::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
-                    } else {
-                        avx2::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
-                    }
-                };
-                // AVX-512 takes Q8_0's bytes unsigned with the offset in `cor` already; the
-                // AVX2 kernel of Q8_0 takes them signed, so it gets a kind of its own.
-                (group, kd) = (&expanded[..], if wide { Q8 } else { U8 });
-            }
-            let mut i = 0;
-            while i < m {
-                let r = (m - i).min(batch);
-                let mut res = [[0.0f32; PACK_ROWS]; 8];
-                let (acts, dy, cor) = (&acts[i * rb..], &dy[i * nb..], &cor[i * nb * sums_per_block..]);
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `kernels` (covering kd, asserted) runs on this CPU; the group holds nb
-                // blocks of kind kd, and rows i..i + r of the activations nb blocks each.
-                unsafe {
-                    if kd == K4 && !wide {
-                        avx2::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
-                    } else if kd == K4 {
-                        avx512::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
-                    } else if kd == K6 && !wide {
-                        avx2::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
-                    } else if kd == K6 {
-                        avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
-                    } else if wide {
-                        avx512::group(
-                            kd,
-                            r,
-                            group,
-                            scale_bytes,
-                            nb,
-                            acts,
-                            rb,
-                            dy,
-                            cor,
-                            prefetch,
-                            &mut res,
-                        )
-                    } else {
-                        avx2::group(
-                            kd,
-                            r,
-                            group,
-                            scale_bytes,
-                            nb,
-                            acts,
-                            rb,
-                            dy,
-                            cor,
-                            prefetch,
-                            &mut res,
-                        )
-                    }
-                };
-                for (di, vals) in res.iter().take(r).enumerate() {
-                    for (lane, &v) in vals.iter().enumerate() {
-                        // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
-                        // < out.len() (asserted); chunk c alone writes group g's columns.
-                        unsafe { *outp.0.add((i + di) * p.rows + g * PACK_ROWS + lane) = v };
-                    }
+    let mut expanded = EXPANDED.take();
+    f(&mut expanded);
+    EXPANDED.set(expanded);
+}
+
+/// One packed product, checked and set up: what computing any of its groups needs.
+struct Plan<'a> {
+    wide: bool,
+    kd: u8,
+    m: usize,
+    rows: usize,
+    groups: usize,
+    group_bytes: usize,
+    nb: usize,
+    sums_per_block: usize,
+    scale_bytes: usize,
+    batch: usize,
+    expand: bool,
+    rb: usize,
+    data: &'a [u8],
+    acts: &'a [u8],
+    dy: &'a [f32],
+    cor: &'a [i32],
+    out: OutPtr,
+}
+
+impl<'a> Plan<'a> {
+    /// Checks the shapes, prepares `scratch` for `act` and sets the product up.
+    fn new(
+        kernels: Kernels,
+        p: &'a PackedMatrix,
+        act: &'a QuantizedActivations,
+        out: &'a mut [f32],
+        scratch: &'a mut PackedActs,
+    ) -> Plan<'a> {
+        let m = act.rows();
+        assert_eq!(act.n(), p.k, "activation row length must equal k");
+        assert_eq!(
+            act.format(),
+            p.wtype.act_format(),
+            "activations quantized for another type"
+        );
+        assert!(out.len() >= m * p.rows, "output too short");
+        let kd = kind(p.wtype).expect("packed type");
+        assert!(
+            kernels.cover(kd),
+            "{kernels:?} kernels do not cover {}",
+            p.wtype.name()
+        );
+        let wide = kernels == Kernels::Avx512;
+        scratch.prepare(kd, act);
+        // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value
+        // sub-block; Q6_K: one pair of 16-value sums per 32 values).
+        let (nb, sums_per_block) = if kd == K4 || kd == K6 {
+            (p.k / QK_K, 8)
+        } else {
+            (p.k / QK, 1)
+        };
+        // Activation rows per kernel call: eight for Q8_0; four where unpacking nibbles takes
+        // registers too (measured faster than eight for Q5_0).
+        let batch = match kd {
+            _ if !wide => AVX2_BATCH,
+            Q8 => 8,
+            K6 => K6_BATCH,
+            _ => 4,
+        };
+        // Several rows: each Q4_0/Q5_0 group is unpacked once to Q8_0's layout (the stored
+        // unsigned values as bytes; the offset stays the kind's, in `cor`), so that the nibbles
+        // are not unpacked again for every few rows, and eight rows share each weight load. The
+        // integer sums, hence the results, are the same.
+        let expand = (kd == Q4 || kd == Q5) && m >= EXPAND_MIN_ROWS;
+        let scratch: &'a PackedActs = scratch;
+        Plan {
+            wide,
+            kd,
+            m,
+            rows: p.rows,
+            groups: p.rows / PACK_ROWS,
+            group_bytes: p.group_bytes,
+            nb,
+            sums_per_block,
+            scale_bytes: p.group_bytes - nb * quant_bytes(kd),
+            batch: if expand && wide { 8 } else { batch },
+            expand,
+            rb: act.format().row_bytes(p.k),
+            data: p.bytes(),
+            acts: act.bytes(),
+            dy: &scratch.dy[..],
+            cor: &scratch.cor[..],
+            out: OutPtr(out.as_mut_ptr()),
+        }
+    }
+
+    /// Computes group `g` (its 16 output columns) for every activation row; `expanded` is the
+    /// calling thread's buffer for an unpacked group.
+    fn run(&self, g: usize, expanded: &mut Vec<u8>) {
+        let (nb, rb, scale_bytes, wide) = (self.nb, self.rb, self.scale_bytes, self.wide);
+        let data = self.data;
+        let mut group = &data[g * self.group_bytes..(g + 1) * self.group_bytes];
+        let mut kd = self.kd;
+        let mut prefetch = Prefetch::ahead(group, scale_bytes, quant_bytes(kd), PREFETCH);
+        if self.expand {
+            // The expanded group is in cache: fetch the next one from memory meanwhile.
+            let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
+            prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
+            expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
+            expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the plan's kernels (covering kd, asserted) run on this CPU; the group
+            // holds nb blocks of kind kd after its scales, `expanded` nb blocks of Q8_0's.
+            unsafe {
+                if wide {
+                    avx512::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
+                } else {
+                    avx2::expand(kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..])
                 }
-                i += r;
+            };
+            // AVX-512 takes Q8_0's bytes unsigned with the offset in `cor` already; the AVX2
+            // kernel of Q8_0 takes them signed, so it gets a kind of its own.
+            (group, kd) = (&expanded[..], if wide { Q8 } else { U8 });
+        }
+        let mut i = 0;
+        while i < self.m {
+            let r = (self.m - i).min(self.batch);
+            let mut res = [[0.0f32; PACK_ROWS]; 8];
+            let (acts, dy, cor) = (
+                &self.acts[i * rb..],
+                &self.dy[i * nb..],
+                &self.cor[i * nb * self.sums_per_block..],
+            );
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `kernels` (covering kd, asserted) runs on this CPU; the group holds nb
+            // blocks of kind kd, and rows i..i + r of the activations nb blocks each.
+            unsafe {
+                if kd == K4 && !self.wide {
+                    avx2::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                } else if kd == K4 {
+                    avx512::group_q4_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                } else if kd == K6 && !self.wide {
+                    avx2::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                } else if kd == K6 {
+                    avx512::group_q6_k(r, group, nb, acts, rb, dy, cor, &mut res)
+                } else if self.wide {
+                    avx512::group(
+                        kd,
+                        r,
+                        group,
+                        scale_bytes,
+                        nb,
+                        acts,
+                        rb,
+                        dy,
+                        cor,
+                        prefetch,
+                        &mut res,
+                    )
+                } else {
+                    avx2::group(
+                        kd,
+                        r,
+                        group,
+                        scale_bytes,
+                        nb,
+                        acts,
+                        rb,
+                        dy,
+                        cor,
+                        prefetch,
+                        &mut res,
+                    )
+                }
+            };
+            for (di, vals) in res.iter().take(r).enumerate() {
+                for (lane, &v) in vals.iter().enumerate() {
+                    // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
+                    // < out.len() (asserted); one call alone writes group g's columns.
+                    unsafe { *self.out.0.add((i + di) * self.rows + g * PACK_ROWS + lane) = v };
+                }
             }
+            i += r;
         }
-        if expand {
-            EXPANDED.set(expanded);
-        }
-    });
+    }
 }
 
 /// Activation rows from which Q4_0/Q5_0 groups are unpacked once per product (see
@@ -1719,6 +1825,60 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn several_products_at_once_equal_each_alone_bit_for_bit() {
+        if !PackedMatrix::available() {
+            berth_formats::test_skip::skip_optional("packed kernels: this CPU lacks AVX2");
+            return;
+        }
+        let mut rng = XorShift::new(37);
+        let pool = ThreadPool::new(2);
+        let k = 512;
+        let mats: Vec<(WeightType, PackedMatrix)> = [
+            (WeightType::Q5_0, 48),
+            (WeightType::Q8_0, 16),
+            (WeightType::Q4_K, 32),
+        ]
+        .into_iter()
+        .map(|(t, rows)| {
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, t, k)).collect();
+            (t, PackedMatrix::pack(t, &w, rows, k).expect("packs"))
+        })
+        .collect();
+        for m in [1usize, 7] {
+            let x = rng.vec(m * k);
+            let acts: Vec<QuantizedActivations> = mats
+                .iter()
+                .map(|(t, _)| {
+                    let mut a = QuantizedActivations::new();
+                    a.quantize_into(*t, &x, k);
+                    a
+                })
+                .collect();
+            let mut alone: Vec<Vec<f32>> = Vec::new();
+            for ((_, p), a) in mats.iter().zip(&acts) {
+                let mut out = vec![f32::NAN; m * p.rows];
+                matmul_packed(p, a, &mut out, &mut PackedActs::new(), &pool);
+                alone.push(out);
+            }
+            let mut outs: Vec<Vec<f32>> = mats.iter().map(|(_, p)| vec![f32::NAN; m * p.rows]).collect();
+            let mut scratch: Vec<PackedActs> = mats.iter().map(|_| PackedActs::new()).collect();
+            let items = mats
+                .iter()
+                .zip(&acts)
+                .zip(outs.iter_mut().zip(scratch.iter_mut()))
+                .map(|(((_, p), a), (o, s))| (p, a, o.as_mut_slice(), s));
+            matmul_packed_many(items, &pool);
+            for (got, want) in outs.iter().zip(&alone) {
+                let (g, w): (Vec<u32>, Vec<u32>) = (
+                    got.iter().map(|v| v.to_bits()).collect(),
+                    want.iter().map(|v| v.to_bits()).collect(),
+                );
+                assert_eq!(g, w, "m={m}");
             }
         }
     }

@@ -4,7 +4,7 @@
 use crate::weights::Matrix;
 use berth_kernels::dot::QuantizedActivations;
 use berth_kernels::matmul::matmul_quantized_split;
-use berth_kernels::packed::{matmul_packed, PackedActs};
+use berth_kernels::packed::{matmul_packed, matmul_packed_many, PackedActs, MANY_MAX};
 use berth_kernels::pool::ThreadPool;
 use berth_kernels::quant::ActFormat;
 use std::ops::Range;
@@ -80,7 +80,8 @@ where
 #[derive(Default)]
 pub struct MatmulScratch {
     acts: [QuantizedActivations; 3],
-    packed: PackedActs,
+    /// One per matrix of a [`matmul_shared`] whose matrices are all packed.
+    packed: [PackedActs; MANY_MAX],
     /// Rows tiled as one matrix (MoE experts, whose batches are not split); false (the
     /// default): every row rounds as a single-row product would, so a sequence's numbers never
     /// depend on the rows batched with it (see
@@ -139,6 +140,29 @@ pub fn matmul_shared(
     if n == 0 {
         return;
     }
+    // Every matrix packed: quantize once per format, then all products in one parallel section
+    // (a decode step's q/k/v and gate/up each wait for the threads once).
+    if (2..=MANY_MAX).contains(&outs.len()) && outs.iter().all(|(w, _)| w.packed().is_some()) {
+        let work: usize = outs.iter().map(|(w, _)| w.rows * w.cols * n).sum();
+        let pool = pool(if work < (1 << 15) { 1 } else { threads });
+        let mut done = [false; 3];
+        for (w, out) in outs.iter() {
+            prepare(w, x, n, out, threads);
+            let (f, cols) = (slot(w.wtype.act_format()), w.cols);
+            if !done[f] || scratch.acts[f].n() != cols {
+                scratch.acts[f].quantize_into_par(w.wtype, &x[..n * cols], cols, pool);
+                done[f] = true;
+            }
+        }
+        let MatmulScratch { acts, packed, .. } = scratch;
+        let acts = &*acts;
+        let items = outs.iter_mut().zip(packed.iter_mut()).map(|((w, out), s)| {
+            let p = w.packed().expect("checked above");
+            (p, &acts[slot(w.wtype.act_format())], &mut out[..n * w.rows], s)
+        });
+        matmul_packed_many(items, pool);
+        return;
+    }
     let mut done = [false; 3];
     for (w, out) in outs.iter_mut() {
         let pool = prepare(w, x, n, out, threads);
@@ -151,7 +175,7 @@ pub fn matmul_shared(
         }
         if let Some(p) = w.packed() {
             // Every row rounds alike there, whatever it is batched with.
-            matmul_packed(p, act, &mut out[..n * rows], &mut scratch.packed, pool);
+            matmul_packed(p, act, &mut out[..n * rows], &mut scratch.packed[0], pool);
             continue;
         }
         let g = if scratch.tiled { n } else { 0 };
