@@ -106,6 +106,17 @@ fn slot(f: ActFormat) -> usize {
 
 /// Checks shapes and picks the pool: small products run on the calling thread alone.
 fn prepare(w: &Matrix, x: &[f32], n: usize, out: &[f32], threads: usize) -> &'static ThreadPool {
+    check_shapes(w, x, n, out);
+    // Enough work per thread to repay waking the pool.
+    pool(if w.rows * n * w.cols < (1 << 15) {
+        1
+    } else {
+        threads
+    })
+}
+
+/// Panics unless `x` holds `n` input rows of `w` and `out` their `n` output rows.
+fn check_shapes(w: &Matrix, x: &[f32], n: usize, out: &[f32]) {
     let (rows, cols) = (w.rows, w.cols);
     assert!(
         x.len() >= n * cols,
@@ -117,8 +128,24 @@ fn prepare(w: &Matrix, x: &[f32], n: usize, out: &[f32], threads: usize) -> &'st
         "matmul output holds {} floats, {n}x{rows} needed",
         out.len()
     );
-    // Enough work per thread to repay waking the pool.
-    pool(if rows * n * cols < (1 << 15) { 1 } else { threads })
+}
+
+/// `w`'s input quantized into its activation format's slot of `acts`, unless `done` says this
+/// call already did that format at this width.
+fn quantized<'s>(
+    acts: &'s mut [QuantizedActivations; 3],
+    done: &mut [bool; 3],
+    w: &Matrix,
+    x: &[f32],
+    n: usize,
+    pool: &ThreadPool,
+) -> &'s QuantizedActivations {
+    let (f, cols) = (slot(w.wtype.act_format()), w.cols);
+    if !done[f] || acts[f].n() != cols {
+        acts[f].quantize_into_par(w.wtype, &x[..n * cols], cols, pool);
+        done[f] = true;
+    }
+    &acts[f]
 }
 
 /// `out[b][r] = Σ_c w[r][c] · x[b][c]` for `n` rows of `x` (`n × w.cols`) into `out`
@@ -147,12 +174,8 @@ pub fn matmul_shared(
         let pool = pool(if work < (1 << 15) { 1 } else { threads });
         let mut done = [false; 3];
         for (w, out) in outs.iter() {
-            prepare(w, x, n, out, threads);
-            let (f, cols) = (slot(w.wtype.act_format()), w.cols);
-            if !done[f] || scratch.acts[f].n() != cols {
-                scratch.acts[f].quantize_into_par(w.wtype, &x[..n * cols], cols, pool);
-                done[f] = true;
-            }
+            check_shapes(w, x, n, out);
+            quantized(&mut scratch.acts, &mut done, w, x, n, pool);
         }
         let MatmulScratch { acts, packed, .. } = scratch;
         let acts = &*acts;
@@ -167,12 +190,7 @@ pub fn matmul_shared(
     for (w, out) in outs.iter_mut() {
         let pool = prepare(w, x, n, out, threads);
         let (rows, cols) = (w.rows, w.cols);
-        let f = slot(w.wtype.act_format());
-        let act = &mut scratch.acts[f];
-        if !done[f] || act.n() != cols {
-            act.quantize_into_par(w.wtype, &x[..n * cols], cols, pool);
-            done[f] = true;
-        }
+        let act = quantized(&mut scratch.acts, &mut done, w, x, n, pool);
         if let Some(p) = w.packed() {
             // Every row rounds alike there, whatever it is batched with.
             matmul_packed(p, act, &mut out[..n * rows], &mut scratch.packed[0], pool);
