@@ -3,7 +3,6 @@
 //! linear layers over all rows at once, attention per row against its own sequence's KV cache,
 //! and the LM head only for rows that want logits.
 
-use crate::ggml::F16DotOrder;
 use crate::kv::KvCache;
 use crate::layers::check_layer;
 pub use crate::layers::{
@@ -15,9 +14,7 @@ use crate::ops::{rms_norm, rms_norm_heads, round_f16, softcap, softmax, Rope, Ya
 use crate::recurrent::{gated_delta_net, short_conv, RecurrentScratch, SeqGroups};
 use crate::state::{LayerStateDims, SeqStates};
 use crate::weights::{Matrix, Role, TensorId, Weights};
-use berth_kernels::attention::{
-    group_attention, group_attention_f16, group_attention_rows, window_start, F16Scratch, HeadOpts, KvRows,
-};
+use berth_kernels::attention::{group_attention, group_attention_rows, window_start, HeadOpts, KvRows};
 use berth_plugin_api::{BatchView, LogitsOut, PluginError, Rewind};
 
 /// Shape and switches of a decoder.
@@ -374,9 +371,6 @@ struct Scratch {
     rows: Vec<(usize, usize)>,
     // Batch arrangement (see `Decoder::decode`): rows per sequence, row order, rows reordered.
     per_seq: Vec<usize>,
-    // Whether every row of a sequence wants logits, and the rows each sequence rounds as.
-    all_want: Vec<bool>,
-    round_rows: Vec<usize>,
     order: Vec<usize>,
     rows_in: Vec<(usize, usize)>,
     tokens: Vec<i32>,
@@ -668,37 +662,20 @@ impl Decoder {
             }
         }
         // Continuous batching: the rows of sequences with several rows here (a prompt chunk) go
-        // first; one-row sequences (decode steps) follow. Matmuls round every row as a single
-        // row would (packed or single-order kernels), so only attention's order depends on the
-        // batch: a prompt chunk's rows are tiled as they would be alone, and a sequence whose
-        // every row wants logits (drafted tokens being verified) is a run of decode steps taken
-        // together, its rows attending in single-row order. Each row's logits are thus bit for
-        // bit those of running its sequence alone. Logits still come out in batch order.
+        // first, so that attention finds them in runs; one-row sequences (decode steps) follow.
+        // Matmuls round every row as a single row would (packed or single-order kernels) and
+        // attention computes each row alone or bit for bit as alone, so each row's logits are
+        // those of running its sequence alone. Logits still come out in batch order.
         s.per_seq.clear();
         s.per_seq.resize(self.kv.max_sequences(), 0);
-        s.all_want.clear();
-        s.all_want.resize(self.kv.max_sequences(), true);
-        for (&(seq, _), &w) in s.rows.iter().zip(batch.want_logits) {
+        for &(seq, _) in &s.rows {
             s.per_seq[seq] += 1;
-            s.all_want[seq] &= w != 0;
         }
-        // Attention's summation order follows the rows each sequence rounds as.
-        s.round_rows.clear();
-        s.round_rows.extend(
-            s.per_seq
-                .iter()
-                .zip(&s.all_want)
-                .map(|(&c, &all)| if c > 1 && all { 1 } else { c }),
-        );
-        let (rows, per_seq, round_rows) = (&s.rows, &s.per_seq, &s.round_rows);
-        let stepwise = |seq: usize| per_seq[seq] > 1 && round_rows[seq] == 1;
-        let several = per_seq.iter().filter(|&&c| c > 0).count() > 1;
-        let any_stepwise = (0..per_seq.len()).any(stepwise);
+        let (rows, per_seq) = (&s.rows, &s.per_seq);
         s.order.clear();
         s.order.extend(0..n);
-        if several || any_stepwise {
-            s.order
-                .sort_by_key(|&i| per_seq[rows[i].0] == 1 || stepwise(rows[i].0));
+        if per_seq.iter().filter(|&&c| c > 0).count() > 1 {
+            s.order.sort_by_key(|&i| per_seq[rows[i].0] == 1);
         }
         s.tokens.clear();
         s.tokens.extend(s.order.iter().map(|&i| batch.tokens[i]));
@@ -867,7 +844,7 @@ impl Decoder {
                         kv.write(seq, l, pos, kr, vr);
                     }
                     let att = grow(&mut s.att, n * qd);
-                    attention(cfg, kv, g, p.sinks, &s.rows, &s.round_rows, q, att, threads);
+                    attention(cfg, kv, g, p.sinks, &s.rows, q, att, threads);
                     if p.gated {
                         att.iter_mut()
                             .zip(&s.qgate[..n * qd])
@@ -1386,10 +1363,9 @@ impl<'a> AttnProj<'a> {
 /// Causal (optionally sliding-window) GQA attention of every row against its sequence's cache,
 /// parallel over (row, head) pairs.
 ///
-/// Each row is computed as if its sequence were alone in the batch: the summation order (and
-/// whether ggml's order is followed at all) depends on how many rows *that sequence* has here, not
-/// on the batch size, so continuous batching of several sequences gives each one bit for bit the
-/// numbers of its single-sequence steps.
+/// Each row is computed bit for bit as if it were alone in the batch (the kernels over several rows
+/// or heads keep each one's summation order), so continuous batching of several sequences gives
+/// each one the numbers of its single-sequence steps.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     cfg: &DecoderConfig,
@@ -1397,7 +1373,6 @@ fn attention(
     g: AttnGeometry,
     sinks: Option<&[f32]>,
     rows: &[(usize, usize)],
-    per_seq: &[usize],
     q: &[f32],
     out: &mut [f32],
     threads: usize,
@@ -1412,14 +1387,6 @@ fn attention(
     };
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;
     let threads = if work < (1 << 16) { 1 } else { threads };
-    // ggml's exact summation order matters for token-for-token parity on short batches (decode
-    // steps, short prompts); long prompts take the fast path over the same f16-rounded cache,
-    // which halves pp512 time for Gemma 3 270M (llama.cpp's own batched and unbatched
-    // evaluations differ in the last bits too).
-    let order = |seq: usize| {
-        let n = per_seq[seq];
-        (cfg.kv_f16 && n <= GGML_ORDER_MAX_ROWS).then(|| F16DotOrder::for_rows(n))
-    };
     // Consecutive rows of one sequence run together in blocks (each cached key and value read
     // once for the block's rows, where the kernels can), and so do query heads sharing a KV head,
     // as many of both as still leaves a unit of work per thread.
@@ -1441,7 +1408,6 @@ fn attention(
     thread_local! {
         // Per-thread buffers kept between calls: a warm decode step does not allocate.
         static SCORES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-        static F16: std::cell::Cell<F16Scratch> = std::cell::Cell::new(F16Scratch::default());
         static OPTS: std::cell::Cell<Vec<HeadOpts>> = const { std::cell::Cell::new(Vec::new()) };
         static QS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     }
@@ -1470,21 +1436,20 @@ fn attention(
         // One row per block (decode steps): each unit writes its heads of `out` in place.
         par_units(threads, out, sub * hd, |units, dst| {
             let mut scores = SCORES.take();
-            let mut f16 = F16.take();
             let mut head_opts = OPTS.take();
             for (u, o) in units.zip(dst.chunks_exact_mut(sub * hd)) {
                 let (row, head) = (u / per_row, (u % per_row) * sub);
                 let base = row * nh * hd + head * hd;
-                let qh = &q[base..base + sub * hd];
-                let kr = kv_rows(row, head);
                 head_opts_of(&mut head_opts, head);
-                match order(rows[row].0) {
-                    Some(ord) => group_attention_f16(qh, &kr, &head_opts, ord, &mut f16, o),
-                    None => group_attention(qh, &kr, &head_opts, &mut scores, o),
-                }
+                group_attention(
+                    &q[base..base + sub * hd],
+                    &kv_rows(row, head),
+                    &head_opts,
+                    &mut scores,
+                    o,
+                );
             }
             SCORES.set(scores);
-            F16.set(f16);
             OPTS.set(head_opts);
         });
         return;
@@ -1494,7 +1459,6 @@ fn attention(
     let mut staged = vec![0.0f32; blocks.len() * per_row * unit];
     par_units(threads, &mut staged, unit, |units, dst| {
         let mut scores = SCORES.take();
-        let mut f16 = F16.take();
         let mut head_opts = OPTS.take();
         let mut qs = QS.take();
         for (u, o) in units.zip(dst.chunks_exact_mut(unit)) {
@@ -1507,22 +1471,10 @@ fn attention(
                 qs.extend_from_slice(&q[base..base + sub * hd]);
             }
             let o = &mut o[..span.len() * sub * hd];
-            match order(rows[span.start].0) {
-                Some(ord) => {
-                    for (row, (qr, or)) in
-                        span.zip(qs.chunks_exact(sub * hd).zip(o.chunks_exact_mut(sub * hd)))
-                    {
-                        group_attention_f16(qr, &kv_rows(row, head), &head_opts, ord, &mut f16, or);
-                    }
-                }
-                None => {
-                    let kvs: Vec<KvRows> = span.map(|row| kv_rows(row, head)).collect();
-                    group_attention_rows(&qs, &kvs, &head_opts, &mut scores, o);
-                }
-            }
+            let kvs: Vec<KvRows> = span.map(|row| kv_rows(row, head)).collect();
+            group_attention_rows(&qs, &kvs, &head_opts, &mut scores, o);
         }
         SCORES.set(scores);
-        F16.set(f16);
         OPTS.set(head_opts);
         QS.set(qs);
     });
@@ -1566,9 +1518,6 @@ fn budgeted_snapshots(dims: &[LayerStateDims], max_seqs: usize, wanted: usize, b
     }
     wanted.min(budget / (per_snapshot * max_seqs.max(1)))
 }
-
-/// Largest batch whose attention follows ggml's summation order when `kv_f16` is set.
-const GGML_ORDER_MAX_ROWS: usize = 32;
 
 #[cfg(test)]
 mod tests {
