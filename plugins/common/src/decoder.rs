@@ -1128,8 +1128,19 @@ impl Decoder {
             }
         }
         let vocab = w.output.rows;
-        let lg = grow(&mut s.logits, m * vocab);
         s.mm.tiled = false;
+        if m == 1 {
+            // One row (a decode step): straight into the caller's buffer, without a copy.
+            let dst = logits.row_mut(dest[0]);
+            let (row, pad) = dst.split_at_mut(vocab);
+            matmul(&w.output, hin, 1, row, &mut s.mm, threads);
+            if let Some(cap) = cfg.final_softcap {
+                softcap(row, cap);
+            }
+            pad.fill(f32::NEG_INFINITY);
+            return;
+        }
+        let lg = grow(&mut s.logits, m * vocab);
         matmul(&w.output, hin, m, lg, &mut s.mm, threads);
         for j in 0..m {
             let src = &mut lg[j * vocab..(j + 1) * vocab];
