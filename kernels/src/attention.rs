@@ -1,14 +1,13 @@
-//! Causal attention of one query head against one KV head of a cache, as pure functions over
-//! slices: [`head_attention`] in f32, [`head_attention_f16`] as llama.cpp computes it over an F16
-//! KV cache (see [`crate::ggml`]).
+//! Causal attention of query heads against one KV head of a cache, in f32, as pure functions over
+//! slices: [`head_attention`] for one head, [`group_attention`] for the query heads sharing a KV
+//! head, [`group_attention_rows`] for consecutive rows of one sequence.
 //!
 //! The caller picks the KV head (grouped-query attention), the attended positions
 //! ([`window_start`] for a sliding window) and the scratch buffers, so that a decoder can run the
 //! heads of a batch on any threads without allocating on a warm step.
 
 use crate::dot::dot_f32;
-use crate::ggml::{dot_f16, softmax_ggml_sink, F16DotOrder};
-use crate::ops::{axpy, round_f16, softcap, softmax, softmax_fast};
+use crate::ops::{axpy, softcap, softmax, softmax_fast};
 
 /// The cached keys and values one query head attends to.
 #[derive(Clone, Copy, Debug)]
@@ -57,8 +56,8 @@ pub struct HeadOpts {
     pub scale: f32,
     /// Soft-capping of the scaled scores: `cap · tanh(s / cap)`.
     pub softcap: Option<f32>,
-    /// [`head_attention_f16`] only: multiply the query by `scale` before rounding it to f16
-    /// (llama.cpp scales q first for some models) instead of multiplying the scores.
+    /// Whether llama.cpp multiplies the query by `scale` (before rounding it to f16) rather than
+    /// the scores. No kernel here reads it: the f32 kernels always scale the scores.
     pub q_prescale: bool,
     /// The head's learned sink logit (gpt-oss): one more column in the softmax whose
     /// probability is dropped, so the attended positions' weights sum to less than one.
@@ -553,118 +552,10 @@ mod avx512 {
     }
 }
 
-/// llama.cpp pads its KV cache's cell count to a multiple of this; the value product runs over
-/// that many cells, which decides where [`F16DotOrder::VecDot`]'s f64 tail starts.
-pub const GGML_KV_PAD: usize = 256;
-
-/// Buffers of [`head_attention_f16`], reused across the heads one thread computes.
-#[derive(Clone, Debug, Default)]
-pub struct F16Scratch {
-    scores: Vec<f32>,
-    q16: Vec<f32>,
-    /// Value accumulators per head, slot-major: slot `s` of dimension `i` at
-    /// `s * head_dim + i`.
-    acc: Vec<f32>,
-    tail: Vec<f64>,
-}
-
-/// One query head as llama.cpp computes it over its F16 KV cache without flash attention: the
-/// cache holds f16 values (the caller rounds them when storing, e.g. with
-/// [`crate::ops::round_f16_in_place`]), the query is rounded to f16 (after the scale when
-/// `opts.q_prescale`), scores and the probability-weighted values are f16 dot products summed in
-/// ggml's lane order (`order`: [`F16DotOrder::for_rows`] of the sequence's rows in the batch), the
-/// softmax is [`softmax_ggml_sink`] (with the head's sink, as ggml's `soft_max_add_sinks`), and
-/// the probabilities are rounded to f16.
-pub fn head_attention_f16(
-    q: &[f32],
-    kv: &KvRows,
-    opts: &HeadOpts,
-    order: F16DotOrder,
-    f: &mut F16Scratch,
-    out: &mut [f32],
-) {
-    group_attention_f16(q, kv, std::slice::from_ref(opts), order, f, out);
-}
-
-/// Several query heads that share one KV head (`q` and `out`: `opts.len()` heads back to back),
-/// each bit for bit as [`head_attention_f16`] computes it alone, with every cached key and value
-/// read once for all of them.
-pub fn group_attention_f16(
-    q: &[f32],
-    kv: &KvRows,
-    opts: &[HeadOpts],
-    order: F16DotOrder,
-    f: &mut F16Scratch,
-    out: &mut [f32],
-) {
-    let (g, hd) = (opts.len(), group_head_dim(q, kv, opts.len(), out));
-    let len = kv.end - kv.start;
-    f.q16.clear();
-    for (h, o) in opts.iter().enumerate() {
-        let pre = if o.q_prescale { o.scale } else { 1.0 };
-        f.q16
-            .extend(q[h * hd..(h + 1) * hd].iter().map(|&b| round_f16(b * pre)));
-    }
-    f.scores.clear();
-    f.scores.resize(g * len, 0.0);
-    for (j, t) in (kv.start..kv.end).enumerate() {
-        let k = kv.key(t, hd);
-        for (h, o) in opts.iter().enumerate() {
-            let s = dot_f16(order, &f.q16[h * hd..(h + 1) * hd], k);
-            let post = if o.q_prescale { 1.0 } else { o.scale };
-            f.scores[h * len + j] = if post == 1.0 { s } else { s * post };
-        }
-    }
-    for (h, o) in opts.iter().enumerate() {
-        let sh = &mut f.scores[h * len..(h + 1) * len];
-        if let Some(cap) = o.softcap {
-            softcap(sh, cap);
-        }
-        softmax_ggml_sink(sh, kv.start, o.sink);
-    }
-    // The value rows are dotted with the probabilities along the cells (ggml multiplies the
-    // transposed V cache by the f16 probabilities): cell t goes to slot `order.slot(t)` of every
-    // dimension, cells past the vectorised part to an f64 tail.
-    let n_cells = kv.end.next_multiple_of(GGML_KV_PAD);
-    let nv = order.vector_len(n_cells);
-    let per = order.slots() * hd;
-    f.acc.clear();
-    f.acc.resize(g * per, 0.0);
-    let tail = if nv < kv.end { hd } else { 0 };
-    f.tail.clear();
-    f.tail.resize(g * tail, 0.0);
-    for (j, t) in (kv.start..kv.end).enumerate() {
-        let vr = kv.value(t, hd);
-        for h in 0..g {
-            let p = round_f16(f.scores[h * len + j]);
-            if p == 0.0 {
-                continue;
-            }
-            if t < nv {
-                let slot = order.slot(t);
-                axpy(&mut f.acc[h * per + slot * hd..h * per + (slot + 1) * hd], p, vr);
-            } else {
-                f.tail[h * tail..(h + 1) * tail]
-                    .iter_mut()
-                    .zip(vr)
-                    .for_each(|(a, &v)| *a += (p * v) as f64);
-            }
-        }
-    }
-    let mut x = [0.0f32; 32];
-    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-        for (i, oi) in oh.iter_mut().enumerate() {
-            for (s, xs) in x.iter_mut().enumerate().take(order.slots()) {
-                *xs = f.acc[h * per + s * hd + i];
-            }
-            *oi = order.reduce(&x, f.tail.get(h * tail + i).copied().unwrap_or(0.0));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::round_f16;
     use crate::testutil::XorShift;
 
     /// Masked softmax attention of one head in f64, from the definition.
@@ -695,52 +586,6 @@ mod tests {
             .collect()
     }
 
-    /// The decoder's f16 head attention as first written (slot arrays per dimension), to check
-    /// the slot-major rewrite against bit for bit.
-    fn f16_as_written(q: &[f32], kv: &KvRows, opts: &HeadOpts, order: F16DotOrder) -> Vec<f32> {
-        let hd = q.len();
-        let (pre, post) = if opts.q_prescale {
-            (opts.scale, 1.0)
-        } else {
-            (1.0, opts.scale)
-        };
-        let q16: Vec<f32> = q.iter().map(|&b| round_f16(b * pre)).collect();
-        let mut scores: Vec<f32> = (kv.start..kv.end)
-            .map(|t| {
-                let s = dot_f16(order, &q16, &kv.k[t * kv.stride..t * kv.stride + hd]);
-                if post == 1.0 {
-                    s
-                } else {
-                    s * post
-                }
-            })
-            .collect();
-        if let Some(cap) = opts.softcap {
-            softcap(&mut scores, cap);
-        }
-        softmax_ggml_sink(&mut scores, kv.start, opts.sink);
-        let mut acc = vec![[0.0f32; 32]; hd];
-        let n_cells = kv.end.next_multiple_of(256);
-        let nv = order.vector_len(n_cells);
-        let mut tail = vec![0.0f64; if nv < kv.end { hd } else { 0 }];
-        for (t, &p) in (kv.start..kv.end).zip(&scores) {
-            let p = round_f16(p);
-            if p == 0.0 {
-                continue;
-            }
-            let vr = &kv.v[t * kv.stride..t * kv.stride + hd];
-            if t < nv {
-                let slot = order.slot(t);
-                acc.iter_mut().zip(vr).for_each(|(a, &v)| a[slot] += p * v);
-            } else {
-                tail.iter_mut().zip(vr).for_each(|(a, &v)| *a += (p * v) as f64);
-            }
-        }
-        (0..hd)
-            .map(|i| order.reduce(&acc[i], tail.get(i).copied().unwrap_or(0.0)))
-            .collect()
-    }
-
     fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             assert!((x - y).abs() <= tol * (1.0 + y.abs()), "{what} [{i}] {x} vs {y}");
@@ -762,7 +607,7 @@ mod tests {
             (1, 64, None, None, true, Some(-1.5)),
             (2, 32, None, None, false, Some(4.0)),
         ];
-        let (mut scores, mut f16) = (Vec::new(), F16Scratch::default());
+        let mut scores = Vec::new();
         for (nkv, hd, window, cap, q_prescale, sink) in configs {
             let n_ctx = 40;
             let stride = nkv * hd + 3; // rows padded: stride need not be nkv * hd
@@ -789,16 +634,6 @@ mod tests {
                     let mut o = vec![f32::NAN; hd];
                     head_attention(&q, &kv, &opts, &mut scores, &mut o);
                     close(&o, &want, 1e-5, "f32 vs naive");
-                    for order in [F16DotOrder::Gemm, F16DotOrder::VecDot] {
-                        let mut o16 = vec![f32::NAN; hd];
-                        head_attention_f16(&q, &kv, &opts, order, &mut f16, &mut o16);
-                        // f16 query and probabilities: ~1e-3 relative.
-                        close(&o16, &want, 4e-3, "f16 vs naive");
-                        let w = f16_as_written(&q, &kv, &opts, order);
-                        for (i, (a, b)) in o16.iter().zip(&w).enumerate() {
-                            assert_eq!(a.to_bits(), b.to_bits(), "f16 vs as written [{i}] {order:?}");
-                        }
-                    }
                 }
             }
         }
@@ -955,7 +790,7 @@ mod tests {
             let r16 = |v: &f32| round_f16(v * 3.0);
             let k: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
             let v: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
-            let (mut scores, mut f16) = (Vec::new(), F16Scratch::default());
+            let mut scores = Vec::new();
             for (cap, q_prescale, sinks) in [
                 (None, false, [None, None, None]),
                 (Some(30.0f32), true, [Some(0.5f32), Some(-2.0), Some(1.0)]),
@@ -991,14 +826,6 @@ mod tests {
                         );
                     }
                     assert_eq!(bits(&got), bits(&want), "f32 pos {pos}");
-                    for order in [F16DotOrder::Gemm, F16DotOrder::VecDot] {
-                        group_attention_f16(&q, &kv, &opts, order, &mut f16, &mut got);
-                        for h in 0..g {
-                            let w = f16_as_written(&q[h * hd..(h + 1) * hd], &kv, &opts[h], order);
-                            want[h * hd..(h + 1) * hd].copy_from_slice(&w);
-                        }
-                        assert_eq!(bits(&got), bits(&want), "f16 pos {pos} {order:?}");
-                    }
                 }
             }
         }
@@ -1022,15 +849,6 @@ mod tests {
         let opts = HeadOpts::scaled(0.5);
         let mut out = [0.0; 4];
         head_attention(&[1.0; 4], &kv, &opts, &mut Vec::new(), &mut out);
-        assert_eq!(out, v);
-        head_attention_f16(
-            &[1.0; 4],
-            &kv,
-            &opts,
-            F16DotOrder::VecDot,
-            &mut F16Scratch::default(),
-            &mut out,
-        );
         assert_eq!(out, v);
         assert_eq!(window_start(10, Some(4)), 7);
         assert_eq!(window_start(2, Some(4)), 0);
@@ -1074,15 +892,6 @@ mod tests {
         let mut out = [0.0; 4];
         head_attention(&[1.0; 4], &kv, &opts, &mut Vec::new(), &mut out);
         close(&out, &want, 1e-6, "f32 with a sink");
-        head_attention_f16(
-            &[1.0; 4],
-            &kv,
-            &opts,
-            F16DotOrder::VecDot,
-            &mut F16Scratch::default(),
-            &mut out,
-        );
-        close(&out, &want, 2e-3, "f16 with a sink");
         // A sink far below the scores changes nothing.
         let far = HeadOpts {
             sink: Some(-1e4),

@@ -6,10 +6,9 @@
 //! matrix-vector and matrix-matrix products over raw weight bytes ([`matmul`]) and over weights
 //! repacked into 16-row interleaved groups for AVX-512 VNNI ([`packed`]), running on a
 //! small persistent thread pool ([`pool`]), element-wise operations such as RMS norm,
-//! softmax, activations and RoPE ([`ops`]), one query head's attention over a KV cache
-//! ([`attention`]), the emulation of llama.cpp's own float arithmetic that greedy parity needs
-//! ([`ggml`]), the recurrent mixers of hybrid models ([`recurrent`]), and the primitives of vision
-//! encoders: LayerNorm, exact GELU, masked bidirectional attention, antialiased resampling
+//! softmax, activations and RoPE ([`ops`]), f32 attention of query heads over a KV cache
+//! ([`attention`]), the recurrent mixers of hybrid models ([`recurrent`]), and the primitives of
+//! vision encoders: LayerNorm, exact GELU, masked bidirectional attention, antialiased resampling
 //! ([`vision`]). Every kernel has a
 //! portable scalar reference; on x86_64 the hot ones also have AVX2+FMA (some AVX-512) versions
 //! picked at runtime by CPU-feature detection from an ordered candidate list (AVX-512, AVX2,
@@ -22,7 +21,6 @@
 
 pub mod attention;
 pub mod dot;
-pub mod ggml;
 pub mod matmul;
 pub mod ops;
 pub mod packed;

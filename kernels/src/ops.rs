@@ -17,7 +17,6 @@
 //! What stays scalar, and why: [`rms_norm`] sums its squares one at a time in f64 like ggml's
 //! `ggml_float` loop (any other order can change the last bit of the scale), and [`softmax`],
 //! [`silu`], [`gelu_tanh`], [`sigmoid`] and [`softcap`] call libm's `exp` / `tanh`.
-//! ggml-cpu's own arithmetic (its f16 dot order, `expf` and softmax) is in [`crate::ggml`].
 
 use crate::quant::{f16_to_f32, f32_to_f16};
 use std::sync::OnceLock;

@@ -16,14 +16,11 @@
 //!   rewind).
 //! - [`npy`]: `.npy` / `.npz` readers for reference comparisons.
 //! - [`vision`]: vision towers (SigLIP, SigLIP2 NaViT) and multimodal projectors (LFM2-VL).
-//! - [`ggml`]: emulation of llama.cpp's (ggml-cpu's) f16 attention arithmetic (re-exported from
-//!   `berth_kernels`).
 
 #![warn(missing_docs)]
 
 pub mod decoder;
 pub mod family;
-pub mod ggml;
 pub mod kv;
 pub mod layers;
 pub mod linear;
