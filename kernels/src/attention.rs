@@ -56,9 +56,6 @@ pub struct HeadOpts {
     pub scale: f32,
     /// Soft-capping of the scaled scores: `cap · tanh(s / cap)`.
     pub softcap: Option<f32>,
-    /// Whether llama.cpp multiplies the query by `scale` (before rounding it to f16) rather than
-    /// the scores. No kernel here reads it: the f32 kernels always scale the scores.
-    pub q_prescale: bool,
     /// The head's learned sink logit (gpt-oss): one more column in the softmax whose
     /// probability is dropped, so the attended positions' weights sum to less than one.
     pub sink: Option<f32>,
@@ -70,7 +67,6 @@ impl HeadOpts {
         HeadOpts {
             scale,
             softcap: None,
-            q_prescale: false,
             sink: None,
         }
     }
@@ -595,20 +591,20 @@ mod tests {
     #[test]
     fn heads_match_naive_attention() {
         let mut rng = XorShift::new(11);
-        // (kv heads, head_dim, window, softcap, q_prescale, sink)
+        // (kv heads, head_dim, window, softcap, sink)
         let configs = [
-            (1usize, 16usize, None, None, false, None),
-            (2, 32, None, None, true, None),
-            (2, 64, Some(5usize), None, false, None),
-            (3, 24, Some(1), Some(50.0f32), false, None),
-            (1, 256, Some(100), Some(2.0), true, None),
-            (4, 8, None, Some(30.0), false, None),
-            (2, 16, Some(4), None, false, Some(0.7f32)),
-            (1, 64, None, None, true, Some(-1.5)),
-            (2, 32, None, None, false, Some(4.0)),
+            (1usize, 16usize, None, None, None),
+            (2, 32, None, None, None),
+            (2, 64, Some(5usize), None, None),
+            (3, 24, Some(1), Some(50.0f32), None),
+            (1, 256, Some(100), Some(2.0), None),
+            (4, 8, None, Some(30.0), None),
+            (2, 16, Some(4), None, Some(0.7f32)),
+            (1, 64, None, None, Some(-1.5)),
+            (2, 32, None, None, Some(4.0)),
         ];
         let mut scores = Vec::new();
-        for (nkv, hd, window, cap, q_prescale, sink) in configs {
+        for (nkv, hd, window, cap, sink) in configs {
             let n_ctx = 40;
             let stride = nkv * hd + 3; // rows padded: stride need not be nkv * hd
             let r16 = |v: &f32| round_f16(v * 3.0);
@@ -617,7 +613,6 @@ mod tests {
             let opts = HeadOpts {
                 scale: 1.0 / (hd as f32).sqrt(),
                 softcap: cap,
-                q_prescale,
                 sink,
             };
             for pos in [0usize, 1, 7, 31, 32, 39] {
@@ -791,16 +786,15 @@ mod tests {
             let k: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
             let v: Vec<f32> = rng.vec(n_ctx * stride).iter().map(r16).collect();
             let mut scores = Vec::new();
-            for (cap, q_prescale, sinks) in [
-                (None, false, [None, None, None]),
-                (Some(30.0f32), true, [Some(0.5f32), Some(-2.0), Some(1.0)]),
+            for (cap, sinks) in [
+                (None, [None, None, None]),
+                (Some(30.0f32), [Some(0.5f32), Some(-2.0), Some(1.0)]),
             ] {
                 let opts: Vec<HeadOpts> = sinks
                     .iter()
                     .map(|&sink| HeadOpts {
                         scale: 0.2,
                         softcap: cap,
-                        q_prescale,
                         sink,
                     })
                     .collect();

@@ -66,13 +66,9 @@ pub struct DecoderConfig {
     pub tie_embeddings: bool,
     /// Routing of the mixture-of-experts FFNs ([`DecoderWeights::load`]: one in every layer).
     pub moe: Option<MoeConfig>,
-    /// llama.cpp's default F16 KV cache and non-flash attention: keys and values are rounded to
-    /// f16 when stored, and queries and attention probabilities are rounded to f16 before their
-    /// products (f32 accumulation). Set for GGUF models so that greedy decoding follows llama.cpp.
+    /// llama.cpp's default F16 KV cache: keys and values are rounded to f16 when stored. Set for
+    /// GGUF models so that the numbers stay close to llama.cpp's.
     pub kv_f16: bool,
-    /// With `kv_f16`: the attention scale multiplies the queries before their f16 rounding
-    /// (llama.cpp's Gemma graphs) rather than the scores (its default `kq_scale`).
-    pub q_prescale: bool,
     /// ggml-cpu's RoPE angles: f32 running products and `cosf`/`sinf` ([`Rope::new_ggml`]).
     pub rope_f32: bool,
     /// With `rope_dim < head_dim`: pairs are `(j, j + rope_dim/2)` as in HF's partial rotary
@@ -116,7 +112,6 @@ impl DecoderConfig {
             tie_embeddings: false,
             moe: None,
             kv_f16: false,
-            q_prescale: false,
             rope_f32: false,
             rope_partial_pairs: false,
             snapshot_every: 64,
@@ -1393,7 +1388,6 @@ fn attention(
     let opts = HeadOpts {
         scale: cfg.attn_scale,
         softcap: cfg.attn_softcap,
-        q_prescale: cfg.q_prescale,
         sink: None,
     };
     let work: usize = rows.iter().map(|&(_, p)| p + 1).sum::<usize>() * nh * hd;

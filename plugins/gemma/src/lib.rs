@@ -182,11 +182,9 @@ fn load_gguf(w: Weights, _config: &LoadConfig) -> Result<Loaded, PluginError> {
     let head_dim = get("attention.key_length").unwrap_or(hidden / heads);
     let mut cfg = DecoderConfig::new(n_layers, hidden, heads, kv_heads, head_dim);
     gemma3_switches(&mut cfg, true);
-    // Follow llama.cpp's numerics on its own files (ggml-cpu, default context: F16 KV cache, no
-    // flash attention; the Gemma graph scales queries before attention; GEGLU through ggml's f16
-    // GELU table).
+    // Follow llama.cpp's numerics on its own files where they are observable (ggml-cpu, default
+    // context: F16 KV cache; GEGLU through ggml's f16 GELU table).
     cfg.kv_f16 = true;
-    cfg.q_prescale = true;
     cfg.rope_f32 = true;
     cfg.activation = Activation::GeluTanhF16;
     cfg.eps = g
