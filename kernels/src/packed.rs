@@ -1288,17 +1288,31 @@ mod avx2 {
     use crate::quant::Q8_0_BYTES;
     use std::arch::x86_64::*;
 
-    /// 0x10 in the bytes of a 32-byte vector whose bits are set in `bits` (byte `i`, bit `i`).
+    /// 0x10 in the bytes of two 32-byte vectors whose bits are set in the 8 bytes at `at`
+    /// (vector 0 takes the low 32 bits, vector 1 the high; byte `i`, bit `i`).
+    ///
+    /// # Safety
+    /// AVX2 is present; `at` points at 8 readable bytes.
     #[inline(always)]
-    unsafe fn fifth_bits(bits: u32) -> __m256i {
-        // Every byte takes the mask byte that holds its bit, then tests that bit.
-        let spread = _mm256_setr_epi8(
+    unsafe fn fifth_bits(at: *const u8) -> [__m256i; 2] {
+        // One broadcast of the 8 bytes; every byte takes the mask byte that holds its bit, then
+        // tests that bit.
+        // SAFETY: 8 bytes at `at` (the caller's contract).
+        let all = _mm256_set1_epi64x(unsafe { (at as *const i64).read_unaligned() });
+        let spread_lo = _mm256_setr_epi8(
             0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
         );
-        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), spread);
+        let spread_hi = _mm256_setr_epi8(
+            4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7,
+        );
         let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let hit = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select);
-        _mm256_and_si256(hit, _mm256_set1_epi8(0x10))
+        let sixteen = _mm256_set1_epi8(0x10);
+        let lo = _mm256_and_si256(_mm256_shuffle_epi8(all, spread_lo), select);
+        let hi = _mm256_and_si256(_mm256_shuffle_epi8(all, spread_hi), select);
+        [
+            _mm256_and_si256(_mm256_cmpeq_epi8(lo, select), sixteen),
+            _mm256_and_si256(_mm256_cmpeq_epi8(hi, select), sixteen),
+        ]
     }
 
     /// Block `q`'s 16 weight vectors (`[vector][half]`, vector `g` holding columns
@@ -1333,9 +1347,9 @@ mod avx2 {
                     }
                     if K == Q5 {
                         for (g, wg) in w.iter_mut().enumerate() {
-                            let bits = (q.add(256 + 8 * g) as *const u64).read_unaligned();
-                            wg[0] = _mm256_add_epi8(wg[0], fifth_bits(bits as u32));
-                            wg[1] = _mm256_add_epi8(wg[1], fifth_bits((bits >> 32) as u32));
+                            let [lo, hi] = fifth_bits(q.add(256 + 8 * g));
+                            wg[0] = _mm256_add_epi8(wg[0], lo);
+                            wg[1] = _mm256_add_epi8(wg[1], hi);
                         }
                     }
                 }
