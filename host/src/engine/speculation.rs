@@ -6,7 +6,7 @@
 //! The output stays token for token what plain decoding gives as long as every verified row's
 //! logits are bit-identical to the same row decoded alone: a plugin rounds the rows of a sequence
 //! that all want logits as single-row steps (plugins/common does: every matmul row rounds as it
-//! would alone, and those rows attend in single-row order). [`MAX_DRAFT`] = 3 makes a verify
+//! would alone, and attention computes every row bit for bit as alone). [`MAX_DRAFT`] = 3 makes a verify
 //! step four rows (7 measured no better on the copy task: acceptance fell from 0.71 to 0.54);
 //! one sequence per step speculates.
 //!
