@@ -54,15 +54,13 @@ pub(crate) fn bare_answer(out: &mut Out, text: &str, pos: usize) -> bool {
             out.calls.extend(calls);
             true
         }
-        // Cut short, a lead-in line is content; a call begun and cut is no call, as a marker cut
-        // short is none.
-        Scan::Open if out.cut => match text[pos..].find(['{', '[', '`']) {
-            Some(body) => {
-                out.content.push_str(text[pos..pos + body].trim());
-                true
-            }
-            None => false,
-        },
+        // Cut short, what was held while it might become a bare call never became one: it is
+        // content (the lead-in and the unfinished object), as a parse of the same text reads it,
+        // so a reply cut by `max_tokens` is never empty.
+        Scan::Open if out.cut => {
+            out.content.push_str(text[pos..].trim());
+            true
+        }
         Scan::Open => out.partial,
         Scan::Fails => false,
     }

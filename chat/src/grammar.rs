@@ -399,11 +399,18 @@ pub(crate) fn token_wrapped_calls(
 
 /// Writes the rule `call` and returns the calls rule: one call, or with parallel calls several,
 /// joined by `separator` (`None`: written back to back).
+///
+/// The end of the turn is reachable after every complete call, also after the separator that
+/// would lead to the next one: a model that writes the separator after its call (as Qwen's
+/// templates separate calls, so it is likely) must still be free to stop, or under `required` it
+/// could only call again until `max_tokens` (or forever without it). A call identical to an
+/// earlier one may still follow: the grammar cannot tell a repeat from a second roll of the dice,
+/// and OpenAI's parallel calls allow the same call twice.
 pub(crate) fn repeated(g: &mut Lark, call: &str, separator: Option<&str>, plan: &Plan) -> String {
     g.rule("call", call);
     match (plan.parallel, separator) {
         (false, _) => "call".into(),
-        (true, Some(sep)) => format!("call ({sep} call)*"),
+        (true, Some(sep)) => format!("call ({sep} call)* {sep}?"),
         (true, None) => "call+".into(),
     }
 }

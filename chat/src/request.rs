@@ -60,7 +60,8 @@ pub enum ResponseFormat {
 pub struct RequestConstraints {
     /// The declared tools, in request order.
     pub tools: Vec<ToolSpec>,
-    /// The tools as sent (what the chat parser and the template take).
+    /// The tools as the chat parser and the template take them: name, description and
+    /// parameters, without transport keys such as `strict` (see `described_tool`).
     pub tools_json: Vec<Value>,
     /// The effective tool choice (`auto` with tools, `none` without, when unset).
     pub tool_choice: ToolChoice,
@@ -174,6 +175,7 @@ fn parse_tools(tools: Option<&Value>) -> Result<(Vec<ToolSpec>, Vec<Value>), Par
         .as_array()
         .ok_or_else(|| err("tools", "must be an array of tools"))?;
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(list.len());
+    let mut described = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let param = format!("tools[{i}]");
         let obj = tool
@@ -232,8 +234,25 @@ fn parse_tools(tools: Option<&Value>) -> Result<(Vec<ToolSpec>, Vec<Value>), Par
             name: name.to_owned(),
             parameters,
         });
+        described.push(described_tool(function));
     }
-    Ok((specs, list.clone()))
+    Ok((specs, described))
+}
+
+/// A tool as the chat templates and the parser read it: `{"type": "function", "function":
+/// {name, description, parameters}}`, the shape of transformers' `get_json_schema` that every
+/// template iterates over. Transport keys (`strict`, which openai-agents and pydantic-ai send on
+/// every tool, and anything else that is not the function's description) are left out: a template
+/// that dumps the tool with `tojson` (Qwen2.5's) would show them to the model, and they threw
+/// Qwen2.5-Coder 0.5B off its call. The schema still constrains the arguments whole.
+fn described_tool(function: &serde_json::Map<String, Value>) -> Value {
+    let mut f = serde_json::Map::new();
+    for key in ["name", "description", "parameters"] {
+        if let Some(v) = function.get(key).filter(|v| !v.is_null()) {
+            f.insert(key.into(), v.clone());
+        }
+    }
+    serde_json::json!({"type": "function", "function": f})
 }
 
 fn parse_tool_choice(choice: Option<&Value>, tools: &[ToolSpec]) -> Result<ToolChoice, ParamError> {
@@ -345,6 +364,22 @@ mod tests {
         assert_eq!(r.parser_tools().map(<[Value]>::len), Some(1));
         let r = openai(weather(), json!("none"), Value::Null, Value::Null).unwrap();
         assert!(r.parser_tools().is_none(), "none: calls stay content");
+    }
+
+    #[test]
+    fn tools_reach_the_template_without_transport_keys() {
+        let params = json!({"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"], "additionalProperties": false});
+        let sent = json!([{"type": "function", "function": {"name": "get_weather", "strict": true,
+            "description": "Weather", "parameters": params}, "cache_control": {"type": "ephemeral"}}]);
+        let r = openai(sent, json!("required"), Value::Null, Value::Null).unwrap();
+        assert_eq!(
+            r.tools_json,
+            vec![json!({"type": "function", "function": {"name": "get_weather",
+                "description": "Weather", "parameters": params}})]
+        );
+        // The schema constrains the arguments as sent.
+        assert_eq!(r.tools[0].parameters, params);
     }
 
     #[test]

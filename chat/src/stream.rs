@@ -66,7 +66,8 @@ impl StreamParser {
     /// call is not dropped from the message (vLLM drops it when not streaming, and they differ).
     ///
     /// A lead-in line held back only because a call written without markup might have followed
-    /// it is content when the output is cut; a bare call begun and cut is, like a cut marker, none.
+    /// it is content when the output is cut, and so is a bare call (one without markup) begun and
+    /// cut: it never became a call, and a parse of the same text reads it as content.
     pub fn finish_output(&mut self, cut_short: bool) -> (Option<Value>, ParsedMessage) {
         let tools = self.tools.as_deref();
         let msg = if cut_short {
@@ -213,8 +214,26 @@ mod tests {
                     add(&mut sum, &d);
                 }
                 let what = format!("{format} cut {cut} of {text:?}");
-                // Every call (name and arguments) is a prefix of what the whole output says.
-                assert_grows(&msg, &full, &what);
+                // Every call (name and arguments) is a prefix of what the whole output says; so is
+                // the content, unless the cut left a bare call unfinished: then that text is the
+                // content, as it was written.
+                let content = msg.content.clone().unwrap_or_default();
+                let bare_cut = !full.content.clone().unwrap_or_default().starts_with(&content);
+                if bare_cut {
+                    assert!(
+                        prefix.trim_end().ends_with(&content),
+                        "content of {what}: {msg:?}"
+                    );
+                    assert!(msg.tool_calls.is_empty(), "{what}: {msg:?}");
+                }
+                let without_content = |m: &ParsedMessage| ParsedMessage {
+                    content: None,
+                    ..m.clone()
+                };
+                assert_grows(&without_content(&msg), &without_content(&full), &what);
+                if !bare_cut {
+                    assert_grows(&msg, &full, &what);
+                }
                 let calls: Vec<_> = msg
                     .tool_calls
                     .iter()
@@ -248,7 +267,8 @@ mod tests {
     #[test]
     fn a_cut_output_held_as_a_possible_bare_call_ends_as_the_prefix_it_is() {
         let t = tools();
-        // (format, output cut short, its content): a lead-in is content, a bare call begun is none.
+        // (format, output cut short, its content): a lead-in is content, and so is a bare call
+        // begun and cut (it never became a call).
         let cases = [
             (
                 ChatFormat::HermesJson,
@@ -260,11 +280,15 @@ mod tests {
                 "Sure, let me check.\n",
                 "Sure, let me check.",
             ),
-            (ChatFormat::HermesJson, "{\"name\": \"get_wea", ""),
+            (
+                ChatFormat::HermesJson,
+                "{\"name\": \"get_wea",
+                "{\"name\": \"get_wea",
+            ),
             (
                 ChatFormat::QwenXml,
                 "Sure:\n```json\n{\"name\": \"get_time\", \"arguments\": {\"tz\"",
-                "Sure:",
+                "Sure:\n```json\n{\"name\": \"get_time\", \"arguments\": {\"tz\"",
             ),
         ];
         for (format, text, content) in cases {
@@ -284,7 +308,7 @@ mod tests {
             assert!(msg.tool_calls.is_empty());
             assert_eq!(sum.1, content);
         }
-        // A bare call is read only when the model ended the output.
+        // A bare call is read only when the model ended the output; cut, it is content.
         let call = r#"{"name": "get_time", "arguments": {"tz": "CET"}}"#;
         for (cut, calls) in [(true, 0), (false, 1)] {
             let mut p = StreamParser::new(ChatFormat::QwenXml, ParseStart::Content, Some(&t));

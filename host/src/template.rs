@@ -619,6 +619,43 @@ mod tests {
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 
+    /// Tools as clients send them (openai-agents and pydantic-ai mark every tool `strict`) reach
+    /// each fixture template as the template expects them: the name, description and every
+    /// parameter shown, and no `strict`.
+    #[test]
+    fn every_fixture_template_gets_tools_without_transport_keys() {
+        let sent = json!([{"type": "function", "function": {"name": "get_weather", "strict": true,
+            "description": "Weather in a city", "parameters": {"type": "object", "additionalProperties": false,
+            "properties": {"city": {"type": "string", "description": "The city"}}, "required": ["city"]}}}]);
+        let rc = crate::constraint::RequestConstraints::from_openai(Some(&sent), None, None, None).unwrap();
+        let dir = fixtures_dir().join("templates");
+        let mut failures = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let source = std::fs::read_to_string(&path).unwrap();
+            if path.extension().and_then(|e| e.to_str()) != Some("jinja") || !source.contains("tools") {
+                continue;
+            }
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let mut inp = input(vec![user("Weather in Paris?")]);
+            inp.tools = rc.parser_tools().map(<[serde_json::Value]>::to_vec);
+            match ChatTemplate::new(source).and_then(|t| t.render(&inp)) {
+                Ok(out) => {
+                    for shown in ["get_weather", "Weather in a city", "city"] {
+                        if !out.contains(shown) {
+                            failures.push(format!("{name}: {shown:?} missing"));
+                        }
+                    }
+                    if out.contains("strict") {
+                        failures.push(format!("{name}: shows `strict`"));
+                    }
+                }
+                Err(e) => failures.push(format!("{name}: {e}")),
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     #[test]
     fn generation_tags_render_their_body() {
         let t = ChatTemplate::new("a\n{%- generation -%}\n  b  \n{%- endgeneration %}\nc").unwrap();

@@ -72,7 +72,12 @@ impl Format for MiniCpmXml {
     /// Text that holds no opener, or that ends lazily at the first opener (with it), then calls.
     fn text_then_calls(&self, g: &mut Lark, _calls: &str, plan: &Plan) -> String {
         g.rule(&format!("lead_text[suffix={}]", lit(M_FUNCTION)), "/(?s:.*)/");
-        let more = if plan.parallel { " (\"\\n\" call)*" } else { "" };
+        // As in `repeated`: the turn may end after the newline that follows any call.
+        let more = if plan.parallel {
+            " (\"\\n\" call)* \"\\n\"?"
+        } else {
+            ""
+        };
         let text = self.text_grammar(g);
         format!("({text} | lead_text call_body{more})")
     }

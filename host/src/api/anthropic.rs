@@ -40,6 +40,8 @@ const MESSAGE_FIELDS: &[&str] = &[
     "stream",
     "service_tier",
     "cache_control",
+    "output_config",
+    "output_format",
 ];
 
 /// The top-level fields of a token-counting request.
@@ -51,6 +53,8 @@ const COUNT_FIELDS: &[&str] = &[
     "tool_choice",
     "thinking",
     "cache_control",
+    "output_config",
+    "output_format",
 ];
 
 /// The most stop sequences a request may carry.
@@ -74,6 +78,9 @@ pub(crate) struct Converted {
     pub parallel_tool_calls: Option<Value>,
     /// Template variables (`enable_thinking` from `thinking`).
     pub extra: Map<String, Value>,
+    /// The OpenAI `response_format` that `output_config.format` (or the beta's top-level
+    /// `output_format`) maps to.
+    pub response_format: Option<Value>,
 }
 
 impl Converted {
@@ -83,16 +90,18 @@ impl Converted {
             self.tools.as_ref(),
             self.tool_choice.as_ref(),
             self.parallel_tool_calls.as_ref(),
-            None,
+            self.response_format.as_ref(),
         )
         .map_err(anthropic_param)
     }
 }
 
-/// A constraint error named with Anthropic's field names (`input_schema`, `name`).
+/// A constraint error named with Anthropic's field names (`input_schema`, `name`,
+/// `output_config.format.schema`).
 fn anthropic_param(e: ParamError) -> ApiError {
     let param = e
         .param
+        .replace("response_format.json_schema", "output_config.format")
         .replace(".function.parameters", ".input_schema")
         .replace(".function.name", ".name")
         .replace(".function", "");
@@ -418,6 +427,7 @@ pub(crate) fn convert(f: &Fields<'_>, max_tokens: Option<i64>) -> Result<Convert
         tool_choice: None,
         parallel_tool_calls: None,
         extra: Map::new(),
+        response_format: output_format(f)?,
     };
     if let Some(system) = f.raw("system") {
         let text = text_of(system, "system")?;
@@ -528,6 +538,63 @@ pub(crate) fn convert(f: &Fields<'_>, max_tokens: Option<i64>) -> Result<Convert
         }
     }
     Ok(out)
+}
+
+/// Structured output: `output_config.format` (what the `anthropic` SDK's `messages.parse` sends),
+/// or the structured-outputs beta's top-level `output_format`, both `{"type": "json_schema",
+/// "schema": {...}}`, as the OpenAI `response_format` the constraint reads.
+/// `output_config.effort` is accepted (one of Anthropic's levels) and changes nothing here.
+fn output_format(f: &Fields<'_>) -> Result<Option<Value>, ApiError> {
+    let config = f.object("output_config")?;
+    let beta = f.object("output_format")?;
+    if config.is_some_and(|c| c.contains_key("format")) && beta.is_some() {
+        return Err(bad(
+            "output_format",
+            "give the format in 'output_config.format' or in 'output_format', not both",
+        ));
+    }
+    let (format, place) = match config {
+        Some(config) => {
+            let cf = Fields::new(config, "output_config.");
+            cf.only(&["format", "effort"])?;
+            if let Some(e) = cf.str("effort")? {
+                if !["low", "medium", "high", "xhigh", "max"].contains(&e) {
+                    return Err(bad(
+                        "output_config.effort",
+                        format!("'{e}' is not one of low, medium, high, xhigh, max"),
+                    ));
+                }
+            }
+            (cf.object("format")?.or(beta), "output_config.format")
+        }
+        None => (beta, "output_format"),
+    };
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    let prefix = format!("{place}.");
+    let ff = Fields::new(format, &prefix);
+    ff.only(&["type", "schema"])?;
+    match ff.str("type")? {
+        Some("json_schema") => {}
+        Some(t) => return Err(bad(&format!("{place}.type"), format!("'{t}' is not json_schema"))),
+        None => {
+            return Err(bad(
+                &format!("{place}.type"),
+                format!("'{place}.type' is required"),
+            ))
+        }
+    }
+    let schema = ff.object("schema")?.ok_or_else(|| {
+        bad(
+            &format!("{place}.schema"),
+            format!("'{place}.schema' is required"),
+        )
+    })?;
+    Ok(Some(json!({
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": true},
+    })))
 }
 
 /// Sampling and stopping: `temperature` (0..1), `top_p`, `top_k`, `stop_sequences`, `max_tokens`.

@@ -71,6 +71,12 @@ pub struct ChatCompletionRequest {
     pub metadata: Option<IgnoredAny>,
     /// Accepted and ignored.
     pub service_tier: Option<IgnoredAny>,
+    /// A prompt-cache routing key: accepted and ignored (prefix reuse is automatic here).
+    pub prompt_cache_key: Option<String>,
+    /// How long a cached prompt is kept (`in_memory`, `24h`): accepted and ignored.
+    pub prompt_cache_retention: Option<String>,
+    /// A stable id of the end user for abuse monitoring: accepted and ignored.
+    pub safety_identifier: Option<String>,
     /// Output modalities: only `["text"]` is served.
     pub modalities: Option<Vec<String>>,
     /// Accepted and ignored (the server's keep-alive applies).
@@ -1129,6 +1135,15 @@ mod tests {
         .unwrap();
         assert_eq!(ok.request.model.as_deref(), Some("m"));
         assert_eq!(ok.request.max_tokens, Some(crate::api::body::Int(10)));
+        // What the openai SDKs pass through for prompt caching and abuse monitoring: accepted
+        // like `store` and `metadata`, since none of them changes the answer.
+        let cache = format!(
+            r#"{{"model": "m", "messages": [{user}], "prompt_cache_key": "k", "safety_identifier": "u1",
+                "prompt_cache_retention": "24h", "store": false, "metadata": {{"a": "b"}}}}"#
+        );
+        assert!(check_body::<ChatCompletionRequest>(cache.as_bytes()).is_ok());
+        let bad = format!(r#"{{"model": "m", "messages": [{user}], "prompt_cache_key": 7}}"#);
+        assert_eq!(error(&bad), (400, "prompt_cache_key".to_string()));
     }
 
     #[test]
@@ -1166,6 +1181,9 @@ mod tests {
             "store",
             "metadata",
             "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "safety_identifier",
             "modalities",
             "keep_alive",
             "verbosity",

@@ -54,6 +54,7 @@ const RESPONSE_FIELDS: &[&str] = &[
     "background",
     "prompt_cache_key",
     "safety_identifier",
+    "prompt_cache_retention",
     "max_tool_calls",
     "top_logprobs",
 ];
@@ -80,6 +81,33 @@ pub(crate) fn input_items(input: Option<&Value>) -> Result<Vec<Value>, ApiError>
             "'input' must be a string or an array of input items",
         )),
     }
+}
+
+/// Replaces each `item_reference` input item with the stored item it names (`lookup`: an item
+/// of a stored response by id); an id nothing stored holds is a 400 naming the item.
+pub(crate) fn resolve_references(
+    items: Vec<Value>,
+    lookup: impl Fn(&str) -> Option<Value>,
+) -> Result<Vec<Value>, ApiError> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            if item.get("type").and_then(Value::as_str) != Some("item_reference") {
+                return Ok(item);
+            }
+            let place = format!("input[{i}].id");
+            match item.get("id") {
+                Some(Value::String(id)) => lookup(id).ok_or_else(|| {
+                    bad(
+                        &place,
+                        format!("Item with id '{id}' not found (items of stored responses can be referenced while the response is kept)."),
+                    )
+                }),
+                _ => Err(bad(&place, format!("'{place}' must be a string"))),
+            }
+        })
+        .collect()
 }
 
 fn bad(place: &str, message: impl Into<String>) -> ApiError {
@@ -337,10 +365,8 @@ pub(crate) fn to_chat(
                 reasoning = Some(before + &text);
             }
             "item_reference" => {
-                return Err(bad(
-                    &place,
-                    format!("{place}: 'item_reference' items are not supported; send the item itself or use 'previous_response_id'"),
-                ))
+                // resolve_references replaced every reference the request held.
+                return Err(bad(&place, format!("{place}: unresolved 'item_reference'")));
             }
             other => {
                 return Err(bad(
@@ -821,7 +847,7 @@ async fn prepare(st: &Shared, id: &str, obj: &Map<String, Value>) -> Result<Prep
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(ApiError::param("instructions", "'instructions' must be a string")),
     };
-    let new_items = input_items(f.raw("input"))?;
+    let new_items = resolve_references(input_items(f.raw("input"))?, |id| st.responses.item(id))?;
     let previous = f.str("previous_response_id")?;
     let mut items = match previous {
         Some(prev) => match st.responses.get(prev) {
@@ -860,7 +886,13 @@ async fn prepare(st: &Shared, id: &str, obj: &Map<String, Value>) -> Result<Prep
     }
     f.object("stream_options")?;
     f.int("max_tool_calls", 0, i64::MAX)?;
-    for key in ["user", "service_tier", "prompt_cache_key", "safety_identifier"] {
+    for key in [
+        "user",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "prompt_cache_retention",
+    ] {
         f.str(key)?;
     }
     let truncation = f.str("truncation")?.unwrap_or("disabled");
@@ -1289,6 +1321,35 @@ mod tests {
                 (StatusCode::BAD_REQUEST, place.to_string()),
                 "{input}"
             );
+        }
+    }
+
+    #[test]
+    fn item_references_become_the_stored_items_they_name() {
+        let stored = json!({"type": "message", "id": "msg_1", "role": "assistant",
+            "content": [{"type": "output_text", "text": "Paris."}]});
+        let lookup = |id: &str| (id == "msg_1").then(|| stored.clone());
+        let input = items(json!([
+            {"role": "user", "content": "Capital of France?"},
+            {"type": "item_reference", "id": "msg_1"},
+            {"role": "user", "content": "And of Spain?"},
+        ]));
+        let resolved = resolve_references(input, lookup).unwrap();
+        assert_eq!(resolved[1], stored);
+        let conv = to_chat(None, &resolved, 0).unwrap();
+        assert_eq!(
+            conv.messages[1],
+            json!({"role": "assistant", "content": "Paris."})
+        );
+        for (input, place) in [
+            (json!([{"type": "item_reference", "id": "msg_2"}]), "input[0].id"),
+            (
+                json!([{"role": "user", "content": "x"}, {"type": "item_reference"}]),
+                "input[1].id",
+            ),
+        ] {
+            let e = resolve_references(items(input), lookup).unwrap_err();
+            assert_eq!(param_of(e), (StatusCode::BAD_REQUEST, place.to_string()));
         }
     }
 

@@ -550,6 +550,50 @@ fn allowed_after(c: &mut SequenceConstraint, text: &str) -> Vec<u32> {
     ids
 }
 
+/// Issue 28: under `required` (Anthropic `any`) and `auto` with parallel calls, a model that
+/// writes the separator after its call must still be able to end the turn; before, the grammar
+/// `call ("\n" call)*` allowed only another call after the newline, so Qwen2.5-Coder called
+/// again until `max_tokens`, or forever without it.
+#[test]
+fn the_end_of_turn_is_reachable_after_every_complete_call() {
+    for s in samples() {
+        let Some(two) = &s.two else { continue };
+        // The formats whose calls are joined by a newline (Gemma 4's are back to back).
+        let joined = format!("{}\n{}", s.weather, s.time);
+        if *two != joined {
+            continue;
+        }
+        let f = factory(s.format, Some(s.reasoning));
+        for choice in [json!("required"), json!("auto")] {
+            let r = req(choice.clone(), true, Value::Null);
+            for out in [
+                s.weather.to_string(),
+                format!("{}\n", s.weather),
+                format!("{two}\n"),
+            ] {
+                let mut c = f
+                    .build(&r, false, ParseStart::Content)
+                    .unwrap()
+                    .expect("a constraint");
+                let after = allowed_after(&mut c, &out);
+                assert!(
+                    stops().iter().all(|id| after.contains(id)),
+                    "{} {choice}: the turn may end after {out:?}",
+                    s.format
+                );
+            }
+            // A call identical to the one before may still follow (see grammar::repeated).
+            assert!(check(
+                &f,
+                &r,
+                false,
+                ParseStart::Content,
+                &format!("{}\n{}", s.weather, s.weather)
+            ));
+        }
+    }
+}
+
 #[test]
 fn a_named_tool_choice_allows_exactly_one_call_then_only_the_end_of_turn() {
     let named = json!({"type": "function", "function": {"name": "get_time"}});

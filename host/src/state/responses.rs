@@ -100,6 +100,19 @@ impl ResponseStore {
         entries.iter().find(|e| e.id == id).map(|e| e.stored.clone())
     }
 
+    /// The item (input or output) with this `id` in any stored, unexpired conversation, newest
+    /// first: what an `item_reference` input item names.
+    pub fn item(&self, id: &str) -> Option<Value> {
+        let mut entries = self.lock();
+        self.expire(&mut entries, Instant::now());
+        entries
+            .iter()
+            .rev()
+            .flat_map(|e| e.stored.conversation.iter().rev())
+            .find(|item| item.get("id").and_then(Value::as_str) == Some(id))
+            .cloned()
+    }
+
     /// Forgets the response stored under `id`; whether there was one.
     pub fn remove(&self, id: &str) -> bool {
         let mut entries = self.lock();
@@ -159,6 +172,26 @@ mod tests {
         assert_eq!(store.len(), 2);
         let a = store.new_id();
         assert!(a.starts_with("resp_") && a != store.new_id());
+    }
+
+    #[test]
+    fn items_are_found_by_id_in_stored_conversations() {
+        let store = ResponseStore::default();
+        let conversation = vec![
+            json!({"type": "message", "role": "user", "content": "hi"}),
+            json!({"type": "message", "id": "msg_1", "role": "assistant", "content": []}),
+        ];
+        store.insert(
+            "resp_1",
+            StoredResponse {
+                response: json!({}),
+                conversation,
+            },
+        );
+        assert_eq!(store.item("msg_1").unwrap()["role"], "assistant");
+        assert!(store.item("msg_2").is_none());
+        store.remove("resp_1");
+        assert!(store.item("msg_1").is_none());
     }
 
     #[test]
