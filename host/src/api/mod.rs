@@ -109,6 +109,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let refusal = Refusal {
+            message: self.message.clone(),
+            param: self.param.clone(),
+            code: self.code,
+        };
         let body = if self.ollama {
             json!({ "error": self.message })
         } else if self.anthropic {
@@ -131,8 +136,21 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from_static("1"));
         }
+        r.extensions_mut().insert(refusal);
         r
     }
+}
+
+/// Why a request was refused, kept on the error response for the server's log line (the client
+/// gets the same in the body).
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    /// The error's message.
+    pub message: String,
+    /// The parameter it names, when there is one.
+    pub param: Option<String>,
+    /// Its machine code, when there is one.
+    pub code: Option<&'static str>,
 }
 
 /// Parses a request body as a JSON object (400 for anything else).

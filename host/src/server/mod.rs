@@ -10,6 +10,7 @@ pub use crate::state::{AppState, RequestId, Shared};
 use crate::api::{self, ApiError};
 use crate::engine::metrics::Metrics;
 use anyhow::{Context, Result};
+use axum::body::HttpBody;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -173,7 +174,8 @@ async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
             } else if path.starts_with("/api/") {
                 e = e.for_ollama();
             }
-            e.into_response()
+            let span = request_span(&id, req.method(), &path);
+            answered(&span, e.into_response(), std::time::Instant::now(), &id).await
         }
         _ => answer(&st, req, next, &path, &id).await,
     };
@@ -190,22 +192,101 @@ async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
 }
 
 /// Runs an admitted request: its id in the logs and the response, its status in the metrics.
+/// The models it gets stay held ([`models::Holds`]) until its response body has been sent or
+/// dropped, so their keep-alive starts when the request ends (a stream included).
 async fn answer(st: &AppState, req: Request, next: Next, path: &str, id: &str) -> Response {
-    let method = req.method().clone();
     let label = route_label(&req);
     let mut req = req;
     req.extensions_mut().insert(RequestId(id.to_string()));
-    let span = tracing::info_span!("request", id = %id, %method, path = %path);
+    let span = request_span(id, req.method(), path);
     let started = std::time::Instant::now();
-    let mut resp = {
+    let holds = models::Holds::default();
+    let resp = {
         let _g = span.enter();
         tracing::debug!("received");
         drop(_g);
-        next.run(req).await
+        holds.scope(next.run(req)).await
     };
+    st.metrics.request(&label, resp.status().as_u16());
+    let resp = answered(&span, resp, started, id).await;
+    // A body of known size is complete: the request has ended. A stream holds its models until
+    // it ends or its client goes away (the body is dropped either way).
+    if holds.is_empty() || resp.body().size_hint().exact().is_some() {
+        return resp;
+    }
+    resp.map(|b| {
+        let held = futures_util::StreamExt::map(b.into_data_stream(), move |chunk| {
+            let _ = &holds;
+            chunk
+        });
+        axum::body::Body::from_stream(held)
+    })
+}
+
+/// The span of one request's log lines: its id (the `x-request-id` the client gets), method
+/// and path.
+fn request_span(id: &str, method: &axum::http::Method, path: &str) -> tracing::Span {
+    tracing::info_span!("request", id = %id, %method, path = %path)
+}
+
+/// Longest refusal reason logged (a longer one is cut).
+const MAX_REASON: usize = 1000;
+
+/// Logs a request's answer (`answered`, with the reason of an error: its message, parameter and
+/// code, never the request body) and gives the response its `x-request-id`.
+async fn answered(
+    span: &tracing::Span,
+    mut resp: Response,
+    started: std::time::Instant,
+    id: &str,
+) -> Response {
     let status = resp.status().as_u16();
-    st.metrics.request(&label, status);
-    tracing::info!(parent: &span, status, ms = started.elapsed().as_millis() as u64, "answered");
+    let ms = started.elapsed().as_millis() as u64;
+    if status >= 400 {
+        let refusal = match resp.extensions().get::<api::Refusal>() {
+            Some(r) => r.clone(),
+            None => {
+                // Not an `ApiError` (an extractor's rejection): its short text body says why.
+                let (parts, body) = resp.into_parts();
+                let small = body.size_hint().exact().is_some_and(|n| n <= MAX_REASON as u64);
+                let (text, body) = if small {
+                    match axum::body::to_bytes(body, MAX_REASON).await {
+                        Ok(b) => (
+                            String::from_utf8_lossy(&b).trim().to_string(),
+                            axum::body::Body::from(b),
+                        ),
+                        Err(_) => (String::new(), axum::body::Body::empty()),
+                    }
+                } else {
+                    (String::new(), body)
+                };
+                resp = Response::from_parts(parts, body);
+                let message = if text.is_empty() {
+                    resp.status().canonical_reason().unwrap_or("refused").to_string()
+                } else {
+                    text
+                };
+                api::Refusal {
+                    message,
+                    param: None,
+                    code: None,
+                }
+            }
+        };
+        let mut reason = refusal.message;
+        if reason.len() > MAX_REASON {
+            let mut cut = MAX_REASON;
+            while !reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            reason.truncate(cut);
+            reason.push_str("...");
+        }
+        tracing::info!(parent: span, status, ms, reason = reason.as_str(), param = refusal.param.as_deref(),
+            code = refusal.code, "answered");
+    } else {
+        tracing::info!(parent: span, status, ms, "answered");
+    }
     if let Ok(v) = HeaderValue::from_str(id) {
         resp.headers_mut().insert("x-request-id", v);
     }

@@ -1,6 +1,12 @@
 //! The models a server holds: loaded on first request, unloaded after their keep-alive, capped
 //! with least-recently-used eviction, and kept in step with the store (a pack imported while the
 //! server runs becomes servable; a removed one is drained, then unloaded).
+//!
+//! Keep-alive counts from the end of the last request on a model, never during one: a request
+//! runs inside [`Holds::scope`] (the server's middleware sets it up), every model it gets is held
+//! in its [`Holds`], and the middleware keeps those until the response body has been sent or
+//! dropped (a streamed answer ends, or its client disconnects). Releasing the last hold on a
+//! model starts its keep-alive.
 
 use crate::chat::Detected;
 use crate::constraint::ConstraintFactory;
@@ -71,40 +77,110 @@ pub struct Model {
 }
 
 struct Usage {
+    /// When the last request on the model started or (once none runs) ended.
     last_used: Instant,
     keep_alive: Option<Duration>,
+    /// Requests holding the model now ([`Holds`]): its keep-alive does not count while any does.
+    in_flight: usize,
 }
 
 impl Model {
     /// Marks a use now; `keep_alive` (when given) replaces the model's keep-alive.
     pub fn touch(&self, keep_alive: Option<Option<Duration>>) {
-        let mut u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let mut u = self.usage();
         u.last_used = Instant::now();
         if let Some(k) = keep_alive {
             u.keep_alive = k;
         }
     }
 
-    /// When the model will be unloaded if unused (`None`: never).
-    pub fn expires_at(&self) -> Option<SystemTime> {
-        let u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
-        u.keep_alive
-            .map(|k| SystemTime::now() + (u.last_used + k).saturating_duration_since(Instant::now()))
+    fn usage(&self) -> std::sync::MutexGuard<'_, Usage> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// When the model will be unloaded if unused (`None`: never); while requests hold it, its
+    /// keep-alive from now (the timer starts when the last of them ends).
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        let u = self.usage();
+        let since = if u.in_flight > 0 {
+            Instant::now()
+        } else {
+            u.last_used
+        };
+        u.keep_alive
+            .map(|k| SystemTime::now() + (since + k).saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether the keep-alive has run out: no request holds the model, and the last one ended
+    /// at least the keep-alive ago.
     fn expired(&self) -> bool {
-        let u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
-        u.keep_alive.is_some_and(|k| u.last_used.elapsed() >= k)
+        let u = self.usage();
+        u.in_flight == 0 && u.keep_alive.is_some_and(|k| u.last_used.elapsed() >= k)
+    }
+
+    /// Requests holding the model now.
+    pub fn in_flight(&self) -> usize {
+        self.usage().in_flight
     }
 
     fn last_used(&self) -> Instant {
-        self.usage.lock().unwrap_or_else(|e| e.into_inner()).last_used
+        self.usage().last_used
     }
 
     /// The BOS / EOS token texts for templates.
     pub fn special_texts(&self) -> (String, String) {
         let t = |id: Option<u32>| id.map(|i| self.tokenizer.token_to_piece(i)).unwrap_or_default();
         (t(self.tokenizer.bos_id()), t(self.tokenizer.eos_id()))
+    }
+}
+
+/// One request's hold on a model: while it lives, the model's keep-alive does not count; dropping
+/// the last hold on a model starts it.
+struct Hold(Arc<Model>);
+
+impl Hold {
+    fn new(model: Arc<Model>) -> Hold {
+        model.usage().in_flight += 1;
+        Hold(model)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut u = self.0.usage();
+        u.in_flight -= 1;
+        u.last_used = Instant::now();
+    }
+}
+
+tokio::task_local! {
+    /// The holds of the request whose handler runs on this task.
+    static HOLDS: Holds;
+}
+
+/// The models one request holds ([`Models::get`] adds each model it hands out while the request
+/// runs inside [`Holds::scope`]); they are released when the last clone of this is dropped.
+#[derive(Clone, Default)]
+pub struct Holds(Arc<Mutex<Vec<Hold>>>);
+
+impl Holds {
+    /// Runs a request's handler so that every model it gets is held by `self`.
+    pub async fn scope<F: std::future::Future>(&self, handler: F) -> F::Output {
+        HOLDS.scope(self.clone(), handler).await
+    }
+
+    /// Whether the request holds any model.
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// Holds `model` for the request running on this task, if it runs inside [`Holds::scope`].
+    fn hold(model: &Arc<Model>) {
+        let _ = HOLDS.try_with(|h| {
+            h.0.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Hold::new(model.clone()))
+        });
     }
 }
 
@@ -205,6 +281,7 @@ impl Models {
             .get(&reference)
         {
             m.touch(keep_alive);
+            Holds::hold(m);
             return Ok(m.clone());
         }
         if !self
@@ -228,15 +305,17 @@ impl Models {
             Err(e) => return Err(ModelError::Failed(format!("loading {reference} panicked: {e}"))),
         };
         model.touch(keep_alive);
+        Holds::hold(&model);
         let evicted = {
             let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
             loaded.insert(reference.clone(), model.clone());
             let mut evicted = Vec::new();
             while loaded.len() > self.cfg.max_loaded.max(1) {
+                // Idle models go first (an evicted model still finishes its running requests).
                 let lru = loaded
                     .values()
                     .filter(|m| m.reference != reference)
-                    .min_by_key(|m| m.last_used())
+                    .min_by_key(|m| (m.in_flight() > 0, m.last_used()))
                     .map(|m| m.reference.clone());
                 match lru.and_then(|r| loaded.remove(&r)) {
                     Some(m) => evicted.push(m),
@@ -319,6 +398,7 @@ impl Models {
             usage: Mutex::new(Usage {
                 last_used: Instant::now(),
                 keep_alive: self.cfg.keep_alive,
+                in_flight: 0,
             }),
         })
     }
