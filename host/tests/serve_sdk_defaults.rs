@@ -40,8 +40,15 @@ fn tokens(text: &str) -> Vec<i32> {
 
 fn tools() -> Value {
     json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
-        "strict": true, "parameters": {"type": "object", "properties": {"location": {"type": "string"}},
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}},
         "required": ["location"], "additionalProperties": false}}}])
+}
+
+/// The same tool as openai-agents and pydantic-ai send it.
+fn strict_tools() -> Value {
+    let mut t = tools();
+    t[0]["function"]["strict"] = true.into();
+    t
 }
 
 fn anthropic_tools() -> Value {
@@ -301,7 +308,7 @@ fn required_and_any_end_the_turn_after_a_call_and_its_newline() {
             },
             "stream {stream}"
         );
-        let flat = json!([{"type": "function", "name": "get_weather", "strict": true,
+        let flat = json!([{"type": "function", "name": "get_weather",
             "parameters": tools()[0]["function"]["parameters"]}]);
         let (r, _) = responses(
             &server,
@@ -327,8 +334,12 @@ fn strict_tools_are_rendered_without_the_strict_key() {
     let (_home, server) = serve();
     let r = openai(
         &server,
-        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools()}),
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": strict_tools()}),
     );
+    assert_eq!(r.text, "Hello.");
+    let flat = json!([{"type": "function", "name": "get_weather", "strict": true,
+        "parameters": tools()[0]["function"]["parameters"]}]);
+    let (r, _) = responses(&server, json!({"model": "m", "input": "hi", "tools": flat}));
     assert_eq!(r.text, "Hello.");
 }
 
