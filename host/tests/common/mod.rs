@@ -105,6 +105,56 @@ pub fn client_python() -> PathBuf {
         .clone()
 }
 
+/// The client libraries of the client matrix (tests/clients/matrix.py), from
+/// scripts/client-deps (installed once per machine under `$BERTH_CACHE/clients`).
+pub struct ClientDeps {
+    /// The python of the main venv (openai, anthropic, ollama, LangChain, LiteLLM, pydantic-ai,
+    /// openai-agents); it also runs the matrix.
+    pub py: PathBuf,
+    /// The python of instructor's own venv.
+    pub instructor: PathBuf,
+    /// The folder whose node_modules holds the JavaScript libraries.
+    pub npm: PathBuf,
+}
+
+/// scripts/client-deps' paths, or `None` after a recorded skip when node/npm are missing or the
+/// libraries cannot be installed (under CI both fail the test instead: CI always has them).
+pub fn client_deps() -> Option<ClientDeps> {
+    use berth_registry::test_skip::skip_unless_ci;
+    for tool in ["node", "npm"] {
+        let found = Command::new(tool).arg("--version").output();
+        if !found.is_ok_and(|o| o.status.success()) {
+            skip_unless_ci(&format!(
+                "no `{tool}` on PATH (the client matrix runs JavaScript clients)"
+            ));
+            return None;
+        }
+    }
+    let out = Command::new(repo_root().join("scripts/client-deps"))
+        .output()
+        .unwrap_or_else(|e| panic!("scripts/client-deps runs: {e}"));
+    if !out.status.success() {
+        skip_unless_ci(&format!(
+            "scripts/client-deps could not install the client libraries: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+        return None;
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("scripts/client-deps printed no {key}=: {stdout}"))
+    };
+    Some(ClientDeps {
+        py: path("py"),
+        instructor: path("instructor"),
+        npm: path("npm"),
+    })
+}
+
 /// Hex sha256 of a file.
 pub fn sha256_file(p: &Path) -> String {
     let bytes = std::fs::read(p).unwrap();
