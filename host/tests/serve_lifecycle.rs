@@ -187,6 +187,61 @@ fn keep_alive_counts_from_the_end_of_the_last_request_never_during_one() {
     );
 }
 
+/// The value of a `/metrics` line.
+fn metric(server: &TestServer, name: &str) -> f64 {
+    let (_, text) = server.http("GET", "/metrics", None);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
+}
+
+/// Requests for a model that another request is loading wait for the load, as Ollama's do, on
+/// every surface. Before, they were a 503 ("is loading; retry shortly"), which Anthropic's
+/// clients read as overloaded and Ollama's clients never retry: two first requests to a cold
+/// server, and one failed.
+#[test]
+fn requests_for_a_model_being_loaded_wait_for_the_load() {
+    let _serial = serial();
+    let holder = tempfile::tempdir().unwrap();
+    let hold = holder.path().join("hold");
+    let home = home_with_held_model(&hold);
+    let server = TestServer::start(home.path(), &[]);
+    // The model's creation waits while the hold file exists.
+    std::fs::write(&hold, "").unwrap();
+    let port = server.port;
+    let post = |path: &'static str, body: serde_json::Value| {
+        std::thread::spawn(move || http_request(port, "POST", path, &body.to_string()))
+    };
+    let user = serde_json::json!([{"role": "user", "content": "hi"}]);
+    let first = post(
+        "/v1/chat/completions",
+        serde_json::json!({"model": MODEL, "max_tokens": 8, "messages": user}),
+    );
+    wait_for("the load to start", || {
+        server.http("GET", "/health", None).1.contains("loading")
+    });
+    let waiting = [
+        post(
+            "/api/chat",
+            serde_json::json!({"model": MODEL, "stream": false, "messages": user}),
+        ),
+        post(
+            "/v1/messages",
+            serde_json::json!({"model": MODEL, "max_tokens": 8, "messages": user}),
+        ),
+    ];
+    wait_for("both to wait for the load", || {
+        metric(&server, "berth_requests_waiting_for_load") == 2.0
+    });
+    std::fs::remove_file(&hold).unwrap();
+    for request in std::iter::once(first).chain(waiting) {
+        let (status, body) = request.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("fine"), "{body}");
+    }
+    assert_eq!(metric(&server, "berth_requests_waiting_for_load"), 0.0);
+}
+
 /// A `berth serve --port 0` whose log (stderr, text lines) goes to `log`.
 fn start_logging(home: &Path, log: &Path, extra: &[&str]) -> TestServer {
     let mut child = Command::new(berth_exe())

@@ -13,8 +13,8 @@ Outcomes: PASS; MODEL (the protocol worked, the 0.5B model's answer was wrong); 
 status, a wrong shape, a library exception, an empty reply, a hang); N/A (no such feature). Every
 request has a timeout (--timeout, default 120 s) and every scenario a hard deadline (1.5 times
 that): a hang is a FAIL and the process is killed, never a stuck run. Exits 1 on any FAIL.
-`--markdown` writes the book's "works with" page from the table. One request loads the model first
-(a request that arrives while a model loads is a 503 with Retry-After, and no scenario retries).
+`--markdown` writes the book's "works with" page from the table. The libraries start on a cold
+server together: their first requests wait for the one model load, as Ollama's clients expect.
 """
 
 import argparse
@@ -28,8 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -69,24 +67,6 @@ def client_deps():
     """{py, instructor, npm} from scripts/client-deps (installs on first use)."""
     out = subprocess.run([str(ROOT / "scripts/client-deps")], check=True, capture_output=True, text=True)
     return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
-
-
-def warm_up(base, model, timeout):
-    """Loads the model before the libraries start: requests that arrive while a model loads get
-    503 + Retry-After (the scenarios retry nothing), which would make the table depend on timing."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
-    deadline = time.monotonic() + timeout
-    while True:
-        req = urllib.request.Request(
-            f"{base}/v1/chat/completions", body.encode(), {"content-type": "application/json"}
-        )
-        try:
-            urllib.request.urlopen(req, timeout=timeout).read()
-            return
-        except urllib.error.HTTPError as e:
-            if e.code != 503 or time.monotonic() > deadline:
-                raise SystemExit(f"warm-up request failed: {e.code} {e.read()[:300]!r}")
-            time.sleep(1)
 
 
 class Run:
@@ -275,7 +255,6 @@ def main():
     logs = Path(args.logs or tempfile.mkdtemp(prefix="berth-clients-"))
     logs.mkdir(parents=True, exist_ok=True)
 
-    warm_up(args.base.rstrip("/"), args.model, args.timeout)
     start = time.monotonic()
 
     def one(lib):

@@ -86,7 +86,8 @@ pub(crate) fn constraint_for(
     }
 }
 
-/// The loaded model named by the request (404 unknown, 503 loading).
+/// The loaded model named by the request (404 unknown; a model another request is loading is
+/// waited for).
 pub(crate) async fn model_for(
     st: &Shared,
     name: &str,
@@ -95,10 +96,6 @@ pub(crate) async fn model_for(
     match st.models.get(name, keep_alive).await {
         Ok(m) => Ok(m),
         Err(ModelError::NotFound) => Err(ApiError::model_not_found(name)),
-        Err(ModelError::Loading) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the model '{name}' is loading; retry shortly"),
-        )),
         // A pack that cannot load (no plugin, broken weights) stays broken on retry: a server
         // fault, not "busy" (Anthropic's clients read 503 as overloaded).
         Err(ModelError::Failed(m)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m)),

@@ -32,6 +32,8 @@ pub struct Metrics {
     pub active_sequences: AtomicI64,
     /// Models loaded.
     pub loaded_models: AtomicI64,
+    /// Requests waiting for a model that another request is loading.
+    pub load_waiters: AtomicI64,
     /// Decode steps run.
     pub decode_steps: AtomicU64,
     /// Microseconds spent in plugin decode calls.
@@ -168,6 +170,12 @@ impl Metrics {
             "berth_loaded_models",
             "Models loaded.",
             self.loaded_models.load(Relaxed) as f64,
+        );
+        gauge(
+            &mut o,
+            "berth_requests_waiting_for_load",
+            "Requests waiting for a model another request is loading.",
+            self.load_waiters.load(Relaxed) as f64,
         );
         let h = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
         o.push_str("# HELP berth_time_to_first_token_seconds Time from request to first token.\n# TYPE berth_time_to_first_token_seconds histogram\n");

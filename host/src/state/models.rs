@@ -189,8 +189,6 @@ impl Holds {
 pub enum ModelError {
     /// No such pack (404).
     NotFound,
-    /// It is loading for another request (503).
-    Loading,
     /// It could not be loaded (the message says why).
     Failed(String),
 }
@@ -209,6 +207,9 @@ pub struct Models {
     metrics: Arc<Metrics>,
     loaded: Mutex<HashMap<String, Arc<Model>>>,
     loading: Mutex<HashSet<String>>,
+    /// Woken whenever a load ends (loaded or failed): requests for a model another request is
+    /// loading wait on it, as Ollama's do, instead of being refused.
+    load_ended: tokio::sync::Notify,
     catalog: Mutex<Vec<PackEntry>>,
 }
 
@@ -223,6 +224,7 @@ impl Models {
             metrics,
             loaded: Mutex::new(HashMap::new()),
             loading: Mutex::new(HashSet::new()),
+            load_ended: tokio::sync::Notify::new(),
             catalog: Mutex::new(catalog),
         }
     }
@@ -267,38 +269,65 @@ impl Models {
             .map(|e| e.reference)
     }
 
-    /// The loaded model for `name`, loading it first (on a blocking thread) when needed.
+    /// The loaded model for `name`, loading it first (on a blocking thread) when needed; while
+    /// another request loads it, this one waits for that load to end.
     pub async fn get(
         self: &Arc<Self>,
         name: &str,
         keep_alive: Option<Option<Duration>>,
     ) -> Result<Arc<Model>, ModelError> {
         let reference = self.resolve(name).ok_or(ModelError::NotFound)?;
-        if let Some(m) = self
-            .loaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&reference)
-        {
-            m.touch(keep_alive);
-            Holds::hold(m);
-            return Ok(m.clone());
+        loop {
+            // Registered before the checks, so a load that ends between them still wakes us.
+            let ended = self.load_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(m) = self
+                .loaded
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&reference)
+            {
+                m.touch(keep_alive);
+                Holds::hold(m);
+                return Ok(m.clone());
+            }
+            if self
+                .loading
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(reference.clone())
+            {
+                break;
+            }
+            // Counted while it waits, also when its client leaves meanwhile.
+            struct Waiting<'a>(&'a std::sync::atomic::AtomicI64);
+            impl Drop for Waiting<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Relaxed);
+                }
+            }
+            self.metrics.load_waiters.fetch_add(1, Relaxed);
+            let _waiting = Waiting(&self.metrics.load_waiters);
+            ended.await;
         }
-        if !self
-            .loading
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(reference.clone())
-        {
-            return Err(ModelError::Loading);
+        // Ends the load for the waiters whatever happens below, also when this request is
+        // dropped while it loads (they retry: a failed load is tried again by the first of them).
+        struct LoadEnded<'a>(&'a Models, &'a str);
+        impl Drop for LoadEnded<'_> {
+            fn drop(&mut self) {
+                self.0
+                    .loading
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(self.1);
+                self.0.load_ended.notify_waiters();
+            }
         }
+        let _ended = LoadEnded(self, &reference);
         let me = self.clone();
         let r2 = reference.clone();
         let res = tokio::task::spawn_blocking(move || me.load(&r2)).await;
-        self.loading
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&reference);
         let model = match res {
             Ok(Ok(m)) => Arc::new(m),
             Ok(Err(e)) => return Err(ModelError::Failed(format!("{e:#}"))),
