@@ -1,8 +1,8 @@
 //! `berth serve` under pressure, without timing races: the scripted plugin's `hold_file` holds a
 //! model load or a running decode open for exactly as long as the test needs, and the test waits
 //! on the state it asserts (`/health`, `/metrics`) with deadlines of minutes. A request that
-//! arrives while its model loads gets 503, one past a full queue gets 429, and SIGTERM lets the
-//! running and the queued streams finish before the process exits 0.
+//! arrives while its model loads waits for the load, one past a full queue gets 429, and SIGTERM
+//! lets the running and the queued streams finish before the process exits 0.
 
 mod common;
 
@@ -71,7 +71,7 @@ const TEMPLATE: &str =
     "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}";
 
 #[test]
-fn loading_is_503_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
+fn loading_waits_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
     let holder = tempfile::tempdir().unwrap();
     let hold = holder.path().join("hold");
     let home = home_with_held_model(&hold);
@@ -80,21 +80,27 @@ fn loading_is_503_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
         "messages": [{"role": "user", "content": "hi"}]})
     .to_string();
 
-    // The first request starts the load, which waits on the hold: another request is a 503.
+    // The first request starts the load, which waits on the hold: another request waits for
+    // that load (as Ollama's do), then is answered.
     std::fs::write(&hold, "").unwrap();
     let first = server.stream();
     server.wait_for("the model to be loading", |s| {
         s.http("GET", "/health", None).1.contains("loading")
     });
-    let (status, body) = server.post("/v1/chat/completions", &ask);
-    assert_eq!(status, 503, "{body}");
-    assert!(body.contains("loading"), "{body}");
+    let port = server.port;
+    let body = ask.clone();
+    let second = std::thread::spawn(move || http_request(port, "POST", "/v1/chat/completions", &body));
+    server.wait_for("the second request to wait for the load", |s| {
+        s.metric("berth_requests_waiting_for_load") == 1.0
+    });
     std::fs::remove_file(&hold).unwrap();
     let answer = first.join().unwrap();
     assert!(
         answer.contains("\"finish_reason\":\"stop\"") && answer.contains("data: [DONE]"),
         "{answer}"
     );
+    let (status, body) = second.join().unwrap();
+    assert_eq!(status, 200, "{body}");
 
     // One slot and a queue of one: with the running sequence held, a third request is a 429.
     std::fs::write(&hold, "").unwrap();
