@@ -159,7 +159,7 @@ pub(crate) struct Prepared<T> {
 /// The preamble of every generating handler: the body (axum's rejections in the API's shape),
 /// parsed into its typed request and validated; its model named (400 when not); its decode
 /// options, constraints and template variables; then the model looked up and loaded with its
-/// keep-alive (404 `model_not_found`, 503 while loading). Every 400 comes before the lookup.
+/// keep-alive (404 `model_not_found`; a model another request is loading is waited for). Every 400 comes before the lookup.
 pub(crate) async fn prepare<T: GenerationBody>(
     st: &Shared,
     b: Result<Bytes, BytesRejection>,
