@@ -248,7 +248,8 @@ def check_errors():
         ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
-        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+        # An item_reference naming nothing stored (a known one resolves: serve_sdk_defaults.rs).
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].id"),
         ({"input": [{"role": "wizard", "content": "hi"}]}, "input[0].role"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"input": 7}, "input"),
