@@ -69,6 +69,7 @@ fn openai_and_ollama_clients_chat_stream_call_tools_and_get_typed_errors() {
         "n",
         "toolsemantics",
         "tolerant",
+        "root",
     ] {
         openai_check(&server, check, &[]);
     }

@@ -1,7 +1,7 @@
 """End-to-end checks of `berth serve` with the official `openai` Python package.
 
 Usage: python openai_checks.py BASE_URL MODEL CHECK...   (checks: chat tools usage errors
-concurrency disconnect parse logprobs n toolsemantics
+concurrency disconnect parse logprobs n toolsemantics root
 tolerant [CASES.json]). Each check prints one line `ok CHECK ...` or raises.
 """
 
@@ -499,6 +499,33 @@ def check_tolerant():
     assert finish == "tool_calls" and calls and calls[0][1] == "get_weather", whole
     assert is_json_object(calls[0][2]) and "Tokyo" in calls[0][2], whole
     print("ok tolerant", json.dumps(calls))
+
+
+def check_root():
+    """The OpenAI routes also answer at the server's root (a `base_url` without `/v1`, as
+    llama.cpp's own tests of this package and several editor plugins configure it)."""
+    root = openai.OpenAI(base_url=BASE, api_key="unused", max_retries=0, timeout=300)
+    ids = [m.id for m in root.models.list()]
+    assert MODEL in ids, ids
+    assert root.models.retrieve(MODEL).id == MODEL
+    ask = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    r = root.chat.completions.create(model=MODEL, messages=ask, temperature=0, max_tokens=8)
+    whole = r.choices[0].message.content
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in root.chat.completions.create(
+            model=MODEL, messages=ask, temperature=0, max_tokens=8, stream=True
+        )
+        if c.choices
+    )
+    assert "Paris" in whole and streamed == whole, (whole, streamed)
+    # Errors keep OpenAI's shape at the root too.
+    try:
+        root.chat.completions.create(model="no-such-model", messages=ask)
+        raise AssertionError("an unknown model was accepted")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "model_not_found", e.body
+    print("ok root", json.dumps(whole))
 
 
 for name in sys.argv[3:4]:

@@ -48,15 +48,8 @@ pub fn router(state: Shared, max_body: usize) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .route("/v1/models", get(api::openai::list_models))
-        .route("/v1/models/{*id}", get(api::openai::get_model))
-        .route("/v1/chat/completions", post(api::openai::chat_completions))
-        .route("/v1/completions", post(api::openai::completions))
-        .route("/v1/responses", post(api::responses::create))
-        .route(
-            "/v1/responses/{id}",
-            get(api::responses::retrieve).delete(api::responses::delete),
-        )
+        .merge(openai_routes("/v1"))
+        .merge(openai_routes(""))
         .route("/v1/messages", post(api::anthropic::messages))
         .route("/v1/messages/count_tokens", post(api::anthropic::count_tokens))
         .route("/api/chat", post(api::ollama::chat))
@@ -73,6 +66,25 @@ pub fn router(state: Shared, max_body: usize) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
+}
+
+/// The OpenAI routes under `prefix`: `/v1`, and the root as well, as llama-server serves them,
+/// for clients whose `base_url` is the server's root (llama.cpp's own tests of the `openai`
+/// package, editor plugins). Anthropic's `/v1/messages` and Ollama's `/api/*` have no alias.
+fn openai_routes(prefix: &str) -> Router<Shared> {
+    Router::new()
+        .route(&format!("{prefix}/models"), get(api::openai::list_models))
+        .route(&format!("{prefix}/models/{{*id}}"), get(api::openai::get_model))
+        .route(
+            &format!("{prefix}/chat/completions"),
+            post(api::openai::chat_completions),
+        )
+        .route(&format!("{prefix}/completions"), post(api::openai::completions))
+        .route(&format!("{prefix}/responses"), post(api::responses::create))
+        .route(
+            &format!("{prefix}/responses/{{id}}"),
+            get(api::responses::retrieve).delete(api::responses::delete),
+        )
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
@@ -298,6 +310,7 @@ async fn answered(
 fn route_label(req: &Request) -> String {
     match req.extensions().get::<axum::extract::MatchedPath>() {
         Some(m) if m.as_str().starts_with("/v1/models/") => "/v1/models/{id}".into(),
+        Some(m) if m.as_str().starts_with("/models/") => "/models/{id}".into(),
         Some(m) => m.as_str().to_string(),
         None => "unmatched".into(),
     }
