@@ -28,33 +28,9 @@ const KEEP_ALIVE: Duration = Duration::from_secs(2);
 /// The scripted model.
 const MODEL: &str = "held:latest";
 
-const TEMPLATE: &str =
-    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}";
-
 /// Takes the serial lock even when an earlier test panicked while holding it.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A home with the scripted plugin and [`MODEL`], which answers "fine" and waits in every decode
-/// while `hold` exists.
-fn home_with_held_model(hold: &Path) -> tempfile::TempDir {
-    let home = tempfile::Builder::new()
-        .prefix("berth-lifecycle-")
-        .tempdir()
-        .unwrap();
-    berth_ok(
-        home.path(),
-        None,
-        &["plugins", "install", scripted_library().to_str().unwrap()],
-    );
-    let src = home.path().join("src");
-    let script = serde_json::json!({"stop_tokens": [256], "hold_file": hold,
-        "entries": [{"reply": byte_tokens("fine")}]});
-    write_scripted_pack(&src, "held", "latest", &script);
-    write_byte_tokenizer(&src, &["<|end|>"], Some(TEMPLATE));
-    berth_ok(home.path(), None, &["import", src.to_str().unwrap()]);
-    home
 }
 
 fn chat(content: &str, stream: bool) -> String {
@@ -131,7 +107,7 @@ fn keep_alive_counts_from_the_end_of_the_last_request_never_during_one() {
     let _serial = serial();
     let holder = tempfile::tempdir().unwrap();
     let hold = holder.path().join("hold");
-    let home = home_with_held_model(&hold);
+    let home = home_with_held_model("berth-lifecycle-", &hold);
     let server = TestServer::start(home.path(), &["--keep-alive", "2s"]);
 
     for stream in [false, true] {
@@ -204,7 +180,7 @@ fn requests_for_a_model_being_loaded_wait_for_the_load() {
     let _serial = serial();
     let holder = tempfile::tempdir().unwrap();
     let hold = holder.path().join("hold");
-    let home = home_with_held_model(&hold);
+    let home = home_with_held_model("berth-lifecycle-", &hold);
     let server = TestServer::start(home.path(), &[]);
     // The model's creation waits while the hold file exists.
     std::fs::write(&hold, "").unwrap();
@@ -367,7 +343,7 @@ const API_KEY: &str = "k";
 fn every_refusal_is_logged_with_its_reason_and_the_request_id_the_client_got() {
     let _serial = serial();
     let holder = tempfile::tempdir().unwrap();
-    let home = home_with_held_model(&holder.path().join("hold"));
+    let home = home_with_held_model("berth-lifecycle-", &holder.path().join("hold"));
     let log = holder.path().join("serve.log");
     let server = start_logging(home.path(), &log, &["--api-key", API_KEY, "--max-body", "4000"]);
     const MARKER: &str = "BODY-MARKER-never-logged";

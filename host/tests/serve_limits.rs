@@ -7,7 +7,6 @@
 mod common;
 
 use common::*;
-use std::path::Path;
 use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,34 +46,11 @@ impl Server {
     }
 }
 
-/// A home with the scripted plugin and a pack whose model waits while `hold` exists.
-fn home_with_held_model(hold: &Path) -> tempfile::TempDir {
-    let home = tempfile::Builder::new()
-        .prefix("berth-limits-")
-        .tempdir()
-        .unwrap();
-    berth_ok(
-        home.path(),
-        None,
-        &["plugins", "install", scripted_library().to_str().unwrap()],
-    );
-    let src = home.path().join("src");
-    let script = serde_json::json!({"stop_tokens": [256], "hold_file": hold,
-        "entries": [{"reply": byte_tokens("fine")}]});
-    write_scripted_pack(&src, "held", "latest", &script);
-    write_byte_tokenizer(&src, &["<|end|>"], Some(TEMPLATE));
-    berth_ok(home.path(), None, &["import", src.to_str().unwrap()]);
-    home
-}
-
-const TEMPLATE: &str =
-    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}";
-
 #[test]
 fn loading_waits_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
     let holder = tempfile::tempdir().unwrap();
     let hold = holder.path().join("hold");
-    let home = home_with_held_model(&hold);
+    let home = home_with_held_model("berth-limits-", &hold);
     let mut server = Server::start(home.path(), &["--parallel", "1", "--queue", "1"]);
     let ask = serde_json::json!({"model": MODEL, "max_tokens": 2,
         "messages": [{"role": "user", "content": "hi"}]})

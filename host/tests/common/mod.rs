@@ -366,3 +366,26 @@ pub fn import_rewind_model(
     berth_ok(home, None, &["import", src.to_str().unwrap()]);
     log
 }
+
+/// A chat template that writes each message as `role: content`.
+pub const PLAIN_TEMPLATE: &str =
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}";
+
+/// A fresh Berth home (`prefix` names its temp dir) with the scripted plugin and the pack
+/// `held:latest`, whose model answers "fine" and waits (at creation and in every decode) while
+/// `hold` exists.
+pub fn home_with_held_model(prefix: &str, hold: &Path) -> tempfile::TempDir {
+    let home = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    berth_ok(
+        home.path(),
+        None,
+        &["plugins", "install", scripted_library().to_str().unwrap()],
+    );
+    let src = home.path().join("src");
+    let script = serde_json::json!({"stop_tokens": [256], "hold_file": hold,
+        "entries": [{"reply": byte_tokens("fine")}]});
+    write_scripted_pack(&src, "held", "latest", &script);
+    write_byte_tokenizer(&src, &["<|end|>"], Some(PLAIN_TEMPLATE));
+    berth_ok(home.path(), None, &["import", src.to_str().unwrap()]);
+    home
+}
