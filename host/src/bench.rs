@@ -111,6 +111,17 @@ pub fn load_pack_from(
     reference: &str,
     threads: u32,
 ) -> Result<LoadedModel> {
+    load_pack_for(plugins, store, reference, |c| c.threads = Some(threads))
+}
+
+/// Loads one pack with one sequence through the best plugin in `plugins`, after `configure` has
+/// adjusted its load config (threads, context, load options).
+pub fn load_pack_for(
+    plugins: &PluginSet,
+    store: &Store,
+    reference: &str,
+    configure: impl FnOnce(&mut berth_plugin_api::LoadConfig),
+) -> Result<LoadedModel> {
     let entry = store.get(reference)?;
     let m = entry
         .manifest
@@ -120,8 +131,8 @@ pub fn load_pack_from(
         .best_for(&packs::probe_config(m))
         .ok_or_else(|| anyhow!("no installed plugin serves {}", entry.reference))?;
     let mut config = packs::load_config(&entry, m);
-    config.threads = Some(threads);
     config.max_sequences = Some(1);
+    configure(&mut config);
     Ok(LoadedModel::load(plugin.clone(), &config)?)
 }
 

@@ -166,6 +166,39 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Perplexity of a text, and KL divergence against a base run, as llama-perplexity measures them.
+    Perplexity {
+        /// Pack reference.
+        name: String,
+        /// The text to score (read as UTF-8; not needed with --kl-divergence).
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: Option<std::path::PathBuf>,
+        /// Tokens per window; the second half of each window is scored.
+        #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+        context: usize,
+        /// Score at most this many windows (default: all the text holds).
+        #[arg(long)]
+        chunks: Option<usize>,
+        /// Compute threads (default: the plugin's choice).
+        #[arg(short = 't', long)]
+        threads: Option<u32>,
+        /// Write the scored distributions to FILE in llama.cpp's base-file format, or with
+        /// --kl-divergence read them from it.
+        #[arg(long = "kl-divergence-base", value_name = "FILE")]
+        kl_divergence_base: Option<std::path::PathBuf>,
+        /// Compare with the base file's distributions (KLD, same top token, Δp).
+        #[arg(long = "kl-divergence", requires = "kl_divergence_base")]
+        kl_divergence: bool,
+        /// Run with every weight dequantised to f32 and f32 activations (the reference).
+        #[arg(long)]
+        dequantize: bool,
+        /// Kernel set to run (sets BERTH_KERNELS): scalar, avx2 or avx512.
+        #[arg(long, value_parser = ["scalar", "avx2", "avx512"])]
+        kernels: Option<String>,
+        /// Print the figures as JSON on stdout instead of llama.cpp's lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Copy a pack under a new reference (files are hard-linked).
     Cp {
         /// Source reference.
@@ -345,6 +378,38 @@ pub fn run(cli: Cli) -> Result<()> {
                 threads,
             };
             crate::run::run(&store, &home, &name, prompt, opts)
+        }
+        Command::Perplexity {
+            name,
+            file,
+            context,
+            chunks,
+            threads,
+            kl_divergence_base,
+            kl_divergence,
+            dequantize,
+            kernels,
+            json,
+        } => {
+            if let Some(k) = kernels {
+                // Read once by the kernels at the plugin's first use, which is after this.
+                std::env::set_var("BERTH_KERNELS", k);
+            }
+            let opts = crate::perplexity::PerplexityOptions {
+                file,
+                context,
+                chunks,
+                threads,
+                dequantize,
+                base_file: kl_divergence_base,
+                kl_divergence,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            let report = crate::perplexity::perplexity(&store, &home, &name, &opts, json)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+            Ok(())
         }
         Command::Bench {
             names,

@@ -16,6 +16,7 @@ pub mod image;
 pub mod inspect;
 pub mod models;
 pub mod packs;
+pub mod perplexity;
 pub mod plugins;
 pub mod pull;
 pub mod run;

@@ -158,6 +158,77 @@ fn need(w: &Weights, id: TensorId, flag: bool) -> Result<Option<Vec<f32>>, Plugi
 }
 
 impl DecoderWeights {
+    /// Converts every projection matrix (embedding, head, attention, short convolution, gated
+    /// delta-net, dense and expert feed-forwards, routers) to f32, so a run multiplies f32 weights
+    /// by f32 activations: the load option `dequantize`, the reference a quantised run's KL
+    /// divergence is measured against. A tied head stays one matrix.
+    pub fn dequantize(&mut self) {
+        let tied = self.output.bytes().as_ptr() == self.embed.bytes().as_ptr();
+        self.embed = self.embed.to_f32();
+        self.output = if tied {
+            self.embed.clone()
+        } else {
+            self.output.to_f32()
+        };
+        let ffn = |f: &mut GatedFfn| {
+            for m in [&mut f.gate, &mut f.up, &mut f.down] {
+                *m = m.to_f32();
+            }
+        };
+        for l in &mut self.layers {
+            match &mut l.mixer {
+                Mixer::Attention(a) => {
+                    a.wq = a.wq.to_f32();
+                    a.wo = a.wo.to_f32();
+                    if let KvSource::Own { wk, wv, .. } = &mut a.kv {
+                        *wk = wk.to_f32();
+                        if let Some(v) = wv {
+                            *v = v.to_f32();
+                        }
+                    }
+                }
+                Mixer::ShortConv(c) => {
+                    c.in_proj = c.in_proj.to_f32();
+                    c.out_proj = c.out_proj.to_f32();
+                }
+                Mixer::GatedDeltaNet(d) => {
+                    for m in [
+                        &mut d.in_qkv,
+                        &mut d.in_z,
+                        &mut d.in_b,
+                        &mut d.in_a,
+                        &mut d.out_proj,
+                    ] {
+                        *m = m.to_f32();
+                    }
+                }
+            }
+            match &mut l.ffn {
+                Ffn::Dense(f) => ffn(f),
+                Ffn::Moe {
+                    router,
+                    experts,
+                    shared,
+                    ..
+                } => {
+                    *router = router.to_f32();
+                    experts.iter_mut().for_each(ffn);
+                    if let Some(s) = shared {
+                        ffn(&mut s.ffn);
+                        if let Some(g) = &mut s.gate {
+                            *g = g.to_f32();
+                        }
+                    }
+                }
+                Ffn::DenseMoe(d) => {
+                    ffn(&mut d.dense);
+                    d.router = d.router.to_f32();
+                    d.experts.iter_mut().for_each(ffn);
+                }
+            }
+        }
+    }
+
     /// Loads the standard decoder tensors named by [`TensorId`]s, honouring the config's switches.
     pub fn load(w: &Weights, cfg: &DecoderConfig) -> Result<DecoderWeights, PluginError> {
         let embed = w.matrix(&TensorId::global(Role::TokenEmbd))?;

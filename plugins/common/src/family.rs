@@ -4,6 +4,7 @@
 //! mapping and the weight map and hands a [`Loaded`] to [`DecoderModel::new`].
 
 use crate::decoder::{Decoder, DecoderConfig, DecoderWeights, GatedFfn};
+use crate::layers::Activation;
 use crate::linear::resolve_threads;
 use crate::ops::Yarn;
 use crate::weights::{GgufFile, WeightFormat, Weights};
@@ -544,14 +545,25 @@ impl DecoderModel {
         let max_seqs = config.max_sequences.filter(|&m| m > 0).unwrap_or(16);
         let threads = resolve_threads(config.threads);
         let mut cfg = l.cfg;
+        let mut weights = l.weights;
+        if config.options.get("dequantize").and_then(Value::as_bool) == Some(true) {
+            // A reference run: f32 weights and activations, and none of llama.cpp's f16 steps
+            // emulated (f16 KV cache, f16 GELU, f32-only RoPE tables).
+            weights.dequantize();
+            cfg.kv_f16 = false;
+            cfg.rope_f32 = false;
+            if cfg.activation == Activation::GeluTanhF16 {
+                cfg.activation = Activation::GeluTanh;
+            }
+        }
         if let Some(n) = config.options.get("snapshots").and_then(Value::as_u64) {
             cfg.max_snapshots = n as usize;
         }
         if let Some(n) = config.options.get("snapshot_every").and_then(Value::as_u64) {
             cfg.snapshot_every = (n as usize).max(1);
         }
-        let vocab = l.weights.output.rows as u32;
-        let decoder = Decoder::new(cfg, l.weights, max_seqs as usize, context as usize, threads);
+        let vocab = weights.output.rows as u32;
+        let decoder = Decoder::new(cfg, weights, max_seqs as usize, context as usize, threads);
         let description = ModelDescription {
             vocab_size: vocab,
             context_length: context,

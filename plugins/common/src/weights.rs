@@ -99,6 +99,18 @@ impl Matrix {
         Matrix::new(Arc::new(bytes), 0, WeightType::F32, rows, cols).expect("sized above")
     }
 
+    /// An owned f32 copy of this matrix (every row dequantised), for reference runs.
+    pub fn to_f32(&self) -> Matrix {
+        if self.wtype == WeightType::F32 {
+            return self.clone();
+        }
+        let mut data = vec![0.0; self.rows * self.cols];
+        for (r, row) in data.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(r, row);
+        }
+        Matrix::from_f32(self.rows, self.cols, &data)
+    }
+
     /// The raw bytes of all rows.
     pub fn bytes(&self) -> &[u8] {
         &self.source.bytes()[self.start..self.start + self.len]

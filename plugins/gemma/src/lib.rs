@@ -12,8 +12,7 @@ use berth_plugin_common::family::{
     bad, chat_template, hf_config, model_type, template_has_tools, HfConfig, Loaded, Specials,
 };
 use berth_plugin_common::{
-    Activation, DecoderConfig, DecoderModel, DecoderWeights, Ffn, HfNames, KvSource, Matrix, Role, TensorId,
-    Weights,
+    Activation, DecoderConfig, DecoderModel, DecoderWeights, HfNames, Role, TensorId, Weights,
 };
 use serde_json::Value;
 
@@ -83,7 +82,6 @@ berth_plugin_common::decoder_family!(
     knows: |a| Variant::from_arch(a).is_some(),
     gguf: load_gguf,
     safetensors: load_safetensors,
-    adjust: apply_load_options,
 );
 
 /// `x` rounded to the precision of a weight type (transformers casts the embedding scale to the
@@ -100,54 +98,6 @@ pub fn round_to_dtype(x: f32, wtype: WeightType) -> f32 {
     let odd = (bits >> drop) & 1;
     let rounded = bits.wrapping_add(half - 1 + odd) & !((1u32 << drop) - 1);
     f32::from_bits(rounded)
-}
-
-/// An f32 copy of a matrix.
-fn to_f32(m: &Matrix) -> Matrix {
-    let mut data = vec![0.0; m.rows * m.cols];
-    for (r, row) in data.chunks_exact_mut(m.cols).enumerate() {
-        m.dequantize_row(r, row);
-    }
-    Matrix::from_f32(m.rows, m.cols, &data)
-}
-
-/// Load option `dequantize`: an f32 reference run, with f32 weights and no emulation of
-/// llama.cpp's f16 steps.
-fn apply_load_options(loaded: &mut Loaded, config: &LoadConfig) {
-    if config.options.get("dequantize").and_then(Value::as_bool) == Some(true) {
-        dequantize(&mut loaded.weights);
-        let cfg = &mut loaded.cfg;
-        cfg.kv_f16 = false;
-        cfg.rope_f32 = false;
-        if cfg.activation == Activation::GeluTanhF16 {
-            cfg.activation = Activation::GeluTanh;
-        }
-    }
-}
-
-/// Converts the embedding, attention and dense FFN matrices to f32 (load option `dequantize`:
-/// reference comparisons without quantised activations).
-fn dequantize(w: &mut DecoderWeights) {
-    w.embed = to_f32(&w.embed);
-    w.output = to_f32(&w.output);
-    for l in &mut w.layers {
-        if let Some(a) = l.mixer.attention_mut() {
-            for m in [&mut a.wq, &mut a.wo] {
-                *m = to_f32(m);
-            }
-            if let KvSource::Own { wk, wv, .. } = &mut a.kv {
-                *wk = to_f32(wk);
-                if let Some(v) = wv {
-                    *v = to_f32(v);
-                }
-            }
-        }
-        if let Ffn::Dense(f) = &mut l.ffn {
-            for m in [&mut f.gate, &mut f.up, &mut f.down] {
-                *m = to_f32(m);
-            }
-        }
-    }
 }
 
 /// Sets the Gemma 3 switches shared by both file formats.
