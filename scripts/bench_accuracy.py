@@ -64,8 +64,9 @@ def llama_run(args, gguf, base, text=None, write=False):
     out, err = sh(cmd)
     log = out + err
     row = {}
-    tps = number(r"prompt eval time =.*?([\d.]+) tokens per second", log)
-    row["tps"] = tps
+    # llama-perplexity prints only the first window's time ("N seconds per pass"), scoring included.
+    per_pass = number(r"([\d.]+) seconds per pass", log)
+    row["tps"] = args.ctx / per_pass if per_pass else None
     if write:
         row["ppl"] = number(r"Final estimate: PPL = ([\d.]+)", log)
         row["ppl_err"] = number(r"Final estimate: PPL = [\d.]+ \+/- ([\d.]+)", log)
@@ -76,6 +77,9 @@ def llama_run(args, gguf, base, text=None, write=False):
     sm = re.search(r"Same top p:\s*([\d.]+) ± +([\d.]+) %", log)
     if not (pm and km and rm and sm):
         sys.exit(f"bench-accuracy: could not read llama-perplexity's statistics:\n{log[-3000:]}")
+    lr = re.search(r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*([-\d.]+) ± +([\d.]+)", log)
+    if lr:
+        row.update(ln_ratio=float(lr.group(1)), ln_ratio_err=float(lr.group(2)))
     row.update(ppl=float(pm.group(1)), ppl_err=float(pm.group(2)), kld=float(km.group(1)),
                kld_err=float(km.group(2)), kld_p99=number(r"^99\.0%\s+KLD:\s*([\d.]+)", log),
                kld_max=number(r"^Maximum KLD:\s*([\d.]+)", log), rms_dp=float(rm.group(1)),
@@ -93,6 +97,47 @@ def fmt(row, key, err=None, digits=4):
     return s
 
 
+def slice_fixture(args, path):
+    """Measures the CI check's slice (the prose text, the first `--chunks` windows) for both
+    models and writes the reference figures host/tests/perplexity_real.rs holds Berth to."""
+    text = dict(line.split(maxsplit=1) for line in args.texts.strip().splitlines())["prose"]
+    out = {"generator": f"scripts/bench-accuracy -s {path} -c {args.ctx} -n {args.chunks}",
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+           "cpu": cpu_line(), "text": os.path.basename(text), "context": args.ctx, "chunks": args.chunks,
+           "bounds": "f32_ppl_bound: the f32 run's ln PPL may move by 0.001 (float summation order "
+                     "between kernel sets; the logits hold 1e-3 to transformers). ppl_bound: the default "
+                     "kernels' ln PPL may move by llama.cpp's printed uncertainty of ln(PPL(Q)/PPL(base)) on "
+                     "this slice (a smaller move is within what the slice can tell apart). KLD: at most "
+                     "llama.cpp's mean KLD from the same kind of f32 base plus both printed uncertainties.",
+           "models": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in MODELS:
+            base = os.path.join(tmp, "base.bin")
+            f32 = berth_run(args, model, ["-f", text, "--dequantize", "--kl-divergence-base", base])
+            ours = berth_run(args, model, ["--kl-divergence", "--kl-divergence-base", base])
+            peer = llama_run(args, gguf_of(args.berth, model), base)
+            out["tokens_scored"] = ours["tokens"]
+            out["models"][model] = {
+                "f32_ppl": f32["ppl"], "f32_ppl_bound": 0.001, "ppl": ours["ppl"],
+                "ppl_bound": peer["ln_ratio_err"], "berth_kld": ours["kld"], "berth_kld_error": ours["kld_err"],
+                "berth_same_top_pct": ours["same_top"], "llama_cpp_ppl": peer["ppl"], "llama_cpp_kld": peer["kld"],
+                "llama_cpp_kld_error": peer["kld_err"], "llama_cpp_same_top_pct": peer["same_top"],
+                "llama_cpp_same_top_error_pct": peer["same_top_err"]}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print(json.dumps(out, indent=1))
+
+
+def cpu_line():
+    cpu = open("/proc/cpuinfo").read()
+    m = re.search(r"^model name\s*:\s*(.*)$", cpu, re.M)
+    flags = set(re.search(r"^flags\s*:\s*(.*)$", cpu, re.M).group(1).split())
+    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
+    return f"{m.group(1) if m else '?'}; {' '.join(simd)}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--berth", required=True)
@@ -102,7 +147,12 @@ def main():
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/bench")
+    ap.add_argument("--slice-fixture", default="", help="write the CI check's reference figures here instead")
     args = ap.parse_args()
+    if args.slice_fixture:
+        if not args.llama_perplexity:
+            sys.exit("bench-accuracy: the slice fixture needs llama.cpp (no -L)")
+        return slice_fixture(args, args.slice_fixture)
     texts = [line.split(maxsplit=1) for line in args.texts.strip().splitlines()]
     load_before = open("/proc/loadavg").read().split()[:3]
     cpu = open("/proc/cpuinfo").read()
@@ -151,6 +201,9 @@ def main():
         "to f32 and f32 activations (`berth perplexity --dequantize`), written in llama.cpp's base-file "
         "format and read by both engines. The last row of each block compares Berth's default kernels with "
         "a base file written by llama-perplexity from its own quantised run on the same GGUF.",
+        "tokens/s: Berth's is tokens fed per second of model time over the whole run; llama.cpp's is its "
+        "first window only (`N seconds per pass`, scoring included), the one timing llama-perplexity prints. "
+        "Speed is compared by `scripts/bench`, not here.",
         f"cpu: {cpu_model.group(1) if cpu_model else '?'}; {os.cpu_count()} cores; flags: {' '.join(simd)}; "
         f"load average before {' '.join(load_before)}, after {' '.join(load_after)}.",
     ]

@@ -9,36 +9,10 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 /// A Berth home with both real models imported and the two family plugins installed, shared by
-/// the tests of this file (importing hard-links, so this is cheap after the first fetch).
+/// the tests of this file.
 fn home() -> &'static Path {
     static HOME: OnceLock<PathBuf> = OnceLock::new();
-    HOME.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("berth-run-")
-            .tempdir()
-            .unwrap()
-            .keep();
-        for plugin in ["qwen3", "gemma"] {
-            berth_ok(
-                &dir,
-                None,
-                &["plugins", "install", plugin_library(plugin).to_str().unwrap()],
-            );
-        }
-        let qwen = real_model("qwen2.5-coder-0.5b");
-        let gemma = real_model("gemma3-270m");
-        berth_ok(
-            &dir,
-            None,
-            &["import", qwen.to_str().unwrap(), "--name", "qwen2.5-coder:0.5b"],
-        );
-        berth_ok(
-            &dir,
-            None,
-            &["import", gemma.to_str().unwrap(), "--name", "gemma3:270m"],
-        );
-        dir
-    })
+    HOME.get_or_init(|| real_models_home("berth-run-"))
 }
 
 #[test]

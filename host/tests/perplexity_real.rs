@@ -1,0 +1,116 @@
+//! `berth perplexity` on the real models, as CI's accuracy check: a short slice of the prose
+//! text (scripts/fetch-texts) scored with the default kernels must stay within stated bounds of
+//! the committed reference figures (tests/fixtures/perplexity/slice.json, measured with
+//! `berth perplexity` and llama.cpp's `llama-perplexity` on the same GGUF files and slice), and
+//! the default kernels' KL divergence from the f32 run (`--dequantize`, computed here) must stay
+//! at or under llama.cpp's own against the same kind of base. Accuracy is deterministic for a
+//! kernel set, so nothing here is timed.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn home() -> &'static Path {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    HOME.get_or_init(|| real_models_home("berth-ppl-"))
+}
+
+/// The prose text (The Adventures of Sherlock Holmes), fetched and checksummed by the script.
+fn prose() -> PathBuf {
+    let out = script_stdout("fetch-texts", &[]);
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("prose "))
+        .expect("fetch-texts prints the prose path");
+    PathBuf::from(line)
+}
+
+fn fixture() -> Value {
+    let path = repo_root().join("tests/fixtures/perplexity/slice.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `berth perplexity` with `args`, its JSON report.
+fn perplexity(args: &[&str]) -> Value {
+    let mut all = vec!["perplexity"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = berth_ok(home(), Some(&home_plugins(home())), &all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
+}
+
+/// Scores the slice for one model with its f32 base, then with the default kernels against it,
+/// and checks both against the committed figures.
+fn check_model(model: &str) {
+    let fx = fixture();
+    let want = &fx["models"][model];
+    let (ctx, chunks) = (fx["context"].to_string(), fx["chunks"].to_string());
+    let text = prose();
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.bin");
+    let base = base.to_str().unwrap();
+    let common = ["-c", &ctx, "--chunks", &chunks, "-t", "2"];
+    let mut args = vec![model, "-f", text.to_str().unwrap(), "--dequantize", "--kl-divergence-base", base];
+    args.extend(common);
+    let f32_run = perplexity(&args);
+    let mut args = vec![model, "--kl-divergence", "--kl-divergence-base", base];
+    args.extend(common);
+    let run = perplexity(&args);
+    let kld = &run["kld"];
+    eprintln!(
+        "{model}: PPL {:.4} (f32 {:.4}), mean KLD {:.6} ± {:.6}, same top {:.2} %",
+        f(&run, "ppl"),
+        f(&f32_run, "ppl"),
+        f(kld, "mean"),
+        f(kld, "mean_error"),
+        f(kld, "same_top_pct")
+    );
+    assert_eq!(run["tokens_scored"], fx["tokens_scored"], "the slice changed");
+
+    // The f32 run is the reference the transformers checks hold to 1e-3 in the logits: its PPL
+    // moves only with the text, the tokenizer or the model code.
+    let bound = f(want, "f32_ppl_bound");
+    let (got, reference) = (f(&f32_run, "ppl"), f(want, "f32_ppl"));
+    assert!(
+        (got / reference).ln().abs() <= bound,
+        "{model}: f32 PPL {got} moved from {reference} by more than {bound} in ln"
+    );
+    // The default kernels: PPL within the stated bound of the committed figure, and the KL
+    // divergence from the f32 run no larger than llama.cpp's from the same base on the same GGUF
+    // (within both printed uncertainties).
+    let bound = f(want, "ppl_bound");
+    let (got, reference) = (f(&run, "ppl"), f(want, "ppl"));
+    assert!(
+        (got / reference).ln().abs() <= bound,
+        "{model}: PPL {got} moved from {reference} by more than {bound} in ln"
+    );
+    let limit = f(want, "llama_cpp_kld") + f(want, "llama_cpp_kld_error") + f(kld, "mean_error");
+    assert!(
+        f(kld, "mean") <= limit,
+        "{model}: mean KLD {} from the f32 run is above llama.cpp's {limit}",
+        f(kld, "mean")
+    );
+    let floor = f(want, "llama_cpp_same_top_pct") - f(want, "llama_cpp_same_top_error_pct");
+    assert!(
+        f(kld, "same_top_pct") >= floor,
+        "{model}: same top token {} % under llama.cpp's {floor} %",
+        f(kld, "same_top_pct")
+    );
+}
+
+#[test]
+fn qwen_perplexity_and_kld_hold_their_reference() {
+    check_model("qwen2.5-coder:0.5b");
+}
+
+#[test]
+fn gemma_perplexity_and_kld_hold_their_reference() {
+    check_model("gemma3:270m");
+}
