@@ -57,7 +57,14 @@ fn check_model(model: &str) {
     let base = dir.path().join("base.bin");
     let base = base.to_str().unwrap();
     let common = ["-c", &ctx, "--chunks", &chunks, "-t", "2"];
-    let mut args = vec![model, "-f", text.to_str().unwrap(), "--dequantize", "--kl-divergence-base", base];
+    let mut args = vec![
+        model,
+        "-f",
+        text.to_str().unwrap(),
+        "--dequantize",
+        "--kl-divergence-base",
+        base,
+    ];
     args.extend(common);
     let f32_run = perplexity(&args);
     let mut args = vec![model, "--kl-divergence", "--kl-divergence-base", base];

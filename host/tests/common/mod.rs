@@ -261,7 +261,10 @@ pub fn real_models_home(prefix: &str) -> PathBuf {
             &["plugins", "install", plugin_library(plugin).to_str().unwrap()],
         );
     }
-    for (file, name) in [("qwen2.5-coder-0.5b", "qwen2.5-coder:0.5b"), ("gemma3-270m", "gemma3:270m")] {
+    for (file, name) in [
+        ("qwen2.5-coder-0.5b", "qwen2.5-coder:0.5b"),
+        ("gemma3-270m", "gemma3:270m"),
+    ] {
         let path = real_model(file);
         berth_ok(&dir, None, &["import", path.to_str().unwrap(), "--name", name]);
     }

@@ -203,29 +203,6 @@ fn bounds_from_llama_cpp() -> (f32, f32, usize) {
         .iter()
         .map(|s| s["mean_abs_diff"].as_f64().unwrap() as f32)
         .fold(0.0, f32::max);
-    // That file came from another llama.cpp build than `tests/fixtures/llamacpp` (which this
-    // engine follows closely, see `prompt_logits_match_llama_cpp_closely`): on the
-    // same prompt the two builds' first-step logits differ by up to 0.306 on their shared top
-    // ids. A llama.cpp-exact engine may sit that much further from the reference.
-    let build_a: Vec<i32> = ids(&steps[0]["top10_ids"]);
-    let values_a: Vec<f64> = steps[0]["top10_logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
-    let prompt = ids(&json("reference.json")["prompt_ids"]);
-    let (_, _, top5) = llama_cpp_first_step_top5()
-        .into_iter()
-        .find(|(_, p, _)| *p == prompt)
-        .expect("the llama.cpp fixture has the reference prompt");
-    let spread = top5
-        .iter()
-        .filter_map(|&(t, v)| {
-            let i = build_a.iter().position(|&a| a as usize == t)?;
-            Some((values_a[i] as f32 - v).abs())
-        })
-        .fold(0.0, f32::max);
     // llama.cpp's own top-10 shares 10, 10 and 9 ids with the reference's.
     let llama_overlap = steps
         .iter()
@@ -235,18 +212,12 @@ fn bounds_from_llama_cpp() -> (f32, f32, usize) {
         })
         .min()
         .unwrap();
-    eprintln!(
-        "bounds: llama.cpp max {llama_max:.3} + build spread {spread:.3}, mean {llama_mean:.3}, \
-         top-10 overlap {llama_overlap}"
-    );
-    // The mean gets 2.5 times llama.cpp's: this engine's float order is not ggml's, and Q8
-    // activations turn last-bit rounding into whole quantisation steps that this small model
-    // amplifies. Measured mean 0.20, 0.37 and 0.33 over the steps (the unpacked AVX2 kernels
-    // with every row in single-row order: 0.22, 0.32); a wrong kernel is off by whole logits.
-    // The dequantised check above stays at 1e-3.
-    // And the top 10 may lose one more id at its edge (measured with the AVX2 kernels: 8 at
-    // step 1, where llama.cpp shares 9).
-    (llama_max + spread, llama_mean * 2.5, llama_overlap - 1)
+    eprintln!("bounds: llama.cpp max {llama_max:.3}, mean {llama_mean:.3}, top-10 overlap {llama_overlap}");
+    // No further from transformers than llama.cpp: its largest difference over the three steps
+    // (this engine is measured at 0.77, 0.86, 0.79), its largest mean difference (measured
+    // 0.144, 0.129, 0.132) and its smallest top-10 overlap (measured 9, 9, 10). The
+    // dequantised check stays at 1e-3.
+    (llama_max, llama_mean, llama_overlap)
 }
 
 fn check_reference(dequantize: bool) {
@@ -291,7 +262,8 @@ fn check_reference(dequantize: bool) {
             assert!(max_diff < 1e-3, "step {i}: max|diff| {max_diff}");
             assert_eq!(shared, 10, "step {i}: top-10 overlap {shared}");
         } else {
-            // Q8 activations as llama.cpp's (measured: max 0.82, 1.03, 0.85; mean 0.12-0.17).
+            // Q8 activations as llama.cpp's (measured 2026-12-06: max 0.77, 0.86, 0.79; mean
+            // 0.13-0.14).
             assert!(
                 max_diff <= max_bound,
                 "step {i}: max|diff| {max_diff} > {max_bound} (llama.cpp {llama})"
@@ -350,9 +322,9 @@ fn paris_follows_the_eiffel_tower() {
         .find(|c| ids(&c["prompt_ids"]) == EIFFEL)
         .expect("the llama.cpp fixture has the Eiffel prompt");
     let margins = f64s(&case["step_top1_top2_margin"]);
-    // Every step before llama.cpp's first near-tie must agree (its margin at step 7 is 0.033).
+    // Every step before llama.cpp's first near-tie must agree (the first is at step 17), so all 8.
     let clear = margins.iter().position(|&d| d < NEAR_TIE).unwrap_or(8).min(8);
-    assert!(clear >= 4, "{margins:?}");
+    assert_eq!(clear, 8, "{margins:?}");
     assert_eq!(out[..clear], ids(&case["generated_ids"])[..clear], "{words:?}");
 }
 
@@ -474,20 +446,36 @@ fn speed() {
     }
 }
 
-/// Steps whose top-2 logits are closer than this are near-ties: they may flip under a float
-/// order other than ggml's (this engine's packed blocks and single-row order), as they do even
-/// between llama.cpp's own batched and unbatched evaluation.
-const NEAR_TIE: f64 = 0.1;
+/// Steps whose top-2 logits are closer than this are near-ties, which may flip under any other
+/// float order: llama.cpp's own AVX2 and AVX-512 builds part at a step of margin 0.033 (eiffel,
+/// step 7). The old rule (0.1) let a case stop agreeing at margins three times that.
+const NEAR_TIE: f64 = 0.01;
+
+/// Tokens each case must share with llama.cpp's greedy run, at least, and why. Without an
+/// exception the minimum is every step before llama.cpp's first near-tie (capped at 32).
+const MIN_EQUAL: [(&str, usize, Option<&str>); 3] = [
+    // llama.cpp's margin is 0.008 at step 17. (Its own AVX-512 build agrees with its AVX2 build
+    // for 7 tokens only.)
+    ("eiffel", 17, None),
+    // llama.cpp's margin is 0.003 at step 15 (this engine agrees for all 32).
+    ("france", 15, None),
+    // Step 5 is a near-tie of the weights themselves: teacher-forced on llama.cpp's tokens, the
+    // f32 run (`dequantize`) puts 7489 over 1015 by 0.082, this engine's quantised kernels put
+    // 1015 over 7489 by 0.011 and llama.cpp's 7489 over 1015 by 0.239, so both quantised runs
+    // sit about as far from the exact arithmetic, on either side (measured 2026-12-06). KL
+    // divergence over 4080 tokens of text says the same of the whole distribution
+    // (docs/bench/accuracy-2026-12-06.md: 0.00500 here, 0.00502 for llama.cpp).
+    ("once", 5, Some("the weights' own near-tie at step 5")),
+];
 
 #[test]
 fn greedy_tokens_match_llama_cpp() {
     // Recorded by `scripts/llamacpp-reference` with llama.cpp on the same quantised file, on x86
-    // with AVX2 and no AVX-512. This engine's float order is not ggml's (every row rounds as a
-    // single row; packed Q*_0 blocks), so tokens must agree only up to llama.cpp's first step
-    // whose top-2 margin is under NEAR_TIE.
+    // with AVX2 and no AVX-512. This engine's float order is not ggml's (packed Q*_0 blocks), so
+    // tokens must agree for the stated minimum of each case, which is every step before
+    // llama.cpp's first near-tie unless an exception says why not.
     let j = llama_cpp_cases();
     let mut m = load(2);
-    let mut full_matches = 0;
     for (seq, case) in j["cases"].as_array().unwrap().iter().enumerate() {
         let name = case["name"].as_str().unwrap();
         let prompt = ids(&case["prompt_ids"]);
@@ -496,26 +484,27 @@ fn greedy_tokens_match_llama_cpp() {
         let n = want.len().min(32);
         let (got, _) = greedy(&mut m, seq as i32, &prompt, n);
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        let first_tie = margins.iter().position(|&d| d < NEAR_TIE).unwrap_or(usize::MAX);
+        let first_tie = margins.iter().position(|&d| d < NEAR_TIE).unwrap_or(n).min(n);
         eprintln!("{name}: {same} of {n} tokens equal (first near-tie at step {first_tie})");
-        // Identical until llama.cpp itself was at a near-tie (eiffel: step 17, france: step 15,
-        // once: none in 32 steps); after a flip the texts may part.
-        assert!(
-            same >= n.min(first_tie),
-            "{name}: differs at step {same} (first near-tie at {first_tie})\n got {got:?}\nwant {want:?}"
-        );
-        if same == n {
-            full_matches += 1;
+        let (_, min, exception) = MIN_EQUAL
+            .iter()
+            .find(|(c, _, _)| *c == name)
+            .unwrap_or_else(|| panic!("{name}: no stated minimum"));
+        if exception.is_none() {
+            assert_eq!(*min, first_tie, "{name}: the stated minimum is not the rule's");
         }
+        assert!(
+            same >= *min,
+            "{name}: differs at step {same}, under the stated minimum {min}\n got {got:?}\nwant {want:?}"
+        );
     }
-    assert!(full_matches >= 1, "{full_matches} cases matched fully");
 }
 
-/// Tolerance on the prompt logits against llama.cpp's: the packed kernels sum each block's
-/// integer product whole and accumulate blocks in order, not in ggml's float order, so the
-/// numbers part by rounding that Q8 activations amplify (measured: at most 0.43; two llama.cpp
-/// builds differ by up to 0.31 on one of these prompts, see `bounds_from_llama_cpp`).
-const PROMPT_LOGIT_TOLERANCE: f32 = 0.6;
+/// Tolerance on the prompt logits against llama.cpp's: llama.cpp's own AVX2 build (the fixture)
+/// and its AVX-512 build (`-march=native` on a Zen 4 EPYC, 2026-12-06) differ by up to 0.475 on
+/// these first-step top-5 logits (eiffel; 0.15 on Qwen's prompts), and an engine can be held no
+/// closer to one build than the builds are to each other. Measured here: 0.235.
+const PROMPT_LOGIT_TOLERANCE: f32 = 0.475;
 
 /// llama.cpp's prompt logits, closely: for each case of the `scripts/llamacpp-reference`
 /// fixture (llama.cpp on the same quantised file), this engine's logits after the prompt are

@@ -155,9 +155,9 @@ fn paris_is_the_greedy_next_token() {
         let margin = (row[best as usize] - runner_up) as f64;
         eprintln!("step {i}: prompt-fed argmax {best}, margin {margin:.3}");
         if i == 0 {
-            assert!(margin >= NEAR_TIE, "Paris only by a near-tie: {margin}");
+            assert!(margin >= ROW_ORDER_TIE, "Paris only by a near-tie: {margin}");
         }
-        if margin < NEAR_TIE {
+        if margin < ROW_ORDER_TIE {
             // A near-tie may flip between the one-prompt and the step-by-step float order.
             break;
         }
@@ -204,33 +204,40 @@ fn llama_cpp_cases() -> Vec<LlamaCppCase> {
         .collect()
 }
 
-/// Steps whose top-2 logits are closer than this are near-ties: they may flip under a float
-/// order other than ggml's (this engine's packed blocks and single-row order), as they do even
-/// between llama.cpp's own batched and unbatched evaluation.
-const NEAR_TIE: f64 = 0.1;
+/// Steps whose top-2 logits are closer than this may flip between this engine's one-prompt
+/// (many rows per call) and step-by-step (one row) float orders.
+const ROW_ORDER_TIE: f64 = 0.1;
+
+/// Steps whose top-2 logits are closer than this are near-ties of llama.cpp's run, which may flip
+/// under any other float order: llama.cpp's own AVX2 and AVX-512 builds part at chat_fibonacci's
+/// step 25 (margin 0.005).
+const NEAR_TIE: f64 = 0.01;
+
+/// Tokens each case must share with llama.cpp's greedy run, at least: every step before
+/// llama.cpp's first near-tie (capped at 32). chat_france: all 8 (it stops at <|im_end|>, no
+/// near-tie); chat_fibonacci: 25 (margin 0.005 at step 25); raw_quicksort: all 32 (no near-tie).
+const MIN_EQUAL: [(&str, usize); 3] = [("chat_france", 8), ("chat_fibonacci", 25), ("raw_quicksort", 32)];
 
 #[test]
 fn greedy_tokens_match_llama_cpp() {
     let mut m = load(2);
-    let mut full_matches = 0;
     for (name, prompt, want, margins) in llama_cpp_cases() {
         let n = want.len().min(32);
         let got = greedy(&mut m, &prompt, n);
         m.seq_truncate(0, 0).unwrap();
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        // Identical until llama.cpp itself was at a near-tie; after a flip the texts differ.
-        let first_tie = margins.iter().position(|&d| d < NEAR_TIE).unwrap_or(usize::MAX);
+        let first_tie = margins.iter().position(|&d| d < NEAR_TIE).unwrap_or(n).min(n);
         eprintln!("{name}: {same} of {n} tokens equal (first near-tie at step {first_tie})");
+        let (_, min) = MIN_EQUAL
+            .iter()
+            .find(|(c, _)| *c == name)
+            .unwrap_or_else(|| panic!("{name}: no stated minimum"));
+        assert_eq!(*min, first_tie, "{name}: the stated minimum is not the rule's");
         assert!(
-            same >= n.min(first_tie),
-            "{name}: differs at step {same}\n got {got:?}\nwant {want:?}"
+            same >= *min,
+            "{name}: differs at step {same}, under the stated minimum {min}\n got {got:?}\nwant {want:?}"
         );
-        if same == n {
-            full_matches += 1;
-        }
     }
-    // The France answer (stops at <|im_end|>) and the quicksort completion have no near-tie.
-    assert!(full_matches >= 2, "{full_matches} cases matched fully");
 }
 
 /// CPU seconds used by this process so far (user + system), from `/proc/self/stat`.
