@@ -53,6 +53,8 @@ pub struct PerplexityReport {
     pub kernels: String,
     /// Whether the weights were dequantised to f32.
     pub dequantized: bool,
+    /// Tokens in the text (or in the base file).
+    pub text_tokens: usize,
     /// Tokens per window.
     pub context: usize,
     /// Windows scored.
@@ -327,6 +329,7 @@ pub fn perplexity(
         model: entry.reference.clone(),
         kernels: std::env::var("BERTH_KERNELS").unwrap_or_else(|_| "native".into()),
         dequantized: opts.dequantize,
+        text_tokens: tokens.len(),
         context: n_ctx,
         chunks: n_chunk,
         tokens_scored: n_chunk * scored_rows(n_ctx),
@@ -542,10 +545,11 @@ fn kld_report(t: &mut Tally) -> KldReport {
 fn print_final(r: &PerplexityReport) {
     println!();
     println!(
-        "{}: {} chunks of {} tokens, {} scored, {:.1} tokens/s ({} kernels{})",
+        "{}: {} chunks of {} tokens ({} in the text), {} scored, {:.1} tokens/s ({} kernels{})",
         r.model,
         r.chunks,
         r.context,
+        r.text_tokens,
         r.tokens_scored,
         r.tokens_per_second,
         r.kernels,
