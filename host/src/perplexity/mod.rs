@@ -374,83 +374,62 @@ fn score_rows(
     let per = rows.div_ceil(workers.clamp(1, rows.max(1)));
     match mode {
         Mode::Plain => {
-            let parts: Vec<NllSums> = std::thread::scope(|s| {
-                let handles: Vec<_> = logits
-                    .chunks(per * n_vocab)
-                    .zip(next.chunks(per))
-                    .map(|(l, n)| {
-                        s.spawn(move || {
-                            let mut sums = NllSums::default();
-                            for (row, &t) in l.chunks_exact(n_vocab).zip(n) {
-                                sums.add(nll(row, t));
-                            }
-                            sums
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("scoring thread"))
-                    .collect()
-            });
-            parts.iter().for_each(|p| tally.nll.merge(p));
+            let jobs: Vec<_> = logits
+                .chunks(per * n_vocab)
+                .zip(next.chunks(per))
+                .map(|(l, n)| {
+                    move || {
+                        let mut sums = NllSums::default();
+                        for (row, &t) in l.chunks_exact(n_vocab).zip(n) {
+                            sums.add(nll(row, t));
+                        }
+                        sums
+                    }
+                })
+                .collect();
+            in_parallel(jobs).iter().for_each(|p| tally.nll.merge(p));
         }
         Mode::Write(writer) => {
-            let parts: Vec<NllSums> = std::thread::scope(|s| {
-                let handles: Vec<_> = logits
-                    .chunks(per * n_vocab)
-                    .zip(next.chunks(per))
-                    .zip(stored.chunks_mut(per * words))
-                    .map(|((l, n), out)| {
-                        s.spawn(move || {
-                            let mut sums = NllSums::default();
-                            for ((row, &t), o) in
-                                l.chunks_exact(n_vocab).zip(n).zip(out.chunks_exact_mut(words))
-                            {
-                                sums.add(quantize_row(row, t, o));
-                            }
-                            sums
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("scoring thread"))
-                    .collect()
-            });
-            parts.iter().for_each(|p| tally.nll.merge(p));
+            let jobs: Vec<_> = logits
+                .chunks(per * n_vocab)
+                .zip(next.chunks(per))
+                .zip(stored.chunks_mut(per * words))
+                .map(|((l, n), out)| {
+                    move || {
+                        let mut sums = NllSums::default();
+                        for ((row, &t), o) in l.chunks_exact(n_vocab).zip(n).zip(out.chunks_exact_mut(words))
+                        {
+                            sums.add(quantize_row(row, t, o));
+                        }
+                        sums
+                    }
+                })
+                .collect();
+            in_parallel(jobs).iter().for_each(|p| tally.nll.merge(p));
             writer.write_rows(stored)?;
         }
         Mode::Compare(reader) => {
             reader
                 .read_rows(stored)
                 .context("reading the base file's rows (it ended early)")?;
-            let stored = &*stored;
-            let parts: Vec<(KldSums, Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
-                let handles: Vec<_> = logits
-                    .chunks(per * n_vocab)
-                    .zip(next.chunks(per))
-                    .zip(stored.chunks(per * words))
-                    .map(|((l, n), base)| {
-                        s.spawn(move || {
-                            let mut sums = KldSums::default();
-                            let (mut k, mut p) = (Vec::new(), Vec::new());
-                            for ((row, &t), b) in l.chunks_exact(n_vocab).zip(n).zip(base.chunks_exact(words))
-                            {
-                                let (kld, p_diff) = sums.add(row, b, t);
-                                k.push(kld as f32);
-                                p.push(p_diff);
-                            }
-                            (sums, k, p)
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("scoring thread"))
-                    .collect()
-            });
-            for (sums, k, p) in parts {
+            let jobs: Vec<_> = logits
+                .chunks(per * n_vocab)
+                .zip(next.chunks(per))
+                .zip(stored.chunks(per * words))
+                .map(|((l, n), base)| {
+                    move || {
+                        let mut sums = KldSums::default();
+                        let (mut k, mut p) = (Vec::new(), Vec::new());
+                        for ((row, &t), b) in l.chunks_exact(n_vocab).zip(n).zip(base.chunks_exact(words)) {
+                            let (kld, p_diff) = sums.add(row, b, t);
+                            k.push(kld as f32);
+                            p.push(p_diff);
+                        }
+                        (sums, k, p)
+                    }
+                })
+                .collect();
+            for (sums, k, p) in in_parallel(jobs) {
                 tally.kld.merge(&sums);
                 tally.kld_values.extend(k);
                 tally.p_diff_values.extend(p);
@@ -458,6 +437,17 @@ fn score_rows(
         }
     }
     Ok(())
+}
+
+/// Runs each job on a scoped thread of its own; their results in order.
+fn in_parallel<T: Send, F: FnOnce() -> T + Send>(jobs: Vec<F>) -> Vec<T> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs.into_iter().map(|job| s.spawn(job)).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("scoring thread"))
+            .collect()
+    })
 }
 
 /// The running line llama.cpp prints after each chunk.
