@@ -121,3 +121,67 @@ fn qwen_perplexity_and_kld_hold_their_reference() {
 fn gemma_perplexity_and_kld_hold_their_reference() {
     check_model("gemma3:270m");
 }
+
+/// `berth perplexity`'s refusals, each with its reason, before any model time is spent.
+#[test]
+fn bad_inputs_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let fail = |args: &[&str]| {
+        let out = berth(home(), Some(&home_plugins(home())), args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // A text shorter than two windows.
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "Only a few words.").unwrap();
+    let err = fail(&["perplexity", "gemma3:270m", "-f", short.to_str().unwrap()]);
+    assert!(err.contains("needs at least 1024"), "{err}");
+    // No text at all.
+    let err = fail(&["perplexity", "gemma3:270m"]);
+    assert!(err.contains("-f FILE"), "{err}");
+    // A base file that is not one, and one cut short.
+    let junk = dir.path().join("junk.bin");
+    std::fs::write(&junk, b"definitely not logits").unwrap();
+    let junk = junk.to_str().unwrap();
+    let err = fail(&[
+        "perplexity",
+        "gemma3:270m",
+        "--kl-divergence",
+        "--kl-divergence-base",
+        junk,
+    ]);
+    assert!(err.contains("not a KL-divergence base file"), "{err}");
+    let text = prose();
+    let base = dir.path().join("base.bin");
+    let base = base.to_str().unwrap();
+    let args = ["-c", "64", "--chunks", "2", "-t", "2"];
+    let mut write = vec![
+        "perplexity",
+        "gemma3:270m",
+        "-f",
+        text.to_str().unwrap(),
+        "--kl-divergence-base",
+        base,
+    ];
+    write.extend(args);
+    berth_ok(home(), Some(&home_plugins(home())), &write);
+    // Another model's base: the vocabularies differ.
+    let err = fail(&[
+        "perplexity",
+        "qwen2.5-coder:0.5b",
+        "--kl-divergence",
+        "--kl-divergence-base",
+        base,
+    ]);
+    assert!(err.contains("not the same model"), "{err}");
+    let bytes = std::fs::read(base).unwrap();
+    std::fs::write(base, &bytes[..bytes.len() - 100]).unwrap();
+    let err = fail(&[
+        "perplexity",
+        "gemma3:270m",
+        "--kl-divergence",
+        "--kl-divergence-base",
+        base,
+    ]);
+    assert!(err.contains("truncated"), "{err}");
+}
