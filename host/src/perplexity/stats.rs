@@ -193,7 +193,7 @@ pub fn percentile(sorted: &[f32], fraction: f32) -> f32 {
 /// The median as llama.cpp takes it (the mean of the middle two for an even count).
 pub fn median(sorted: &[f32]) -> f32 {
     let n = sorted.len();
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         0.5 * (sorted[n / 2] + sorted[n / 2 - 1])
     } else {
         sorted[n / 2]
