@@ -85,9 +85,14 @@ impl Drop for Server {
 
 impl Server {
     fn start(home: &Path) -> Server {
+        Server::start_with(home, &[])
+    }
+
+    fn start_with(home: &Path, extra: &[&str]) -> Server {
         let (child, _, port) = spawn_serve(
             Command::new(berth_exe())
                 .args(["serve", "--port", "0"])
+                .args(extra)
                 .env("BERTH_HOME", home)
                 .env_remove("BERTH_PLUGIN_PATH"),
         );
@@ -233,7 +238,8 @@ fn images_reach_the_plugin_through_both_apis_and_bad_ones_are_400s() {
     let odd = fixture("odd.png");
     let tiny = fixture("tiny.png");
     let base = serve_files(vec![("/cat.png", odd.clone())]);
-    let server = Server::start(home.path());
+    // The image server is on loopback: this server is told that its image URLs may go there.
+    let server = Server::start_with(home.path(), &["--allow-private-image-urls"]);
 
     // OpenAI, a data URL between two text parts.
     let req = json!({"model": "eyes", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user",
@@ -416,6 +422,40 @@ fn images_reach_the_plugin_through_both_apis_and_bad_ones_are_400s() {
     for call in &got {
         assert_eq!(call["pixels"], json!(expected(&odd).1), "{call}");
     }
+}
+
+/// An image URL naming the server's own network (loopback, by address or by name; the cloud
+/// metadata address) is a 400 naming the part, and no connection reaches the address.
+#[test]
+fn image_urls_cannot_reach_private_addresses_by_default() {
+    let home = home();
+    import_model(home.path(), "eyes", Some(&home.path().join("images.jsonl")));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = Server::start(home.path());
+    let urls = [
+        format!("http://127.0.0.1:{port}/cat.png"),
+        format!("http://localhost:{port}/cat.png"),
+        format!("http://[::ffff:127.0.0.1]:{port}/cat.png"),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+    ];
+    for url in urls {
+        let req = json!({"model": "eyes", "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}]});
+        let (status, body) = server.post("/v1/chat/completions", &req);
+        assert_eq!(status, 400, "{url}: {body}");
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("messages[0].content[0]") && msg.contains("private address"),
+            "{url}: {msg}"
+        );
+    }
+    let reached = listener.accept();
+    assert!(
+        matches!(&reached, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a connection reached the loopback listener: {reached:?}"
+    );
 }
 
 #[test]

@@ -376,6 +376,23 @@ fn every_refusal_is_logged_with_its_reason_and_the_request_id_the_client_got() {
         },
         Case::new("a path axum refuses", "GET", "/v1/responses/%FF", "", 400),
     ];
+    // The auth scheme's name is case-insensitive: `bearer` passes where `Bearer` does (to the
+    // 400 of the bad parameter), and a wrong key in either case does not.
+    for (scheme, key, want) in [
+        ("bearer", API_KEY, "400"),
+        ("BEARER", API_KEY, "400"),
+        ("bearer", "nope", "401"),
+    ] {
+        let raw = server.raw(&format!(
+            "POST {chat} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nauthorization: {scheme} {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{bad_param}",
+            bad_param.len()
+        ));
+        assert!(
+            raw.starts_with(&format!("HTTP/1.1 {want}")),
+            "{scheme} {key}: {raw}"
+        );
+    }
     for Case {
         what,
         method,

@@ -635,6 +635,7 @@ fn decode_options(f: &Fields<'_>, max_tokens: i64) -> Result<DecodeOptions, ApiE
 
 /// The rendered prompt of a converted request on a model: (rendered text, tokens, image slices).
 async fn prompt_for(
+    st: &Shared,
     model: &Model,
     conv: &mut Converted,
     render_tools: Option<Vec<Value>>,
@@ -649,7 +650,7 @@ async fn prompt_for(
     }
     let mut messages = std::mem::take(&mut conv.messages);
     pipeline::check_messages(&messages)?;
-    let images = super::images::take_openai(&mut messages).await?;
+    let images = super::images::take_openai(&mut messages, st.image_urls).await?;
     let (mut rendered, mut prompt) = pipeline::render(model, messages, render_tools, conv.extra.clone())?;
     let mut slices = Vec::new();
     if !images.is_empty() {
@@ -879,7 +880,7 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
     let rc = conv.constraints()?;
     let tools = render_tools(&conv, &rc);
     let model = pipeline::model_for(&st, name, None).await?;
-    let (rendered, prompt, slices) = prompt_for(&model, &mut conv, tools.clone()).await?;
+    let (rendered, prompt, slices) = prompt_for(&st, &model, &mut conv, tools.clone()).await?;
     let start = chat::prefill(model.detected.format, &rendered);
     let thinking = pipeline::thinking(&model, start, &conv.extra);
     decode.constraint = pipeline::constraint_for(&model, &rc, thinking, start)?;
@@ -1017,7 +1018,7 @@ async fn count(st: Shared, b: Result<Bytes, BytesRejection>) -> Result<Response,
     let rc = conv.constraints()?;
     let tools = render_tools(&conv, &rc);
     let model = pipeline::model_for(&st, name, None).await?;
-    let (_, prompt, _) = prompt_for(&model, &mut conv, tools).await?;
+    let (_, prompt, _) = prompt_for(&st, &model, &mut conv, tools).await?;
     if prompt.is_empty() {
         return Err(bad("messages", "the prompt is empty"));
     }

@@ -59,13 +59,135 @@ fn base64_bytes(place: &str, text: &str) -> Result<Vec<u8>, ApiError> {
         .map_err(|e| bad(place, format!("the image is not valid base64: {e}")))
 }
 
-/// Fetches an `http(s)` image with the size and time limits (blocking; run off the runtime).
-fn fetch(url: &str) -> Result<Vec<u8>, String> {
-    let client = reqwest::blocking::Client::builder()
+/// Which addresses an `http(s)` image URL may make the server connect to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UrlPolicy {
+    /// Also loopback, private, link-local and other non-public addresses
+    /// (`berth serve --allow-private-image-urls`); off by default, so a request cannot turn the
+    /// server into a proxy into its own network.
+    pub allow_private: bool,
+}
+
+/// Whether `ip` is an address a request's image URL may not reach by default: loopback,
+/// private (RFC 1918, unique-local), link-local (cloud metadata lives at 169.254.169.254),
+/// shared (100.64/10), unspecified, multicast, broadcast, benchmarking and reserved ranges, and
+/// the IPv4-mapped and NAT64 forms of those in IPv6.
+pub fn is_private(ip: std::net::IpAddr) -> bool {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 198 && (18..20).contains(&b))
+                || a >= 240
+        }
+        IpAddr::V6(v6) => {
+            let seg = v6.segments();
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_private(IpAddr::V4(v4));
+            }
+            if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let o = v6.octets();
+                return is_private(IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15])));
+            }
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (seg[0] & 0xfe00) == 0xfc00
+                || (seg[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
+/// The IP address a URL names literally (`http://127.0.0.1/`, `http://[::1]/`), if it does.
+fn literal_ip(url: &reqwest::Url) -> Option<std::net::IpAddr> {
+    let host = url.host_str()?;
+    host.trim_start_matches('[').trim_end_matches(']').parse().ok()
+}
+
+/// Resolves names for image fetches, keeping only the addresses the policy allows, so neither
+/// the first request nor a redirect, nor a name that resolves differently on the second lookup,
+/// can reach a private address.
+struct GuardedResolver;
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let found = tokio::task::spawn_blocking(move || {
+                std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), 0))
+                    .map(|a| (host, a.collect::<Vec<_>>()))
+            })
+            .await
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            let (host, addrs) = found.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            let public: Vec<std::net::SocketAddr> =
+                addrs.iter().copied().filter(|a| !is_private(a.ip())).collect();
+            if public.is_empty() {
+                let shown = addrs
+                    .first()
+                    .map_or_else(|| "nothing".to_string(), |a| a.ip().to_string());
+                return Err(format!(
+                    "{host} resolves to a private address ({shown}); \
+                     `berth serve --allow-private-image-urls` allows such image URLs"
+                )
+                .into());
+            }
+            Ok(Box::new(public.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Why the policy refuses `url`, if it names a private address literally.
+fn refused(url: &reqwest::Url, policy: UrlPolicy) -> Option<String> {
+    let ip = literal_ip(url).filter(|ip| !policy.allow_private && is_private(*ip))?;
+    Some(format!(
+        "{ip} is a private address (loopback, private, link-local or reserved); \
+         `berth serve --allow-private-image-urls` allows such image URLs"
+    ))
+}
+
+/// Fetches an `http(s)` image with the size and time limits and the address policy (blocking;
+/// run off the runtime). Redirects (up to 5) are checked like the first URL.
+fn fetch(url: &str, policy: UrlPolicy) -> Result<Vec<u8>, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
+    if let Some(why) = refused(&parsed, policy) {
+        return Err(why);
+    }
+    let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() >= 5 {
+            attempt.error("more than 5 redirects")
+        } else if let Some(why) = refused(attempt.url(), policy) {
+            let to = attempt.url().to_string();
+            attempt.error(format!("redirected to {to}: {why}"))
+        } else {
+            attempt.follow()
+        }
+    });
+    let mut builder = reqwest::blocking::Client::builder()
         .timeout(FETCH_TIMEOUT)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let resp = client.get(url).send().map_err(|e| e.to_string())?;
+        .redirect(redirects);
+    if !policy.allow_private {
+        builder = builder.dns_resolver(std::sync::Arc::new(GuardedResolver));
+    }
+    let client = builder.build().map_err(|e| e.to_string())?;
+    let resp = client.get(parsed).send().map_err(|e| {
+        // The resolver's or the redirect check's own words, not only reqwest's outer message.
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            text = format!("{text}: {s}");
+            source = s.source();
+        }
+        text
+    })?;
     if !resp.status().is_success() {
         return Err(format!("HTTP {}", resp.status()));
     }
@@ -80,7 +202,7 @@ fn fetch(url: &str) -> Result<Vec<u8>, String> {
 }
 
 /// The bytes an `image_url` names: a `data:` URL's payload or an `http(s)` URL's body.
-async fn load_url(place: &str, url: &str) -> Result<Vec<u8>, ApiError> {
+async fn load_url(place: &str, url: &str, policy: UrlPolicy) -> Result<Vec<u8>, ApiError> {
     if let Some(rest) = url.strip_prefix("data:") {
         let Some((meta, payload)) = rest.split_once(',') else {
             return Err(bad(place, "the data URL has no ',' before its data"));
@@ -92,7 +214,7 @@ async fn load_url(place: &str, url: &str) -> Result<Vec<u8>, ApiError> {
     }
     if url.starts_with("http://") || url.starts_with("https://") {
         let u = url.to_string();
-        return match tokio::task::spawn_blocking(move || fetch(&u)).await {
+        return match tokio::task::spawn_blocking(move || fetch(&u, policy)).await {
             Ok(Ok(bytes)) => Ok(bytes),
             Ok(Err(e)) => Err(bad(place, format!("cannot fetch the image at {url}: {e}"))),
             Err(e) => Err(bad(place, format!("cannot fetch the image at {url}: {e}"))),
@@ -107,7 +229,7 @@ async fn load_url(place: &str, url: &str) -> Result<Vec<u8>, ApiError> {
 
 /// Takes the `image_url` parts out of OpenAI messages: each message with images gets its parts
 /// joined into one string with a [`marker`] where each image was. Returns the images in order.
-pub async fn take_openai(messages: &mut [Value]) -> Result<Vec<RequestImage>, ApiError> {
+pub async fn take_openai(messages: &mut [Value], policy: UrlPolicy) -> Result<Vec<RequestImage>, ApiError> {
     let mut images = Vec::new();
     for (i, m) in messages.iter_mut().enumerate() {
         let Some(Value::Array(parts)) = m.get("content") else {
@@ -133,7 +255,7 @@ pub async fn take_openai(messages: &mut [Value]) -> Result<Vec<RequestImage>, Ap
                     if url.is_empty() {
                         return Err(bad(&place, "'image_url.url' is required"));
                     }
-                    let bytes = load_url(&place, url).await?;
+                    let bytes = load_url(&place, url, policy).await?;
                     text.push_str(&marker(images.len()));
                     images.push(RequestImage { place, bytes });
                 }
@@ -462,6 +584,68 @@ mod tests {
     use super::*;
 
     #[test]
+    fn private_addresses_are_told_from_public_ones() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+            "198.18.0.1",
+            "240.0.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00::1",
+            "fc00::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "ff02::1",
+        ] {
+            assert!(is_private(ip.parse().unwrap()), "{ip} should be private");
+        }
+        for ip in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "172.32.0.1",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+        ] {
+            assert!(!is_private(ip.parse().unwrap()), "{ip} should be public");
+        }
+    }
+
+    #[test]
+    fn literal_private_urls_are_refused_unless_allowed() {
+        let deny = UrlPolicy::default();
+        let allow = UrlPolicy { allow_private: true };
+        for url in [
+            "http://127.0.0.1:8080/x.png",
+            "http://[::1]/x.png",
+            "https://169.254.169.254/latest/meta-data",
+        ] {
+            let u = reqwest::Url::parse(url).unwrap();
+            let why = refused(&u, deny).unwrap_or_else(|| panic!("{url} passed"));
+            assert!(why.contains("--allow-private-image-urls"), "{why}");
+            assert_eq!(refused(&u, allow), None, "{url}");
+        }
+        assert_eq!(
+            refused(&reqwest::Url::parse("https://example.com/x.png").unwrap(), deny),
+            None
+        );
+        // A name that resolves only to loopback is refused by the resolver, before any connection.
+        let e = fetch("http://localhost:9/x.png", deny).unwrap_err();
+        assert!(e.contains("private address"), "{e}");
+    }
+
+    #[test]
     fn base64_and_data_urls_decode_and_bad_ones_name_the_part() {
         assert_eq!(base64_bytes("images[0]", "aGk=\n").unwrap(), b"hi");
         let e = base64_bytes("images[1]", "not base64!").unwrap_err();
@@ -471,9 +655,13 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let got = rt.block_on(load_url("p", "data:image/png;base64,aGk=")).unwrap();
+        let got = rt
+            .block_on(load_url("p", "data:image/png;base64,aGk=", UrlPolicy::default()))
+            .unwrap();
         assert_eq!(got, b"hi");
-        let e = rt.block_on(load_url("p", "ftp://x/y.png")).unwrap_err();
+        let e = rt
+            .block_on(load_url("p", "ftp://x/y.png", UrlPolicy::default()))
+            .unwrap_err();
         assert!(e.message.contains("ftp://x/y.png"), "{}", e.message);
     }
 
@@ -489,7 +677,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let imgs = rt.block_on(take_openai(&mut msgs)).unwrap();
+        let imgs = rt.block_on(take_openai(&mut msgs, UrlPolicy::default())).unwrap();
         assert_eq!(imgs.len(), 2);
         assert_eq!(imgs[1].place, "messages[0].content[3]");
         assert_eq!(msgs[0]["content"], format!("a {} b{}", marker(0), marker(1)));

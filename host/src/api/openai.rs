@@ -491,7 +491,7 @@ pub async fn chat_completions(
     if model.vision.is_none() {
         refuse_images(&model, &messages)?;
     }
-    let images = super::images::take_openai(&mut messages).await?;
+    let images = super::images::take_openai(&mut messages, st.image_urls).await?;
     let (mut rendered, mut prompt) = render(&model, messages, render_tools.clone(), extra.clone())?;
     let mut slices = Vec::new();
     if !images.is_empty() {

@@ -942,7 +942,9 @@ async fn prepare(st: &Shared, id: &str, obj: &Map<String, Value>) -> Result<Prep
     if model.vision.is_none() {
         refuse_images(&model, &messages).map_err(renamed)?;
     }
-    let images = super::images::take_openai(&mut messages).await.map_err(renamed)?;
+    let images = super::images::take_openai(&mut messages, st.image_urls)
+        .await
+        .map_err(renamed)?;
     let (mut rendered, mut prompt) =
         render(&model, messages, render_tools.clone(), extra.clone()).map_err(renamed)?;
     let mut slices = Vec::new();

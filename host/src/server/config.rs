@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// Log format: text or json.
     #[arg(long, env = "BERTH_LOG_FORMAT", value_parser = ["text", "json"])]
     pub log_format: Option<String>,
+    /// Let image URLs in requests name loopback, private and link-local addresses (refused by
+    /// default, so a request cannot make the server fetch from its own network).
+    #[arg(long, env = "BERTH_ALLOW_PRIVATE_IMAGE_URLS")]
+    pub allow_private_image_urls: bool,
     /// A berth.toml (default `$BERTH_HOME/berth.toml` when it exists).
     #[arg(long, env = "BERTH_CONFIG")]
     pub config: Option<PathBuf>,
@@ -75,6 +79,7 @@ struct FileConfig {
     threads: Option<u32>,
     max_body: Option<usize>,
     log_format: Option<String>,
+    allow_private_image_urls: Option<bool>,
 }
 
 pub use crate::state::parse_keep_alive;
@@ -134,6 +139,8 @@ pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
         })?,
         max_body: args.max_body.or(file.max_body).unwrap_or(32 << 20),
         log_json: log_format == "json",
+        allow_private_image_urls: args.allow_private_image_urls
+            || file.allow_private_image_urls == Some(true),
         models: ModelsConfig {
             home: home.to_path_buf(),
             slots: args.parallel.or(file.parallel).unwrap_or(8).max(1),

@@ -41,6 +41,8 @@ pub struct ServeConfig {
     pub max_body: usize,
     /// Logs as JSON lines.
     pub log_json: bool,
+    /// Image URLs may name loopback, private and link-local addresses.
+    pub allow_private_image_urls: bool,
 }
 
 /// The router over a state.
@@ -154,7 +156,12 @@ fn has_key(req: &Request, key: &str) -> bool {
     let bearer = h
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        // The scheme name is case-insensitive (RFC 9110 §11.1): `bearer KEY` is as good.
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|p| p.eq_ignore_ascii_case("bearer "))
+                .map(|_| &v[7..])
+        })
         .is_some_and(|k| same_secret(k.as_bytes(), key.as_bytes()));
     bearer
         || h.get("x-api-key")
@@ -344,12 +351,16 @@ pub fn serve(cfg: ServeConfig) -> Result<()> {
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::default());
         let models = Arc::new(Models::new(cfg.models.clone(), metrics.clone()));
-        let state = Arc::new(AppState::new(
+        let mut state = AppState::new(
             models.clone(),
             metrics,
             cfg.api_key.clone(),
             cfg.cors_origins.clone(),
-        ));
+        );
+        state.image_urls = crate::api::images::UrlPolicy {
+            allow_private: cfg.allow_private_image_urls,
+        };
+        let state = Arc::new(state);
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
