@@ -115,3 +115,28 @@ fn loading_waits_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Header limits (hyper's, documented in docs/serve.md): more than 100 header fields, or a head
+/// over about 400 KB, is a 431 before any handler runs, and the server goes on serving.
+#[test]
+fn oversized_headers_are_431_and_the_server_goes_on() {
+    let home = tempfile::tempdir().unwrap();
+    let server = Server::start(home.path(), &[]);
+    let many: String = (0..101).map(|i| format!("X-Header-{i}: v\r\n")).collect();
+    let big = format!("X-Big: {}\r\n", "a".repeat(500_000));
+    for (what, headers) in [("101 fields", many), ("a 500 KB field", big)] {
+        let raw = server.raw(&format!(
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n"
+        ));
+        assert!(
+            raw.starts_with("HTTP/1.1 431"),
+            "{what}: {}",
+            &raw[..raw.len().min(200)]
+        );
+    }
+    let few: String = (0..90).map(|i| format!("X-Header-{i}: v\r\n")).collect();
+    let raw = server.raw(&format!(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{few}\r\n"
+    ));
+    assert!(raw.starts_with("HTTP/1.1 200"), "{}", &raw[..raw.len().min(200)]);
+}
