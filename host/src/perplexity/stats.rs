@@ -55,13 +55,13 @@ pub fn nll(logits: &[f32], next: usize) -> f64 {
 /// llama.cpp's `kl_divergence_result`: sums over every compared token.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct KldSums {
-    /// Σ nll, Σ nll² of this run.
+    /// Σ nll and Σ nll² of this run.
     pub nll: NllSums,
-    /// Σ nll, Σ nll² of the base.
+    /// Σ nll and Σ nll² of the base.
     pub nll_base: NllSums,
     /// Σ nll · nll_base (their covariance).
     pub nll_nll_base: f64,
-    /// Σ KLD, Σ KLD².
+    /// Σ KLD.
     pub kld: f64,
     /// Σ KLD².
     pub kld2: f64,
