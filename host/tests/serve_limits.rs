@@ -77,12 +77,19 @@ fn loading_waits_a_full_queue_is_429_and_sigterm_lets_streams_finish() {
     );
     let (status, body) = second.join().unwrap();
     assert_eq!(status, 200, "{body}");
+    server.wait_for("an idle KV cache", |s| {
+        s.metric("berth_kv_cache_usage_ratio") == 0.0
+    });
 
     // One slot and a queue of one: with the running sequence held, a third request is a 429.
     std::fs::write(&hold, "").unwrap();
     let running = server.stream();
     server.wait_for("a running sequence", |s| {
         s.metric("berth_active_sequences") == 1.0
+    });
+    // The gauges an inference gateway's endpoint picker reads (docs/metrics.md) move with it.
+    server.wait_for("the running sequence in the KV-cache gauge", |s| {
+        s.metric("berth_kv_cache_usage_ratio") > 0.0
     });
     let queued = server.stream();
     server.wait_for("a queued request", |s| s.metric("berth_queue_depth") == 1.0);

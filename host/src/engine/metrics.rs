@@ -7,6 +7,41 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// A scheduler's share of [`Metrics::kv_used`] and [`Metrics::kv_capacity`]; what it reported
+/// is taken back when it is dropped (the model unloads, or its thread unwinds).
+pub struct KvGauge {
+    metrics: std::sync::Arc<Metrics>,
+    used: i64,
+    capacity: i64,
+}
+
+impl KvGauge {
+    /// A gauge reporting nothing yet.
+    pub fn new(metrics: std::sync::Arc<Metrics>) -> KvGauge {
+        KvGauge {
+            metrics,
+            used: 0,
+            capacity: 0,
+        }
+    }
+
+    /// Reports `used` rows held of `capacity`.
+    pub fn set(&mut self, used: usize, capacity: usize) {
+        let (used, capacity) = (used as i64, capacity as i64);
+        self.metrics.kv_used.fetch_add(used - self.used, Relaxed);
+        self.metrics
+            .kv_capacity
+            .fetch_add(capacity - self.capacity, Relaxed);
+        (self.used, self.capacity) = (used, capacity);
+    }
+}
+
+impl Drop for KvGauge {
+    fn drop(&mut self) {
+        self.set(0, 0);
+    }
+}
+
 /// Upper bounds (seconds) of the time-to-first-token histogram buckets.
 const TTFT_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
@@ -34,6 +69,10 @@ pub struct Metrics {
     pub loaded_models: AtomicI64,
     /// Requests waiting for a model that another request is loading.
     pub load_waiters: AtomicI64,
+    /// KV-cache rows held by running sequences, over all models.
+    pub kv_used: AtomicI64,
+    /// KV-cache rows the loaded models' sequence slots can hold (slots × context), over all models.
+    pub kv_capacity: AtomicI64,
     /// Decode steps run.
     pub decode_steps: AtomicU64,
     /// Microseconds spent in plugin decode calls.
@@ -164,6 +203,13 @@ impl Metrics {
             "berth_active_sequences",
             "Sequences being decoded.",
             self.active_sequences.load(Relaxed) as f64,
+        );
+        let capacity = self.kv_capacity.load(Relaxed);
+        gauge(
+            &mut o,
+            "berth_kv_cache_usage_ratio",
+            "Fraction of the loaded models' KV-cache rows (sequence slots x context) held by running sequences.",
+            if capacity > 0 { self.kv_used.load(Relaxed).max(0) as f64 / capacity as f64 } else { 0.0 },
         );
         gauge(
             &mut o,

@@ -413,15 +413,28 @@ impl Scheduler {
     }
 
     fn run(mut self) {
+        let mut kv = metrics::KvGauge::new(self.shared.metrics.clone());
+        let capacity = self.slots.len() * self.model.description().context_length as usize;
         loop {
+            kv.set(self.kv_rows_held(), capacity);
             if !self.admit() {
                 return;
             }
             self.drop_cancelled();
+            kv.set(self.kv_rows_held(), capacity);
             if self.slots.iter().any(|s| s.run.is_some()) {
                 self.step();
             }
         }
+    }
+
+    /// KV-cache rows held by running sequences, their whole prompt counted from admission (a
+    /// finished slot's cache is reusable, not held).
+    fn kv_rows_held(&self) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|s| Some(s.cached.len().max(s.run.as_ref()?.job.prompt.len())))
+            .sum()
     }
 
     /// Moves queued jobs into free slots; waits while there is nothing to do. False: exit.
