@@ -366,7 +366,15 @@ fn serve_with_official_clients(tiny: &TinyVision) {
 
     let (child, _, port) = spawn_serve(
         home.command()
-            .args(["serve", "--port", "0", "--host", "127.0.0.1"])
+            // The http-URL case fetches from a loopback server: allowed here on purpose.
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--host",
+                "127.0.0.1",
+                "--allow-private-image-urls",
+            ])
             .env(
                 "BERTH_LOG",
                 std::env::var("BERTH_LOG").unwrap_or_else(|_| "warn".into()),
