@@ -174,7 +174,20 @@ fn bad_inputs_are_clear_errors() {
         base,
     ]);
     assert!(err.contains("not the same model"), "{err}");
-    let bytes = std::fs::read(base).unwrap();
+    let mut bytes = std::fs::read(base).unwrap();
+    // A token id past the vocabulary (the first token, right after the 20-byte header).
+    let first_token = bytes[20..24].to_vec();
+    bytes[20..24].copy_from_slice(&i32::MAX.to_le_bytes());
+    std::fs::write(base, &bytes).unwrap();
+    let err = fail(&[
+        "perplexity",
+        "gemma3:270m",
+        "--kl-divergence",
+        "--kl-divergence-base",
+        base,
+    ]);
+    assert!(err.contains("outside the vocabulary"), "{err}");
+    bytes[20..24].copy_from_slice(&first_token);
     std::fs::write(base, &bytes[..bytes.len() - 100]).unwrap();
     let err = fail(&[
         "perplexity",

@@ -199,12 +199,7 @@ pub fn perplexity(
         );
     }
     let available = tokens.len() / n_ctx;
-    let n_chunk = match (&mode, opts.chunks) {
-        (Mode::Compare(_), Some(c)) => c.min(available),
-        (Mode::Compare(_), None) => available,
-        (_, Some(c)) => c.clamp(1, available),
-        (_, None) => available,
-    };
+    let n_chunk = opts.chunks.map_or(available, |c| c.clamp(1, available));
     let plugins = PluginSet::discover_default(home);
     let mut model = load_pack_for(&plugins, store, reference, |c| {
         c.threads = opts.threads;
@@ -227,6 +222,9 @@ pub fn perplexity(
             r.header.n_vocab,
             entry.reference
         ),
+        Mode::Compare(_) if tokens.iter().any(|&t| t < 0 || t as usize >= n_vocab) => {
+            bail!("the base file holds tokens outside the vocabulary of {n_vocab}: a damaged file")
+        }
         Mode::Plain => {
             if let Some(path) = &opts.base_file {
                 let header = Header {
