@@ -4,7 +4,7 @@
 //! vocabulary) drives three things, so they cannot disagree:
 //! - the parser ([`parse()`]): model output -> reasoning, content and tool calls, tolerant of the
 //!   irregular forms models emit; it never fails, markup it cannot understand stays content;
-//! - the stream ([`StreamParser`]): OpenAI deltas that only grow and add up to the parsed message;
+//! - the stream ([`StreamParser`]): typed deltas that only grow and fold to the parsed message;
 //! - the grammar ([`grammar`]): `tool_choice`, `parallel_tool_calls` and `response_format` as a
 //!   Lark grammar (llguidance dialect) over the same markup, for a constrained decoder to match.
 //!
@@ -17,7 +17,7 @@
 //! a `Fn(&str) -> Vec<u32>` (the grammar's single-token markers).
 //!
 //! ```
-//! use berth_chat::{detect, parse, prefill, StreamParser};
+//! use berth_chat::{detect, parse, prefill, Delta, ParsedMessage, StreamParser};
 //! use serde_json::json;
 //!
 //! let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
@@ -36,11 +36,12 @@
 //!
 //! // Streamed in any pieces, the deltas add up to the same message.
 //! let mut stream = StreamParser::new(detected.format, start, Some(&tools));
-//! let mut deltas: Vec<_> = output.split_inclusive(' ').filter_map(|piece| stream.push(piece)).collect();
+//! let mut deltas: Vec<Delta> = output.split_inclusive(' ').flat_map(|piece| stream.push(piece)).collect();
 //! let (last, streamed) = stream.finish();
 //! deltas.extend(last);
 //! assert_eq!(streamed, message);
-//! assert_eq!(deltas[0]["content"], "Checking.");
+//! assert_eq!(ParsedMessage::fold(&deltas), message);
+//! assert_eq!(deltas[0], Delta::Content("Checking.".into()));
 //! ```
 
 mod bare;
@@ -66,4 +67,4 @@ pub use grammar::{MarkerError, Markers};
 pub use message::{ParsedMessage, ToolCall};
 pub use parse::parse;
 pub use request::{ParamError, RequestConstraints, ResponseFormat, ToolChoice, ToolSpec};
-pub use stream::StreamParser;
+pub use stream::{openai_delta, Delta, StreamParser};

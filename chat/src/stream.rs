@@ -1,14 +1,110 @@
 //! Streamed parsing: reparse the accumulated output on every flush and emit only what grew, as
-//! OpenAI chat-completion deltas. The parse holds back whatever may still change, so every field
-//! only grows and the deltas concatenate to the non-streamed message.
+//! typed [`Delta`]s. The parse holds back whatever may still change, so every field only grows and
+//! the deltas fold ([`ParsedMessage::apply`]) to the non-streamed message.
 
 use serde_json::{json, Map, Value};
 
 use super::format::{ChatFormat, ParseStart};
-use super::message::ParsedMessage;
+use super::message::{ParsedMessage, ToolCall};
 use super::parse::{parse, parse_cut};
 
-/// Turns model output, flush by flush, into OpenAI deltas.
+/// What one flush of model output added: each wire format encodes these its own way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// Reasoning text that grew.
+    Reasoning(String),
+    /// Answer text that grew.
+    Content(String),
+    /// A tool call began (`index` counts the reply's calls from 0).
+    CallStart {
+        /// Its place among the reply's calls.
+        index: usize,
+        /// Its id, unique within the reply.
+        id: String,
+        /// The function called.
+        name: String,
+    },
+    /// A fragment of a call's arguments (JSON text; the fragments concatenate to the arguments).
+    CallArgs {
+        /// The call's place among the reply's calls.
+        index: usize,
+        /// The text that grew.
+        fragment: String,
+    },
+}
+
+/// The OpenAI chat-completions delta object of one flush's deltas (`None` when there are none): a
+/// call's start and its first argument fragment share one `tool_calls` entry, as OpenAI sends them.
+pub fn openai_delta(deltas: &[Delta]) -> Option<Value> {
+    let mut delta = Map::new();
+    let mut calls: Vec<Value> = Vec::new();
+    for d in deltas {
+        match d {
+            Delta::Reasoning(t) => push_text(&mut delta, "reasoning_content", t),
+            Delta::Content(t) => push_text(&mut delta, "content", t),
+            Delta::CallStart { index, id, name } => calls.push(json!({
+                "index": index,
+                "id": id,
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            })),
+            Delta::CallArgs { index, fragment } => {
+                match calls.iter_mut().rev().find(|c| c["index"] == *index) {
+                    Some(c) => {
+                        let args = c["function"]["arguments"].as_str().unwrap_or("").to_string() + fragment;
+                        c["function"]["arguments"] = args.into();
+                    }
+                    None => calls.push(json!({"index": index, "function": {"arguments": fragment}})),
+                }
+            }
+        }
+    }
+    if !calls.is_empty() {
+        delta.insert("tool_calls".into(), calls.into());
+    }
+    (!delta.is_empty()).then_some(Value::Object(delta))
+}
+
+fn push_text(delta: &mut Map<String, Value>, key: &str, text: &str) {
+    let now = delta.get(key).and_then(Value::as_str).unwrap_or("").to_string() + text;
+    delta.insert(key.into(), now.into());
+}
+
+impl ParsedMessage {
+    /// Adds one delta: the message the deltas of a reply fold to (see [`StreamParser::finish_output`]
+    /// for the final normalisation of an empty content).
+    pub fn apply(&mut self, d: &Delta) {
+        match d {
+            Delta::Reasoning(t) => self.reasoning_content.get_or_insert_with(String::new).push_str(t),
+            Delta::Content(t) => self.content.get_or_insert_with(String::new).push_str(t),
+            Delta::CallStart { id, name, .. } => self.tool_calls.push(ToolCall {
+                id: id.clone(),
+                name: name.clone(),
+                arguments: String::new(),
+            }),
+            Delta::CallArgs { index, fragment } => {
+                if let Some(c) = self.tool_calls.get_mut(*index) {
+                    c.arguments.push_str(fragment);
+                }
+            }
+        }
+    }
+
+    /// The message a whole reply's deltas fold to: as [`ParsedMessage::apply`], then an empty
+    /// content is `""` unless the reply is only tool calls (then `null`), as the parser gives it.
+    pub fn fold<'a>(deltas: impl IntoIterator<Item = &'a Delta>) -> ParsedMessage {
+        let mut m = ParsedMessage::default();
+        for d in deltas {
+            m.apply(d);
+        }
+        if m.content.is_none() && m.tool_calls.is_empty() {
+            m.content = Some(String::new());
+        }
+        m
+    }
+}
+
+/// Turns model output, flush by flush, into typed deltas.
 #[derive(Debug, Clone)]
 pub struct StreamParser {
     format: ChatFormat,
@@ -40,8 +136,8 @@ impl StreamParser {
         &self.text
     }
 
-    /// Add decoded text; returns the delta (`{"content": ..}` and so on) if anything grew.
-    pub fn push(&mut self, chunk: &str) -> Option<Value> {
+    /// Add decoded text; returns what grew (nothing when the parse holds it back).
+    pub fn push(&mut self, chunk: &str) -> Vec<Delta> {
         self.text.push_str(chunk);
         let msg = parse(self.format, self.start, &self.text, self.tools.as_deref(), true);
         self.diff(&msg)
@@ -49,7 +145,7 @@ impl StreamParser {
 
     /// The output is complete: the last delta, if any, and the final message (equal to what the
     /// deltas add up to).
-    pub fn finish(&mut self) -> (Option<Value>, ParsedMessage) {
+    pub fn finish(&mut self) -> (Vec<Delta>, ParsedMessage) {
         self.finish_output(false)
     }
 
@@ -68,7 +164,7 @@ impl StreamParser {
     /// A lead-in line held back only because a call written without markup might have followed
     /// it is content when the output is cut, and so is a bare call (one without markup) begun and
     /// cut: it never became a call, and a parse of the same text reads it as content.
-    pub fn finish_output(&mut self, cut_short: bool) -> (Option<Value>, ParsedMessage) {
+    pub fn finish_output(&mut self, cut_short: bool) -> (Vec<Delta>, ParsedMessage) {
         let tools = self.tools.as_deref();
         let msg = if cut_short {
             parse_cut(self.format, self.start, &self.text, tools)
@@ -78,37 +174,34 @@ impl StreamParser {
         (self.diff(&msg), msg)
     }
 
-    fn diff(&mut self, msg: &ParsedMessage) -> Option<Value> {
-        let mut delta = Map::new();
+    fn diff(&mut self, msg: &ParsedMessage) -> Vec<Delta> {
+        let mut out = Vec::new();
         let reasoning = msg.reasoning_content.as_deref().unwrap_or("");
         if let Some(grown) = growth(&mut self.sent_reasoning, reasoning) {
-            delta.insert("reasoning_content".into(), grown.into());
+            out.push(Delta::Reasoning(grown));
         }
         let content = msg.content.as_deref().unwrap_or("");
         if let Some(grown) = growth(&mut self.sent_content, content) {
-            delta.insert("content".into(), grown.into());
+            out.push(Delta::Content(grown));
         }
-        let mut calls = Vec::new();
         for (index, call) in msg.tool_calls.iter().enumerate() {
             if index == self.sent_calls.len() {
-                self.sent_calls.push((call.name.clone(), call.arguments.clone()));
-                calls.push(json!({
-                    "index": index,
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }));
-                continue;
+                self.sent_calls.push((call.name.clone(), String::new()));
+                out.push(Delta::CallStart {
+                    index,
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                });
             }
             let (_, sent_args) = &mut self.sent_calls[index];
             if let Some(grown) = growth(sent_args, &call.arguments) {
-                calls.push(json!({"index": index, "function": {"arguments": grown}}));
+                out.push(Delta::CallArgs {
+                    index,
+                    fragment: grown,
+                });
             }
         }
-        if !calls.is_empty() {
-            delta.insert("tool_calls".into(), calls.into());
-        }
-        (!delta.is_empty()).then_some(Value::Object(delta))
+        out
     }
 }
 
@@ -145,19 +238,19 @@ mod tests {
     fn tool_call_deltas_carry_index_and_the_first_carries_id_type_and_name() {
         let t = tools();
         let mut p = StreamParser::new(ChatFormat::QwenXml, ParseStart::ReasoningClosed, Some(&t));
-        let first = p.push("<tool_call>\n<function=get_time>\n").expect("a delta");
+        let first = openai_delta(&p.push("<tool_call>\n<function=get_time>\n")).expect("a delta");
         assert_eq!(
             first,
             json!({"tool_calls": [{"index": 0, "id": "call_0", "type": "function", "function": {"name": "get_time", "arguments": "{"}}]})
         );
-        let next = p.push("<parameter=tz>\nCET\n</parameter>\n").expect("a delta");
+        let next = openai_delta(&p.push("<parameter=tz>\nCET\n</parameter>\n")).expect("a delta");
         assert_eq!(
             next,
             json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"tz\":\"CET\""}}]})
         );
         let (last, _) = p.finish();
         assert_eq!(
-            last,
+            openai_delta(&last),
             Some(json!({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}))
         );
     }
@@ -205,12 +298,12 @@ mod tests {
                 let mut p = StreamParser::new(format, start, Some(&t));
                 let mut sum = Sum::default();
                 for piece in [&prefix[..half], &prefix[half..]] {
-                    if let Some(d) = p.push(piece) {
+                    if let Some(d) = openai_delta(&p.push(piece)) {
                         add(&mut sum, &d);
                     }
                 }
                 let (last, msg) = p.finish_output(true);
-                if let Some(d) = last {
+                if let Some(d) = openai_delta(&last) {
                     add(&mut sum, &d);
                 }
                 let what = format!("{format} cut {cut} of {text:?}");
@@ -253,15 +346,20 @@ mod tests {
     fn partial_markers_and_bare_values_are_held_back() {
         let t = tools();
         let mut p = StreamParser::new(ChatFormat::HermesJson, ParseStart::Content, Some(&t));
-        assert_eq!(p.push("Hi <tool_"), Some(json!({"content": "Hi"})));
+        assert_eq!(p.push("Hi <tool_"), vec![Delta::Content("Hi".into())]);
         let mut p = StreamParser::new(ChatFormat::Gemma4, ParseStart::Content, Some(&t));
-        let d = p
-            .push("<|tool_call>call:get_weather{days:1")
-            .expect("the call opens");
+        let d = openai_delta(&p.push("<|tool_call>call:get_weather{days:1")).expect("the call opens");
         assert_eq!(d["tool_calls"][0]["function"]["arguments"], "{");
-        assert_eq!(p.push("2"), None, "a bare number may still continue");
-        let d = p.push(",").expect("the value is finished");
-        assert_eq!(d["tool_calls"][0]["function"]["arguments"], "\"days\":12");
+        assert_eq!(p.push("2"), vec![], "a bare number may still continue");
+        let d = p.push(",");
+        assert_eq!(
+            d,
+            vec![Delta::CallArgs {
+                index: 0,
+                fragment: "\"days\":12".into()
+            }],
+            "the value is finished"
+        );
     }
 
     #[test]
@@ -295,13 +393,13 @@ mod tests {
             let mut p = StreamParser::new(format, ParseStart::Content, Some(&t));
             let mut sum = Sum::default();
             for c in text.chars() {
-                if let Some(d) = p.push(&c.to_string()) {
+                if let Some(d) = openai_delta(&p.push(&c.to_string())) {
                     add(&mut sum, &d);
                 }
             }
             assert_eq!(sum, Sum::default(), "held while it may become a call: {text:?}");
             let (last, msg) = p.finish_output(true);
-            if let Some(d) = last {
+            if let Some(d) = openai_delta(&last) {
                 add(&mut sum, &d);
             }
             assert_eq!(msg.content.as_deref(), Some(content), "{text:?}");

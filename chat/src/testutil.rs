@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::format::{ChatFormat, ParseStart};
 use crate::message::{ParsedMessage, ToolCall};
 use crate::parse::parse;
-use crate::stream::StreamParser;
+use crate::stream::{openai_delta, StreamParser};
 use ChatFormat::*;
 use ParseStart as S;
 
@@ -124,15 +124,24 @@ pub fn add(sum: &mut Sum, delta: &Value) {
 pub fn check(format: ChatFormat, start: ParseStart, pieces: &[&str], tools: Option<&[Value]>) {
     let mut p = StreamParser::new(format, start, tools);
     let mut sum = Sum::default();
+    let mut deltas_all = Vec::new();
     for piece in pieces {
-        if let Some(d) = p.push(piece) {
+        let deltas = p.push(piece);
+        if let Some(d) = openai_delta(&deltas) {
             add(&mut sum, &d);
         }
+        deltas_all.extend(deltas);
     }
     let (last, msg) = p.finish();
-    if let Some(d) = last {
+    deltas_all.extend(last.iter().cloned());
+    if let Some(d) = openai_delta(&last) {
         add(&mut sum, &d);
     }
+    assert_eq!(
+        ParsedMessage::fold(&deltas_all),
+        msg,
+        "the deltas fold to the message"
+    );
     let text: String = pieces.concat();
     assert_eq!(msg, parse(format, start, &text, tools, false));
     assert_eq!(

@@ -537,11 +537,11 @@ fn parse_output(
     let mut p = crate::chat::StreamParser::new(format, start, tools);
     let mut out = String::new();
     for line in input.split_inclusive('\n') {
-        if let Some(d) = p.push(line) {
+        if let Some(d) = crate::chat::openai_delta(&p.push(line)) {
             out.push_str(&format!("{d}\n"));
         }
     }
-    if let Some(d) = p.finish().0 {
+    if let Some(d) = crate::chat::openai_delta(&p.finish().0) {
         out.push_str(&format!("{d}\n"));
     }
     out

@@ -26,3 +26,4 @@ pub mod state;
 pub mod table;
 pub mod template;
 pub mod tokenizer;
+pub mod turn;

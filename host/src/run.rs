@@ -1,12 +1,12 @@
 //! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
 
-use crate::api::images::{self, RequestImage};
 use crate::chat::StreamParser;
 use crate::constraint::{ConstraintFactory, RequestConstraints};
 use crate::decoding::DecodeOptions;
 use crate::generate::{GenerationStats, Session};
 use crate::sampling::SamplingParams;
 use crate::template::RenderInput;
+use crate::turn::images::{self, RequestImage};
 use anyhow::{anyhow, bail, Context, Result};
 use berth_plugin_api::VisionSpec;
 use berth_registry::store::Store;
@@ -425,7 +425,7 @@ impl ReplyPrinter {
                 let _ = out.flush();
                 return;
             }
-            Some(p) => p.push(piece),
+            Some(p) => crate::chat::openai_delta(&p.push(piece)),
         };
         if let Some(d) = delta {
             self.show(out, &d);
@@ -436,7 +436,7 @@ impl ReplyPrinter {
     fn finish(&mut self, out: &mut impl Write) {
         let Some(p) = &mut self.parser else { return };
         let (delta, msg) = p.finish();
-        if let Some(d) = delta {
+        if let Some(d) = crate::chat::openai_delta(&delta) {
             self.show(out, &d);
         }
         for call in &msg.tool_calls {

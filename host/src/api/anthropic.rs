@@ -6,7 +6,7 @@
 //! blocks (`thinking`, `text`, `tool_use`), and a stream into Anthropic's server-sent events.
 
 use super::pipeline::{self, body};
-use super::{parse_object, ApiError, Fields};
+use super::{parse_object, AnthropicError, ApiError, Fields};
 use crate::chat::{self, StreamParser};
 use crate::constraint::{ParamError, RequestConstraints};
 use crate::decoding::{DecodeOptions, FinishReason};
@@ -650,11 +650,11 @@ async fn prompt_for(
     }
     let mut messages = std::mem::take(&mut conv.messages);
     pipeline::check_messages(&messages)?;
-    let images = super::images::take_openai(&mut messages, st.image_urls).await?;
+    let images = crate::turn::images::take_openai(&mut messages, st.image_urls).await?;
     let (mut rendered, mut prompt) = pipeline::render(model, messages, render_tools, conv.extra.clone())?;
     let mut slices = Vec::new();
     if !images.is_empty() {
-        (rendered, prompt, slices) = super::images::expand(model, &rendered, &images, false)?;
+        (rendered, prompt, slices) = crate::turn::images::expand(model, &rendered, &images, false)?;
     }
     Ok((rendered, prompt, slices))
 }
@@ -857,8 +857,8 @@ pub async fn messages(
     State(st): State<Shared>,
     Extension(RequestId(id)): Extension<RequestId>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    create(st, id, b).await.map_err(ApiError::for_anthropic)
+) -> Result<Response, AnthropicError> {
+    create(st, id, b).await.map_err(AnthropicError)
 }
 
 /// The Messages handler, errors in the common shape.
@@ -953,7 +953,7 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
         loop {
             match s.rx.recv().await {
                 Some(Event::Text(t)) => {
-                    if let Some(d) = s.parser.push(&t) {
+                    if let Some(d) = crate::chat::openai_delta(&s.parser.push(&t)) {
                         let mut out = String::new();
                         s.blocks.push(&d, &mut out);
                         if !out.is_empty() {
@@ -964,7 +964,7 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
                 Some(Event::Done(fin)) => {
                     let (d, msg) = s.parser.finish_output(fin.reason == FinishReason::Length);
                     let mut out = String::new();
-                    if let Some(d) = d {
+                    if let Some(d) = crate::chat::openai_delta(&d) {
                         s.blocks.push(&d, &mut out);
                     }
                     s.blocks.close(&mut out);
@@ -1002,8 +1002,8 @@ async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Res
 pub async fn count_tokens(
     State(st): State<Shared>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    count(st, b).await.map_err(ApiError::for_anthropic)
+) -> Result<Response, AnthropicError> {
+    count(st, b).await.map_err(AnthropicError)
 }
 
 /// The token-counting handler, errors in the common shape.
@@ -1364,9 +1364,8 @@ mod tests {
 
     #[tokio::test]
     async fn errors_answer_in_anthropic_shape() {
-        let resp = ApiError::param("max_tokens", "'max_tokens' is required")
-            .for_anthropic()
-            .into_response();
+        let resp =
+            crate::api::Shape::Anthropic.respond(ApiError::param("max_tokens", "'max_tokens' is required"));
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
         let v: Value = serde_json::from_slice(&bytes).unwrap();
@@ -1374,16 +1373,17 @@ mod tests {
             v,
             json!({"type": "error", "error": {"type": "invalid_request_error", "message": "'max_tokens' is required"}})
         );
-        let resp = ApiError::model_not_found("nope").for_anthropic().into_response();
+        let resp = crate::api::Shape::Anthropic.respond(ApiError::model_not_found("nope"));
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
         let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
         let v: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(v["error"]["type"], "not_found_error");
         assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
         // A message that does not name its parameter gets it prefixed.
-        let resp = ApiError::param("tools[0].input_schema", "must be a JSON schema object")
-            .for_anthropic()
-            .into_response();
+        let resp = crate::api::Shape::Anthropic.respond(ApiError::param(
+            "tools[0].input_schema",
+            "must be a JSON schema object",
+        ));
         let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
         let v: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(
@@ -1396,7 +1396,7 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, "overloaded_error"),
             (StatusCode::INTERNAL_SERVER_ERROR, "api_error"),
         ] {
-            let resp = ApiError::new(status, "x").for_anthropic().into_response();
+            let resp = crate::api::Shape::Anthropic.respond(ApiError::new(status, "x"));
             let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
             let v: Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(v["error"]["type"], kind);

@@ -4,6 +4,7 @@
 
 use super::body::typed;
 use super::ApiError;
+use crate::turn::{Call, Content, ImageRef, ImageSource, Message, Part, Role as TurnRole};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
@@ -39,6 +40,16 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     /// The calls an assistant message made.
     pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// The speaker's name (OpenAI), passed to the template.
+    pub name: Option<String>,
+    /// The reasoning of an assistant turn, given back (an extension several clients send).
+    pub reasoning_content: Option<String>,
+    /// Ollama: the reasoning of an assistant turn, given back.
+    pub thinking: Option<String>,
+    /// Ollama: the tool a tool message answers for.
+    pub tool_name: Option<String>,
+    /// Ollama: base64 images, placed before the text.
+    pub images: Option<Vec<Value>>,
 }
 
 /// A message's content: text, or a list of parts.
@@ -103,12 +114,16 @@ pub struct ContentPart {
     pub kind: Option<PartType>,
     /// Its text (required on a text part).
     pub text: Option<String>,
+    /// An `image_url` part's image: a URL string, or `{"url": ...}`.
+    pub image_url: Option<Value>,
 }
 
 /// A tool call an assistant message made.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(remote = "Self")]
 pub struct ToolCallIn {
+    /// The call's id.
+    pub id: Option<String>,
     /// The function called (required).
     pub function: Option<FunctionCallIn>,
 }
@@ -173,6 +188,12 @@ impl ChatMessage {
                 }
             }
         }
+        for (j, img) in self.images.iter().flatten().enumerate() {
+            if !img.is_string() {
+                let p = format!("{at}.images[{j}]");
+                return Err(ApiError::param(&p, format!("{p}: must be a base64 string")));
+            }
+        }
         if let Some(MessageContent::Parts(parts)) = &self.content {
             for (j, part) in parts.iter().enumerate() {
                 let p = format!("{at}.content[{j}]");
@@ -186,6 +207,85 @@ impl ChatMessage {
             }
         }
         Ok(())
+    }
+}
+
+impl ChatMessage {
+    /// The typed turn message of a checked message (`at`: its path, for the images' places).
+    pub fn to_turn(&self, at: &str) -> Message {
+        let role = match self.role {
+            Some(Role::System) => TurnRole::System,
+            Some(Role::Developer) => TurnRole::Developer,
+            Some(Role::Assistant) => TurnRole::Assistant,
+            Some(Role::Tool | Role::Function) => TurnRole::Tool,
+            Some(Role::User) | None => TurnRole::User,
+        };
+        let images: Vec<Part> = self
+            .images
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(j, b)| {
+                Part::Image(ImageRef {
+                    place: format!("{at}.images[{j}]"),
+                    source: ImageSource::Base64(b.as_str().unwrap_or_default().to_string()),
+                })
+            })
+            .collect();
+        let content = self.content.as_ref().map(|c| match c {
+            MessageContent::Text(t) => Content::Text(t.clone()),
+            MessageContent::Parts(parts) => Content::Parts(
+                parts
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(j, p)| match p.kind {
+                        Some(PartType::Text) => Some(Part::Text(p.text.clone().unwrap_or_default())),
+                        Some(PartType::ImageUrl) => {
+                            let url = match &p.image_url {
+                                Some(Value::String(s)) => s.clone(),
+                                Some(Value::Object(o)) => {
+                                    o.get("url").and_then(Value::as_str).unwrap_or("").to_string()
+                                }
+                                _ => String::new(),
+                            };
+                            Some(Part::Image(ImageRef {
+                                place: format!("{at}.content[{j}]"),
+                                source: ImageSource::Url(url),
+                            }))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+        });
+        let tool_calls = self
+            .tool_calls
+            .iter()
+            .flatten()
+            .filter_map(|c| {
+                let f = c.function.as_ref()?;
+                Some(Call {
+                    id: c.id.clone(),
+                    name: f.name.clone().unwrap_or_default(),
+                    arguments: f.arguments.clone().unwrap_or(Value::Null),
+                })
+            })
+            .collect();
+        // Ollama's images go before the message's text, as Ollama puts them.
+        let content = match (images.is_empty(), content) {
+            (true, c) => c,
+            (false, Some(Content::Text(t))) => Some(Content::Parts([images, vec![Part::Text(t)]].concat())),
+            (false, Some(Content::Parts(p))) => Some(Content::Parts([images, p].concat())),
+            (false, None) => Some(Content::Parts(images)),
+        };
+        Message {
+            role,
+            content,
+            reasoning: self.reasoning_content.clone().or_else(|| self.thinking.clone()),
+            tool_calls,
+            tool_call_id: self.tool_call_id.clone(),
+            name: self.name.clone().or_else(|| self.tool_name.clone()),
+        }
     }
 }
 

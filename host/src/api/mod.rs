@@ -4,7 +4,6 @@
 
 pub mod anthropic;
 pub mod body;
-pub mod images;
 pub mod logprobs;
 pub mod messages;
 pub mod ollama;
@@ -16,128 +15,115 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
-/// An error answered to the client.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Human-readable message.
-    pub message: String,
-    /// The offending parameter, when there is one.
-    pub param: Option<String>,
-    /// A short machine code (`model_not_found`, ...).
-    pub code: Option<&'static str>,
-    /// Answer in Ollama's shape `{"error": "..."}` instead of OpenAI's.
-    pub ollama: bool,
-    /// Answer in Anthropic's shape `{"type": "error", "error": {"type", "message"}}`.
-    pub anthropic: bool,
+pub use crate::turn::ApiError;
+
+/// The wire shape an error is answered in: each surface's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// `{"error": {"message", "type", "param", "code"}}` (chat completions, completions, Responses).
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}`.
+    Anthropic,
+    /// `{"error": "..."}`.
+    Ollama,
 }
 
-impl ApiError {
-    /// A 400 about one parameter.
-    pub fn param(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            param: Some(param.to_string()),
-            code: None,
-            ollama: false,
-            anthropic: false,
+impl Shape {
+    /// The shape of the surface a path belongs to.
+    pub fn of_path(path: &str) -> Shape {
+        if path.starts_with("/v1/messages") {
+            Shape::Anthropic
+        } else if path.starts_with("/api/") {
+            Shape::Ollama
+        } else {
+            Shape::OpenAi
         }
     }
 
-    /// An error with a status and message.
-    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            param: None,
-            code: None,
-            ollama: false,
-            anthropic: false,
-        }
-    }
-
-    /// A 404 for a model the store does not have.
-    pub fn model_not_found(model: &str) -> ApiError {
-        ApiError {
-            code: Some("model_not_found"),
-            param: Some("model".into()),
-            ..ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("The model '{model}' does not exist or you do not have access to it."),
-            )
-        }
-    }
-
-    /// The same error in Ollama's shape.
-    pub fn for_ollama(mut self) -> ApiError {
-        self.ollama = true;
-        self
-    }
-
-    /// The same error in Anthropic's shape.
-    pub fn for_anthropic(mut self) -> ApiError {
-        self.anthropic = true;
-        self
-    }
-
-    /// Anthropic's error type for the status.
-    fn anthropic_kind(&self) -> &'static str {
-        match self.status.as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            413 => "request_too_large",
-            429 => "rate_limit_error",
-            503 | 529 => "overloaded_error",
-            400..=499 => "invalid_request_error",
-            _ => "api_error",
-        }
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.status.as_u16() {
-            401 => "authentication_error",
-            404 => "not_found_error",
-            429 => "rate_limit_error",
-            400..=499 => "invalid_request_error",
+    /// The error type of its body for a status.
+    fn kind(self, status: StatusCode) -> &'static str {
+        match (self, status.as_u16()) {
+            (_, 401) => "authentication_error",
+            (Shape::Anthropic, 403) => "permission_error",
+            (_, 404) => "not_found_error",
+            (Shape::Anthropic, 413) => "request_too_large",
+            (_, 429) => "rate_limit_error",
+            (Shape::Anthropic, 503 | 529) => "overloaded_error",
+            (_, 400..=499) => "invalid_request_error",
+            (Shape::Anthropic, _) => "api_error",
             _ => "server_error",
         }
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let refusal = Refusal {
-            message: self.message.clone(),
-            param: self.param.clone(),
-            code: self.code,
+    /// The error answered in this shape.
+    pub fn respond(self, e: ApiError) -> Response {
+        let body = match self {
+            Shape::Ollama => json!({ "error": e.message }),
+            Shape::Anthropic => {
+                // Anthropic's shape has no `param`: the message names it when it does not already.
+                let message = match &e.param {
+                    Some(p) if !e.message.contains(p.as_str()) => format!("{p}: {}", e.message),
+                    _ => e.message.clone(),
+                };
+                json!({ "type": "error", "error": { "type": self.kind(e.status), "message": message } })
+            }
+            Shape::OpenAi => json!({ "error": {
+                "message": e.message,
+                "type": self.kind(e.status),
+                "param": e.param,
+                "code": e.code,
+            }}),
         };
-        let body = if self.ollama {
-            json!({ "error": self.message })
-        } else if self.anthropic {
-            // Anthropic's shape has no `param`: the message names it when it does not already.
-            let message = match &self.param {
-                Some(p) if !self.message.contains(p.as_str()) => format!("{p}: {}", self.message),
-                _ => self.message.clone(),
-            };
-            json!({ "type": "error", "error": { "type": self.anthropic_kind(), "message": message } })
-        } else {
-            json!({ "error": {
-                "message": self.message,
-                "type": self.kind(),
-                "param": self.param,
-                "code": self.code,
-            }})
-        };
-        let mut r = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE || self.status == StatusCode::TOO_MANY_REQUESTS {
+        let mut r = (e.status, axum::Json(body)).into_response();
+        if e.status == StatusCode::SERVICE_UNAVAILABLE || e.status == StatusCode::TOO_MANY_REQUESTS {
             r.headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from_static("1"));
         }
-        r.extensions_mut().insert(refusal);
+        r.extensions_mut().insert(Refusal {
+            message: e.message,
+            param: e.param,
+            code: e.code,
+        });
         r
+    }
+}
+
+/// OpenAI's shape is the default: chat completions, completions, models and Responses use it.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        Shape::OpenAi.respond(self)
+    }
+}
+
+/// An error answered in Anthropic's shape (the Messages API's handlers return it).
+#[derive(Debug)]
+pub struct AnthropicError(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for AnthropicError {
+    fn from(e: E) -> AnthropicError {
+        AnthropicError(e.into())
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        Shape::Anthropic.respond(self.0)
+    }
+}
+
+/// An error answered in Ollama's shape (the `/api/*` handlers return it).
+#[derive(Debug)]
+pub struct OllamaError(pub ApiError);
+
+impl<E: Into<ApiError>> From<E> for OllamaError {
+    fn from(e: E) -> OllamaError {
+        OllamaError(e.into())
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        Shape::Ollama.respond(self.0)
     }
 }
 

@@ -3,18 +3,19 @@
 
 use super::body::{self, int_in, num_in, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
-use super::pipeline::{
-    body, collect_all, constraint_for, param_error, prepare, render, submit, thinking, GenerationBody,
-    Prepared,
-};
-use super::ApiError;
-use crate::chat::{self, ParsedMessage, StreamParser};
+use super::pipeline::{body, prepare, GenerationBody, Prepared};
+use super::{ApiError, OllamaError};
+use crate::chat::{Delta, ParsedMessage, ToolCall};
 use crate::constraint::RequestConstraints;
 use crate::decoding::{DecodeOptions, FinishReason};
-use crate::engine::{Event, Finish};
+use crate::engine::Finish;
 use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
+use crate::turn::reply::{self, Encoder, ReplyEvent};
+use crate::turn::{
+    ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Turn,
+};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -27,7 +28,6 @@ use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 /// RFC 3339 UTC time, as Ollama writes it.
 pub fn rfc3339(t: SystemTime) -> String {
@@ -51,10 +51,6 @@ pub fn rfc3339(t: SystemTime) -> String {
         rem % 60,
         d.subsec_nanos()
     )
-}
-
-fn oerr(e: ApiError) -> ApiError {
-    e.for_ollama()
 }
 
 /// Ollama `options`: sampling and stopping, plus load-time settings Berth sets per server (checked
@@ -164,7 +160,8 @@ impl OllamaOptions {
         Ok(DecodeOptions {
             sampling: s,
             max_tokens,
-            stop: crate::decoding::parse_stop(self.stop.as_ref(), "options.stop", 16).map_err(param_error)?,
+            stop: crate::decoding::parse_stop(self.stop.as_ref(), "options.stop", 16)
+                .map_err(ApiError::from)?,
             constraint: None,
             logprobs: None,
         })
@@ -185,15 +182,18 @@ fn ollama_decode(
     Ok(decode)
 }
 
-/// `think` as template variables: a level (`low`, `medium`, `high`) is also the reasoning effort;
-/// gpt-oss cannot stop reasoning, so for it a boolean leaves the default effort (`medium`), as
-/// Ollama ignores `true`/`false` for gpt-oss.
-fn think_extra(think: &Option<Think>) -> Map<String, Value> {
-    let mut extra = Map::new();
-    if let Some(t) = think {
-        t.apply(&mut extra);
+/// `think` on a turn: a level (`low`, `medium`, `high`) is also the reasoning effort; gpt-oss
+/// cannot stop reasoning, so for it a boolean leaves the default effort (`medium`), as Ollama
+/// ignores `true`/`false` for gpt-oss.
+fn apply_think(think: &Option<Think>, req: &mut TurnRequest) {
+    match think {
+        Some(Think::Enabled(b)) => req.thinking.enabled = Some(*b),
+        Some(Think::Level(l)) => {
+            req.thinking.effort = Some(l.clone());
+            req.thinking.enabled = Some(true);
+        }
+        None => {}
     }
-    extra
 }
 
 /// The body of `POST /api/chat`.
@@ -240,16 +240,19 @@ impl GenerationBody for ChatRequest {
         self.keep_alive.map(|KeepAlive(k)| k)
     }
 
-    fn decode_options(&self, _json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
-        ollama_decode(&self.options, self.logprobs, self.top_logprobs)
-    }
-
-    fn constraints(&self) -> Result<RequestConstraints, ApiError> {
-        RequestConstraints::from_ollama(self.tools.as_ref(), self.format.as_ref()).map_err(param_error)
-    }
-
-    fn template_extra(&self, _json: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
-        Ok(think_extra(&self.think))
+    fn turn(&mut self, _json: &Map<String, Value>) -> Result<TurnRequest, ApiError> {
+        let messages = self
+            .messages
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, m)| m.to_turn(&format!("messages[{i}]")))
+            .collect();
+        let mut req = TurnRequest::new(Prompt::Chat(messages));
+        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs)?;
+        req.constraints = RequestConstraints::from_ollama(self.tools.as_ref(), self.format.as_ref())?;
+        apply_think(&self.think, &mut req);
+        Ok(req)
     }
 }
 
@@ -318,16 +321,39 @@ impl GenerationBody for GenerateRequest {
         self.keep_alive.map(|KeepAlive(k)| k)
     }
 
-    fn decode_options(&self, _json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
-        ollama_decode(&self.options, self.logprobs, self.top_logprobs)
-    }
-
-    fn constraints(&self) -> Result<RequestConstraints, ApiError> {
-        RequestConstraints::from_ollama(None, self.format.as_ref()).map_err(param_error)
-    }
-
-    fn template_extra(&self, _json: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
-        Ok(think_extra(&self.think))
+    fn turn(&mut self, _json: &Map<String, Value>) -> Result<TurnRequest, ApiError> {
+        let text = self.prompt.clone().unwrap_or_default();
+        let mut images = Vec::new();
+        for (j, v) in self.images.iter().flatten().enumerate() {
+            let place = format!("images[{j}]");
+            let b64 = v
+                .as_str()
+                .ok_or_else(|| ApiError::param(&place, format!("{place}: must be a base64 string")))?;
+            images.push(ImageRef {
+                place,
+                source: ImageSource::Base64(b64.to_string()),
+            });
+        }
+        let prompt = if self.raw.unwrap_or(false) {
+            Prompt::Raw { text, images }
+        } else {
+            let mut messages = Vec::new();
+            if let Some(s) = &self.system {
+                messages.push(Message::text(Role::System, s.clone()));
+            }
+            let mut parts: Vec<Part> = images.into_iter().map(Part::Image).collect();
+            parts.push(Part::Text(text));
+            messages.push(Message {
+                content: Some(Content::Parts(parts)),
+                ..Message::text(Role::User, "")
+            });
+            Prompt::Chat(messages)
+        };
+        let mut req = TurnRequest::new(prompt);
+        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs)?;
+        req.constraints = RequestConstraints::from_ollama(None, self.format.as_ref())?;
+        apply_think(&self.think, &mut req);
+        Ok(req)
     }
 }
 
@@ -424,7 +450,7 @@ impl RequestBody for CopyRequest {
 
 /// A small body parsed in Ollama's error shape.
 fn parse_ollama<T: RequestBody>(b: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    Ok(body::parse::<T>(&body(b).map_err(oerr)?).map_err(oerr)?.request)
+    Ok(body::parse::<T>(&body(b)?)?.request)
 }
 
 fn ndjson(stream: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static) -> Response {
@@ -460,151 +486,165 @@ fn final_stats(fin: &Finish, started: Instant) -> Map<String, Value> {
     m
 }
 
-/// An OpenAI delta or message in Ollama's message shape.
-fn ollama_message(content: &str, thinking: &str, calls: &[Value]) -> Value {
-    let mut m = json!({"role": "assistant", "content": content});
-    if !thinking.is_empty() {
-        m["thinking"] = thinking.into();
-    }
-    if !calls.is_empty() {
-        m["tool_calls"] = calls.to_vec().into();
-    }
-    m
-}
-
-fn ollama_call(name: &str, arguments: &str) -> Value {
-    let args: Value = serde_json::from_str(arguments).unwrap_or_else(|_| json!({}));
-    json!({"function": {"name": name, "arguments": args}})
-}
-
-/// Ollama messages as the OpenAI-style messages the template takes.
-fn to_template_messages(messages: &[Value]) -> Vec<Value> {
-    messages
-        .iter()
-        .map(|m| {
-            let mut m = m.clone();
-            if let Some(o) = m.as_object_mut() {
-                o.remove("images");
-                o.remove("thinking");
-                if let Some(Value::Array(calls)) = o.get_mut("tool_calls") {
-                    for c in calls.iter_mut() {
-                        if c.get("type").is_none() {
-                            c["type"] = "function".into();
-                        }
-                    }
-                }
-            }
-            m
-        })
-        .collect()
-}
-
-struct Gen {
-    model: Arc<Model>,
-    rx: UnboundedReceiver<Event>,
-    parser: StreamParser,
-    started: Instant,
-    stream: bool,
-    /// Whether the request asked for log-probabilities.
-    logprobs: bool,
-}
-
 /// `POST /api/chat`.
 pub async fn chat(
     State(st): State<Shared>,
     Extension(RequestId(id)): Extension<RequestId>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    chat_inner(st, id, b).await.map_err(oerr)
-}
-
-async fn chat_inner(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+) -> Result<Response, OllamaError> {
     let started = Instant::now();
     let Prepared {
         request: req,
-        mut json,
-        mut decode,
-        constraints: rc,
-        extra,
+        turn,
         model,
-        keep_alive: ka,
+        keep_alive,
     } = prepare::<ChatRequest>(&st, b).await?;
-    let mut messages = match json.remove("messages") {
-        Some(Value::Array(m)) => m,
-        _ => Vec::new(),
-    };
-    let logprobs = decode.logprobs.is_some();
-    let tools = rc.parser_tools().map(<[Value]>::to_vec);
-    let stream = req.stream.unwrap_or(true);
-    if messages.is_empty() {
-        // Ollama's way to load (or, with keep_alive 0, unload) a model.
-        if ka == Some(Some(Duration::ZERO)) {
-            st.models.unload(&model.reference);
-        }
-        let v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
-            "message": {"role": "assistant", "content": ""}, "done_reason": "load", "done": true});
-        return Ok(axum::Json(v).into_response());
+    if req.messages.as_ref().is_none_or(|m| m.is_empty()) {
+        return Ok(loaded(&st, &model, keep_alive, true));
     }
-    let images = super::images::take_ollama(&mut messages)?;
-    super::images::check_vision(&model, &images)?;
-    // openai-harmony reads Ollama's messages itself (`thinking`, `tool_name`, object arguments).
-    let rendered_messages = if model.harmony.is_some() {
-        messages.clone()
-    } else {
-        to_template_messages(&messages)
-    };
-    let (mut rendered, mut prompt) = render(&model, rendered_messages, tools.clone(), extra.clone())?;
-    let mut slices = Vec::new();
-    if !images.is_empty() {
-        (rendered, prompt, slices) = super::images::expand(&model, &rendered, &images, false)?;
-    }
-    let start = chat::prefill(model.detected.format, &rendered);
-    decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
-    let parser = StreamParser::new(model.detected.format, start, tools.as_deref());
-    let rx = submit(&model, &id, prompt, slices, decode)?;
-    respond(
-        Gen {
-            model,
-            rx,
-            parser,
-            started,
-            stream,
-            logprobs,
-        },
-        true,
-    )
-    .await
+    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), true, started).await?)
 }
 
-/// Streams (or collects) a generation as Ollama chat messages or generate responses.
-async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
-    let reference = g.model.reference.clone();
-    let shape = move |delta: Option<&Value>, done: Option<Map<String, Value>>| -> Value {
-        let d = delta.cloned().unwrap_or_else(|| json!({}));
-        let content = d["content"].as_str().unwrap_or("");
-        let thinking = d["reasoning_content"].as_str().unwrap_or("");
-        let calls: Vec<Value> = d["tool_calls"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| {
-                let name = c["function"]["name"].as_str()?;
-                Some(ollama_call(
-                    name,
-                    c["function"]["arguments"].as_str().unwrap_or("{}"),
-                ))
-            })
-            .collect();
-        let mut v = json!({"model": reference, "created_at": rfc3339(SystemTime::now())});
-        if chat {
-            v["message"] = ollama_message(content, thinking, &calls);
+/// `POST /api/generate`.
+pub async fn generate(
+    State(st): State<Shared>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
+    let started = Instant::now();
+    let Prepared {
+        request: req,
+        mut turn,
+        model,
+        keep_alive,
+    } = prepare::<GenerateRequest>(&st, b).await?;
+    if req.prompt.as_deref().unwrap_or("").is_empty() {
+        return Ok(loaded(&st, &model, keep_alive, false));
+    }
+    // A model without a template completes the prompt as it is.
+    if model.template.is_none() {
+        if let Prompt::Chat(_) = &turn.prompt {
+            let images = turn_images(&turn.prompt);
+            turn.prompt = Prompt::Raw {
+                text: req.prompt.clone().unwrap_or_default(),
+                images,
+            };
+        }
+    }
+    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), false, started).await?)
+}
+
+/// The images of a prompt, in order.
+fn turn_images(prompt: &Prompt) -> Vec<ImageRef> {
+    match prompt {
+        Prompt::Chat(messages) => messages.iter().flat_map(|m| m.images().cloned()).collect(),
+        Prompt::Raw { images, .. } => images.clone(),
+    }
+}
+
+/// Ollama's answer to a request without a prompt: the model is loaded (or, with `keep_alive` 0,
+/// unloaded).
+fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat: bool) -> Response {
+    if keep_alive == Some(Some(Duration::ZERO)) {
+        st.models.unload(&model.reference);
+    }
+    let mut v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
+        "done_reason": "load", "done": true});
+    if chat {
+        v["message"] = json!({"role": "assistant", "content": ""});
+    } else {
+        v["response"] = "".into();
+    }
+    axum::Json(v).into_response()
+}
+
+/// Runs a turn and answers it as Ollama chat messages (`chat`) or generate responses, streamed
+/// as NDJSON lines or whole.
+async fn respond(
+    st: &Shared,
+    id: &str,
+    model: Arc<Model>,
+    req: TurnRequest,
+    stream: bool,
+    chat: bool,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let mut turn = Turn::prepare(&model, req, st.image_urls).await?;
+    let rxs = turn.submit(&model, id)?;
+    let mut lines = Lines {
+        reference: model.reference.clone(),
+        chat,
+        started,
+        logprobs: turn.logprobs.then(|| model.tokenizer.clone()),
+        pending: Vec::new(),
+        calls: ParsedMessage::default(),
+    };
+    if !stream {
+        let r = reply::collect_all(rxs, turn.parsers(1)).await?.remove(0);
+        let cut = r.end.finish.reason == FinishReason::Length;
+        let mut msg = r.message;
+        keep_whole_calls(&mut msg, cut);
+        let mut stats = final_stats(&r.end.finish, started);
+        if !msg.tool_calls.is_empty() && !cut {
+            stats.insert("done_reason".into(), "stop".into());
+        }
+        if let Some(tok) = &lines.logprobs {
+            stats.insert(
+                "logprobs".into(),
+                super::logprobs::content(tok, &r.logprobs).into(),
+            );
+        }
+        let content = msg.content.as_deref().unwrap_or("");
+        let thinking = msg.reasoning_content.as_deref().unwrap_or("");
+        return Ok(axum::Json(lines.shape(content, thinking, &msg.tool_calls, Some(stats))).into_response());
+    }
+    lines.pending.clear();
+    let text = reply::encode(reply::merged(rxs, turn.parsers(1)), lines);
+    Ok(ndjson(futures_util::StreamExt::map(text, |t| {
+        Ok::<_, Infallible>(Bytes::from(t))
+    })))
+}
+
+/// The encoder of Ollama's NDJSON lines: text as it grows, each tool call whole at the end (never
+/// argument fragments), then the final statistics.
+struct Lines {
+    reference: String,
+    chat: bool,
+    started: Instant,
+    /// The tokenizer, when the request asked for log-probabilities.
+    logprobs: Option<crate::tokenizer::Tokenizer>,
+    /// Log-probabilities not sent yet: they go with the next line after their tokens.
+    pending: Vec<TokenLogprobs>,
+    /// The calls so far (the fold of the call deltas).
+    calls: ParsedMessage,
+}
+
+impl Lines {
+    /// One line: a message (chat) or a response (generate), `done` unless `stats` end it.
+    fn shape(
+        &self,
+        content: &str,
+        thinking: &str,
+        calls: &[ToolCall],
+        stats: Option<Map<String, Value>>,
+    ) -> Value {
+        let mut v = json!({"model": self.reference, "created_at": rfc3339(SystemTime::now())});
+        if self.chat {
+            let mut m = json!({"role": "assistant", "content": content});
+            if !thinking.is_empty() {
+                m["thinking"] = thinking.into();
+            }
+            if !calls.is_empty() {
+                m["tool_calls"] = calls.iter().map(ollama_call).collect::<Vec<_>>().into();
+            }
+            v["message"] = m;
         } else {
             v["response"] = content.into();
             if !thinking.is_empty() {
                 v["thinking"] = thinking.into();
             }
         }
-        match done {
+        match stats {
             Some(stats) => {
                 for (k, x) in stats {
                     v[k] = x;
@@ -613,97 +653,68 @@ async fn respond(g: Gen, chat: bool) -> Result<Response, ApiError> {
             None => v["done"] = false.into(),
         }
         v
-    };
-    let Gen {
-        rx,
-        mut parser,
-        started,
-        stream,
-        logprobs,
-        ..
-    } = g;
-    let tokenizer = g.model.tokenizer.clone();
-    let lp_list = move |lps: &[TokenLogprobs]| Value::from(super::logprobs::content(&tokenizer, lps));
-    if !stream {
-        let c = collect_all(rx).await?;
-        let (text, fin) = (c.text, c.finish);
-        parser.push(&text);
-        let cut = fin.reason == FinishReason::Length;
-        let (_, mut msg) = parser.finish_output(cut);
-        keep_whole_calls(&mut msg, cut);
-        let mut whole = json!({
-            "content": msg.content.clone().unwrap_or_default(),
-            "reasoning_content": msg.reasoning_content.clone().unwrap_or_default(),
-        });
-        if !msg.tool_calls.is_empty() {
-            whole["tool_calls"] = msg
-                .tool_calls
-                .iter()
-                .map(|c| c.to_openai())
-                .collect::<Vec<_>>()
-                .into();
-        }
-        let mut stats = final_stats(&fin, started);
-        if !msg.tool_calls.is_empty() && !cut {
-            stats.insert("done_reason".into(), "stop".into());
-        }
-        if logprobs {
-            stats.insert("logprobs".into(), lp_list(&c.logprobs));
-        }
-        return Ok(axum::Json(shape(Some(&whole), Some(stats))).into_response());
     }
-    // Log-probabilities go with the next line sent after their tokens.
-    let with_lps = move |mut v: Value, lps: &mut Vec<TokenLogprobs>| {
-        if logprobs && !lps.is_empty() {
-            v["logprobs"] = lp_list(&std::mem::take(lps));
+
+    /// A line with the pending log-probabilities.
+    fn line(&mut self, mut v: Value) -> String {
+        if let Some(tok) = &self.logprobs {
+            if !self.pending.is_empty() {
+                v["logprobs"] = super::logprobs::content(tok, &std::mem::take(&mut self.pending)).into();
+            }
         }
-        v
-    };
-    let s = futures_util::stream::unfold(
-        (rx, parser, shape, with_lps, Vec::new(), false),
-        move |(mut rx, mut parser, shape, with_lps, mut lps, done)| async move {
-            if done {
-                return None;
+        format!("{v}\n")
+    }
+
+    /// The text deltas as one line (none when no text grew); calls are kept for the end.
+    fn text_line(&mut self, deltas: &[Delta]) -> String {
+        let (mut content, mut thinking) = (String::new(), String::new());
+        for d in deltas {
+            match d {
+                Delta::Content(t) => content.push_str(t),
+                Delta::Reasoning(t) => thinking.push_str(t),
+                _ => self.calls.apply(d),
             }
-            loop {
-                match rx.recv().await {
-                    Some(Event::Logprobs(lp)) => lps.push(lp),
-                    Some(Event::Text(t)) => {
-                        if let Some(d) = parser.push(&t).and_then(without_calls) {
-                            let v = with_lps(shape(Some(&d), None), &mut lps);
-                            return Some((Ok(line(&v)), (rx, parser, shape, with_lps, lps, false)));
-                        }
-                    }
-                    Some(Event::Done(fin)) => {
-                        let cut = fin.reason == FinishReason::Length;
-                        let (d, mut msg) = parser.finish_output(cut);
-                        keep_whole_calls(&mut msg, cut);
-                        let mut out = String::new();
-                        if let Some(d) = d.and_then(without_calls) {
-                            out.push_str(&format!("{}\n", with_lps(shape(Some(&d), None), &mut lps)));
-                        }
-                        // Ollama sends each tool call whole, never argument fragments.
-                        if !msg.tool_calls.is_empty() {
-                            let calls: Vec<Value> = msg.tool_calls.iter().map(|c| c.to_openai()).collect();
-                            let v = shape(Some(&json!({"tool_calls": calls})), None);
-                            out.push_str(&format!("{}\n", with_lps(v, &mut lps)));
-                        }
-                        let last = shape(None, Some(final_stats(&fin, started)));
-                        out.push_str(&format!("{}\n", with_lps(last, &mut lps)));
-                        return Some((Ok(Bytes::from(out)), (rx, parser, shape, with_lps, lps, true)));
-                    }
-                    Some(Event::Error(e)) => {
-                        return Some((
-                            Ok(line(&json!({"error": e}))),
-                            (rx, parser, shape, with_lps, lps, true),
-                        ));
-                    }
-                    None => return None,
+        }
+        if content.is_empty() && thinking.is_empty() {
+            return String::new();
+        }
+        let v = self.shape(&content, &thinking, &[], None);
+        self.line(v)
+    }
+}
+
+impl Encoder for Lines {
+    fn event(&mut self, _index: usize, event: ReplyEvent) -> String {
+        match event {
+            ReplyEvent::Grew { deltas, logprobs } => {
+                self.pending.extend(logprobs);
+                self.text_line(&deltas)
+            }
+            ReplyEvent::Ended {
+                deltas,
+                logprobs,
+                end,
+            } => {
+                self.pending.extend(logprobs);
+                let mut out = self.text_line(&deltas);
+                let mut calls = std::mem::take(&mut self.calls);
+                keep_whole_calls(&mut calls, end.finish.reason == FinishReason::Length);
+                if !calls.tool_calls.is_empty() {
+                    let v = self.shape("", "", &calls.tool_calls, None);
+                    out += &self.line(v);
                 }
+                let last = self.shape("", "", &[], Some(final_stats(&end.finish, self.started)));
+                out + &self.line(last)
             }
-        },
-    );
-    Ok(ndjson(s))
+            ReplyEvent::Failed(e) => format!("{}\n", json!({"error": e})),
+        }
+    }
+}
+
+/// A call in Ollama's shape: arguments as an object.
+fn ollama_call(c: &ToolCall) -> Value {
+    let args: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
+    json!({"function": {"name": c.name, "arguments": args}})
 }
 
 /// Ollama sends calls whole, at the end: a call `max_tokens` cut inside its arguments (they do
@@ -713,97 +724,6 @@ fn keep_whole_calls(msg: &mut ParsedMessage, cut: bool) {
         msg.tool_calls
             .retain(|c| serde_json::from_str::<Value>(&c.arguments).is_ok_and(|v| v.is_object()));
     }
-}
-
-/// An OpenAI-style stream delta without its tool-call fragments (Ollama streams whole calls at
-/// the end); `None` when nothing else is left in it.
-fn without_calls(mut d: Value) -> Option<Value> {
-    if let Some(o) = d.as_object_mut() {
-        o.remove("tool_calls");
-    }
-    let text = |k: &str| d[k].as_str().is_some_and(|s| !s.is_empty());
-    (text("content") || text("reasoning_content")).then_some(d)
-}
-
-/// `POST /api/generate`.
-pub async fn generate(
-    State(st): State<Shared>,
-    Extension(RequestId(id)): Extension<RequestId>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    generate_inner(st, id, b).await.map_err(oerr)
-}
-
-async fn generate_inner(
-    st: Shared,
-    id: String,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let Prepared {
-        request: req,
-        mut decode,
-        constraints: rc,
-        extra,
-        model,
-        keep_alive: ka,
-        ..
-    } = prepare::<GenerateRequest>(&st, b).await?;
-    let prompt = req.prompt.as_deref().unwrap_or("");
-    let system = req.system.as_deref();
-    let raw = req.raw.unwrap_or(false);
-    let image_list = req.images.as_ref();
-    let logprobs = decode.logprobs.is_some();
-    let stream = req.stream.unwrap_or(true);
-    if prompt.is_empty() {
-        if ka == Some(Some(Duration::ZERO)) {
-            st.models.unload(&model.reference);
-        }
-        let v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
-            "response": "", "done_reason": "load", "done": true});
-        return Ok(axum::Json(v).into_response());
-    }
-    let (images, markers) = super::images::take_ollama_generate(image_list)?;
-    super::images::check_vision(&model, &images)?;
-    let marked = format!("{markers}{prompt}");
-    let prompt = marked.as_str();
-    let (parser, tokens, slices) = if raw || model.template.is_none() {
-        let p = StreamParser::new(chat::ChatFormat::ContentOnly, chat::ParseStart::Content, None);
-        decode.constraint = constraint_for(&model, &rc, false, chat::ParseStart::Content)?;
-        let (_, tokens, slices) = super::images::expand(&model, prompt, &images, true)?;
-        (p, tokens, slices)
-    } else {
-        let mut messages = Vec::new();
-        if let Some(s) = system {
-            messages.push(json!({"role": "system", "content": s}));
-        }
-        messages.push(json!({"role": "user", "content": prompt}));
-        let (mut rendered, mut tokens) = render(&model, messages, None, extra.clone())?;
-        let mut slices = Vec::new();
-        if !images.is_empty() {
-            (rendered, tokens, slices) = super::images::expand(&model, &rendered, &images, false)?;
-        }
-        let start = chat::prefill(model.detected.format, &rendered);
-        decode.constraint = constraint_for(&model, &rc, thinking(&model, start, &extra), start)?;
-        (
-            StreamParser::new(model.detected.format, start, None),
-            tokens,
-            slices,
-        )
-    };
-    let rx = submit(&model, &id, tokens, slices, decode)?;
-    respond(
-        Gen {
-            model,
-            rx,
-            parser,
-            started,
-            stream,
-            logprobs,
-        },
-        false,
-    )
-    .await
 }
 
 fn details(e: &PackEntry) -> Value {
@@ -846,14 +766,14 @@ pub async fn tags(State(st): State<Shared>) -> Response {
 /// `POST /api/show`.
 pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req = parse_ollama::<ShowRequest>(b)?;
-    let name = pack_name(&req.model, &req.name).map_err(oerr)?;
+    let name = pack_name(&req.model, &req.name)?;
     let e = st
         .models
         .store()
         .get(name)
         .ok()
         .filter(|e| e.manifest.is_some())
-        .ok_or_else(|| ApiError::model_not_found(name).for_ollama())?;
+        .ok_or_else(|| ApiError::model_not_found(name))?;
     let m = e.manifest.as_ref().expect("filtered");
     let template = crate::generate::load_text_side(&e)
         .ok()
@@ -913,15 +833,15 @@ pub async fn delete(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req = parse_ollama::<DeleteRequest>(b)?;
-    let name = pack_name(&req.model, &req.name).map_err(oerr)?;
+    let name = pack_name(&req.model, &req.name)?;
     let reference = st
         .models
         .resolve(name)
-        .ok_or_else(|| ApiError::model_not_found(name).for_ollama())?;
+        .ok_or_else(|| ApiError::model_not_found(name))?;
     st.models
         .store()
         .remove(&reference)
-        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, e.to_string()).for_ollama())?;
+        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, e.to_string()))?;
     st.models.unload(&reference);
     st.models.tick();
     Ok(StatusCode::OK.into_response())
@@ -936,13 +856,13 @@ pub async fn copy(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         req.destination.unwrap_or_default(),
     );
     if st.models.resolve(&src).is_none() {
-        return Err(ApiError::model_not_found(&src).for_ollama());
+        return Err(ApiError::model_not_found(&src));
     }
     let store = st.models.store().clone();
     tokio::task::spawn_blocking(move || store.copy(&src, &dst))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).for_ollama())?
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).for_ollama())?;
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     st.models.tick();
     Ok(StatusCode::OK.into_response())
 }
@@ -966,7 +886,7 @@ fn pull_event(p: &berth_registry::Progress) -> Value {
 /// An unknown name is a 404 before the stream starts; later failures are `{"error"}` lines.
 pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req = parse_ollama::<PullRequest>(b)?;
-    let name = pack_name(&req.model, &req.name).map_err(oerr)?.to_string();
+    let name = pack_name(&req.model, &req.name)?.to_string();
     let stream = req.stream.unwrap_or(true);
     if st.models.resolve(&name).is_some() {
         let body = if stream {
@@ -976,11 +896,11 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         };
         return Ok(([("content-type", "application/x-ndjson")], body).into_response());
     }
-    let internal = |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e).for_ollama();
+    let internal = |e: String| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e);
     let opts = berth_registry::HubOptions::from_env();
     match berth_registry::HubRef::parse(&name, &opts) {
         // A hub name (hf.co/..., ollama.com/...): malformed is the client's error.
-        Some(Err(e)) => return Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).for_ollama()),
+        Some(Err(e)) => return Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string())),
         Some(Ok(_)) => {}
         None => {
             let catalog = tokio::task::spawn_blocking(berth_registry::pull::load_catalog)
@@ -991,8 +911,7 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!("pull {name}: not in the packs catalog"),
-                )
-                .for_ollama());
+                ));
             }
         }
     }
@@ -1038,30 +957,27 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        rfc3339, think_extra, without_calls, ChatRequest, CopyRequest, GenerateRequest, PullRequest,
-        ShowRequest,
-    };
+    use super::{rfc3339, ChatRequest, CopyRequest, GenerateRequest, PullRequest, ShowRequest};
     use crate::api::body::parse;
-    use crate::api::pipeline::harmony_effort;
     use crate::api::pipeline::GenerationBody;
     use crate::api::ApiError;
     use crate::decoding::DecodeOptions;
     use crate::harmony::ReasoningEffort;
+    use crate::turn::harmony_effort;
     use axum::http::StatusCode;
     use serde_json::Map;
     use std::time::{Duration, UNIX_EPOCH};
 
     /// The template variables of an `/api/chat` body (with a model, as the preamble wants).
     fn chat_extra(body: &str) -> Result<Map<String, serde_json::Value>, ApiError> {
-        let p = parse::<ChatRequest>(body.as_bytes())?;
-        Ok(think_extra(&p.request.think))
+        let mut p = parse::<ChatRequest>(body.as_bytes())?;
+        Ok(p.request.turn(&p.json)?.template_extra())
     }
 
     /// The decode options of an `/api/chat` body, as the preamble builds them.
     fn chat_decode(body: &serde_json::Value) -> Result<DecodeOptions, ApiError> {
-        let p = parse::<ChatRequest>(body.to_string().as_bytes())?;
-        p.request.decode_options(&p.json)
+        let mut p = parse::<ChatRequest>(body.to_string().as_bytes())?;
+        Ok(p.request.turn(&p.json)?.decode)
     }
 
     /// The reasoning effort a gpt-oss model renders for an `/api/chat` body, or the error.
@@ -1134,14 +1050,40 @@ mod tests {
     }
 
     #[test]
-    fn streamed_chunks_leave_call_fragments_for_the_whole_calls_at_the_end() {
-        let delta = serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"ci"}}]});
-        assert_eq!(without_calls(delta), None);
-        let delta = serde_json::json!({"reasoning_content": "hmm", "tool_calls": []});
-        assert_eq!(
-            without_calls(delta),
-            Some(serde_json::json!({"reasoning_content": "hmm"}))
-        );
+    fn streamed_lines_leave_call_fragments_for_the_whole_calls_at_the_end() {
+        use super::{Lines, ReplyEvent};
+        use crate::chat::Delta;
+        use crate::turn::reply::Encoder;
+        let mut lines = Lines {
+            reference: "m:1".into(),
+            chat: true,
+            started: std::time::Instant::now(),
+            logprobs: None,
+            pending: Vec::new(),
+            calls: Default::default(),
+        };
+        let start = Delta::CallStart {
+            index: 0,
+            id: "call_0".into(),
+            name: "get_weather".into(),
+        };
+        let args = Delta::CallArgs {
+            index: 0,
+            fragment: "{\"city\": \"Paris\"}".into(),
+        };
+        let grew = ReplyEvent::Grew {
+            deltas: vec![Delta::Reasoning("hmm".into()), start],
+            logprobs: Vec::new(),
+        };
+        let out = lines.event(0, grew);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["message"]["thinking"], "hmm");
+        assert!(v["message"].get("tool_calls").is_none(), "{v}");
+        let grew = ReplyEvent::Grew {
+            deltas: vec![args],
+            logprobs: Vec::new(),
+        };
+        assert_eq!(lines.event(0, grew), "", "argument fragments are held");
     }
 
     #[test]

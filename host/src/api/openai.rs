@@ -2,19 +2,16 @@
 
 use super::body::{self, field_names, int_in, num_in, Int, RequestBody, StreamOptions, Think};
 use super::messages::{self, ChatMessage};
-use super::pipeline::{
-    capabilities, chat_finish_reason, choice_decodes, collect_all, constraint_for, data, now_secs,
-    param_error, prepare, refuse_images, render, sse, submit_n, thinking, usage_n, GenerationBody, Prepared,
-    MAX_CHOICES,
-};
+use super::pipeline::{capabilities, now_secs, prepare, sse, usage_n, GenerationBody, Prepared, MAX_CHOICES};
 use super::{ApiError, Fields};
-use crate::chat::{self, StreamParser};
+use crate::chat::{openai_delta, Delta};
 use crate::constraint::RequestConstraints;
-use crate::decoding::{DecodeOptions, FinishReason};
-use crate::engine::{Event, Finish};
+use crate::decoding::DecodeOptions;
+use crate::engine::Finish;
 use crate::sampling::{SamplingParams, TokenLogprobs};
-use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
+use crate::turn::reply::{self, Encoder, ReplyEvent};
+use crate::turn::{ChatRequest, Prompt as TurnPrompt, Turn};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -26,9 +23,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::fmt;
-use std::sync::Arc;
 use std::time::UNIX_EPOCH;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The body of `POST /v1/chat/completions`; the sampling fields are [`OpenAiSampling`] and the
 /// template variables [`ChatTemplateFields`], read from the same object.
@@ -145,33 +140,31 @@ impl GenerationBody for ChatCompletionRequest {
         self.model.as_deref()
     }
 
-    fn decode_options(&self, json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
+    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         let max = max_tokens(&[
             ("max_tokens", self.max_tokens),
             ("max_completion_tokens", self.max_completion_tokens),
         ])?;
-        let mut decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
-        decode.logprobs = super::logprobs::request(self.logprobs, self.top_logprobs)?;
-        Ok(decode)
-    }
-
-    fn constraints(&self) -> Result<RequestConstraints, ApiError> {
-        RequestConstraints::from_openai(
+        let messages = self
+            .messages
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, m)| m.to_turn(&format!("messages[{i}]")))
+            .collect();
+        let mut req = ChatRequest::new(TurnPrompt::Chat(messages));
+        req.decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
+        req.decode.logprobs = super::logprobs::request(self.logprobs, self.top_logprobs)?;
+        req.constraints = RequestConstraints::from_openai(
             self.tools.as_ref(),
             self.tool_choice.as_ref(),
             self.parallel_tool_calls.as_ref(),
             self.response_format.as_ref(),
-        )
-        .map_err(param_error)
-    }
-
-    fn template_extra(&self, json: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
-        Ok(body::part::<ChatTemplateFields>(json)?.extra())
-    }
-
-    fn with_model(&self, decode: &mut DecodeOptions, model: &Model) -> Result<(), ApiError> {
-        decode.sampling.logit_bias = logit_bias(self.logit_bias.as_ref(), model.vocab_size)?;
-        Ok(())
+        )?;
+        req.logit_bias = self.logit_bias.take();
+        req.n = self.n.map_or(1, |Int(n)| n as usize);
+        body::part::<ChatTemplateFields>(json)?.apply(&mut req);
+        Ok(req)
     }
 }
 
@@ -245,16 +238,20 @@ impl GenerationBody for CompletionRequest {
         self.model.as_deref()
     }
 
-    fn decode_options(&self, json: &Map<String, Value>) -> Result<DecodeOptions, ApiError> {
+    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         let max = max_tokens(&[("max_tokens", self.max_tokens)])?.or(Some(16));
-        let mut decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
-        decode.logprobs = self.logprobs.map(|Int(n)| n as usize);
-        Ok(decode)
-    }
-
-    fn with_model(&self, decode: &mut DecodeOptions, model: &Model) -> Result<(), ApiError> {
-        decode.sampling.logit_bias = logit_bias(self.logit_bias.as_ref(), model.vocab_size)?;
-        Ok(())
+        let text = self.prompt.take().map(|Prompt(p)| p).unwrap_or_default();
+        let mut req = ChatRequest::new(TurnPrompt::Raw {
+            text,
+            images: Vec::new(),
+        });
+        req.decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
+        req.decode.logprobs = self.logprobs.map(|Int(n)| n as usize);
+        req.logit_bias = self.logit_bias.take();
+        req.n = self.n.map_or(1, |Int(n)| n as usize);
+        // The text is completed and streamed exactly as generated.
+        req.parse_reply = false;
+        Ok(req)
     }
 }
 
@@ -352,7 +349,7 @@ impl OpenAiSampling {
         Ok(DecodeOptions {
             sampling: s,
             max_tokens,
-            stop: crate::decoding::parse_stop(self.stop.as_ref(), "stop", 4).map_err(param_error)?,
+            stop: crate::decoding::parse_stop(self.stop.as_ref(), "stop", 4).map_err(ApiError::from)?,
             constraint: None,
             logprobs: None,
         })
@@ -402,20 +399,19 @@ impl RequestBody for ChatTemplateFields {
 }
 
 impl ChatTemplateFields {
-    /// The template variables: the kwargs, then `reasoning_effort` (with `enable_thinking` unless
-    /// the kwargs set it), then `think` (which wins).
-    pub fn extra(&self) -> Map<String, Value> {
-        let mut extra = self.chat_template_kwargs.clone().unwrap_or_default();
-        if let Some(effort) = &self.reasoning_effort {
-            extra.insert("reasoning_effort".into(), effort.clone().into());
-            extra
-                .entry("enable_thinking")
-                .or_insert((effort != "none").into());
+    /// Puts the template variables on a turn: the kwargs, `reasoning_effort`, then `think`
+    /// (which wins: a level sets the effort too).
+    pub fn apply(&self, req: &mut ChatRequest) {
+        req.template_vars = self.chat_template_kwargs.clone().unwrap_or_default();
+        req.thinking.effort = self.reasoning_effort.clone();
+        match &self.think {
+            Some(Think::Enabled(b)) => req.thinking.enabled = Some(*b),
+            Some(Think::Level(l)) => {
+                req.thinking.effort = Some(l.clone());
+                req.thinking.enabled = Some(true);
+            }
+            None => {}
         }
-        if let Some(think) = &self.think {
-            think.apply(&mut extra);
-        }
-        extra
     }
 }
 
@@ -429,12 +425,6 @@ pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeO
         }
     }
     body::part::<OpenAiSampling>(f.map())?.decode_options(max)
-}
-
-/// OpenAI's `logit_bias`, checked against the loaded model's vocabulary: a token id outside it is
-/// a 400 on `logit_bias` naming the id.
-pub(crate) fn logit_bias(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
-    crate::sampling::parse_logit_bias(v, vocab).map_err(param_error)
 }
 
 /// The legacy `functions` / `function_call` fields (superseded by `tools` / `tool_choice`) are
@@ -456,7 +446,9 @@ fn refuse_legacy_functions(functions: bool, function_call: bool) -> Result<(), A
 
 /// The template variables of a walked body (the Responses API): as [`ChatTemplateFields`].
 pub(crate) fn template_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
-    Ok(body::part::<ChatTemplateFields>(f.map())?.extra())
+    let mut req = ChatRequest::new(TurnPrompt::Chat(Vec::new()));
+    body::part::<ChatTemplateFields>(f.map())?.apply(&mut req);
+    Ok(req.template_extra())
 }
 
 /// `POST /v1/chat/completions`.
@@ -467,190 +459,237 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let Prepared {
         request: req,
-        mut json,
-        mut decode,
-        constraints: rc,
-        extra,
+        turn: chat,
         model,
         ..
     } = prepare::<ChatCompletionRequest>(&st, b).await?;
-    let mut messages = match json.remove("messages") {
-        Some(Value::Array(m)) => m,
-        _ => Vec::new(),
+    let n = chat.n;
+    let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
+    let rxs = turn.submit(&model, &id)?;
+    let parsers = turn.parsers(n);
+    let chunks = Chunks {
+        id: format!("chatcmpl-{}", id.trim_start_matches("req-")),
+        object: "chat.completion.chunk",
+        created: now_secs(),
+        model: model.reference.clone(),
+        include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        logprobs: turn.logprobs.then(|| model.tokenizer.clone()),
+        n,
+        finishes: Vec::new(),
+        failed: false,
+        offsets: vec![0; n],
     };
-    let stream = req.stream.unwrap_or(false);
-    let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-    let logprobs = decode.logprobs;
-    let n = req.n.map_or(1, |Int(n)| n as usize);
-    let tool_choice_none = req.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
-    let render_tools = if tool_choice_none {
-        None
-    } else {
-        rc.parser_tools().map(<[Value]>::to_vec)
-    };
-    if model.vision.is_none() {
-        refuse_images(&model, &messages)?;
+    if !req.stream.unwrap_or(false) {
+        let replies = reply::collect_all(rxs, parsers).await?;
+        let choices: Vec<Value> = replies
+            .iter()
+            .enumerate()
+            .map(|(index, r)| {
+                json!({"index": index, "message": r.message.to_openai(),
+                       "logprobs": chunks.chat_logprobs(&r.logprobs, true),
+                       "finish_reason": r.end.reason().as_str()})
+            })
+            .collect();
+        let finishes: Vec<Finish> = replies.into_iter().map(|r| r.end.finish).collect();
+        return Ok(axum::Json(chunks.whole("chat.completion", choices, &finishes)).into_response());
     }
-    let images = super::images::take_openai(&mut messages, st.image_urls).await?;
-    let (mut rendered, mut prompt) = render(&model, messages, render_tools.clone(), extra.clone())?;
-    let mut slices = Vec::new();
-    if !images.is_empty() {
-        (rendered, prompt, slices) = super::images::expand(&model, &rendered, &images, false)?;
-    }
-    let start = chat::prefill(model.detected.format, &rendered);
-    let thinks = thinking(&model, start, &extra);
-    decode.constraint = constraint_for(&model, &rc, thinks, start)?;
-    let decodes = choice_decodes(decode, n, || constraint_for(&model, &rc, thinks, start))?;
-    let parser = || StreamParser::new(model.detected.format, start, render_tools.as_deref());
-    let rxs = submit_n(&model, &id, prompt, slices, decodes)?;
-    let cid = format!("chatcmpl-{}", id.trim_start_matches("req-"));
-    let created = now_secs();
-    let model_name = model.reference.clone();
-    let tokenizer = model.tokenizer.clone();
-    let lp_json = move |lps: &[TokenLogprobs]| -> Value {
-        if logprobs.is_some() {
-            super::logprobs::chat_choice(&tokenizer, lps)
-        } else {
-            Value::Null
+    Ok(sse_of(reply::encode(
+        reply::merged(rxs, parsers),
+        ChatChunks(chunks),
+    )))
+}
+
+/// What the chunks of one streamed request share, and how its choices ended.
+struct Chunks {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    /// The tokenizer, when the request asked for log-probabilities.
+    logprobs: Option<crate::tokenizer::Tokenizer>,
+    n: usize,
+    finishes: Vec<Finish>,
+    failed: bool,
+    /// Text streamed so far per choice (the legacy log-probabilities' offsets).
+    offsets: Vec<usize>,
+}
+
+impl Chunks {
+    /// One chunk with one choice.
+    fn chunk(&self, choice: Value) -> Value {
+        let mut c = json!({"id": self.id, "object": self.object, "created": self.created,
+                           "model": self.model, "choices": [choice]});
+        if self.include_usage {
+            c["usage"] = Value::Null;
         }
-    };
-    if !stream {
-        let all = futures_util::future::try_join_all(rxs.into_iter().map(collect_all)).await?;
-        let mut out = Vec::new();
-        for (index, c) in all.iter().enumerate() {
-            let mut parser = parser();
-            parser.push(&c.text);
-            // A cut reply is parsed as the prefix it is (see `StreamParser::finish_output`).
-            let (_, msg) = parser.finish_output(c.finish.reason == FinishReason::Length);
-            let reason = chat_finish_reason(&c.finish, !msg.tool_calls.is_empty());
-            out.push(json!({"index": index, "message": msg.to_openai(), "logprobs": lp_json(&c.logprobs), "finish_reason": reason}));
+        c
+    }
+
+    /// The non-streamed body: the choices and the usage.
+    fn whole(&self, object: &str, choices: Vec<Value>, finishes: &[Finish]) -> Value {
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+               "choices": choices, "usage": usage_n(finishes)})
+    }
+
+    /// A chat choice's `logprobs` (`null` when not asked for, or `when` is false).
+    fn chat_logprobs(&self, lps: &[TokenLogprobs], when: bool) -> Value {
+        match &self.logprobs {
+            Some(tok) if when => super::logprobs::chat_choice(tok, lps),
+            _ => Value::Null,
         }
-        let fins: Vec<Finish> = all.into_iter().map(|c| c.finish).collect();
-        let body = json!({
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model_name,
-            "choices": out,
-            "usage": usage_n(&fins),
-        });
-        return Ok(axum::Json(body).into_response());
     }
-    let chunk = Arc::new(
-        move |index: usize, delta: Value, finish: Option<&str>, lps: Option<Value>| {
-            let mut c = json!({
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model_name,
-                "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}],
-            });
-            if include_usage {
-                c["usage"] = Value::Null;
-            }
-            c
-        },
-    );
-    /// One choice's stream state.
-    struct S<C, L> {
-        index: usize,
-        rx: UnboundedReceiver<Event>,
-        parser: StreamParser,
-        chunk: Arc<C>,
-        lp_json: L,
-        /// Log-probabilities not yet sent (their text has not made a delta yet).
-        lps: Vec<TokenLogprobs>,
-        started: bool,
-        done: bool,
-        calls: bool,
-        ends: Arc<std::sync::Mutex<Ends>>,
+
+    /// A choice ended: counted for the usage and `[DONE]`.
+    fn ended(&mut self, fin: Finish) {
+        self.finishes.push(fin);
     }
-    /// How the choices ended, for the usage chunk and `[DONE]`.
-    #[derive(Default)]
-    struct Ends {
-        finishes: Vec<Finish>,
-        failed: bool,
-    }
-    let ends = Arc::new(std::sync::Mutex::new(Ends::default()));
-    let streams = rxs.into_iter().enumerate().map(|(index, rx)| {
-        let state = S {
-            index,
-            rx,
-            parser: parser(),
-            chunk: chunk.clone(),
-            lp_json: lp_json.clone(),
-            lps: Vec::new(),
-            started: false,
-            done: false,
-            calls: false,
-            ends: ends.clone(),
-        };
-        Box::pin(futures_util::stream::unfold(state, |mut s| async move {
-            if s.done {
-                return None;
-            }
-            if !s.started {
-                s.started = true;
-                let first = (s.chunk)(s.index, json!({"role": "assistant", "content": ""}), None, None);
-                return Some((Ok::<_, Infallible>(data(&first)), s));
-            }
-            loop {
-                match s.rx.recv().await {
-                    Some(Event::Logprobs(lp)) => s.lps.push(lp),
-                    Some(Event::Text(t)) => {
-                        if let Some(d) = s.parser.push(&t) {
-                            s.calls |= d.get("tool_calls").is_some();
-                            let l = (!s.lps.is_empty()).then(|| (s.lp_json)(&std::mem::take(&mut s.lps)));
-                            return Some((Ok(data(&(s.chunk)(s.index, d, None, l))), s));
-                        }
-                    }
-                    Some(Event::Done(fin)) => {
-                        let (d, msg) = s.parser.finish_output(fin.reason == FinishReason::Length);
-                        let mut out = String::new();
-                        let l = (!s.lps.is_empty()).then(|| (s.lp_json)(&std::mem::take(&mut s.lps)));
-                        match d {
-                            Some(d) => out.push_str(&format!("data: {}\n\n", (s.chunk)(s.index, d, None, l))),
-                            None if l.is_some() => {
-                                out.push_str(&format!("data: {}\n\n", (s.chunk)(s.index, json!({}), None, l)))
-                            }
-                            None => {}
-                        }
-                        let reason = chat_finish_reason(&fin, s.calls || !msg.tool_calls.is_empty());
-                        out.push_str(&format!("data: {}\n\n", (s.chunk)(s.index, json!({}), Some(reason), None)));
-                        s.ends.lock().unwrap_or_else(|e| e.into_inner()).finishes.push(fin);
-                        s.done = true;
-                        return Some((Ok(Bytes::from(out)), s));
-                    }
-                    Some(Event::Error(e)) => {
-                        s.done = true;
-                        s.ends.lock().unwrap_or_else(|e| e.into_inner()).failed = true;
-                        let err =
-                            json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                        return Some((Ok(data(&err)), s));
-                    }
-                    None => return None,
-                }
-            }
-        }))
-    });
-    let merged = futures_util::stream::select_all(streams);
-    let chunk_tail = chunk.clone();
-    let tail = futures_util::stream::once(async move {
-        let ends = ends.lock().unwrap_or_else(|e| e.into_inner());
+
+    /// The usage chunk (when asked for) and `[DONE]`, once every choice ended well.
+    fn tail(&self) -> String {
+        if self.failed || self.finishes.len() < self.n {
+            return String::new();
+        }
         let mut out = String::new();
-        if ends.failed || ends.finishes.len() < n {
-            return Ok(Bytes::new());
-        }
-        if include_usage {
-            let mut u = (chunk_tail)(0, json!({}), None, None);
+        if self.include_usage {
+            let mut u = self.chunk(Value::Null);
             u["choices"] = json!([]);
-            u["usage"] = usage_n(&ends.finishes);
-            out.push_str(&format!("data: {u}\n\n"));
+            u["usage"] = usage_n(&self.finishes);
+            out.push_str(&frame(&u));
         }
-        out.push_str("data: [DONE]\n\n");
-        Ok(Bytes::from(out))
-    });
-    Ok(sse(futures_util::StreamExt::chain(merged, tail)))
+        out + "data: [DONE]\n\n"
+    }
+
+    /// A failed choice's error event.
+    fn failure(&mut self, e: &str) -> String {
+        self.failed = true;
+        frame(&json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}}))
+    }
+}
+
+/// One server-sent event frame.
+fn frame(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+/// The encoder of streamed chat completions: one chunk per flush, the role first, the finish
+/// reason in a chunk of its own, then the usage and `[DONE]`.
+struct ChatChunks(Chunks);
+
+impl Encoder for ChatChunks {
+    fn start(&mut self) -> String {
+        (0..self.0.n)
+            .map(|i| {
+                frame(
+                    &self
+                        .0
+                        .chunk(json!({"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": null, "finish_reason": null})),
+                )
+            })
+            .collect()
+    }
+
+    fn event(&mut self, index: usize, event: ReplyEvent) -> String {
+        let c = &mut self.0;
+        match event {
+            ReplyEvent::Grew { deltas, logprobs } => {
+                let delta = openai_delta(&deltas).unwrap_or_else(|| json!({}));
+                let lps = c.chat_logprobs(&logprobs, !logprobs.is_empty());
+                frame(
+                    &c.chunk(json!({"index": index, "delta": delta, "logprobs": lps, "finish_reason": null})),
+                )
+            }
+            ReplyEvent::Ended {
+                deltas,
+                logprobs,
+                end,
+            } => {
+                let mut out = String::new();
+                let delta = openai_delta(&deltas);
+                if delta.is_some() || (!logprobs.is_empty() && c.logprobs.is_some()) {
+                    let lps = c.chat_logprobs(&logprobs, !logprobs.is_empty());
+                    let delta = delta.unwrap_or_else(|| json!({}));
+                    out += &frame(&c.chunk(
+                        json!({"index": index, "delta": delta, "logprobs": lps, "finish_reason": null}),
+                    ));
+                }
+                let reason = end.reason().as_str();
+                out += &frame(
+                    &c.chunk(json!({"index": index, "delta": {}, "logprobs": null, "finish_reason": reason})),
+                );
+                c.ended(end.finish);
+                out
+            }
+            ReplyEvent::Failed(e) => c.failure(&e),
+        }
+    }
+
+    fn end(&mut self) -> String {
+        self.0.tail()
+    }
+}
+
+/// The encoder of streamed legacy completions: one chunk per piece of text, then the finish
+/// reason, the usage and `[DONE]`.
+struct CompletionChunks(Chunks);
+
+impl CompletionChunks {
+    fn legacy(&self, lps: &[TokenLogprobs], offset: usize) -> Value {
+        match &self.0.logprobs {
+            Some(tok) => super::logprobs::legacy(tok, lps, offset),
+            None => Value::Null,
+        }
+    }
+}
+
+impl Encoder for CompletionChunks {
+    fn event(&mut self, index: usize, event: ReplyEvent) -> String {
+        match event {
+            ReplyEvent::Grew { deltas, logprobs } => {
+                let text: String = deltas
+                    .iter()
+                    .filter_map(|d| match d {
+                        Delta::Content(t) => Some(t.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                let lps = self.legacy(&logprobs, self.0.offsets[index]);
+                self.0.offsets[index] += text.len();
+                frame(
+                    &self
+                        .0
+                        .chunk(json!({"index": index, "text": text, "logprobs": lps, "finish_reason": null})),
+                )
+            }
+            ReplyEvent::Ended { logprobs, end, .. } => {
+                let lps = if logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    self.legacy(&logprobs, self.0.offsets[index])
+                };
+                let reason = end.reason().as_str();
+                let out =
+                    frame(&self.0.chunk(
+                        json!({"index": index, "text": "", "logprobs": lps, "finish_reason": reason}),
+                    ));
+                self.0.ended(end.finish);
+                out
+            }
+            ReplyEvent::Failed(e) => self.0.failure(&e),
+        }
+    }
+
+    fn end(&mut self) -> String {
+        self.0.tail()
+    }
+}
+
+/// An SSE response over an encoder's text.
+fn sse_of(text: impl futures_util::Stream<Item = String> + Send + 'static) -> Response {
+    sse(futures_util::StreamExt::map(text, |t| {
+        Ok::<_, Infallible>(Bytes::from(t))
+    }))
 }
 
 /// `POST /v1/completions`.
@@ -661,114 +700,42 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let Prepared {
         request: req,
-        decode,
+        turn: chat,
         model,
         ..
     } = prepare::<CompletionRequest>(&st, b).await?;
-    let prompt = req.prompt.map(|Prompt(p)| p).unwrap_or_default();
+    let n = chat.n;
+    let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
+    let rxs = turn.submit(&model, &id)?;
     let stream = req.stream.unwrap_or(false);
-    let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-    let logprobs = decode.logprobs;
-    let n = req.n.map_or(1, |Int(n)| n as usize);
-    let tokens = model.tokenizer.encode(&prompt, true);
-    let decodes = choice_decodes(decode, n, || Ok(None))?;
-    let rxs = submit_n(&model, &id, tokens, Vec::new(), decodes)?;
-    let cid = format!("cmpl-{}", id.trim_start_matches("req-"));
-    let created = now_secs();
-    let model_name = model.reference.clone();
-    let tokenizer = model.tokenizer.clone();
-    let chunk = move |index: usize, text: &str, finish: Option<&str>, lps: Value| {
-        let mut c = json!({
-            "id": cid, "object": "text_completion", "created": created, "model": model_name,
-            "choices": [{"index": index, "text": text, "logprobs": lps, "finish_reason": finish}],
-        });
-        if include_usage && stream {
-            c["usage"] = Value::Null;
-        }
-        c
+    let chunks = Chunks {
+        id: format!("cmpl-{}", id.trim_start_matches("req-")),
+        object: "text_completion",
+        created: now_secs(),
+        model: model.reference.clone(),
+        include_usage: stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        logprobs: turn.logprobs.then(|| model.tokenizer.clone()),
+        n,
+        finishes: Vec::new(),
+        failed: false,
+        offsets: vec![0; n],
     };
-    let legacy = move |lps: &[TokenLogprobs], offset: usize| {
-        if logprobs.is_some() {
-            super::logprobs::legacy(&tokenizer, lps, offset)
-        } else {
-            Value::Null
-        }
-    };
+    let enc = CompletionChunks(chunks);
     if !stream {
-        let all = futures_util::future::try_join_all(rxs.into_iter().map(collect_all)).await?;
-        let mut out = Vec::new();
-        for (index, c) in all.iter().enumerate() {
-            let one = chunk(
-                index,
-                &c.text,
-                Some(c.finish.reason.as_str()),
-                legacy(&c.logprobs, 0),
-            );
-            out.push(one["choices"][0].clone());
-        }
-        let fins: Vec<Finish> = all.into_iter().map(|c| c.finish).collect();
-        let mut c = chunk(0, "", None, Value::Null);
-        c["choices"] = out.into();
-        c["usage"] = usage_n(&fins);
-        return Ok(axum::Json(c).into_response());
+        let replies = reply::collect_all(rxs, vec![None; n]).await?;
+        let choices: Vec<Value> = replies
+            .iter()
+            .enumerate()
+            .map(|(index, r)| {
+                let text = r.message.content.clone().unwrap_or_default();
+                json!({"index": index, "text": text, "logprobs": enc.legacy(&r.logprobs, 0),
+                       "finish_reason": r.end.reason().as_str()})
+            })
+            .collect();
+        let finishes: Vec<Finish> = replies.into_iter().map(|r| r.end.finish).collect();
+        return Ok(axum::Json(enc.0.whole("text_completion", choices, &finishes)).into_response());
     }
-    let ends = Arc::new(std::sync::Mutex::new((Vec::<Finish>::new(), false)));
-    let (chunk, legacy) = (Arc::new(chunk), Arc::new(legacy));
-    let streams = rxs.into_iter().enumerate().map(|(index, rx)| {
-        let (chunk, legacy, ends) = (chunk.clone(), legacy.clone(), ends.clone());
-        // (receiver, pending logprobs, text length so far, done)
-        Box::pin(futures_util::stream::unfold(
-            (rx, Vec::new(), 0usize, false),
-            move |(mut rx, mut lps, mut offset, done)| {
-                let (chunk, legacy, ends) = (chunk.clone(), legacy.clone(), ends.clone());
-                async move {
-                    if done {
-                        return None;
-                    }
-                    loop {
-                        match rx.recv().await {
-                            Some(Event::Logprobs(lp)) => lps.push(lp),
-                            Some(Event::Text(t)) => {
-                                let l = legacy(&std::mem::take(&mut lps), offset);
-                                offset += t.len();
-                                let b = data(&chunk(index, &t, None, l));
-                                return Some((Ok::<_, Infallible>(b), (rx, lps, offset, false)));
-                            }
-                            Some(Event::Done(fin)) => {
-                                let l = if lps.is_empty() { Value::Null } else { legacy(&lps, offset) };
-                                let out = format!("data: {}\n\n", chunk(index, "", Some(fin.reason.as_str()), l));
-                                ends.lock().unwrap_or_else(|e| e.into_inner()).0.push(fin);
-                                return Some((Ok(Bytes::from(out)), (rx, Vec::new(), offset, true)));
-                            }
-                            Some(Event::Error(e)) => {
-                                ends.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
-                                let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                                return Some((Ok(data(&err)), (rx, Vec::new(), offset, true)));
-                            }
-                            None => return None,
-                        }
-                    }
-                }
-            },
-        ))
-    });
-    let merged = futures_util::stream::select_all(streams);
-    let tail = futures_util::stream::once(async move {
-        let ends = ends.lock().unwrap_or_else(|e| e.into_inner());
-        if ends.1 || ends.0.len() < n {
-            return Ok(Bytes::new());
-        }
-        let mut out = String::new();
-        if include_usage {
-            let mut u = chunk(0, "", None, Value::Null);
-            u["choices"] = json!([]);
-            u["usage"] = usage_n(&ends.0);
-            out.push_str(&format!("data: {u}\n\n"));
-        }
-        out.push_str("data: [DONE]\n\n");
-        Ok(Bytes::from(out))
-    });
-    Ok(sse(futures_util::StreamExt::chain(merged, tail)))
+    Ok(sse_of(reply::encode(reply::merged(rxs, vec![None; n]), enc)))
 }
 
 /// One `/v1/models` entry.
@@ -826,12 +793,13 @@ pub async fn get_model(
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_options, logit_bias, template_extra, ChatCompletionRequest, CompletionRequest};
+    use super::{decode_options, template_extra, ChatCompletionRequest, CompletionRequest};
     use crate::api::body::{parse, RequestBody};
     use crate::api::pipeline::check_body;
-    use crate::api::pipeline::{check_messages, choice_seed, harmony_effort};
+    use crate::api::pipeline::check_messages;
     use crate::api::{parse_object, ApiError, Fields};
     use crate::harmony::ReasoningEffort;
+    use crate::turn::{choice_seed, harmony_effort};
     use axum::http::StatusCode;
     use serde_json::{Map, Value};
 
@@ -898,7 +866,6 @@ mod tests {
             "{}",
             e.message
         );
-        assert!(!e.ollama);
     }
 
     #[test]
@@ -951,6 +918,10 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    fn logit_bias(v: Option<&Value>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        crate::sampling::parse_logit_bias(v, vocab).map_err(ApiError::from)
     }
 
     #[test]

@@ -942,7 +942,7 @@ async fn prepare(st: &Shared, id: &str, obj: &Map<String, Value>) -> Result<Prep
     if model.vision.is_none() {
         refuse_images(&model, &messages).map_err(renamed)?;
     }
-    let images = super::images::take_openai(&mut messages, st.image_urls)
+    let images = crate::turn::images::take_openai(&mut messages, st.image_urls)
         .await
         .map_err(renamed)?;
     let (mut rendered, mut prompt) =
@@ -950,7 +950,7 @@ async fn prepare(st: &Shared, id: &str, obj: &Map<String, Value>) -> Result<Prep
     let mut slices = Vec::new();
     if !images.is_empty() {
         (rendered, prompt, slices) =
-            super::images::expand(&model, &rendered, &images, false).map_err(renamed)?;
+            crate::turn::images::expand(&model, &rendered, &images, false).map_err(renamed)?;
     }
     let start = chat::prefill(model.detected.format, &rendered);
     decode.constraint =
@@ -1131,7 +1131,7 @@ async fn run_stream(st: Shared, p: Prepared, mut w: EventWriter) {
     loop {
         match rx.recv().await {
             Some(Event::Text(t)) => {
-                if let Some(d) = parser.push(&t) {
+                if let Some(d) = crate::chat::openai_delta(&parser.push(&t)) {
                     if !w.send_all(out.apply(&d)) {
                         return;
                     }
@@ -1140,7 +1140,9 @@ async fn run_stream(st: Shared, p: Prepared, mut w: EventWriter) {
             Some(Event::Done(fin)) => {
                 let incomplete = fin.reason == FinishReason::Length;
                 let (d, _) = parser.finish_output(incomplete);
-                let mut ev = d.map(|d| out.apply(&d)).unwrap_or_default();
+                let mut ev = crate::chat::openai_delta(&d)
+                    .map(|d| out.apply(&d))
+                    .unwrap_or_default();
                 out.finish(incomplete, &mut ev);
                 if !w.send_all(ev) {
                     return;

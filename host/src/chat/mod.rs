@@ -12,6 +12,7 @@ mod harmony_corpus;
 mod stream_tests;
 
 pub use berth_chat::{
-    detect, prefill, ChatFormat, Detected, ParseStart, ParsedMessage, Reasoning, StreamParser, ToolCall,
+    detect, openai_delta, prefill, ChatFormat, Delta, Detected, ParseStart, ParsedMessage, Reasoning,
+    StreamParser, ToolCall,
 };
 pub use berth_chat::{message, parse, stream, tolerant_forms};

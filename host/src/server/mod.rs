@@ -7,7 +7,7 @@ pub mod config;
 pub use crate::state::models;
 pub use crate::state::{AppState, RequestId, Shared};
 
-use crate::api::{self, ApiError};
+use crate::api::{self, ApiError, Shape};
 use crate::engine::metrics::Metrics;
 use anyhow::{Context, Result};
 use axum::body::HttpBody;
@@ -89,25 +89,14 @@ fn openai_routes(prefix: &str) -> Router<Shared> {
         )
 }
 
-async fn not_found(uri: axum::http::Uri) -> ApiError {
-    shaped_for(uri.path(), ApiError::new(StatusCode::NOT_FOUND, "no such route"))
+async fn not_found(uri: axum::http::Uri) -> Response {
+    Shape::of_path(uri.path()).respond(ApiError::new(StatusCode::NOT_FOUND, "no such route"))
 }
 
 /// A known route called with a method it does not serve: 405 in the route's API shape.
-async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let message = format!("{} does not serve {method}", uri.path());
-    shaped_for(uri.path(), ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message))
-}
-
-/// An error in the shape of the API a path belongs to (Anthropic, Ollama or OpenAI).
-fn shaped_for(path: &str, e: ApiError) -> ApiError {
-    if path.starts_with("/v1/messages") {
-        e.for_anthropic()
-    } else if path.starts_with("/api/") {
-        e.for_ollama()
-    } else {
-        e
-    }
+    Shape::of_path(uri.path()).respond(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message))
 }
 
 /// The `Access-Control-Allow-Origin` value for a request's `Origin`, when CORS allows it.
@@ -188,13 +177,14 @@ async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
                 "a valid API key is required (Authorization: Bearer ..., or x-api-key)",
             );
             e.code = Some("invalid_api_key");
-            if path.starts_with("/v1/messages") {
-                e = e.for_anthropic();
-            } else if path.starts_with("/api/") {
-                e = e.for_ollama();
-            }
             let span = request_span(&id, req.method(), &path);
-            answered(&span, e.into_response(), std::time::Instant::now(), &id).await
+            answered(
+                &span,
+                Shape::of_path(&path).respond(e),
+                std::time::Instant::now(),
+                &id,
+            )
+            .await
         }
         _ => answer(&st, req, next, &path, &id).await,
     };
@@ -357,7 +347,7 @@ pub fn serve(cfg: ServeConfig) -> Result<()> {
             cfg.api_key.clone(),
             cfg.cors_origins.clone(),
         );
-        state.image_urls = crate::api::images::UrlPolicy {
+        state.image_urls = crate::turn::images::UrlPolicy {
             allow_private: cfg.allow_private_image_urls,
         };
         let state = Arc::new(state);

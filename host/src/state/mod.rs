@@ -25,7 +25,7 @@ pub struct AppState {
     /// Stored `/v1/responses` answers, for `previous_response_id` and retrieval.
     pub responses: responses::ResponseStore,
     /// Which addresses image URLs in requests may reach.
-    pub image_urls: crate::api::images::UrlPolicy,
+    pub image_urls: crate::turn::images::UrlPolicy,
     next_id: AtomicU64,
     /// Random per process (48 bits used), the first part of every request id.
     id_prefix: u64,
@@ -60,7 +60,7 @@ impl AppState {
             api_key,
             cors_origins,
             responses: responses::ResponseStore::default(),
-            image_urls: crate::api::images::UrlPolicy::default(),
+            image_urls: crate::turn::images::UrlPolicy::default(),
             next_id: AtomicU64::new(1),
             id_prefix: random_u64() & 0xffff_ffff_ffff,
         }

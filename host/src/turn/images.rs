@@ -7,6 +7,7 @@
 //! ([`marker`]); the rendered text then gets each image's placeholder in place of its marker, as a
 //! model's own processor expands the image token the template wrote.
 
+use super::request::{ImageRef, ImageSource};
 use super::ApiError;
 use crate::engine::JobImage;
 use crate::image::resample::Arithmetic;
@@ -225,6 +226,18 @@ async fn load_url(place: &str, url: &str, policy: UrlPolicy) -> Result<Vec<u8>, 
         place,
         format!("the image URL '{shown}' is neither a data: URL nor an http(s) URL"),
     ))
+}
+
+/// The bytes of one image of a turn (fetched, or decoded from base64).
+pub async fn load(image: &ImageRef, policy: UrlPolicy) -> Result<RequestImage, ApiError> {
+    let place = image.place.clone();
+    let bytes = match &image.source {
+        ImageSource::Url(url) if url.is_empty() => return Err(bad(&place, "'image_url.url' is required")),
+        ImageSource::Url(url) => load_url(&place, url, policy).await?,
+        ImageSource::Base64(b) => base64_bytes(&place, b)?,
+        ImageSource::Bytes(b) => b.clone(),
+    };
+    Ok(RequestImage { place, bytes })
 }
 
 /// Takes the `image_url` parts out of OpenAI messages: each message with images gets its parts

@@ -1,0 +1,354 @@
+//! One chat turn, whatever asked for it: every API surface maps its wire request into a
+//! [`ChatRequest`] ([`request`]), and [`Turn::prepare`] builds, in one place, what the engine and
+//! the stream need from it: the prompt rendered (chat template or openai-harmony), its images,
+//! the prefill state, whether the model thinks, the constraint per choice and the reply parser.
+//! [`reply`] drives the engine's events through the parser into typed deltas, streamed or folded;
+//! each surface only encodes those. `berth run` builds the same turn and submits to the same
+//! engine.
+
+pub mod error;
+pub mod images;
+pub mod reply;
+pub mod request;
+
+pub use error::ApiError;
+pub use request::{Call, ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Thinking};
+
+use crate::chat::{ChatFormat, ParseStart, StreamParser};
+use crate::constraint::{RequestConstraints, SequenceConstraint};
+use crate::decoding::DecodeOptions;
+use crate::engine::{Event, Job, JobImage, Sibling, SubmitError};
+use crate::harmony::{HarmonyInput, ReasoningEffort};
+use crate::state::models::Model;
+use crate::template::RenderInput;
+use axum::http::StatusCode;
+use images::{RequestImage, UrlPolicy};
+use serde_json::{Map, Value};
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Most choices one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// A turn ready for the engine: the prompt, its images, one decode per choice, and how to parse
+/// the reply.
+pub struct Turn {
+    /// The prompt as rendered text (markers replaced by the images' placeholders).
+    pub rendered: String,
+    /// The prompt's tokens.
+    pub prompt: Vec<u32>,
+    /// The images' slices, placed on their placeholder tokens.
+    pub images: Vec<JobImage>,
+    /// One decode per choice, each with its own constraint and seed.
+    pub decodes: Vec<DecodeOptions>,
+    /// Where the rendered prompt leaves the reply (in reasoning, in content).
+    pub start: ParseStart,
+    /// Whether the model thinks first.
+    pub thinks: bool,
+    /// The chat format replies are parsed in; `None`: the text is passed on as it is.
+    pub format: Option<ChatFormat>,
+    /// The tools calls are recognised for.
+    pub parser_tools: Option<Vec<Value>>,
+    /// Whether the request asked for log-probabilities.
+    pub logprobs: bool,
+}
+
+impl Turn {
+    /// Builds the turn of `req` for `model`: images loaded (URLs fetched under `policy`) and
+    /// checked against the model, the prompt rendered and tokenized, the prefill read, the
+    /// constraint of each choice built. Every client mistake is a 400 naming its parameter.
+    pub async fn prepare(model: &Model, mut req: ChatRequest, policy: UrlPolicy) -> Result<Turn, ApiError> {
+        if let Some(bias) = req.logit_bias.take() {
+            req.decode.sampling.logit_bias =
+                crate::sampling::parse_logit_bias(Some(&bias), model.vocab_size).map_err(ApiError::from)?;
+        }
+        let refs: Vec<ImageRef> = match &req.prompt {
+            Prompt::Chat(messages) => messages.iter().flat_map(|m| m.images().cloned()).collect(),
+            Prompt::Raw { images, .. } => images.clone(),
+        };
+        if let (Some(first), None) = (refs.first(), &model.vision) {
+            return Err(ApiError::param(
+                &first.place,
+                format!("{}: model {} does not take images", first.place, model.reference),
+            ));
+        }
+        let mut loaded = Vec::with_capacity(refs.len());
+        for r in &refs {
+            loaded.push(images::load(r, policy).await?);
+        }
+        Turn::build(model, req, &loaded)
+    }
+
+    /// [`Turn::prepare`] once the images are loaded (`berth run` reads its files itself).
+    pub fn build(model: &Model, req: ChatRequest, loaded: &[RequestImage]) -> Result<Turn, ApiError> {
+        let extra = req.template_extra();
+        let parser_tools = req.constraints.parser_tools().map(<[Value]>::to_vec);
+        let (rendered, prompt, images, start, thinks, format) = match &req.prompt {
+            Prompt::Chat(messages) => {
+                let mut k = 0;
+                let json: Vec<Value> = messages
+                    .iter()
+                    .map(|m| {
+                        let v = m.to_template(k, images::marker);
+                        k += m.images().count();
+                        v
+                    })
+                    .collect();
+                let tools = if req.render_tools {
+                    parser_tools.clone()
+                } else {
+                    None
+                };
+                let (mut rendered, mut prompt) = render(model, json, tools, extra.clone())?;
+                let mut slices = Vec::new();
+                if !loaded.is_empty() {
+                    (rendered, prompt, slices) = images::expand(model, &rendered, loaded, false)?;
+                }
+                let start = crate::chat::prefill(model.detected.format, &rendered);
+                let thinks = thinking(model, start, &extra);
+                (
+                    rendered,
+                    prompt,
+                    slices,
+                    start,
+                    thinks,
+                    Some(model.detected.format),
+                )
+            }
+            Prompt::Raw { text, images: refs } => {
+                let marked = (0..refs.len()).map(images::marker).collect::<String>() + text;
+                let (rendered, prompt, slices) = images::expand(model, &marked, loaded, true)?;
+                let format = req.parse_reply.then_some(ChatFormat::ContentOnly);
+                (rendered, prompt, slices, ParseStart::Content, false, format)
+            }
+        };
+        let format = if req.parse_reply { format } else { None };
+        let rc = &req.constraints;
+        let logprobs = req.decode.logprobs.is_some();
+        let mut first = req.decode;
+        first.constraint = constraint_for(model, rc, thinks, start)?;
+        let decodes = choice_decodes(first, req.n.max(1), || constraint_for(model, rc, thinks, start))?;
+        Ok(Turn {
+            rendered,
+            prompt,
+            images,
+            decodes,
+            start,
+            thinks,
+            format,
+            parser_tools,
+            logprobs,
+        })
+    }
+
+    /// A fresh parser for one choice's reply (`None` when the reply is passed on as it is).
+    pub fn parser(&self) -> Option<StreamParser> {
+        self.format
+            .map(|f| StreamParser::new(f, self.start, self.parser_tools.as_deref()))
+    }
+
+    /// A fresh parser for each of `n` choices.
+    pub fn parsers(&self, n: usize) -> Vec<Option<StreamParser>> {
+        (0..n).map(|_| self.parser()).collect()
+    }
+
+    /// Queues the turn on the model's engine: the first choice computes the prompt and the others
+    /// fork its sequence. One receiver per choice, in order.
+    pub fn submit(&mut self, model: &Model, id: &str) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
+        let prompt = std::mem::take(&mut self.prompt);
+        let images = std::mem::take(&mut self.images);
+        let decodes = std::mem::take(&mut self.decodes);
+        submit_n(model, id, prompt, images, decodes)
+    }
+}
+
+/// Queues a prompt for several choices, one [`DecodeOptions`] each. One receiver per choice.
+pub fn submit_n(
+    model: &Model,
+    id: &str,
+    prompt: Vec<u32>,
+    images: Vec<JobImage>,
+    mut decodes: Vec<DecodeOptions>,
+) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::param("messages", "the prompt is empty"));
+    }
+    if prompt.len() >= model.context_length {
+        let mut e = ApiError::param(
+            "messages",
+            format!(
+                "This model's maximum context length is {} tokens; the prompt has {}.",
+                model.context_length,
+                prompt.len()
+            ),
+        );
+        e.code = Some("context_length_exceeded");
+        return Err(e);
+    }
+    let mut rxs = Vec::new();
+    let mut siblings = Vec::new();
+    let first = decodes.remove(0);
+    let (tx, rx) = unbounded_channel();
+    rxs.push(rx);
+    for decode in decodes {
+        let (events, rx) = unbounded_channel();
+        rxs.push(rx);
+        siblings.push(Sibling { decode, events });
+    }
+    let job = Job {
+        id: id.to_string(),
+        prompt,
+        decode: first,
+        events: tx,
+        received: Instant::now(),
+        images,
+        siblings,
+    };
+    match model.engine.submit(job) {
+        Ok(()) => Ok(rxs),
+        Err(SubmitError::QueueFull) => Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "the server is busy: the request queue is full; retry shortly",
+        )),
+        Err(SubmitError::Closed) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model is being unloaded; retry shortly",
+        )),
+    }
+}
+
+/// The decode options of `n` choices: the first as given, each other with its own seed
+/// ([`choice_seed`]) and a fresh constraint from `constraint`.
+pub fn choice_decodes(
+    first: DecodeOptions,
+    n: usize,
+    constraint: impl Fn() -> Result<Option<SequenceConstraint>, ApiError>,
+) -> Result<Vec<DecodeOptions>, ApiError> {
+    let mut rest = Vec::new();
+    for k in 1..n {
+        let mut sampling = first.sampling.clone();
+        sampling.seed = choice_seed(first.sampling.seed, k);
+        rest.push(DecodeOptions {
+            sampling,
+            max_tokens: first.max_tokens,
+            stop: first.stop.clone(),
+            constraint: constraint()?,
+            logprobs: first.logprobs,
+        });
+    }
+    rest.insert(0, first);
+    Ok(rest)
+}
+
+/// The seed of choice `k`: the request's seed for the first, a different fixed stream for each
+/// other, so a seeded request with `n` > 1 is reproducible and its choices differ.
+pub fn choice_seed(seed: Option<u64>, k: usize) -> Option<u64> {
+    match (seed, k) {
+        (s, 0) => s,
+        (Some(s), k) => Some(s.wrapping_add((k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))),
+        (None, _) => None,
+    }
+}
+
+/// Whether the rendered prompt leaves the model thinking (the constraint allows reasoning first).
+/// gpt-oss always reasons (on its analysis channel): thinking cannot be turned off.
+pub fn thinking(model: &Model, start: ParseStart, extra: &Map<String, Value>) -> bool {
+    if model.detected.format == ChatFormat::Harmony {
+        return true;
+    }
+    match start {
+        ParseStart::Reasoning => true,
+        ParseStart::ReasoningClosed => false,
+        _ => {
+            model.detected.reasoning.is_some()
+                && extra.get("enable_thinking").and_then(Value::as_bool) != Some(false)
+        }
+    }
+}
+
+/// The grammar for a request's tools / format, if it needs one.
+pub fn constraint_for(
+    model: &Model,
+    rc: &RequestConstraints,
+    thinking: bool,
+    start: ParseStart,
+) -> Result<Option<SequenceConstraint>, ApiError> {
+    if rc.is_unconstrained() {
+        return Ok(None);
+    }
+    match &model.constraints {
+        Ok(f) => f.build(rc, thinking, start).map_err(ApiError::from),
+        Err(e) => Err(ApiError::param(
+            "response_format",
+            format!(
+                "constrained decoding is not available for {}: {e}",
+                model.reference
+            ),
+        )),
+    }
+}
+
+/// The reasoning effort of a request to a harmony (gpt-oss) model: `low`, `medium` (the default)
+/// or `high`, from `reasoning_effort` or `think`. gpt-oss cannot reason less than `low`, so
+/// `none` and `minimal` are refused; a boolean `think` leaves the default, as Ollama does.
+pub fn harmony_effort(extra: &Map<String, Value>) -> Result<ReasoningEffort, ApiError> {
+    let known = "gpt-oss knows the reasoning efforts low, medium and high";
+    match extra.get("reasoning_effort") {
+        None | Some(Value::Null) => Ok(ReasoningEffort::Medium),
+        Some(Value::String(s)) => crate::harmony::parse_effort(s)
+            .ok_or_else(|| ApiError::param("reasoning_effort", format!("'{s}' is not supported: {known}"))),
+        Some(_) => Err(ApiError::param(
+            "reasoning_effort",
+            format!("'reasoning_effort' must be a string: {known}"),
+        )),
+    }
+}
+
+/// Renders a conversation with openai-harmony (a harmony pack with the o200k vocabulary) or the
+/// model's template; returns (rendered text, tokens).
+pub fn render(
+    model: &Model,
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    extra: Map<String, Value>,
+) -> Result<(String, Vec<u32>), ApiError> {
+    if model.detected.format == ChatFormat::Harmony {
+        let effort = harmony_effort(&extra)?;
+        if let Some(harmony) = &model.harmony {
+            let tokens = harmony
+                .render(&HarmonyInput {
+                    messages: &messages,
+                    tools: tools.as_deref(),
+                    effort,
+                    date: None,
+                    add_generation_prompt: true,
+                })
+                .map_err(|e| ApiError::param(&e.param, e.message))?;
+            return Ok((model.tokenizer.decode(&tokens, false), tokens));
+        }
+    }
+    let template = model.template.as_ref().ok_or_else(|| {
+        ApiError::param(
+            "model",
+            format!("{} has no chat template; use /v1/completions", model.reference),
+        )
+    })?;
+    let (bos, eos) = model.special_texts();
+    let text = template
+        .render(&RenderInput {
+            messages,
+            tools,
+            add_generation_prompt: true,
+            extra,
+            bos_token: bos,
+            eos_token: eos,
+        })
+        .map_err(|e| {
+            ApiError::param(
+                "messages",
+                format!("the chat template rejected the conversation: {e}"),
+            )
+        })?;
+    let tokens = model.tokenizer.encode(&text, false);
+    Ok((text, tokens))
+}
