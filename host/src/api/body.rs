@@ -104,6 +104,13 @@ fn field_error(path: &str, serde_message: &str) -> ApiError {
     {
         let path = join(path, field);
         return ApiError::param(&path, format!("'{path}' is required"));
+    } else if let Some(field) = serde_message
+        .strip_prefix("unknown field `")
+        .and_then(|f| f.split_once('`'))
+        .map(|(f, _)| f)
+    {
+        // A `deny_unknown_fields` part of a body: the path already ends with the field.
+        format!("Unrecognized request argument supplied: {field}")
     } else if let Some(rest) = serde_message.strip_prefix("unknown variant ") {
         format!("'{path}' cannot be {}", rest.replace('`', "'"))
     } else {

@@ -10,6 +10,7 @@ pub mod ollama;
 pub mod openai;
 pub mod pipeline;
 pub mod responses;
+pub mod sampling;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

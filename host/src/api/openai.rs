@@ -1,14 +1,14 @@
 //! The OpenAI API: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
-use super::body::{self, field_names, int_in, num_in, Int, RequestBody, StreamOptions, Think};
+use super::body::{self, field_names, int_in, Int, RequestBody, StreamOptions, Think};
 use super::messages::{self, ChatMessage};
 use super::pipeline::{capabilities, now_secs, prepare, sse, usage_n, GenerationBody, Prepared, MAX_CHOICES};
-use super::{ApiError, Fields};
+use super::sampling::OpenAiSampling;
+use super::ApiError;
 use crate::chat::{openai_delta, Delta};
 use crate::constraint::RequestConstraints;
-use crate::decoding::DecodeOptions;
 use crate::engine::Finish;
-use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::sampling::TokenLogprobs;
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
 use crate::turn::{ChatRequest, Prompt as TurnPrompt, Turn};
@@ -286,76 +286,6 @@ impl<'de> Deserialize<'de> for Prompt {
     }
 }
 
-/// OpenAI's sampling and stopping fields, shared by chat, completions and responses. The token
-/// cap (named differently by each) and `logit_bias` (which needs the model) are the request's.
-#[derive(Debug, Default, Deserialize)]
-#[serde(remote = "Self")]
-pub struct OpenAiSampling {
-    /// 0-2.
-    pub temperature: Option<f64>,
-    /// 0-1.
-    pub top_p: Option<f64>,
-    /// -1 (off) to 2^20.
-    pub top_k: Option<Int>,
-    /// 0-1.
-    pub min_p: Option<f64>,
-    /// Seed for reproducible sampling.
-    pub seed: Option<Int>,
-    /// -2 to 2.
-    pub presence_penalty: Option<f64>,
-    /// -2 to 2.
-    pub frequency_penalty: Option<f64>,
-    /// 0-10.
-    pub repetition_penalty: Option<f64>,
-    /// Up to 4 stop strings (a string or a list).
-    pub stop: Option<Value>,
-}
-
-impl RequestBody for OpenAiSampling {
-    fn validate(&self) -> Result<(), ApiError> {
-        self.decode_options(None).map(|_| ())
-    }
-}
-
-impl OpenAiSampling {
-    /// The decode options these fields ask for, with a token cap; each value out of range is a
-    /// 400 naming its field.
-    pub fn decode_options(&self, max_tokens: Option<usize>) -> Result<DecodeOptions, ApiError> {
-        let mut s = SamplingParams::default();
-        if let Some(t) = num_in("temperature", self.temperature, 0.0, 2.0)? {
-            s.temperature = t as f32;
-        }
-        if let Some(p) = num_in("top_p", self.top_p, 0.0, 1.0)? {
-            s.top_p = p as f32;
-        }
-        if let Some(k) = int_in("top_k", self.top_k, -1, 1 << 20)? {
-            s.top_k = k.max(0) as usize;
-        }
-        if let Some(p) = num_in("min_p", self.min_p, 0.0, 1.0)? {
-            s.min_p = p as f32;
-        }
-        if let Some(Int(seed)) = self.seed {
-            s.seed = Some(seed as u64);
-        }
-        if let Some(p) = num_in("presence_penalty", self.presence_penalty, -2.0, 2.0)? {
-            s.presence_penalty = p as f32;
-        }
-        if let Some(p) = num_in("frequency_penalty", self.frequency_penalty, -2.0, 2.0)? {
-            s.frequency_penalty = p as f32;
-        }
-        if let Some(p) = num_in("repetition_penalty", self.repetition_penalty, 0.0, 10.0)? {
-            s.repeat_penalty = p as f32;
-        }
-        Ok(DecodeOptions {
-            sampling: s,
-            max_tokens,
-            stop: crate::decoding::parse_stop(self.stop.as_ref(), "stop", 4).map_err(ApiError::from)?,
-            constraint: None,
-            logprobs: None,
-        })
-    }
-}
-
 /// A token cap from the first given of several names, checked (1 to 2^32-1): the last given wins.
 fn max_tokens(fields: &[(&str, Option<Int>)]) -> Result<Option<usize>, ApiError> {
     let mut max = None;
@@ -379,12 +309,7 @@ pub struct ChatTemplateFields {
     pub think: Option<Think>,
 }
 
-crate::object_only!(
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAiSampling,
-    ChatTemplateFields
-);
+crate::object_only!(ChatCompletionRequest, CompletionRequest, ChatTemplateFields);
 
 impl RequestBody for ChatTemplateFields {
     fn validate(&self) -> Result<(), ApiError> {
@@ -415,9 +340,13 @@ impl ChatTemplateFields {
     }
 }
 
-/// Sampling and stopping fields of a walked body (the Responses API), with the token cap under
-/// the first of `max_key` given; `logit_bias` is left to the handler, which knows the model.
-pub(crate) fn decode_options(f: &Fields<'_>, max_key: &[&str]) -> Result<DecodeOptions, ApiError> {
+/// Sampling and stopping fields of a walked body, with the token cap under the first of
+/// `max_key` given (the tests' view of [`OpenAiSampling`]).
+#[cfg(test)]
+pub(crate) fn decode_options(
+    f: &super::Fields<'_>,
+    max_key: &[&str],
+) -> Result<crate::decoding::DecodeOptions, ApiError> {
     let mut max = None;
     for k in max_key {
         if let Some(m) = f.int(k, 1, u32::MAX as i64)? {
@@ -444,8 +373,9 @@ fn refuse_legacy_functions(functions: bool, function_call: bool) -> Result<(), A
     Ok(())
 }
 
-/// The template variables of a walked body (the Responses API): as [`ChatTemplateFields`].
-pub(crate) fn template_extra(f: &Fields<'_>) -> Result<Map<String, Value>, ApiError> {
+/// The template variables of a walked body: as [`ChatTemplateFields`] (the tests' view).
+#[cfg(test)]
+pub(crate) fn template_extra(f: &super::Fields<'_>) -> Result<Map<String, Value>, ApiError> {
     let mut req = ChatRequest::new(TurnPrompt::Chat(Vec::new()));
     body::part::<ChatTemplateFields>(f.map())?.apply(&mut req);
     Ok(req.template_extra())

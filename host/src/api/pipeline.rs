@@ -138,28 +138,6 @@ pub(crate) fn submit(
     Ok(submit_n(model, id, prompt, images, vec![decode])?.remove(0))
 }
 
-/// Checks the messages' shape; `openai`: a tool message must name its `tool_call_id` (Ollama's
-/// A 400 naming the first `image_url` part, for a model that takes no images (before any is
-/// fetched).
-pub(crate) fn refuse_images(model: &Model, messages: &[Value]) -> Result<(), ApiError> {
-    for (i, m) in messages.iter().enumerate() {
-        let Some(Value::Array(parts)) = m.get("content") else {
-            continue;
-        };
-        if let Some(j) = parts
-            .iter()
-            .position(|p| p.get("type").and_then(Value::as_str) == Some("image_url"))
-        {
-            let place = format!("messages[{i}].content[{j}]");
-            return Err(ApiError::param(
-                &place,
-                format!("{place}: model {} does not take images", model.reference),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// OpenAI's `usage` object of one finished generation.
 pub(crate) fn usage(fin: &Finish) -> Value {
     json!({

@@ -1,495 +1,798 @@
 //! OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}` and
-//! `DELETE /v1/responses/{id}`, over the same engine, chat parsing and constraints as
-//! `/v1/chat/completions`. A request's input items become chat messages, its flat function tools
-//! and `text.format` become chat `tools` / `response_format`, and the parsed reply becomes output
-//! items (reasoning, message, function calls). Stored responses live in a bounded in-memory
-//! [`ResponseStore`] so that `previous_response_id` can continue a conversation.
+//! `DELETE /v1/responses/{id}`. This file holds the wire types, their mapping into the typed chat
+//! turn (input items become messages; flat function tools, `tool_choice` and `text.format` become
+//! constraints; `reasoning.effort` the thinking), and the encoder from typed reply events to
+//! output items and Responses events. Stored responses live in a bounded in-memory
+//! [`ResponseStore`] so that `previous_response_id` and `item_reference` can continue a
+//! conversation.
 
-use super::openai::{decode_options, template_extra};
-use super::pipeline::{
-    body, check_messages, constraint_for, model_for, now_secs, param_error, refuse_images, render, sse,
-    submit, thinking,
-};
-use super::{parse_object, ApiError, Fields};
-use crate::chat::{self, ParsedMessage, StreamParser};
+use super::body::{self, field_names, int_in, Int, Parsed, RequestBody};
+use super::pipeline::{body as request_body, model_for, now_secs, sse};
+use super::sampling::OpenAiSampling;
+use super::ApiError;
+use crate::chat::Delta;
 use crate::constraint::RequestConstraints;
 use crate::decoding::FinishReason;
-use crate::engine::{Event, Finish};
+use crate::engine::Finish;
 use crate::state::models::Model;
 pub use crate::state::responses::{ResponseStore, StoredResponse, STORE_CAPACITY, STORE_TTL};
 use crate::state::{RequestId, Shared};
+use crate::turn::reply::{self, Encoder, ReplyEvent};
+use crate::turn::{Call, ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Thinking, Turn};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use futures_util::StreamExt;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
+use std::fmt;
 use std::sync::Arc;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-/// The request fields `/v1/responses` accepts; any other is a 400 naming it.
-const RESPONSE_FIELDS: &[&str] = &[
-    "model",
-    "input",
-    "instructions",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "reasoning",
-    "text",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "stream",
-    "stream_options",
-    "store",
-    "previous_response_id",
-    "metadata",
-    "user",
-    "truncation",
-    "include",
-    "service_tier",
-    "background",
-    "prompt_cache_key",
-    "safety_identifier",
-    "prompt_cache_retention",
-    "max_tool_calls",
-    "top_logprobs",
-];
-
-/// The chat conversation of a request: messages in the chat-completions shape, and for each the
-/// request place it came from (`input[2]`, `instructions`, `previous_response_id`), to name in
-/// errors.
-#[derive(Debug, Default, PartialEq)]
-pub(crate) struct ChatConversation {
-    /// Chat messages.
-    pub messages: Vec<Value>,
-    /// Where each message came from.
-    pub origins: Vec<String>,
+/// The body of `POST /v1/responses`. The sampling fields are [`OpenAiSampling`], read from the
+/// same object: `temperature` and `top_p`, and as extensions (llama.cpp-style) `top_k`, `min_p`,
+/// `seed`, the penalties and `stop`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ResponsesRequest {
+    /// The model (required).
+    pub model: Option<String>,
+    /// The conversation's new items: a string is one user message.
+    pub input: Option<Input>,
+    /// A system message put first (not inherited by a continuation).
+    pub instructions: Option<String>,
+    /// Flat function tools.
+    pub tools: Option<Vec<Tool>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "name": ...}` (checked with the tools).
+    pub tool_choice: Option<Value>,
+    /// Whether several calls may come in one reply.
+    pub parallel_tool_calls: Option<bool>,
+    /// The reasoning effort.
+    pub reasoning: Option<ReasoningOptions>,
+    /// The reply's format.
+    pub text: Option<TextOptions>,
+    /// Most tokens to generate.
+    pub max_output_tokens: Option<Int>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    /// Accepted and ignored.
+    pub stream_options: Option<Map<String, Value>>,
+    /// Keep the response for `previous_response_id` and retrieval (default true).
+    pub store: Option<bool>,
+    /// A stored response this one continues.
+    pub previous_response_id: Option<String>,
+    /// String values, echoed.
+    pub metadata: Option<Map<String, Value>>,
+    /// Echoed.
+    pub user: Option<String>,
+    /// `auto` or `disabled`, echoed.
+    pub truncation: Option<String>,
+    /// Accepted and ignored.
+    pub include: Option<Vec<String>>,
+    /// Accepted and ignored.
+    pub service_tier: Option<String>,
+    /// Only `false` is served.
+    pub background: Option<bool>,
+    /// Accepted and ignored (prefix reuse is automatic here).
+    pub prompt_cache_key: Option<String>,
+    /// Accepted and ignored.
+    pub safety_identifier: Option<String>,
+    /// Accepted and ignored.
+    pub prompt_cache_retention: Option<String>,
+    /// Accepted and ignored.
+    pub max_tool_calls: Option<Int>,
+    /// Only 0 is served.
+    pub top_logprobs: Option<Int>,
 }
 
-/// `input` as a list of items: a string is one user message.
-pub(crate) fn input_items(input: Option<&Value>) -> Result<Vec<Value>, ApiError> {
-    match input {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![json!({"type": "message", "role": "user", "content": s})]),
-        Some(Value::Array(items)) => Ok(items.clone()),
-        Some(_) => Err(ApiError::param(
-            "input",
-            "'input' must be a string or an array of input items",
-        )),
-    }
+/// `input`: a string (one user message) or a list of items.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// One user message.
+    Text(String),
+    /// Input items.
+    Items(Vec<InputItem>),
 }
 
-/// Replaces each `item_reference` input item with the stored item it names (`lookup`: an item
-/// of a stored response by id); an id nothing stored holds is a 400 naming the item.
-pub(crate) fn resolve_references(
-    items: Vec<Value>,
-    lookup: impl Fn(&str) -> Option<Value>,
-) -> Result<Vec<Value>, ApiError> {
-    items
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| {
-            if item.get("type").and_then(Value::as_str) != Some("item_reference") {
-                return Ok(item);
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Input, D::Error> {
+        struct InputVisitor;
+        impl<'de> Visitor<'de> for InputVisitor {
+            type Value = Input;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of input items")
             }
-            let place = format!("input[{i}].id");
-            match item.get("id") {
-                Some(Value::String(id)) => lookup(id).ok_or_else(|| {
-                    bad(
-                        &place,
-                        format!("Item with id '{id}' not found (items of stored responses can be referenced while the response is kept)."),
-                    )
-                }),
-                _ => Err(bad(&place, format!("'{place}' must be a string"))),
-            }
-        })
-        .collect()
-}
 
-fn bad(place: &str, message: impl Into<String>) -> ApiError {
-    ApiError::param(place, message)
-}
-
-/// The text of a string field of an item.
-fn item_str<'a>(o: &'a Map<String, Value>, place: &str, key: &str) -> Result<&'a str, ApiError> {
-    match o.get(key) {
-        Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => Err(bad(
-            &format!("{place}.{key}"),
-            format!("'{place}.{key}' is required"),
-        )),
-        Some(_) => Err(bad(
-            &format!("{place}.{key}"),
-            format!("'{place}.{key}' must be a string"),
-        )),
-    }
-}
-
-/// A message item's content as chat content: a string, or chat parts when it holds images.
-fn message_content(content: Option<&Value>, place: &str, role: &str) -> Result<Value, ApiError> {
-    let parts = match content {
-        Some(Value::String(s)) => return Ok(Value::String(s.clone())),
-        Some(Value::Array(parts)) => parts,
-        None | Some(Value::Null) => {
-            return Err(bad(
-                &format!("{place}.content"),
-                format!("'{place}.content' is required"),
-            ))
-        }
-        Some(_) => {
-            return Err(bad(
-                &format!("{place}.content"),
-                format!("'{place}.content' must be a string or an array of content parts"),
-            ))
-        }
-    };
-    let mut chat_parts = Vec::with_capacity(parts.len());
-    let mut images = false;
-    for (j, part) in parts.iter().enumerate() {
-        let p = format!("{place}.content[{j}]");
-        let Some(o) = part.as_object() else {
-            return Err(bad(&p, format!("'{p}' must be an object with a 'type'")));
-        };
-        match o.get("type").and_then(Value::as_str) {
-            Some("input_text" | "output_text") => {
-                chat_parts.push(json!({"type": "text", "text": item_str(o, &p, "text")?}));
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Input, E> {
+                Ok(Input::Text(v.to_string()))
             }
-            Some("refusal") => {
-                chat_parts.push(json!({"type": "text", "text": item_str(o, &p, "refusal")?}));
-            }
-            Some("input_image") => {
-                if role == "assistant" {
-                    return Err(bad(&p, format!("{p}: an assistant message cannot hold images")));
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Input, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<InputItem>()? {
+                    items.push(item);
                 }
-                let url = match o.get("image_url") {
-                    Some(Value::String(u)) if !u.is_empty() => u.clone(),
-                    _ if o.get("file_id").is_some_and(|v| !v.is_null()) => {
-                        return Err(bad(
+                Ok(Input::Items(items))
+            }
+        }
+        d.deserialize_any(InputVisitor)
+    }
+}
+
+/// The kinds of input item served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemType {
+    /// A message (the default when the item has a `role`).
+    Message,
+    /// A function call the model made.
+    FunctionCall,
+    /// A function call's result.
+    FunctionCallOutput,
+    /// The model's reasoning, given back.
+    Reasoning,
+    /// An item of a stored response, by id.
+    ItemReference,
+}
+
+/// Who speaks a message item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ItemRole {
+    /// The user.
+    User,
+    /// Instructions.
+    System,
+    /// Instructions (rendered as `system`).
+    Developer,
+    /// The model.
+    Assistant,
+}
+
+/// One input item: the fields of every kind, each checked for its kind.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct InputItem {
+    /// Its kind (`message` when absent and a `role` is given).
+    #[serde(rename = "type")]
+    pub kind: Option<ItemType>,
+    /// A message's speaker.
+    pub role: Option<ItemRole>,
+    /// A message's text or parts; a reasoning item's `reasoning_text` parts.
+    pub content: Option<ItemContent>,
+    /// The item's id (what an `item_reference` names).
+    pub id: Option<String>,
+    /// The call a function call or its output belongs to.
+    pub call_id: Option<String>,
+    /// The function called.
+    pub name: Option<String>,
+    /// The call's arguments (JSON text).
+    pub arguments: Option<String>,
+    /// A function call's result: text or text parts.
+    pub output: Option<ItemContent>,
+    /// A reasoning item's summary parts.
+    pub summary: Option<Vec<ContentPart>>,
+}
+
+/// A message's content or a call's output: text, or a list of parts.
+#[derive(Clone, Debug)]
+pub enum ItemContent {
+    /// Plain text.
+    Text(String),
+    /// Typed parts.
+    Parts(Vec<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for ItemContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ItemContent, D::Error> {
+        struct ContentVisitor;
+        impl<'de> Visitor<'de> for ContentVisitor {
+            type Value = ItemContent;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ItemContent, E> {
+                Ok(ItemContent::Text(v.to_string()))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ItemContent, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(p) = seq.next_element::<ContentPart>()? {
+                    parts.push(p);
+                }
+                Ok(ItemContent::Parts(parts))
+            }
+        }
+        d.deserialize_any(ContentVisitor)
+    }
+}
+
+/// The kinds of content part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartType {
+    /// Text the user wrote.
+    InputText,
+    /// Text the model wrote.
+    OutputText,
+    /// A refusal the model wrote.
+    Refusal,
+    /// An image by URL or data URL.
+    InputImage,
+    /// A file: refused.
+    InputFile,
+    /// Audio: refused.
+    InputAudio,
+    /// A reasoning item's text.
+    ReasoningText,
+    /// A reasoning item's summary text.
+    SummaryText,
+}
+
+/// One content part.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ContentPart {
+    /// Its kind (required).
+    #[serde(rename = "type")]
+    pub kind: Option<PartType>,
+    /// The text of a text part.
+    pub text: Option<String>,
+    /// The text of a refusal.
+    pub refusal: Option<String>,
+    /// An image's `data:` or `http(s)` URL.
+    pub image_url: Option<String>,
+    /// An uploaded file's id: refused.
+    pub file_id: Option<String>,
+}
+
+/// A flat function tool (`{"type": "function", "name", "description", "parameters", "strict"}`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct Tool {
+    /// Only `function` is served.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The function's name (required).
+    pub name: Option<String>,
+    /// What it does.
+    pub description: Option<String>,
+    /// Its arguments' JSON schema (checked by the constraint builder).
+    pub parameters: Option<Value>,
+    /// Accepted (the schema constrains the arguments whole either way).
+    pub strict: Option<bool>,
+}
+
+/// `reasoning`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct ReasoningOptions {
+    /// none, minimal, low, medium or high.
+    pub effort: Option<String>,
+    /// Echoed.
+    pub summary: Option<Value>,
+    /// Accepted (the older name of `summary`).
+    pub generate_summary: Option<IgnoredAny>,
+}
+
+/// `text`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct TextOptions {
+    /// The reply's format.
+    pub format: Option<TextFormat>,
+    /// Accepted and echoed.
+    pub verbosity: Option<IgnoredAny>,
+}
+
+/// The kinds of `text.format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FormatType {
+    /// Free text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON following `schema`.
+    JsonSchema,
+}
+
+/// `text.format`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct TextFormat {
+    /// Its kind (required).
+    #[serde(rename = "type")]
+    pub kind: Option<FormatType>,
+    /// A `json_schema` format's name.
+    pub name: Option<String>,
+    /// A `json_schema` format's schema (required there).
+    pub schema: Option<Value>,
+    /// Whether the schema is followed exactly.
+    pub strict: Option<bool>,
+    /// What the format is for.
+    pub description: Option<String>,
+}
+
+crate::object_only!(
+    ResponsesRequest,
+    InputItem,
+    ContentPart,
+    Tool,
+    ReasoningOptions,
+    TextOptions,
+    TextFormat
+);
+
+/// The reasoning efforts a template knows.
+const EFFORTS: [&str; 5] = ["none", "minimal", "low", "medium", "high"];
+
+fn required(path: &str) -> ApiError {
+    ApiError::param(path, format!("'{path}' is required"))
+}
+
+impl RequestBody for ResponsesRequest {
+    fn known_keys() -> Option<Vec<&'static str>> {
+        Some([field_names::<Self>(), field_names::<OpenAiSampling>()].concat())
+    }
+
+    fn validate(&self) -> Result<(), ApiError> {
+        if self.model.is_none() {
+            return Err(required("model"));
+        }
+        int_in("max_output_tokens", self.max_output_tokens, 1, u32::MAX as i64)?;
+        if self.background == Some(true) {
+            return Err(ApiError::param("background", "background responses are not supported"));
+        }
+        if int_in("top_logprobs", self.top_logprobs, 0, 20)?.unwrap_or(0) != 0 {
+            return Err(ApiError::param("top_logprobs", "'top_logprobs' is not supported"));
+        }
+        int_in("max_tool_calls", self.max_tool_calls, 0, i64::MAX)?;
+        if !["auto", "disabled"].contains(&self.truncation.as_deref().unwrap_or("disabled")) {
+            return Err(ApiError::param("truncation", "'truncation' is one of auto, disabled"));
+        }
+        if let Some((k, _)) = self.metadata.iter().flatten().find(|(_, v)| !v.is_string()) {
+            return Err(ApiError::param(&format!("metadata.{k}"), "metadata values must be strings"));
+        }
+        if let Some(e) = self.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
+            if !EFFORTS.contains(&e) {
+                return Err(ApiError::param(
+                    "reasoning.effort",
+                    "'reasoning.effort' is one of none, minimal, low, medium, high",
+                ));
+            }
+        }
+        for (i, tool) in self.tools.iter().flatten().enumerate() {
+            tool.check(&format!("tools[{i}]"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Tool {
+    fn check(&self, at: &str) -> Result<(), ApiError> {
+        match self.kind.as_deref() {
+            Some("function") => {}
+            Some(t) => {
+                return Err(ApiError::param(
+                    &format!("{at}.type"),
+                    format!("tools of type '{t}' are not supported; only 'function' tools are"),
+                ))
+            }
+            None => return Err(required(&format!("{at}.type"))),
+        }
+        if self.name.is_none() {
+            let p = format!("{at}.name");
+            return Err(ApiError::param(
+                &p,
+                format!("'{p}' is required (Responses tools are flat: {{\"type\": \"function\", \"name\": ...}})"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The tool in the chat-completions shape the constraint builder reads.
+    fn to_chat(&self) -> Value {
+        let mut f = Map::new();
+        f.insert("name".into(), self.name.clone().into());
+        if let Some(d) = &self.description {
+            f.insert("description".into(), d.clone().into());
+        }
+        if let Some(p) = &self.parameters {
+            f.insert("parameters".into(), p.clone());
+        }
+        if let Some(s) = self.strict {
+            f.insert("strict".into(), s.into());
+        }
+        json!({"type": "function", "function": f})
+    }
+}
+
+impl TextFormat {
+    /// The format as a chat `response_format` (`None` for plain text); `raw`: the object as
+    /// sent, whose keys a `json_schema` format may not go beyond.
+    fn to_chat(&self, raw: Option<&Value>) -> Result<Option<Value>, ApiError> {
+        match self.kind {
+            None => Err(required("text.format.type")),
+            Some(FormatType::Text) => Ok(None),
+            Some(FormatType::JsonObject) => Ok(Some(json!({"type": "json_object"}))),
+            Some(FormatType::JsonSchema) => {
+                let known = field_names::<TextFormat>();
+                if let Some(k) = raw
+                    .and_then(Value::as_object)
+                    .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())))
+                {
+                    return Err(ApiError::param(
+                        &format!("text.format.{k}"),
+                        format!("Unrecognized request argument supplied: {k}"),
+                    ));
+                }
+                let schema = match &self.schema {
+                    Some(s @ (Value::Object(_) | Value::Bool(true))) => s.clone(),
+                    Some(_) => {
+                        return Err(ApiError::param(
+                            "text.format.schema",
+                            "'text.format.schema' must be a JSON schema object",
+                        ))
+                    }
+                    None => return Err(required("text.format.schema")),
+                };
+                let mut js = json!({"name": self.name.as_deref().unwrap_or("response"), "schema": schema});
+                if let Some(strict) = self.strict {
+                    js["strict"] = strict.into();
+                }
+                Ok(Some(json!({"type": "json_schema", "json_schema": js})))
+            }
+        }
+    }
+}
+
+/// One input item of the conversation, with where it came from (`input[2]`, or
+/// `previous_response_id` for an inherited one) and its JSON as stored with the response.
+#[derive(Clone, Debug)]
+struct Item {
+    place: String,
+    item: InputItem,
+    json: Value,
+}
+
+impl ResponsesRequest {
+    /// The conversation's items: those of `previous_response_id`, then the input's, each
+    /// `item_reference` replaced by the stored item it names (a 400 naming it when none is).
+    fn items(&self, json: &Map<String, Value>, store: &ResponseStore) -> Result<Vec<Item>, ApiError> {
+        let mut new = Vec::new();
+        match &self.input {
+            None => {}
+            Some(Input::Text(s)) => new.push(Item {
+                place: "input[0]".into(),
+                item: InputItem::user(s),
+                json: json!({"type": "message", "role": "user", "content": s}),
+            }),
+            Some(Input::Items(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    let place = format!("input[{i}]");
+                    let json = if item.kind == Some(ItemType::ItemReference) {
+                        let at = format!("{place}.id");
+                        let id = item.id.as_deref().ok_or_else(|| required(&at))?;
+                        store.item(id).ok_or_else(|| {
+                            ApiError::param(
+                                &at,
+                                format!("Item with id '{id}' not found (items of stored responses can be referenced while the response is kept)."),
+                            )
+                        })?
+                    } else {
+                        json.get("input").and_then(|v| v.get(i)).cloned().unwrap_or(Value::Null)
+                    };
+                    let item = match item.kind {
+                        Some(ItemType::ItemReference) => body::typed(&json, &place)?,
+                        _ => item.clone(),
+                    };
+                    new.push(Item { place, item, json });
+                }
+            }
+        }
+        let mut items = Vec::new();
+        if let Some(prev) = &self.previous_response_id {
+            let Some(stored) = store.get(prev) else {
+                let mut e = ApiError::param(
+                    "previous_response_id",
+                    format!("Previous response with id '{prev}' not found."),
+                );
+                e.code = Some("previous_response_not_found");
+                return Err(e);
+            };
+            for json in &stored.conversation {
+                let place = "previous_response_id".to_string();
+                let item = body::typed(json, &place)?;
+                items.push(Item { place, item, json: json.clone() });
+            }
+        }
+        if new.is_empty() && self.instructions.is_none() {
+            return Err(required("input"));
+        }
+        items.extend(new);
+        Ok(items)
+    }
+
+    /// The typed turn of the request, with each message's origin (`input[2]`, `instructions`) to
+    /// name it in errors found later.
+    fn turn(&self, json: &Map<String, Value>, items: &[Item]) -> Result<(ChatRequest, Vec<String>), ApiError> {
+        let (messages, origins) = to_messages(self.instructions.as_deref(), items)?;
+        if messages.is_empty() {
+            return Err(ApiError::param("input", "'input' must not be empty"));
+        }
+        let sampling = body::part::<OpenAiSampling>(json)?;
+        let max = int_in("max_output_tokens", self.max_output_tokens, 1, u32::MAX as i64)?;
+        let mut req = ChatRequest::new(Prompt::Chat(messages));
+        req.decode = sampling.decode_options(max.map(|m| m as usize))?;
+        req.constraints = self.constraints(json)?;
+        req.thinking = Thinking {
+            enabled: None,
+            effort: self.reasoning.as_ref().and_then(|r| r.effort.clone()),
+        };
+        Ok((req, origins))
+    }
+
+    /// Tools, tool choice, parallel calls and `text.format`, checked as chat checks them.
+    fn constraints(&self, json: &Map<String, Value>) -> Result<RequestConstraints, ApiError> {
+        let tools = self
+            .tools
+            .as_ref()
+            .map(|ts| Value::Array(ts.iter().map(Tool::to_chat).collect()));
+        let raw_format = json.get("text").and_then(|t| t.get("format"));
+        let format = match self.text.as_ref().and_then(|t| t.format.as_ref()) {
+            Some(f) => f.to_chat(raw_format)?,
+            None => None,
+        };
+        RequestConstraints::from_openai(
+            tools.as_ref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls.map(Value::Bool).as_ref(),
+            format.as_ref(),
+        )
+        .map_err(|e| rename_param(e.into(), &[]))
+    }
+
+    /// What the response object echoes of the request.
+    fn echo(&self, json: &Map<String, Value>, model: &Model, parallel_tool_calls: bool) -> Echo {
+        let raw = |k: &str| json.get(k).filter(|v| !v.is_null()).cloned();
+        let mut text = match raw("text") {
+            Some(Value::Object(t)) => t,
+            _ => Map::new(),
+        };
+        text.entry("format").or_insert(json!({"type": "text"}));
+        let r = self.reasoning.as_ref();
+        let number = |k: &str| raw(k).and_then(|v| v.as_f64()).unwrap_or(1.0);
+        Echo {
+            model: model.reference.clone(),
+            instructions: self.instructions.clone(),
+            tools: raw("tools").unwrap_or(json!([])),
+            tool_choice: raw("tool_choice").unwrap_or(json!("auto")),
+            parallel_tool_calls,
+            temperature: number("temperature"),
+            top_p: number("top_p"),
+            max_output_tokens: self.max_output_tokens.map(|Int(n)| n),
+            previous_response_id: self.previous_response_id.clone(),
+            text: Value::Object(text),
+            reasoning: json!({
+                "effort": r.and_then(|r| r.effort.clone()),
+                "summary": r.and_then(|r| r.summary.clone()),
+            }),
+            store: self.store.unwrap_or(true),
+            metadata: raw("metadata").unwrap_or(json!({})),
+            user: self.user.clone(),
+            truncation: self.truncation.clone().unwrap_or_else(|| "disabled".into()),
+            service_tier: "default".into(),
+        }
+    }
+}
+
+impl InputItem {
+    fn user(text: &str) -> InputItem {
+        InputItem {
+            kind: Some(ItemType::Message),
+            role: Some(ItemRole::User),
+            content: Some(ItemContent::Text(text.to_string())),
+            id: None,
+            call_id: None,
+            name: None,
+            arguments: None,
+            output: None,
+            summary: None,
+        }
+    }
+
+    /// A string field this item's kind requires.
+    fn str_of<'a>(v: &'a Option<String>, place: &str, key: &str) -> Result<&'a str, ApiError> {
+        v.as_deref().ok_or_else(|| required(&format!("{place}.{key}")))
+    }
+
+    /// The text of a reasoning item: its `reasoning_text` content, else its summary.
+    fn reasoning_text(&self, place: &str) -> Result<String, ApiError> {
+        let texts = |parts: Option<&[ContentPart]>, key: &str| -> Result<Option<String>, ApiError> {
+            let Some(parts) = parts else { return Ok(None) };
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                text.push_str(Self::str_of(&p.text, &format!("{place}.{key}[{j}]"), "text")?);
+            }
+            Ok(Some(text))
+        };
+        let content = match &self.content {
+            Some(ItemContent::Parts(p)) => texts(Some(p), "content")?,
+            Some(ItemContent::Text(t)) => Some(t.clone()),
+            None => None,
+        };
+        let summary = texts(self.summary.as_deref(), "summary")?;
+        Ok(content.filter(|t| !t.is_empty()).or(summary).unwrap_or_default())
+    }
+}
+
+/// A message's content (`at`: its place, `input[2].content`) as turn content: text, or parts
+/// when it holds images (an assistant's may not).
+fn content(c: Option<&ItemContent>, at: &str, assistant: bool) -> Result<Content, ApiError> {
+    let parts = match c {
+        None => return Err(required(at)),
+        Some(ItemContent::Text(s)) => return Ok(Content::Text(s.clone())),
+        Some(ItemContent::Parts(parts)) => parts,
+    };
+    let mut out = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let p = format!("{at}[{j}]");
+        let text = |v: &Option<String>, key: &str| InputItem::str_of(v, &p, key).map(|t| Part::Text(t.to_string()));
+        out.push(match part.kind {
+            None => return Err(required(&format!("{p}.type"))),
+            Some(PartType::InputText | PartType::OutputText) => text(&part.text, "text")?,
+            Some(PartType::Refusal) => text(&part.refusal, "refusal")?,
+            Some(PartType::InputImage) => {
+                if assistant {
+                    return Err(ApiError::param(&p, format!("{p}: an assistant message cannot hold images")));
+                }
+                let url = match &part.image_url {
+                    Some(u) if !u.is_empty() => u.clone(),
+                    _ if part.file_id.is_some() => {
+                        return Err(ApiError::param(
                             &format!("{p}.file_id"),
                             format!("{p}: images by 'file_id' are not supported; send 'image_url' (a data: or http(s) URL)"),
                         ))
                     }
-                    _ => return Err(bad(&format!("{p}.image_url"), format!("'{p}.image_url' is required"))),
+                    _ => return Err(required(&format!("{p}.image_url"))),
                 };
-                images = true;
-                chat_parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+                Part::Image(ImageRef {
+                    place: p,
+                    source: ImageSource::Url(url),
+                })
             }
-            Some(t @ ("input_file" | "input_audio")) => {
-                return Err(bad(
-                    &p,
-                    format!("{p}: content parts of type '{t}' are not supported"),
-                ))
+            Some(t @ (PartType::InputFile | PartType::InputAudio)) => {
+                let t = if t == PartType::InputFile { "input_file" } else { "input_audio" };
+                return Err(ApiError::param(&p, format!("{p}: content parts of type '{t}' are not supported")));
             }
-            Some(t) => {
-                return Err(bad(
+            Some(PartType::ReasoningText | PartType::SummaryText) => {
+                return Err(ApiError::param(
                     &format!("{p}.type"),
-                    format!("{p}: unknown content part type '{t}'"),
+                    format!("{p}: reasoning text belongs in a reasoning item"),
                 ))
             }
-            None => return Err(bad(&format!("{p}.type"), format!("'{p}.type' is required"))),
-        }
+        });
     }
-    if images {
-        return Ok(Value::Array(chat_parts));
+    if out.iter().any(|p| matches!(p, Part::Image(_))) {
+        return Ok(Content::Parts(out));
     }
-    let text: String = chat_parts
-        .iter()
-        .filter_map(|p| p.get("text").and_then(Value::as_str))
+    let text = out
+        .into_iter()
+        .map(|p| match p {
+            Part::Text(t) => t,
+            Part::Image(_) => String::new(),
+        })
         .collect();
-    Ok(Value::String(text))
+    Ok(Content::Text(text))
 }
 
-/// The text of a reasoning item: its `reasoning_text` content, else its summary.
-fn reasoning_text(o: &Map<String, Value>, place: &str) -> Result<String, ApiError> {
-    let texts = |key: &str| -> Result<Option<String>, ApiError> {
-        match o.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for (j, part) in parts.iter().enumerate() {
-                    let p = format!("{place}.{key}[{j}]");
-                    let t = part
-                        .get("text")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| bad(&p, format!("'{p}' must be an object with a 'text'")))?;
-                    text.push_str(t);
-                }
-                Ok(Some(text))
-            }
-            Some(_) => Err(bad(
-                &format!("{place}.{key}"),
-                format!("'{place}.{key}' must be an array"),
-            )),
-        }
-    };
-    let content = texts("content")?;
-    let summary = texts("summary")?;
-    Ok(content.filter(|t| !t.is_empty()).or(summary).unwrap_or_default())
-}
-
-/// Converts Responses input items into chat messages. `instructions` comes first as a system
-/// message; the first `inherited` items come from `previous_response_id`. A `reasoning` item
-/// becomes the `reasoning_content` of the assistant turn that follows it; consecutive
-/// `function_call` items join one assistant message's `tool_calls`.
-pub(crate) fn to_chat(
-    instructions: Option<&str>,
-    items: &[Value],
-    inherited: usize,
-) -> Result<ChatConversation, ApiError> {
-    let mut conv = ChatConversation::default();
+/// The conversation as turn messages, and each message's origin. `instructions` comes first as
+/// a system message. A `reasoning` item becomes the reasoning of the assistant turn that follows
+/// it (reasoning followed by anything else is dropped, as a chat template would drop it);
+/// consecutive `function_call` items join one assistant turn.
+fn to_messages(instructions: Option<&str>, items: &[Item]) -> Result<(Vec<Message>, Vec<String>), ApiError> {
+    let mut messages: Vec<Message> = Vec::new();
+    let mut origins = Vec::new();
     if let Some(text) = instructions {
-        conv.messages.push(json!({"role": "system", "content": text}));
-        conv.origins.push("instructions".into());
+        messages.push(Message::text(Role::System, text));
+        origins.push("instructions".to_string());
     }
     let mut reasoning: Option<String> = None;
     // Whether the last message is an assistant turn that later function calls may join.
     let mut open_assistant = false;
-    for (i, item) in items.iter().enumerate() {
-        let place = if i < inherited {
-            "previous_response_id".to_string()
-        } else {
-            format!("input[{}]", i - inherited)
-        };
-        let Some(o) = item.as_object() else {
-            return Err(bad(&place, format!("'{place}' must be an object")));
-        };
-        let kind = match o.get("type") {
-            None | Some(Value::Null) if o.contains_key("role") => "message",
-            Some(Value::String(t)) => t.as_str(),
-            _ => {
-                return Err(bad(
-                    &format!("{place}.type"),
-                    format!("'{place}.type' is required"),
-                ))
-            }
+    for Item { place, item, .. } in items {
+        let kind = match item.kind {
+            Some(k) => k,
+            None if item.role.is_some() => ItemType::Message,
+            None => return Err(required(&format!("{place}.type"))),
         };
         match kind {
-            "message" => {
-                let role = match o.get("role").and_then(Value::as_str) {
-                    Some(r @ ("user" | "system" | "assistant")) => r,
-                    Some("developer") => "system",
-                    Some(r) => return Err(bad(&format!("{place}.role"), format!("{place}: unknown role '{r}'"))),
-                    None => return Err(bad(&format!("{place}.role"), format!("'{place}.role' is required"))),
+            ItemType::Message => {
+                let role = match item.role {
+                    Some(ItemRole::User) => Role::User,
+                    Some(ItemRole::System | ItemRole::Developer) => Role::System,
+                    Some(ItemRole::Assistant) => Role::Assistant,
+                    None => return Err(required(&format!("{place}.role"))),
                 };
-                let content = message_content(o.get("content"), &place, role)?;
-                let mut m = json!({"role": role, "content": content});
-                if role == "assistant" {
-                    if let Some(r) = reasoning.take() {
-                        m["reasoning_content"] = r.into();
-                    }
-                } else if reasoning.is_some() {
-                    // Reasoning followed by something other than an assistant turn has nothing
-                    // to belong to: it is dropped, as a chat template would drop it.
-                    reasoning = None;
+                let assistant = role == Role::Assistant;
+                let content = content(item.content.as_ref(), &format!("{place}.content"), assistant)?;
+                let mut m = Message {
+                    content: Some(content),
+                    ..Message::text(role, "")
+                };
+                // Reasoning belongs to the assistant turn after it, and to nothing else.
+                let r = reasoning.take();
+                if assistant {
+                    m.reasoning = r;
                 }
-                open_assistant = role == "assistant";
-                conv.messages.push(m);
-                conv.origins.push(place);
+                open_assistant = assistant;
+                messages.push(m);
+                origins.push(place.clone());
             }
-            "function_call" => {
-                let call_id = item_str(o, &place, "call_id")?;
-                let name = item_str(o, &place, "name")?;
-                let arguments = item_str(o, &place, "arguments")?;
-                let call = json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}});
-                let joined = match conv.messages.last_mut() {
+            ItemType::FunctionCall => {
+                let call = Call {
+                    id: Some(InputItem::str_of(&item.call_id, place, "call_id")?.to_string()),
+                    name: InputItem::str_of(&item.name, place, "name")?.to_string(),
+                    arguments: InputItem::str_of(&item.arguments, place, "arguments")?.into(),
+                };
+                match messages.last_mut() {
                     Some(last) if open_assistant => {
                         if let Some(r) = reasoning.take() {
-                            let before = last.get("reasoning_content").and_then(Value::as_str).unwrap_or("");
-                            last["reasoning_content"] = format!("{before}{r}").into();
+                            last.reasoning = Some(last.reasoning.take().unwrap_or_default() + &r);
                         }
-                        match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
-                            Some(calls) => calls.push(call.clone()),
-                            None => last["tool_calls"] = json!([call.clone()]),
-                        }
-                        true
+                        last.tool_calls.push(call);
                     }
-                    _ => false,
-                };
-                if !joined {
-                    let mut m = json!({"role": "assistant", "content": null, "tool_calls": [call]});
-                    if let Some(r) = reasoning.take() {
-                        m["reasoning_content"] = r.into();
+                    _ => {
+                        messages.push(Message {
+                            content: None,
+                            reasoning: reasoning.take(),
+                            tool_calls: vec![call],
+                            ..Message::text(Role::Assistant, "")
+                        });
+                        origins.push(place.clone());
+                        open_assistant = true;
                     }
-                    conv.messages.push(m);
-                    conv.origins.push(place);
-                    open_assistant = true;
                 }
             }
-            "function_call_output" => {
-                let call_id = item_str(o, &place, "call_id")?;
-                let output = match o.get("output") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(Value::Array(_)) => match message_content(o.get("output"), &place, "tool")? {
-                        Value::String(s) => s,
-                        _ => {
-                            return Err(bad(
-                                &format!("{place}.output"),
-                                format!("{place}: a function call output holds text only"),
-                            ))
-                        }
-                    },
-                    None | Some(Value::Null) => {
-                        return Err(bad(&format!("{place}.output"), format!("'{place}.output' is required")))
-                    }
-                    Some(_) => {
-                        return Err(bad(
-                            &format!("{place}.output"),
-                            format!("'{place}.output' must be a string"),
-                        ))
+            ItemType::FunctionCallOutput => {
+                let call_id = InputItem::str_of(&item.call_id, place, "call_id")?;
+                let at = format!("{place}.output");
+                let output = match content(item.output.as_ref(), &at, false)? {
+                    Content::Text(t) => t,
+                    Content::Parts(_) => {
+                        return Err(ApiError::param(&at, format!("{place}: a function call output holds text only")))
                     }
                 };
-                let name = conv
-                    .messages
+                let name = messages
                     .iter()
                     .rev()
-                    .filter_map(|m| m.get("tool_calls").and_then(Value::as_array))
-                    .flatten()
-                    .find(|c| c.get("id").and_then(Value::as_str) == Some(call_id))
-                    .and_then(|c| c.pointer("/function/name").cloned());
-                let mut m = json!({"role": "tool", "tool_call_id": call_id, "content": output});
-                if let Some(name) = name {
-                    m["name"] = name;
-                }
-                conv.messages.push(m);
-                conv.origins.push(place);
+                    .flat_map(|m| &m.tool_calls)
+                    .find(|c| c.id.as_deref() == Some(call_id))
+                    .map(|c| c.name.clone());
+                messages.push(Message::tool_result(Some(call_id.to_string()), name, output));
+                origins.push(place.clone());
                 open_assistant = false;
                 reasoning = None;
             }
-            "reasoning" => {
-                let text = reasoning_text(o, &place)?;
-                let before = reasoning.take().unwrap_or_default();
-                reasoning = Some(before + &text);
+            ItemType::Reasoning => {
+                let text = item.reasoning_text(place)?;
+                reasoning = Some(reasoning.take().unwrap_or_default() + &text);
             }
-            "item_reference" => {
-                // resolve_references replaced every reference the request held.
-                return Err(bad(&place, format!("{place}: unresolved 'item_reference'")));
-            }
-            other => {
-                return Err(bad(
-                    &format!("{place}.type"),
-                    format!("{place}: input items of type '{other}' are not supported (message, function_call, function_call_output and reasoning are)"),
-                ))
+            // `ResponsesRequest::items` replaced every reference the request held.
+            ItemType::ItemReference => {
+                return Err(ApiError::param(place, format!("{place}: unresolved 'item_reference'")))
             }
         }
     }
-    Ok(conv)
-}
-
-/// Responses' flat function tools (`{type, name, description, parameters, strict}`) in the chat
-/// shape (`{type, function: {...}}`); any other tool type is a 400.
-pub(crate) fn chat_tools(tools: Option<&Value>) -> Result<Option<Value>, ApiError> {
-    let list = match tools {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Array(list)) => list,
-        Some(_) => return Err(ApiError::param("tools", "'tools' must be an array of tools")),
-    };
-    let mut out = Vec::with_capacity(list.len());
-    for (i, tool) in list.iter().enumerate() {
-        let p = format!("tools[{i}]");
-        let Some(o) = tool.as_object() else {
-            return Err(ApiError::param(&p, format!("'{p}' must be an object")));
-        };
-        match o.get("type").and_then(Value::as_str) {
-            Some("function") => {}
-            Some(t) => {
-                return Err(ApiError::param(
-                    &format!("{p}.type"),
-                    format!("tools of type '{t}' are not supported; only 'function' tools are"),
-                ))
-            }
-            None => {
-                return Err(ApiError::param(
-                    &format!("{p}.type"),
-                    format!("'{p}.type' is required"),
-                ))
-            }
-        }
-        if !o.get("name").is_some_and(Value::is_string) {
-            return Err(ApiError::param(
-                &format!("{p}.name"),
-                format!("'{p}.name' is required (Responses tools are flat: {{\"type\": \"function\", \"name\": ...}})"),
-            ));
-        }
-        let mut function = Map::new();
-        for (k, v) in o {
-            if k != "type" && !v.is_null() {
-                function.insert(k.clone(), v.clone());
-            }
-        }
-        out.push(json!({"type": "function", "function": function}));
-    }
-    Ok(Some(Value::Array(out)))
-}
-
-/// `text.format` as a chat `response_format` (`None` for plain text).
-pub(crate) fn chat_response_format(text: Option<&Map<String, Value>>) -> Result<Option<Value>, ApiError> {
-    let Some(text) = text else { return Ok(None) };
-    let f = Fields::new(text, "text.");
-    f.only(&["format", "verbosity"])?;
-    let Some(format) = f.object("format")? else {
-        return Ok(None);
-    };
-    let ff = Fields::new(format, "text.format.");
-    match ff.required_str("type")? {
-        "text" => Ok(None),
-        "json_object" => Ok(Some(json!({"type": "json_object"}))),
-        "json_schema" => {
-            ff.only(&["type", "name", "schema", "strict", "description"])?;
-            let schema = match ff.raw("schema") {
-                Some(s @ (Value::Object(_) | Value::Bool(true))) => s.clone(),
-                Some(_) => {
-                    return Err(ApiError::param(
-                        "text.format.schema",
-                        "'text.format.schema' must be a JSON schema object",
-                    ))
-                }
-                None => {
-                    return Err(ApiError::param(
-                        "text.format.schema",
-                        "'text.format.schema' is required",
-                    ))
-                }
-            };
-            let name = ff.str("name")?.unwrap_or("response");
-            let mut js = json!({"name": name, "schema": schema});
-            if let Some(strict) = ff.bool("strict")? {
-                js["strict"] = strict.into();
-            }
-            Ok(Some(json!({"type": "json_schema", "json_schema": js})))
-        }
-        t => Err(ApiError::param(
-            "text.format.type",
-            format!("'{t}' is not one of text, json_object, json_schema"),
-        )),
-    }
-}
-
-/// The template variables of `reasoning` (`effort` as chat's `reasoning_effort`).
-pub(crate) fn reasoning_extra(
-    reasoning: Option<&Map<String, Value>>,
-) -> Result<Map<String, Value>, ApiError> {
-    let Some(r) = reasoning else {
-        return template_extra(&Fields::new(&Map::new(), ""));
-    };
-    let f = Fields::new(r, "reasoning.");
-    f.only(&["effort", "summary", "generate_summary"])?;
-    let mut chat = Map::new();
-    if let Some(effort) = f.str("effort")? {
-        chat.insert("reasoning_effort".into(), effort.into());
-    }
-    template_extra(&Fields::new(&chat, "")).map_err(rename_reasoning)
-}
-
-fn rename_reasoning(mut e: ApiError) -> ApiError {
-    if e.param.as_deref() == Some("reasoning_effort") {
-        e.param = Some("reasoning.effort".into());
-        e.message = e.message.replace("'reasoning_effort'", "'reasoning.effort'");
-    }
-    e
+    Ok((messages, origins))
 }
 
 /// An error from the chat machinery with its parameter named as the Responses request names it.
@@ -541,13 +844,13 @@ struct Echo {
 
 /// Builds response objects for one response id.
 #[derive(Debug, Clone)]
-struct Shape {
+struct Envelope {
     id: String,
     created_at: u64,
     echo: Echo,
 }
 
-impl Shape {
+impl Envelope {
     fn object(&self, status: &str, output: Vec<Value>, usage: Value, error: Value) -> Value {
         let e = &self.echo;
         let incomplete = if status == "incomplete" {
@@ -591,7 +894,7 @@ impl Shape {
 enum ItemKind {
     Reasoning,
     Message,
-    /// A function call, by its index among the parser's calls.
+    /// A function call, by its index among the reply's calls.
     Call(usize),
 }
 
@@ -604,8 +907,10 @@ struct OpenItem {
     name: String,
 }
 
-/// Turns parser deltas into output items and, for streams, into the Responses events that build
-/// them (each event is `(type, payload without type and sequence_number)`).
+/// Events as `(type, payload without type and sequence_number)`.
+type Events = Vec<(&'static str, Value)>;
+
+/// Folds a reply's typed deltas into output items and the Responses events that build them.
 #[derive(Debug)]
 struct OutputBuilder {
     suffix: String,
@@ -614,8 +919,6 @@ struct OutputBuilder {
     call_names: Vec<String>,
     reasoning_text: String,
 }
-
-type Events = Vec<(&'static str, Value)>;
 
 impl OutputBuilder {
     fn new(response_id: &str) -> OutputBuilder {
@@ -658,10 +961,7 @@ impl OutputBuilder {
                 (id, item, call_id, name)
             }
         };
-        ev.push((
-            "response.output_item.added",
-            json!({"output_index": n, "item": item}),
-        ));
+        ev.push(("response.output_item.added", json!({"output_index": n, "item": item})));
         if kind == ItemKind::Message {
             ev.push((
                 "response.content_part.added",
@@ -712,10 +1012,7 @@ impl OutputBuilder {
                        "arguments": o.text, "status": status})
             }
         };
-        ev.push((
-            "response.output_item.done",
-            json!({"output_index": n, "item": item}),
-        ));
+        ev.push(("response.output_item.done", json!({"output_index": n, "item": item})));
         self.items.push(item);
     }
 
@@ -748,37 +1045,22 @@ impl OutputBuilder {
         ev.push((kind, payload));
     }
 
-    /// Applies one chat delta (`reasoning_content`, `content`, `tool_calls`) of the stream parser.
-    fn apply(&mut self, delta: &Value) -> Events {
-        let mut ev = Vec::new();
-        if let Some(r) = delta.get("reasoning_content").and_then(Value::as_str) {
-            self.grow(ItemKind::Reasoning, r, &mut ev);
-        }
-        if let Some(c) = delta.get("content").and_then(Value::as_str) {
-            self.grow(ItemKind::Message, c, &mut ev);
-        }
-        for call in delta
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let Some(k) = call.get("index").and_then(Value::as_u64).map(|k| k as usize) else {
-                continue;
-            };
-            if let Some(name) = call.pointer("/function/name").and_then(Value::as_str) {
-                if self.call_names.len() <= k {
-                    self.call_names.resize(k + 1, String::new());
+    /// Applies one flush's deltas.
+    fn apply(&mut self, deltas: &[Delta], ev: &mut Events) {
+        for d in deltas {
+            match d {
+                Delta::Reasoning(t) => self.grow(ItemKind::Reasoning, t, ev),
+                Delta::Content(t) => self.grow(ItemKind::Message, t, ev),
+                Delta::CallStart { index, name, .. } => {
+                    if self.call_names.len() <= *index {
+                        self.call_names.resize(index + 1, String::new());
+                    }
+                    self.call_names[*index] = name.clone();
+                    self.ensure(ItemKind::Call(*index), ev);
                 }
-                self.call_names[k] = name.to_string();
+                Delta::CallArgs { index, fragment } => self.grow(ItemKind::Call(*index), fragment, ev),
             }
-            let args = call
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            self.grow(ItemKind::Call(k), args, &mut ev);
         }
-        ev
     }
 
     /// Ends the output: closes the item being written (`incomplete` when generation was cut);
@@ -789,27 +1071,6 @@ impl OutputBuilder {
         }
         self.close(if incomplete { "incomplete" } else { "completed" }, ev);
     }
-}
-
-/// A whole parsed message as one delta (what a stream's deltas add up to).
-fn message_delta(msg: &ParsedMessage) -> Value {
-    let mut d = Map::new();
-    if let Some(r) = msg.reasoning_content.as_deref().filter(|r| !r.is_empty()) {
-        d.insert("reasoning_content".into(), r.into());
-    }
-    if let Some(c) = msg.content.as_deref().filter(|c| !c.is_empty()) {
-        d.insert("content".into(), c.into());
-    }
-    let calls: Vec<Value> = msg
-        .tool_calls
-        .iter()
-        .enumerate()
-        .map(|(k, c)| json!({"index": k, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-        .collect();
-    if !calls.is_empty() {
-        d.insert("tool_calls".into(), calls.into());
-    }
-    Value::Object(d)
 }
 
 /// The Responses usage object of a finished generation.
@@ -823,207 +1084,108 @@ fn usage(fin: &Finish, reasoning_tokens: usize) -> Value {
     })
 }
 
-/// A validated request, ready to run.
-struct Prepared {
+/// One response being written: the reply's events become output items and Responses events,
+/// and its end the final response object (stored when the request asked for it). The stream
+/// sends the events; the non-streamed answer is the final object.
+struct ResponseWriter {
+    st: Shared,
     model: Arc<Model>,
-    rx: UnboundedReceiver<Event>,
-    parser: StreamParser,
-    shape: Shape,
+    envelope: Envelope,
     /// The conversation's items (inherited and new), to store with the output.
     items: Vec<Value>,
-    stream: bool,
+    out: OutputBuilder,
+    sequence: u64,
+    /// The final response object, once the reply ended.
+    done: Option<Value>,
 }
 
-fn echo_number(f: &Fields<'_>, key: &str, lo: f64, hi: f64) -> Result<f64, ApiError> {
-    Ok(f.num(key, lo, hi)?.unwrap_or(1.0))
-}
-
-async fn prepare(st: &Shared, id: &str, obj: &Map<String, Value>) -> Result<Prepared, ApiError> {
-    let f = Fields::new(obj, "");
-    f.only(RESPONSE_FIELDS)?;
-    let name = f.required_str("model")?;
-    let instructions = match f.raw("instructions") {
-        None => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(ApiError::param("instructions", "'instructions' must be a string")),
-    };
-    let new_items = resolve_references(input_items(f.raw("input"))?, |id| st.responses.item(id))?;
-    let previous = f.str("previous_response_id")?;
-    let mut items = match previous {
-        Some(prev) => match st.responses.get(prev) {
-            Some(stored) => stored.conversation.clone(),
-            None => {
-                let mut e = ApiError::param(
-                    "previous_response_id",
-                    format!("Previous response with id '{prev}' not found."),
-                );
-                e.code = Some("previous_response_not_found");
-                return Err(e);
+impl ResponseWriter {
+    /// The Responses events of one reply event.
+    fn apply(&mut self, event: ReplyEvent) -> Events {
+        let mut ev = Vec::new();
+        match event {
+            ReplyEvent::Grew { deltas, .. } => self.out.apply(&deltas, &mut ev),
+            ReplyEvent::Ended { deltas, end, .. } => {
+                // A cut reply keeps what was written; its last item is `incomplete`.
+                let incomplete = end.finish.reason == FinishReason::Length;
+                self.out.apply(&deltas, &mut ev);
+                self.out.finish(incomplete, &mut ev);
+                let reasoning = match self.out.reasoning_text.as_str() {
+                    "" => 0,
+                    text => self.model.tokenizer.encode(text, false).len(),
+                };
+                let (status, kind) = if incomplete {
+                    ("incomplete", "response.incomplete")
+                } else {
+                    ("completed", "response.completed")
+                };
+                let response =
+                    self.envelope
+                        .object(status, self.out.items.clone(), usage(&end.finish, reasoning), Value::Null);
+                if self.envelope.echo.store {
+                    let mut conversation = std::mem::take(&mut self.items);
+                    conversation.extend(self.out.items.iter().cloned());
+                    let stored = StoredResponse {
+                        response: response.clone(),
+                        conversation,
+                    };
+                    self.st.responses.insert(&self.envelope.id, stored);
+                }
+                ev.push((kind, json!({"response": response})));
+                self.done = Some(response);
             }
-        },
-        None => Vec::new(),
-    };
-    let inherited = items.len();
-    items.extend(new_items);
-    if items.len() == inherited && instructions.is_none() {
-        return Err(ApiError::param("input", "'input' is required"));
-    }
-    let conv = to_chat(instructions.as_deref(), &items, inherited)?;
-    if conv.messages.is_empty() {
-        return Err(ApiError::param("input", "'input' must not be empty"));
-    }
-    check_messages(&conv.messages).map_err(|e| rename_param(e, &conv.origins))?;
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let store = f.bool("store")?.unwrap_or(true);
-    if f.bool("background")? == Some(true) {
-        return Err(ApiError::param(
-            "background",
-            "background responses are not supported",
-        ));
-    }
-    if f.int("top_logprobs", 0, 20)?.unwrap_or(0) != 0 {
-        return Err(ApiError::param("top_logprobs", "'top_logprobs' is not supported"));
-    }
-    f.object("stream_options")?;
-    f.int("max_tool_calls", 0, i64::MAX)?;
-    for key in [
-        "user",
-        "service_tier",
-        "prompt_cache_key",
-        "safety_identifier",
-        "prompt_cache_retention",
-    ] {
-        f.str(key)?;
-    }
-    let truncation = f.str("truncation")?.unwrap_or("disabled");
-    if !["auto", "disabled"].contains(&truncation) {
-        return Err(ApiError::param(
-            "truncation",
-            "'truncation' is one of auto, disabled",
-        ));
-    }
-    if let Some(include) = f.array("include")? {
-        if !include.iter().all(Value::is_string) {
-            return Err(ApiError::param(
-                "include",
-                "'include' must be an array of strings",
-            ));
-        }
-    }
-    let metadata = match f.object("metadata")? {
-        Some(m) => {
-            if let Some((k, _)) = m.iter().find(|(_, v)| !v.is_string()) {
-                return Err(ApiError::param(
-                    &format!("metadata.{k}"),
-                    "metadata values must be strings",
-                ));
+            ReplyEvent::Failed(e) => {
+                self.out.finish(true, &mut ev);
+                ev.push(self.failed(&e));
             }
-            Value::Object(m.clone())
         }
-        None => json!({}),
-    };
-    let mut decode = decode_options(&f, &["max_output_tokens"])?;
-    let tools = chat_tools(f.raw("tools"))?;
-    let response_format = chat_response_format(f.object("text")?)?;
-    let rc = RequestConstraints::from_openai(
-        tools.as_ref(),
-        f.raw("tool_choice"),
-        f.raw("parallel_tool_calls"),
-        response_format.as_ref(),
-    )
-    .map_err(|e| rename_param(param_error(e), &[]))?;
-    let reasoning = f.object("reasoning")?;
-    let extra = reasoning_extra(reasoning)?;
-    let render_tools = rc.parser_tools().map(<[Value]>::to_vec);
-    let model = model_for(st, name, None).await?;
-    let mut messages = conv.messages;
-    let origins = conv.origins;
-    let renamed = |e| rename_param(e, &origins);
-    if model.vision.is_none() {
-        refuse_images(&model, &messages).map_err(renamed)?;
+        ev
     }
-    let images = crate::turn::images::take_openai(&mut messages, st.image_urls)
-        .await
-        .map_err(renamed)?;
-    let (mut rendered, mut prompt) =
-        render(&model, messages, render_tools.clone(), extra.clone()).map_err(renamed)?;
-    let mut slices = Vec::new();
-    if !images.is_empty() {
-        (rendered, prompt, slices) =
-            crate::turn::images::expand(&model, &rendered, &images, false).map_err(renamed)?;
-    }
-    let start = chat::prefill(model.detected.format, &rendered);
-    decode.constraint =
-        constraint_for(&model, &rc, thinking(&model, start, &extra), start).map_err(renamed)?;
-    let parser = StreamParser::new(model.detected.format, start, render_tools.as_deref());
-    let rx = submit(&model, id, prompt, slices, decode).map_err(renamed)?;
-    let text = match f.object("text")? {
-        Some(t) => {
-            let mut t = t.clone();
-            t.entry("format").or_insert(json!({"type": "text"}));
-            Value::Object(t)
-        }
-        None => json!({"format": {"type": "text"}}),
-    };
-    let reasoning = json!({
-        "effort": reasoning.and_then(|r| r.get("effort")).cloned().unwrap_or(Value::Null),
-        "summary": reasoning.and_then(|r| r.get("summary")).cloned().unwrap_or(Value::Null),
-    });
-    let echo = Echo {
-        model: model.reference.clone(),
-        instructions,
-        tools: f.raw("tools").cloned().unwrap_or(json!([])),
-        tool_choice: f.raw("tool_choice").cloned().unwrap_or(json!("auto")),
-        parallel_tool_calls: rc.parallel_tool_calls,
-        temperature: echo_number(&f, "temperature", 0.0, 2.0)?,
-        top_p: echo_number(&f, "top_p", 0.0, 1.0)?,
-        max_output_tokens: f.int("max_output_tokens", 0, u32::MAX as i64)?,
-        previous_response_id: previous.map(str::to_string),
-        text,
-        reasoning,
-        store,
-        metadata,
-        user: f.str("user")?.map(str::to_string),
-        truncation: truncation.to_string(),
-        service_tier: "default".into(),
-    };
-    let shape = Shape {
-        id: st.responses.new_id(),
-        created_at: now_secs(),
-        echo,
-    };
-    Ok(Prepared {
-        model,
-        rx,
-        parser,
-        shape,
-        items,
-        stream,
-    })
-}
 
-/// Tokens of the reasoning text, as the model's tokenizer counts them.
-fn reasoning_tokens(model: &Model, text: &str) -> usize {
-    if text.is_empty() {
-        0
-    } else {
-        model.tokenizer.encode(text, false).len()
+    fn failed(&mut self, message: &str) -> (&'static str, Value) {
+        let error = json!({"code": "server_error", "message": message});
+        let response = self.envelope.object("failed", self.out.items.clone(), Value::Null, error);
+        self.done = Some(response.clone());
+        ("response.failed", json!({"response": response}))
+    }
+
+    /// Server-sent events, numbered.
+    fn frame(&mut self, events: Events) -> String {
+        let mut out = String::new();
+        for (kind, mut payload) in events {
+            if let Value::Object(m) = &mut payload {
+                m.insert("type".into(), kind.into());
+                m.insert("sequence_number".into(), self.sequence.into());
+            }
+            self.sequence += 1;
+            out.push_str(&format!("event: {kind}\ndata: {payload}\n\n"));
+        }
+        out
     }
 }
 
-/// Stores a finished response (when the request asked for it).
-fn keep(st: &Shared, shape: &Shape, response: &Value, mut items: Vec<Value>, output: &[Value]) {
-    if !shape.echo.store {
-        return;
+impl Encoder for ResponseWriter {
+    fn start(&mut self) -> String {
+        let start = self.envelope.object("in_progress", Vec::new(), Value::Null, Value::Null);
+        let events = vec![
+            ("response.created", json!({"response": start.clone()})),
+            ("response.in_progress", json!({"response": start})),
+        ];
+        self.frame(events)
     }
-    items.extend(output.iter().cloned());
-    st.responses.insert(
-        &shape.id,
-        StoredResponse {
-            response: response.clone(),
-            conversation: items,
-        },
-    );
+
+    fn event(&mut self, _index: usize, event: ReplyEvent) -> String {
+        let events = self.apply(event);
+        self.frame(events)
+    }
+
+    fn end(&mut self) -> String {
+        if self.done.is_some() {
+            return String::new();
+        }
+        let failed = self.failed("the model was unloaded during the request");
+        self.frame(vec![failed])
+    }
 }
 
 /// `POST /v1/responses`.
@@ -1032,154 +1194,51 @@ pub async fn create(
     Extension(RequestId(id)): Extension<RequestId>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body(b)?;
-    let obj = parse_object(&body)?;
-    let p = prepare(&st, &id, &obj).await?;
-    if p.stream {
-        return Ok(stream(st, p));
-    }
-    let Prepared {
+    let Parsed { request, json } = body::parse::<ResponsesRequest>(&request_body(b)?)?;
+    let items = request.items(&json, &st.responses)?;
+    let (chat, origins) = request.turn(&json, &items)?;
+    let parallel_tool_calls = chat.constraints.parallel_tool_calls;
+    let model = model_for(&st, request.model.as_deref().unwrap_or_default(), None).await?;
+    let renamed = |e: ApiError| rename_param(e, &origins);
+    let mut turn = Turn::prepare(&model, chat, st.image_urls).await.map_err(renamed)?;
+    let rxs = turn.submit(&model, &id).map_err(renamed)?;
+    let events = reply::merged(rxs, turn.parsers(1));
+    let response_id = st.responses.new_id();
+    let mut writer = ResponseWriter {
+        out: OutputBuilder::new(&response_id),
+        envelope: Envelope {
+            id: response_id,
+            created_at: now_secs(),
+            echo: request.echo(&json, &model, parallel_tool_calls),
+        },
+        st,
         model,
-        mut rx,
-        mut parser,
-        shape,
-        items,
-        ..
-    } = p;
-    let fin = loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => {
-                parser.push(&t);
-            }
-            Some(Event::Done(fin)) => break fin,
-            Some(Event::Error(e)) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
-            Some(_) => {}
-            None => {
-                return Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the model was unloaded during the request",
-                ))
-            }
-        }
+        items: items.into_iter().map(|i| i.json).collect(),
+        sequence: 0,
+        done: None,
     };
-    // A cut reply is parsed as the prefix it is: an unfinished call keeps the arguments written
-    // and its item is `incomplete` (see `StreamParser::finish_output`).
-    let incomplete = fin.reason == FinishReason::Length;
-    let (_, msg) = parser.finish_output(incomplete);
-    let mut out = OutputBuilder::new(&shape.id);
-    let mut ignored = Vec::new();
-    out.apply(&message_delta(&msg));
-    out.finish(incomplete, &mut ignored);
-    let status = if incomplete { "incomplete" } else { "completed" };
-    let usage = usage(&fin, reasoning_tokens(&model, &out.reasoning_text));
-    let response = shape.object(status, out.items.clone(), usage, Value::Null);
-    keep(&st, &shape, &response, items, &out.items);
-    Ok(axum::Json(response).into_response())
-}
-
-/// Writes numbered server-sent events.
-struct EventWriter {
-    tx: UnboundedSender<Bytes>,
-    sequence: u64,
-}
-
-impl EventWriter {
-    /// Sends one event; false when the client has gone.
-    fn send(&mut self, kind: &str, mut payload: Value) -> bool {
-        if let Value::Object(m) = &mut payload {
-            m.insert("type".into(), kind.into());
-            m.insert("sequence_number".into(), self.sequence.into());
+    if request.stream.unwrap_or(false) {
+        let body = reply::encode(events, writer).map(|s| Ok::<_, Infallible>(Bytes::from(s)));
+        return Ok(sse(body));
+    }
+    let mut events = Box::pin(events);
+    while let Some((_, event)) = events.next().await {
+        if let ReplyEvent::Failed(e) = event {
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e));
         }
-        self.sequence += 1;
-        self.tx
-            .send(Bytes::from(format!("event: {kind}\ndata: {payload}\n\n")))
-            .is_ok()
-    }
-
-    fn send_all(&mut self, events: Events) -> bool {
-        events.into_iter().all(|(k, p)| self.send(k, p))
-    }
-}
-
-/// The streamed answer: the events run on their own task, which stops (dropping the engine's
-/// receiver, which cancels the job) once the client has gone.
-fn stream(st: Shared, p: Prepared) -> Response {
-    let (tx, out_rx) = unbounded_channel::<Bytes>();
-    tokio::spawn(run_stream(st, p, EventWriter { tx, sequence: 0 }));
-    let body = futures_util::stream::unfold(out_rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
-    });
-    sse(body)
-}
-
-async fn run_stream(st: Shared, p: Prepared, mut w: EventWriter) {
-    let Prepared {
-        model,
-        mut rx,
-        mut parser,
-        shape,
-        items,
-        ..
-    } = p;
-    let start = shape.object("in_progress", Vec::new(), Value::Null, Value::Null);
-    if !w.send("response.created", json!({"response": start.clone()}))
-        || !w.send("response.in_progress", json!({"response": start}))
-    {
-        return;
-    }
-    let mut out = OutputBuilder::new(&shape.id);
-    loop {
-        match rx.recv().await {
-            Some(Event::Text(t)) => {
-                if let Some(d) = crate::chat::openai_delta(&parser.push(&t)) {
-                    if !w.send_all(out.apply(&d)) {
-                        return;
-                    }
-                }
-            }
-            Some(Event::Done(fin)) => {
-                let incomplete = fin.reason == FinishReason::Length;
-                let (d, _) = parser.finish_output(incomplete);
-                let mut ev = crate::chat::openai_delta(&d)
-                    .map(|d| out.apply(&d))
-                    .unwrap_or_default();
-                out.finish(incomplete, &mut ev);
-                if !w.send_all(ev) {
-                    return;
-                }
-                let status = if incomplete { "incomplete" } else { "completed" };
-                let usage = usage(&fin, reasoning_tokens(&model, &out.reasoning_text));
-                let response = shape.object(status, out.items.clone(), usage, Value::Null);
-                keep(&st, &shape, &response, items, &out.items);
-                w.send(&format!("response.{status}"), json!({"response": response}));
-                return;
-            }
-            Some(Event::Error(e)) => {
-                let mut ev = Vec::new();
-                out.finish(true, &mut ev);
-                w.send_all(ev);
-                let error = json!({"code": "server_error", "message": e});
-                let response = shape.object("failed", out.items.clone(), Value::Null, error);
-                w.send("response.failed", json!({"response": response}));
-                return;
-            }
-            Some(_) => {}
-            None => {
-                let error =
-                    json!({"code": "server_error", "message": "the model was unloaded during the request"});
-                let response = shape.object("failed", out.items.clone(), Value::Null, error);
-                w.send("response.failed", json!({"response": response}));
-                return;
-            }
+        writer.apply(event);
+        if let Some(response) = writer.done.take() {
+            return Ok(axum::Json(response).into_response());
         }
     }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the model was unloaded during the request",
+    ))
 }
 
 fn not_found(id: &str) -> ApiError {
-    let mut e = ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("Response with id '{id}' not found."),
-    );
+    let mut e = ApiError::new(StatusCode::NOT_FOUND, format!("Response with id '{id}' not found."));
     e.param = Some("response_id".into());
     e
 }
@@ -1205,33 +1264,79 @@ pub async fn delete(State(st): State<Shared>, Path(id): Path<String>) -> Result<
 mod tests {
     use super::*;
 
-    fn items(v: Value) -> Vec<Value> {
-        v.as_array().unwrap().clone()
+    /// The typed turn of a body (`store`: for references and continuations), and each message's
+    /// origin.
+    fn turn_in(body: Value, store: &ResponseStore) -> Result<(ChatRequest, Vec<String>), ApiError> {
+        let Parsed { request, json } = body::parse::<ResponsesRequest>(body.to_string().as_bytes())?;
+        let items = request.items(&json, store)?;
+        request.turn(&json, &items)
+    }
+
+    fn turn_of(body: Value) -> Result<(ChatRequest, Vec<String>), ApiError> {
+        turn_in(body, &ResponseStore::default())
+    }
+
+    fn with_input(input: Value) -> Value {
+        json!({"model": "m", "input": input})
     }
 
     fn param_of(e: ApiError) -> (StatusCode, String) {
         (e.status, e.param.unwrap_or_default())
     }
 
+    /// The messages as chat templates read them (images as `<image{k}>`).
+    fn template(req: &ChatRequest) -> Vec<Value> {
+        let Prompt::Chat(messages) = &req.prompt else {
+            panic!("a chat prompt")
+        };
+        let mut k = 0;
+        messages
+            .iter()
+            .map(|m| {
+                let v = m.to_template(k, |k| format!("<image{k}>"));
+                k += m.images().count();
+                v
+            })
+            .collect()
+    }
+
+    /// A store holding one response whose conversation is `items`; its id.
+    fn stored(store: &ResponseStore, items: Value) -> String {
+        let id = store.new_id();
+        let conversation = items.as_array().unwrap().clone();
+        store.insert(
+            &id,
+            StoredResponse {
+                response: json!({"id": id}),
+                conversation,
+            },
+        );
+        id
+    }
+
     #[test]
     fn a_string_input_is_one_user_message_after_the_instructions() {
-        let input = input_items(Some(&json!("hi"))).unwrap();
-        let conv = to_chat(Some("Be brief."), &input, 0).unwrap();
+        let (req, origins) = turn_of(json!({"model": "m", "input": "hi", "instructions": "Be brief."})).unwrap();
         assert_eq!(
-            conv.messages,
+            template(&req),
             vec![
                 json!({"role": "system", "content": "Be brief."}),
                 json!({"role": "user", "content": "hi"})
             ]
         );
-        assert_eq!(conv.origins, ["instructions", "input[0]"]);
-        assert_eq!(param_of(input_items(Some(&json!(7))).unwrap_err()).1, "input");
+        assert_eq!(origins, ["instructions", "input[0]"]);
+        let e = turn_of(with_input(json!(7))).unwrap_err();
+        assert_eq!(param_of(e).1, "input");
     }
 
     #[test]
     fn items_become_chat_messages_with_calls_outputs_and_reasoning() {
-        let input = items(json!([
-            {"role": "developer", "content": [{"type": "input_text", "text": "Use tools."}]},
+        let store = ResponseStore::default();
+        let previous = stored(
+            &store,
+            json!([{"role": "developer", "content": [{"type": "input_text", "text": "Use tools."}]}]),
+        );
+        let input = json!([
             {"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": "Weather in "}, {"type": "input_text", "text": "Paris?"}]},
             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Call it."}]},
@@ -1243,10 +1348,11 @@ mod tests {
              "content": [{"type": "output_text", "text": "Sunny at noon.", "annotations": []}]},
             {"role": "user", "content": [{"type": "input_text", "text": "And this?"},
                 {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}]}
-        ]));
-        let conv = to_chat(None, &input, 1).unwrap();
+        ]);
+        let body = json!({"model": "m", "input": input, "previous_response_id": previous});
+        let (req, origins) = turn_in(body, &store).unwrap();
         assert_eq!(
-            conv.messages,
+            template(&req),
             vec![
                 json!({"role": "system", "content": "Use tools."}),
                 json!({"role": "user", "content": "Weather in Paris?"}),
@@ -1256,12 +1362,20 @@ mod tests {
                 json!({"role": "tool", "tool_call_id": "call_a", "name": "get_weather", "content": "sunny"}),
                 json!({"role": "tool", "tool_call_id": "call_b", "name": "get_time", "content": "noon"}),
                 json!({"role": "assistant", "content": "Sunny at noon."}),
-                json!({"role": "user", "content": [{"type": "text", "text": "And this?"},
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}),
+                json!({"role": "user", "content": "And this?<image0>"}),
             ]
         );
+        let Prompt::Chat(messages) = &req.prompt else { unreachable!() };
+        let images: Vec<&ImageRef> = messages.iter().flat_map(Message::images).collect();
         assert_eq!(
-            conv.origins,
+            images,
+            [&ImageRef {
+                place: "input[7].content[1]".into(),
+                source: ImageSource::Url("data:image/png;base64,AAAA".into()),
+            }]
+        );
+        assert_eq!(
+            origins,
             [
                 "previous_response_id",
                 "input[0]",
@@ -1272,26 +1386,26 @@ mod tests {
                 "input[7]"
             ]
         );
-        check_messages(&conv.messages).unwrap();
     }
 
     #[test]
     fn an_assistant_message_and_its_calls_are_one_turn() {
-        let input = items(json!([
+        let (req, _) = turn_of(with_input(json!([
             {"role": "user", "content": "q"},
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
             {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
-        ]));
-        let conv = to_chat(None, &input, 0).unwrap();
-        assert_eq!(conv.messages.len(), 2);
-        assert_eq!(conv.messages[1]["content"], "Let me look.");
-        assert_eq!(conv.messages[1]["tool_calls"][0]["id"], "c");
+        ])))
+        .unwrap();
+        let messages = template(&req);
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[1]["content"], "Let me look.");
+        assert_eq!(messages[1]["tool_calls"][0]["id"], "c");
     }
 
     #[test]
     fn malformed_items_are_400s_naming_the_item() {
         let cases = [
-            (json!([{"type": "item_reference", "id": "msg_1"}]), "input[0]"),
+            (json!([{"type": "item_reference", "id": "msg_1"}]), "input[0].id"),
             (json!([{"role": "wizard", "content": "x"}]), "input[0].role"),
             (json!([{"role": "user"}]), "input[0].content"),
             (
@@ -1306,6 +1420,18 @@ mod tests {
                 json!([{"role": "user", "content": [{"type": "input_text"}]}]),
                 "input[0].content[0].text",
             ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_text", "text": 5}]}]),
+                "input[0].content[0].text",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_hologram"}]}]),
+                "input[0].content[0].type",
+            ),
+            (
+                json!([{"role": "assistant", "content": [{"type": "input_image", "image_url": "data:,"}]}]),
+                "input[0].content[0]",
+            ),
             (json!(["hi"]), "input[0]"),
             (json!([{"content": "x"}]), "input[0].type"),
             (
@@ -1316,10 +1442,21 @@ mod tests {
                 json!([{"type": "function_call_output", "call_id": "c", "output": 3}]),
                 "input[0].output",
             ),
+            (
+                json!([{"type": "function_call_output", "call_id": "c",
+                        "output": [{"type": "input_image", "image_url": "data:,"}]}]),
+                "input[0].output",
+            ),
+            (
+                json!([{"type": "reasoning", "content": [{"type": "reasoning_text"}]}]),
+                "input[0].content[0].text",
+            ),
             (json!([{"type": "web_search_call", "id": "ws"}]), "input[0].type"),
+            (json!([{"type": "reasoning", "summary": []}]), "input"),
+            (json!([]), "input"),
         ];
         for (input, place) in cases {
-            let e = to_chat(None, &items(input.clone()), 0).unwrap_err();
+            let e = turn_of(with_input(input.clone())).unwrap_err();
             assert_eq!(
                 param_of(e),
                 (StatusCode::BAD_REQUEST, place.to_string()),
@@ -1329,20 +1466,50 @@ mod tests {
     }
 
     #[test]
+    fn a_wrong_field_is_a_400_naming_its_path() {
+        let input = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": [{"type": "input_image", "image_url": {"url": "data:,"}}]}]);
+        let e = turn_of(with_input(input)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[2].content[0].image_url"));
+        assert_eq!(
+            e.message,
+            "'input[2].content[0].image_url' must be a string; got an object"
+        );
+        for (key, v) in [
+            ("instructions", json!(5)),
+            ("stream", json!("yes")),
+            ("previous_response_id", json!(5)),
+            ("metadata", json!({"a": 1})),
+            ("max_output_tokens", json!(0)),
+            ("truncation", json!("sometimes")),
+            ("top_logprobs", json!(3)),
+            ("background", json!(true)),
+        ] {
+            let mut body = with_input(json!("hi"));
+            body[key] = v;
+            let e = turn_of(body.clone()).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
+            assert!(e.param.as_deref().unwrap_or("").starts_with(key), "{body}: {e:?}");
+        }
+    }
+
+    #[test]
     fn item_references_become_the_stored_items_they_name() {
-        let stored = json!({"type": "message", "id": "msg_1", "role": "assistant",
-            "content": [{"type": "output_text", "text": "Paris."}]});
-        let lookup = |id: &str| (id == "msg_1").then(|| stored.clone());
-        let input = items(json!([
+        let store = ResponseStore::default();
+        stored(
+            &store,
+            json!([{"role": "user", "content": "Capital of France?"},
+                {"type": "message", "id": "msg_1", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Paris."}]}]),
+        );
+        let input = json!([
             {"role": "user", "content": "Capital of France?"},
             {"type": "item_reference", "id": "msg_1"},
             {"role": "user", "content": "And of Spain?"},
-        ]));
-        let resolved = resolve_references(input, lookup).unwrap();
-        assert_eq!(resolved[1], stored);
-        let conv = to_chat(None, &resolved, 0).unwrap();
+        ]);
+        let (req, _) = turn_in(with_input(input), &store).unwrap();
         assert_eq!(
-            conv.messages[1],
+            template(&req)[1],
             json!({"role": "assistant", "content": "Paris."})
         );
         for (input, place) in [
@@ -1352,29 +1519,32 @@ mod tests {
                 "input[1].id",
             ),
         ] {
-            let e = resolve_references(items(input), lookup).unwrap_err();
+            let e = turn_in(with_input(input), &store).unwrap_err();
             assert_eq!(param_of(e), (StatusCode::BAD_REQUEST, place.to_string()));
         }
+        let e = turn_in(
+            json!({"model": "m", "input": "hi", "previous_response_id": "resp_gone"}),
+            &store,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("previous_response_id"));
+        assert_eq!(e.code, Some("previous_response_not_found"));
     }
 
     #[test]
     fn flat_function_tools_map_to_chat_tools_and_others_are_refused() {
         let tools = json!([{"type": "function", "name": "get_weather", "description": "d",
             "parameters": {"type": "object"}, "strict": true}]);
-        let chat = chat_tools(Some(&tools)).unwrap().unwrap();
+        let tool: Tool = body::typed(&tools[0], "tools[0]").unwrap();
         assert_eq!(
-            chat,
-            json!([{"type": "function", "function": {"name": "get_weather", "description": "d",
-                "parameters": {"type": "object"}, "strict": true}}])
+            tool.to_chat(),
+            json!({"type": "function", "function": {"name": "get_weather", "description": "d",
+                "parameters": {"type": "object"}, "strict": true}})
         );
-        let rc = RequestConstraints::from_openai(
-            Some(&chat),
-            Some(&json!({"type": "function", "name": "get_weather"})),
-            None,
-            None,
-        )
-        .unwrap();
-        assert_eq!(rc.tools[0].name, "get_weather");
+        let body = json!({"model": "m", "input": "hi", "tools": tools,
+            "tool_choice": {"type": "function", "name": "get_weather"}});
+        let (req, _) = turn_of(body).unwrap();
+        assert_eq!(req.constraints.tools[0].name, "get_weather");
         for (tools, place) in [
             (json!([{"type": "web_search_preview"}]), "tools[0].type"),
             (
@@ -1383,27 +1553,35 @@ mod tests {
             ),
             (json!([{"name": "f"}]), "tools[0].type"),
             (json!({"type": "function"}), "tools"),
+            // Found by the chat checks, named as Responses names them.
+            (json!([{"type": "function", "name": "bad name"}]), "tools[0].name"),
+            (
+                json!([{"type": "function", "name": "f", "parameters": "x"}]),
+                "tools[0].parameters",
+            ),
         ] {
-            let e = chat_tools(Some(&tools)).unwrap_err();
+            let body = json!({"model": "m", "input": "hi", "tools": tools});
+            let e = turn_of(body).unwrap_err();
             assert_eq!(
                 param_of(e),
                 (StatusCode::BAD_REQUEST, place.to_string()),
                 "{tools}"
             );
         }
-        assert_eq!(chat_tools(None).unwrap(), None);
-        // A bad name found by the chat checks is named as Responses names it.
-        let chat = chat_tools(Some(&json!([{"type": "function", "name": "bad name"}]))).unwrap();
-        let e = RequestConstraints::from_openai(chat.as_ref(), None, None, None).unwrap_err();
-        assert_eq!(
-            rename_param(param_error(e), &[]).param.as_deref(),
-            Some("tools[0].name")
-        );
+        let e = turn_of(json!({"model": "m", "input": "hi", "tool_choice": "required"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
     }
 
     #[test]
     fn text_format_maps_to_response_format() {
-        let fmt = |v: Value| chat_response_format(Some(v.as_object().unwrap()));
+        let fmt = |text: Value| -> Result<Option<Value>, ApiError> {
+            let body = json!({"model": "m", "input": "hi", "text": text});
+            let Parsed { request, json } = body::parse::<ResponsesRequest>(body.to_string().as_bytes())?;
+            match request.text.and_then(|t| t.format) {
+                Some(f) => f.to_chat(json["text"].get("format")),
+                None => Ok(None),
+            }
+        };
         assert_eq!(fmt(json!({"format": {"type": "text"}})).unwrap(), None);
         assert_eq!(fmt(json!({})).unwrap(), None);
         assert_eq!(
@@ -1418,16 +1596,9 @@ mod tests {
                 json!({"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": true}})
             )
         );
-        let rc = RequestConstraints::from_openai(
-            None,
-            None,
-            None,
-            fmt(json!({"format": {"type": "json_schema", "schema": schema}}))
-                .unwrap()
-                .as_ref(),
-        )
-        .unwrap();
-        assert!(!rc.is_unconstrained());
+        let body = json!({"model": "m", "input": "hi",
+            "text": {"format": {"type": "json_schema", "schema": schema}}});
+        assert!(!turn_of(body).unwrap().0.constraints.is_unconstrained());
         for (text, place) in [
             (json!({"format": {"type": "yaml"}}), "text.format.type"),
             (
@@ -1438,9 +1609,14 @@ mod tests {
                 json!({"format": {"type": "json_schema", "schema": 3}}),
                 "text.format.schema",
             ),
+            (
+                json!({"format": {"type": "json_schema", "schema": {}, "colour": 1}}),
+                "text.format.colour",
+            ),
             (json!({"format": {}}), "text.format.type"),
             (json!({"format": "json"}), "text.format"),
             (json!({"colour": 1}), "text.colour"),
+            (json!("x"), "text"),
         ] {
             let e = fmt(text.clone()).unwrap_err();
             assert_eq!(
@@ -1449,24 +1625,48 @@ mod tests {
                 "{text}"
             );
         }
+        let e = fmt(json!({"colour": 1})).unwrap_err();
+        assert_eq!(e.message, "Unrecognized request argument supplied: colour");
     }
 
     #[test]
     fn reasoning_effort_reaches_the_template() {
-        let r = json!({"effort": "low", "summary": "auto"});
-        let extra = reasoning_extra(r.as_object()).unwrap();
+        let extra = |reasoning: Value| {
+            turn_of(json!({"model": "m", "input": "hi", "reasoning": reasoning})).map(|(r, _)| r.template_extra())
+        };
+        let e = extra(json!({"effort": "low", "summary": "auto"})).unwrap();
         assert_eq!(
-            (&extra["reasoning_effort"], &extra["enable_thinking"]),
+            (&e["reasoning_effort"], &e["enable_thinking"]),
             (&json!("low"), &json!(true))
         );
-        let r = json!({"effort": "none"});
-        assert_eq!(reasoning_extra(r.as_object()).unwrap()["enable_thinking"], false);
-        assert!(reasoning_extra(None).unwrap().is_empty());
-        let r = json!({"effort": "extreme"});
-        assert_eq!(
-            param_of(reasoning_extra(r.as_object()).unwrap_err()).1,
-            "reasoning.effort"
-        );
+        assert_eq!(extra(json!({"effort": "none"})).unwrap()["enable_thinking"], false);
+        assert!(extra(json!({})).unwrap().is_empty());
+        for bad in [json!({"effort": "extreme"}), json!({"effort": 3}), json!({"budget": 3})] {
+            let e = extra(bad.clone()).unwrap_err();
+            assert!(e.param.unwrap().starts_with("reasoning."), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sampling_extensions_reach_the_decode_options() {
+        let body = json!({"model": "m", "input": "hi", "temperature": 0.3, "top_p": 0.9,
+            "top_k": 5, "min_p": 0.2, "seed": 7, "max_output_tokens": 9, "stop": "END"});
+        let (req, _) = turn_of(body).unwrap();
+        let s = &req.decode.sampling;
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.seed), (0.3, 0.9, 5, 0.2, Some(7)));
+        assert_eq!((req.decode.max_tokens, req.decode.stop.clone()), (Some(9), vec!["END".to_string()]));
+        for (key, v) in [
+            ("top_k", json!("x")),
+            ("min_p", json!(2)),
+            ("seed", json!(1.5)),
+            ("temperature", json!("hot")),
+            ("frobnicate", json!(1)),
+        ] {
+            let mut body = json!({"model": "m", "input": "hi"});
+            body[key] = v;
+            let e = turn_of(body).unwrap_err();
+            assert_eq!(param_of(e), (StatusCode::BAD_REQUEST, key.to_string()));
+        }
     }
 
     #[test]
@@ -1491,17 +1691,35 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("text.format.schema"));
     }
 
+    fn call_start(name: &str) -> Delta {
+        Delta::CallStart {
+            index: 0,
+            id: "call_0".into(),
+            name: name.into(),
+        }
+    }
+
+    fn call_args(fragment: &str) -> Delta {
+        Delta::CallArgs {
+            index: 0,
+            fragment: fragment.into(),
+        }
+    }
+
     #[test]
     fn the_output_builder_streams_items_in_order_and_matches_the_whole_message() {
+        let flushes = vec![
+            vec![Delta::Reasoning("Hmm".into())],
+            vec![Delta::Content("Hello".into())],
+            vec![Delta::Content(" there".into())],
+            vec![call_start("f"), call_args("{\"a\"")],
+            vec![call_args(":1}")],
+        ];
         let mut b = OutputBuilder::new("resp_x");
-        let mut ev = b.apply(&json!({"reasoning_content": "Hmm"}));
-        ev.extend(b.apply(&json!({"content": "Hello"})));
-        ev.extend(b.apply(&json!({"content": " there"})));
-        ev.extend(b.apply(
-            &json!({"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
-            "function": {"name": "f", "arguments": "{\"a\""}}]}),
-        ));
-        ev.extend(b.apply(&json!({"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]})));
+        let mut ev = Vec::new();
+        for deltas in &flushes {
+            b.apply(deltas, &mut ev);
+        }
         b.finish(false, &mut ev);
         let kinds: Vec<&str> = ev.iter().map(|(k, _)| *k).collect();
         assert_eq!(
@@ -1536,18 +1754,9 @@ mod tests {
                     "arguments": "{\"a\":1}", "status": "completed"}),
             ]
         );
-        // The same message whole (the non-streamed path) gives the same items.
-        let msg = ParsedMessage {
-            reasoning_content: Some("Hmm".into()),
-            content: Some("Hello there".into()),
-            tool_calls: vec![crate::chat::ToolCall {
-                id: "call_0".into(),
-                name: "f".into(),
-                arguments: "{\"a\":1}".into(),
-            }],
-        };
+        // The same deltas in one flush give the same items.
         let mut whole = OutputBuilder::new("resp_x");
-        whole.apply(&message_delta(&msg));
+        whole.apply(&flushes.concat(), &mut Vec::new());
         whole.finish(false, &mut Vec::new());
         assert_eq!(whole.items, b.items);
         assert_eq!(whole.reasoning_text, "Hmm");
