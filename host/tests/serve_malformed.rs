@@ -989,6 +989,9 @@ fn cases() -> Vec<Case> {
         ("previous_response_id", json!("resp_does_not_exist")),
         ("previous_response_id", json!(5)),
         ("stream", json!("yes")),
+        ("top_k", json!("x")),
+        ("min_p", json!(2)),
+        ("seed", json!(1.5)),
         ("unknown_field", json!(1)),
     ] {
         let expect = if key == "previous_response_id" && v.is_string() {

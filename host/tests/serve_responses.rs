@@ -13,7 +13,15 @@ const MODEL: &str = "qwen2.5-coder:0.5b";
 fn the_openai_client_creates_parses_streams_and_continues_responses() {
     let home = home_with_qwen("berth-responses-", MODEL);
     let server = TestServer::start(home.path(), &[]);
-    let checks = ["tools", "store", "parse", "stream", "incomplete", "errors"];
+    let checks = [
+        "tools",
+        "store",
+        "parse",
+        "stream",
+        "incomplete",
+        "errors",
+        "extensions",
+    ];
     let out = Command::new(client_python())
         .arg(repo_root().join("tests/serve/responses_checks.py"))
         .args([server.base.as_str(), MODEL])

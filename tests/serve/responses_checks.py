@@ -2,7 +2,7 @@
 `openai` Python package.
 
 Usage: python responses_checks.py BASE_URL MODEL CHECK...   (checks: tools store parse stream
-incomplete errors). Each check prints one line `ok CHECK ...` or raises.
+incomplete errors extensions). Each check prints one line `ok CHECK ...` or raises.
 """
 
 import json
@@ -214,6 +214,20 @@ def check_incomplete():
     assert events[-1].type == "response.incomplete", [e.type for e in events]
     assert events[-1].response.incomplete_details.reason == "max_output_tokens"
     print("ok incomplete", json.dumps(r.output_text))
+
+
+def check_extensions():
+    """The llama.cpp-style sampling extensions reach the sampler: `top_k` 1 and `min_p` 1 leave
+    only the likeliest token (the greedy reply, however hot), and a `seed` repeats a hot reply."""
+    prompt = "Write one sentence about the sea."
+    ask = lambda **kw: client.responses.create(model=MODEL, input=prompt, max_output_tokens=16, **kw).output_text
+    greedy = ask(temperature=0)
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        hot = ask(temperature=1.5, extra_body=extra)
+        assert hot == greedy, (extra, hot, greedy)
+    seeded = [ask(temperature=1.5, extra_body={"seed": 7, "top_k": 0, "min_p": 0}) for _ in range(2)]
+    assert seeded[0] == seeded[1], seeded
+    print("ok extensions", json.dumps([greedy, seeded[0]]))
 
 
 def raw_post(body):

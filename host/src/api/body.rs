@@ -375,6 +375,42 @@ impl<'de> Deserialize<'de> for KeepAlive {
     }
 }
 
+/// A string, or a list of `T`: a message's content (text or parts), Responses' `input` (one
+/// user message or items). Paths into the list are kept (`input[2].content[0].text`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TextOr<T> {
+    /// The string.
+    Text(String),
+    /// The list.
+    List(Vec<T>),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for TextOr<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<TextOr<T>, D::Error> {
+        struct TextOrVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for TextOrVisitor<T> {
+            type Value = TextOr<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<TextOr<T>, E> {
+                Ok(TextOr::Text(v.to_string()))
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextOr<T>, A::Error> {
+                let mut list = Vec::new();
+                while let Some(x) = seq.next_element()? {
+                    list.push(x);
+                }
+                Ok(TextOr::List(list))
+            }
+        }
+        d.deserialize_any(TextOrVisitor(std::marker::PhantomData))
+    }
+}
+
 /// `stream_options` (OpenAI).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(remote = "Self")]

@@ -6,7 +6,7 @@
 //! [`ResponseStore`] so that `previous_response_id` and `item_reference` can continue a
 //! conversation.
 
-use super::body::{self, field_names, int_in, Int, Parsed, RequestBody};
+use super::body::{self, field_names, int_in, Int, Parsed, RequestBody, TextOr};
 use super::pipeline::{body as request_body, model_for, now_secs, sse};
 use super::sampling::OpenAiSampling;
 use super::ApiError;
@@ -18,7 +18,9 @@ use crate::state::models::Model;
 pub use crate::state::responses::{ResponseStore, StoredResponse, STORE_CAPACITY, STORE_TTL};
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
-use crate::turn::{Call, ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Thinking, Turn};
+use crate::turn::{
+    Call, ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Thinking, Turn,
+};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -26,11 +28,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use futures_util::StreamExt;
-use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
-use std::fmt;
 use std::sync::Arc;
 
 /// The body of `POST /v1/responses`. The sampling fields are [`OpenAiSampling`], read from the
@@ -42,7 +43,7 @@ pub struct ResponsesRequest {
     /// The model (required).
     pub model: Option<String>,
     /// The conversation's new items: a string is one user message.
-    pub input: Option<Input>,
+    pub input: Option<TextOr<InputItem>>,
     /// A system message put first (not inherited by a continuation).
     pub instructions: Option<String>,
     /// Flat function tools.
@@ -89,41 +90,6 @@ pub struct ResponsesRequest {
     pub top_logprobs: Option<Int>,
 }
 
-/// `input`: a string (one user message) or a list of items.
-#[derive(Clone, Debug)]
-pub enum Input {
-    /// One user message.
-    Text(String),
-    /// Input items.
-    Items(Vec<InputItem>),
-}
-
-impl<'de> Deserialize<'de> for Input {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Input, D::Error> {
-        struct InputVisitor;
-        impl<'de> Visitor<'de> for InputVisitor {
-            type Value = Input;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or an array of input items")
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Input, E> {
-                Ok(Input::Text(v.to_string()))
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Input, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element::<InputItem>()? {
-                    items.push(item);
-                }
-                Ok(Input::Items(items))
-            }
-        }
-        d.deserialize_any(InputVisitor)
-    }
-}
-
 /// The kinds of input item served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -164,7 +130,7 @@ pub struct InputItem {
     /// A message's speaker.
     pub role: Option<ItemRole>,
     /// A message's text or parts; a reasoning item's `reasoning_text` parts.
-    pub content: Option<ItemContent>,
+    pub content: Option<TextOr<ContentPart>>,
     /// The item's id (what an `item_reference` names).
     pub id: Option<String>,
     /// The call a function call or its output belongs to.
@@ -174,44 +140,9 @@ pub struct InputItem {
     /// The call's arguments (JSON text).
     pub arguments: Option<String>,
     /// A function call's result: text or text parts.
-    pub output: Option<ItemContent>,
+    pub output: Option<TextOr<ContentPart>>,
     /// A reasoning item's summary parts.
     pub summary: Option<Vec<ContentPart>>,
-}
-
-/// A message's content or a call's output: text, or a list of parts.
-#[derive(Clone, Debug)]
-pub enum ItemContent {
-    /// Plain text.
-    Text(String),
-    /// Typed parts.
-    Parts(Vec<ContentPart>),
-}
-
-impl<'de> Deserialize<'de> for ItemContent {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ItemContent, D::Error> {
-        struct ContentVisitor;
-        impl<'de> Visitor<'de> for ContentVisitor {
-            type Value = ItemContent;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or an array of content parts")
-            }
-
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ItemContent, E> {
-                Ok(ItemContent::Text(v.to_string()))
-            }
-
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ItemContent, A::Error> {
-                let mut parts = Vec::new();
-                while let Some(p) = seq.next_element::<ContentPart>()? {
-                    parts.push(p);
-                }
-                Ok(ItemContent::Parts(parts))
-            }
-        }
-        d.deserialize_any(ContentVisitor)
-    }
 }
 
 /// The kinds of content part.
@@ -338,6 +269,11 @@ fn required(path: &str) -> ApiError {
     ApiError::param(path, format!("'{path}' is required"))
 }
 
+/// A string field the item's kind requires (`place.key`).
+fn need<'a>(v: &'a Option<String>, place: &str, key: &str) -> Result<&'a str, ApiError> {
+    v.as_deref().ok_or_else(|| required(&format!("{place}.{key}")))
+}
+
 impl RequestBody for ResponsesRequest {
     fn known_keys() -> Option<Vec<&'static str>> {
         Some([field_names::<Self>(), field_names::<OpenAiSampling>()].concat())
@@ -349,17 +285,26 @@ impl RequestBody for ResponsesRequest {
         }
         int_in("max_output_tokens", self.max_output_tokens, 1, u32::MAX as i64)?;
         if self.background == Some(true) {
-            return Err(ApiError::param("background", "background responses are not supported"));
+            return Err(ApiError::param(
+                "background",
+                "background responses are not supported",
+            ));
         }
         if int_in("top_logprobs", self.top_logprobs, 0, 20)?.unwrap_or(0) != 0 {
             return Err(ApiError::param("top_logprobs", "'top_logprobs' is not supported"));
         }
         int_in("max_tool_calls", self.max_tool_calls, 0, i64::MAX)?;
         if !["auto", "disabled"].contains(&self.truncation.as_deref().unwrap_or("disabled")) {
-            return Err(ApiError::param("truncation", "'truncation' is one of auto, disabled"));
+            return Err(ApiError::param(
+                "truncation",
+                "'truncation' is one of auto, disabled",
+            ));
         }
         if let Some((k, _)) = self.metadata.iter().flatten().find(|(_, v)| !v.is_string()) {
-            return Err(ApiError::param(&format!("metadata.{k}"), "metadata values must be strings"));
+            return Err(ApiError::param(
+                &format!("metadata.{k}"),
+                "metadata values must be strings",
+            ));
         }
         if let Some(e) = self.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
             if !EFFORTS.contains(&e) {
@@ -392,7 +337,9 @@ impl Tool {
             let p = format!("{at}.name");
             return Err(ApiError::param(
                 &p,
-                format!("'{p}' is required (Responses tools are flat: {{\"type\": \"function\", \"name\": ...}})"),
+                format!(
+                    "'{p}' is required (Responses tools are flat: {{\"type\": \"function\", \"name\": ...}})"
+                ),
             ));
         }
         Ok(())
@@ -470,12 +417,16 @@ impl ResponsesRequest {
         let mut new = Vec::new();
         match &self.input {
             None => {}
-            Some(Input::Text(s)) => new.push(Item {
-                place: "input[0]".into(),
-                item: InputItem::user(s),
-                json: json!({"type": "message", "role": "user", "content": s}),
-            }),
-            Some(Input::Items(items)) => {
+            Some(TextOr::Text(s)) => {
+                let json = json!({"type": "message", "role": "user", "content": s});
+                let item = body::typed(&json, "input")?;
+                new.push(Item {
+                    place: "input[0]".into(),
+                    item,
+                    json,
+                });
+            }
+            Some(TextOr::List(items)) => {
                 for (i, item) in items.iter().enumerate() {
                     let place = format!("input[{i}]");
                     let json = if item.kind == Some(ItemType::ItemReference) {
@@ -488,7 +439,10 @@ impl ResponsesRequest {
                             )
                         })?
                     } else {
-                        json.get("input").and_then(|v| v.get(i)).cloned().unwrap_or(Value::Null)
+                        json.get("input")
+                            .and_then(|v| v.get(i))
+                            .cloned()
+                            .unwrap_or(Value::Null)
                     };
                     let item = match item.kind {
                         Some(ItemType::ItemReference) => body::typed(&json, &place)?,
@@ -511,7 +465,11 @@ impl ResponsesRequest {
             for json in &stored.conversation {
                 let place = "previous_response_id".to_string();
                 let item = body::typed(json, &place)?;
-                items.push(Item { place, item, json: json.clone() });
+                items.push(Item {
+                    place,
+                    item,
+                    json: json.clone(),
+                });
             }
         }
         if new.is_empty() && self.instructions.is_none() {
@@ -523,7 +481,11 @@ impl ResponsesRequest {
 
     /// The typed turn of the request, with each message's origin (`input[2]`, `instructions`) to
     /// name it in errors found later.
-    fn turn(&self, json: &Map<String, Value>, items: &[Item]) -> Result<(ChatRequest, Vec<String>), ApiError> {
+    fn turn(
+        &self,
+        json: &Map<String, Value>,
+        items: &[Item],
+    ) -> Result<(ChatRequest, Vec<String>), ApiError> {
         let (messages, origins) = to_messages(self.instructions.as_deref(), items)?;
         if messages.is_empty() {
             return Err(ApiError::param("input", "'input' must not be empty"));
@@ -560,8 +522,13 @@ impl ResponsesRequest {
         .map_err(|e| rename_param(e.into(), &[]))
     }
 
-    /// What the response object echoes of the request.
-    fn echo(&self, json: &Map<String, Value>, model: &Model, parallel_tool_calls: bool) -> Echo {
+    /// The fields a response object repeats of its request.
+    fn echo(
+        &self,
+        json: &Map<String, Value>,
+        model: &Model,
+        parallel_tool_calls: bool,
+    ) -> Map<String, Value> {
         let raw = |k: &str| json.get(k).filter(|v| !v.is_null()).cloned();
         let mut text = match raw("text") {
             Some(Value::Object(t)) => t,
@@ -570,63 +537,47 @@ impl ResponsesRequest {
         text.entry("format").or_insert(json!({"type": "text"}));
         let r = self.reasoning.as_ref();
         let number = |k: &str| raw(k).and_then(|v| v.as_f64()).unwrap_or(1.0);
-        Echo {
-            model: model.reference.clone(),
-            instructions: self.instructions.clone(),
-            tools: raw("tools").unwrap_or(json!([])),
-            tool_choice: raw("tool_choice").unwrap_or(json!("auto")),
-            parallel_tool_calls,
-            temperature: number("temperature"),
-            top_p: number("top_p"),
-            max_output_tokens: self.max_output_tokens.map(|Int(n)| n),
-            previous_response_id: self.previous_response_id.clone(),
-            text: Value::Object(text),
-            reasoning: json!({
-                "effort": r.and_then(|r| r.effort.clone()),
-                "summary": r.and_then(|r| r.summary.clone()),
-            }),
-            store: self.store.unwrap_or(true),
-            metadata: raw("metadata").unwrap_or(json!({})),
-            user: self.user.clone(),
-            truncation: self.truncation.clone().unwrap_or_else(|| "disabled".into()),
-            service_tier: "default".into(),
+        let echo = json!({
+            "background": false,
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens.map(|Int(n)| n),
+            "max_tool_calls": null,
+            "model": model.reference,
+            "parallel_tool_calls": parallel_tool_calls,
+            "previous_response_id": self.previous_response_id,
+            "reasoning": {"effort": r.and_then(|r| r.effort.clone()), "summary": r.and_then(|r| r.summary.clone())},
+            "service_tier": "default",
+            "store": self.store.unwrap_or(true),
+            "temperature": number("temperature"),
+            "text": text,
+            "tool_choice": raw("tool_choice").unwrap_or(json!("auto")),
+            "tools": raw("tools").unwrap_or(json!([])),
+            "top_p": number("top_p"),
+            "truncation": self.truncation.as_deref().unwrap_or("disabled"),
+            "user": self.user,
+            "metadata": raw("metadata").unwrap_or(json!({})),
+        });
+        match echo {
+            Value::Object(m) => m,
+            _ => Map::new(),
         }
     }
 }
 
 impl InputItem {
-    fn user(text: &str) -> InputItem {
-        InputItem {
-            kind: Some(ItemType::Message),
-            role: Some(ItemRole::User),
-            content: Some(ItemContent::Text(text.to_string())),
-            id: None,
-            call_id: None,
-            name: None,
-            arguments: None,
-            output: None,
-            summary: None,
-        }
-    }
-
-    /// A string field this item's kind requires.
-    fn str_of<'a>(v: &'a Option<String>, place: &str, key: &str) -> Result<&'a str, ApiError> {
-        v.as_deref().ok_or_else(|| required(&format!("{place}.{key}")))
-    }
-
     /// The text of a reasoning item: its `reasoning_text` content, else its summary.
     fn reasoning_text(&self, place: &str) -> Result<String, ApiError> {
         let texts = |parts: Option<&[ContentPart]>, key: &str| -> Result<Option<String>, ApiError> {
             let Some(parts) = parts else { return Ok(None) };
             let mut text = String::new();
             for (j, p) in parts.iter().enumerate() {
-                text.push_str(Self::str_of(&p.text, &format!("{place}.{key}[{j}]"), "text")?);
+                text.push_str(need(&p.text, &format!("{place}.{key}[{j}]"), "text")?);
             }
             Ok(Some(text))
         };
         let content = match &self.content {
-            Some(ItemContent::Parts(p)) => texts(Some(p), "content")?,
-            Some(ItemContent::Text(t)) => Some(t.clone()),
+            Some(TextOr::List(p)) => texts(Some(p), "content")?,
+            Some(TextOr::Text(t)) => Some(t.clone()),
             None => None,
         };
         let summary = texts(self.summary.as_deref(), "summary")?;
@@ -636,16 +587,16 @@ impl InputItem {
 
 /// A message's content (`at`: its place, `input[2].content`) as turn content: text, or parts
 /// when it holds images (an assistant's may not).
-fn content(c: Option<&ItemContent>, at: &str, assistant: bool) -> Result<Content, ApiError> {
+fn content(c: Option<&TextOr<ContentPart>>, at: &str, assistant: bool) -> Result<Content, ApiError> {
     let parts = match c {
         None => return Err(required(at)),
-        Some(ItemContent::Text(s)) => return Ok(Content::Text(s.clone())),
-        Some(ItemContent::Parts(parts)) => parts,
+        Some(TextOr::Text(s)) => return Ok(Content::Text(s.clone())),
+        Some(TextOr::List(parts)) => parts,
     };
     let mut out = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
         let p = format!("{at}[{j}]");
-        let text = |v: &Option<String>, key: &str| InputItem::str_of(v, &p, key).map(|t| Part::Text(t.to_string()));
+        let text = |v: &Option<String>, key: &str| need(v, &p, key).map(|t| Part::Text(t.to_string()));
         out.push(match part.kind {
             None => return Err(required(&format!("{p}.type"))),
             Some(PartType::InputText | PartType::OutputText) => text(&part.text, "text")?,
@@ -739,9 +690,9 @@ fn to_messages(instructions: Option<&str>, items: &[Item]) -> Result<(Vec<Messag
             }
             ItemType::FunctionCall => {
                 let call = Call {
-                    id: Some(InputItem::str_of(&item.call_id, place, "call_id")?.to_string()),
-                    name: InputItem::str_of(&item.name, place, "name")?.to_string(),
-                    arguments: InputItem::str_of(&item.arguments, place, "arguments")?.into(),
+                    id: Some(need(&item.call_id, place, "call_id")?.to_string()),
+                    name: need(&item.name, place, "name")?.to_string(),
+                    arguments: need(&item.arguments, place, "arguments")?.into(),
                 };
                 match messages.last_mut() {
                     Some(last) if open_assistant => {
@@ -763,12 +714,15 @@ fn to_messages(instructions: Option<&str>, items: &[Item]) -> Result<(Vec<Messag
                 }
             }
             ItemType::FunctionCallOutput => {
-                let call_id = InputItem::str_of(&item.call_id, place, "call_id")?;
+                let call_id = need(&item.call_id, place, "call_id")?;
                 let at = format!("{place}.output");
                 let output = match content(item.output.as_ref(), &at, false)? {
                     Content::Text(t) => t,
                     Content::Parts(_) => {
-                        return Err(ApiError::param(&at, format!("{place}: a function call output holds text only")))
+                        return Err(ApiError::param(
+                            &at,
+                            format!("{place}: a function call output holds text only"),
+                        ))
                     }
                 };
                 let name = messages
@@ -788,7 +742,10 @@ fn to_messages(instructions: Option<&str>, items: &[Item]) -> Result<(Vec<Messag
             }
             // `ResponsesRequest::items` replaced every reference the request held.
             ItemType::ItemReference => {
-                return Err(ApiError::param(place, format!("{place}: unresolved 'item_reference'")))
+                return Err(ApiError::param(
+                    place,
+                    format!("{place}: unresolved 'item_reference'"),
+                ))
             }
         }
     }
@@ -821,71 +778,39 @@ fn rename_param(mut e: ApiError, origins: &[String]) -> ApiError {
     e
 }
 
-/// Everything a response echoes of its request.
-#[derive(Debug, Clone)]
-struct Echo {
-    model: String,
-    instructions: Option<String>,
-    tools: Value,
-    tool_choice: Value,
-    parallel_tool_calls: bool,
-    temperature: f64,
-    top_p: f64,
-    max_output_tokens: Option<i64>,
-    previous_response_id: Option<String>,
-    text: Value,
-    reasoning: Value,
-    store: bool,
-    metadata: Value,
-    user: Option<String>,
-    truncation: String,
-    service_tier: String,
-}
-
-/// Builds response objects for one response id.
+/// Builds the response objects of one response.
 #[derive(Debug, Clone)]
 struct Envelope {
     id: String,
     created_at: u64,
-    echo: Echo,
+    /// The fields repeated from the request ([`ResponsesRequest::echo`]).
+    echo: Map<String, Value>,
 }
 
 impl Envelope {
     fn object(&self, status: &str, output: Vec<Value>, usage: Value, error: Value) -> Value {
-        let e = &self.echo;
-        let incomplete = if status == "incomplete" {
-            json!({"reason": "max_output_tokens"})
-        } else {
-            Value::Null
+        let incomplete = match status {
+            "incomplete" => json!({"reason": "max_output_tokens"}),
+            _ => Value::Null,
         };
-        json!({
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "background": false,
-            "error": error,
-            "incomplete_details": incomplete,
-            "instructions": e.instructions,
-            "max_output_tokens": e.max_output_tokens,
-            "max_tool_calls": null,
-            "model": e.model,
-            "output": output,
-            "parallel_tool_calls": e.parallel_tool_calls,
-            "previous_response_id": e.previous_response_id,
-            "reasoning": e.reasoning,
-            "service_tier": e.service_tier,
-            "store": e.store,
-            "temperature": e.temperature,
-            "text": e.text,
-            "tool_choice": e.tool_choice,
-            "tools": e.tools,
-            "top_p": e.top_p,
-            "truncation": e.truncation,
-            "usage": usage,
-            "user": e.user,
-            "metadata": e.metadata,
-        })
+        let mut o = self.echo.clone();
+        for (k, v) in [
+            ("id", self.id.clone().into()),
+            ("object", "response".into()),
+            ("created_at", self.created_at.into()),
+            ("status", status.into()),
+            ("error", error),
+            ("incomplete_details", incomplete),
+            ("output", output.into()),
+            ("usage", usage),
+        ] {
+            o.insert(k.into(), v);
+        }
+        Value::Object(o)
+    }
+
+    fn store(&self) -> bool {
+        self.echo.get("store") == Some(&Value::Bool(true))
     }
 }
 
@@ -961,7 +886,10 @@ impl OutputBuilder {
                 (id, item, call_id, name)
             }
         };
-        ev.push(("response.output_item.added", json!({"output_index": n, "item": item})));
+        ev.push((
+            "response.output_item.added",
+            json!({"output_index": n, "item": item}),
+        ));
         if kind == ItemKind::Message {
             ev.push((
                 "response.content_part.added",
@@ -1012,7 +940,10 @@ impl OutputBuilder {
                        "arguments": o.text, "status": status})
             }
         };
-        ev.push(("response.output_item.done", json!({"output_index": n, "item": item})));
+        ev.push((
+            "response.output_item.done",
+            json!({"output_index": n, "item": item}),
+        ));
         self.items.push(item);
     }
 
@@ -1119,10 +1050,13 @@ impl ResponseWriter {
                 } else {
                     ("completed", "response.completed")
                 };
-                let response =
-                    self.envelope
-                        .object(status, self.out.items.clone(), usage(&end.finish, reasoning), Value::Null);
-                if self.envelope.echo.store {
+                let response = self.envelope.object(
+                    status,
+                    self.out.items.clone(),
+                    usage(&end.finish, reasoning),
+                    Value::Null,
+                );
+                if self.envelope.store() {
                     let mut conversation = std::mem::take(&mut self.items);
                     conversation.extend(self.out.items.iter().cloned());
                     let stored = StoredResponse {
@@ -1144,7 +1078,9 @@ impl ResponseWriter {
 
     fn failed(&mut self, message: &str) -> (&'static str, Value) {
         let error = json!({"code": "server_error", "message": message});
-        let response = self.envelope.object("failed", self.out.items.clone(), Value::Null, error);
+        let response = self
+            .envelope
+            .object("failed", self.out.items.clone(), Value::Null, error);
         self.done = Some(response.clone());
         ("response.failed", json!({"response": response}))
     }
@@ -1166,7 +1102,9 @@ impl ResponseWriter {
 
 impl Encoder for ResponseWriter {
     fn start(&mut self) -> String {
-        let start = self.envelope.object("in_progress", Vec::new(), Value::Null, Value::Null);
+        let start = self
+            .envelope
+            .object("in_progress", Vec::new(), Value::Null, Value::Null);
         let events = vec![
             ("response.created", json!({"response": start.clone()})),
             ("response.in_progress", json!({"response": start})),
@@ -1200,7 +1138,9 @@ pub async fn create(
     let parallel_tool_calls = chat.constraints.parallel_tool_calls;
     let model = model_for(&st, request.model.as_deref().unwrap_or_default(), None).await?;
     let renamed = |e: ApiError| rename_param(e, &origins);
-    let mut turn = Turn::prepare(&model, chat, st.image_urls).await.map_err(renamed)?;
+    let mut turn = Turn::prepare(&model, chat, st.image_urls)
+        .await
+        .map_err(renamed)?;
     let rxs = turn.submit(&model, &id).map_err(renamed)?;
     let events = reply::merged(rxs, turn.parsers(1));
     let response_id = st.responses.new_id();
@@ -1238,7 +1178,10 @@ pub async fn create(
 }
 
 fn not_found(id: &str) -> ApiError {
-    let mut e = ApiError::new(StatusCode::NOT_FOUND, format!("Response with id '{id}' not found."));
+    let mut e = ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("Response with id '{id}' not found."),
+    );
     e.param = Some("response_id".into());
     e
 }
@@ -1316,7 +1259,8 @@ mod tests {
 
     #[test]
     fn a_string_input_is_one_user_message_after_the_instructions() {
-        let (req, origins) = turn_of(json!({"model": "m", "input": "hi", "instructions": "Be brief."})).unwrap();
+        let (req, origins) =
+            turn_of(json!({"model": "m", "input": "hi", "instructions": "Be brief."})).unwrap();
         assert_eq!(
             template(&req),
             vec![
@@ -1365,7 +1309,9 @@ mod tests {
                 json!({"role": "user", "content": "And this?<image0>"}),
             ]
         );
-        let Prompt::Chat(messages) = &req.prompt else { unreachable!() };
+        let Prompt::Chat(messages) = &req.prompt else {
+            unreachable!()
+        };
         let images: Vec<&ImageRef> = messages.iter().flat_map(Message::images).collect();
         assert_eq!(
             images,
@@ -1632,16 +1578,24 @@ mod tests {
     #[test]
     fn reasoning_effort_reaches_the_template() {
         let extra = |reasoning: Value| {
-            turn_of(json!({"model": "m", "input": "hi", "reasoning": reasoning})).map(|(r, _)| r.template_extra())
+            turn_of(json!({"model": "m", "input": "hi", "reasoning": reasoning}))
+                .map(|(r, _)| r.template_extra())
         };
         let e = extra(json!({"effort": "low", "summary": "auto"})).unwrap();
         assert_eq!(
             (&e["reasoning_effort"], &e["enable_thinking"]),
             (&json!("low"), &json!(true))
         );
-        assert_eq!(extra(json!({"effort": "none"})).unwrap()["enable_thinking"], false);
+        assert_eq!(
+            extra(json!({"effort": "none"})).unwrap()["enable_thinking"],
+            false
+        );
         assert!(extra(json!({})).unwrap().is_empty());
-        for bad in [json!({"effort": "extreme"}), json!({"effort": 3}), json!({"budget": 3})] {
+        for bad in [
+            json!({"effort": "extreme"}),
+            json!({"effort": 3}),
+            json!({"budget": 3}),
+        ] {
             let e = extra(bad.clone()).unwrap_err();
             assert!(e.param.unwrap().starts_with("reasoning."), "{bad}");
         }
@@ -1653,8 +1607,14 @@ mod tests {
             "top_k": 5, "min_p": 0.2, "seed": 7, "max_output_tokens": 9, "stop": "END"});
         let (req, _) = turn_of(body).unwrap();
         let s = &req.decode.sampling;
-        assert_eq!((s.temperature, s.top_p, s.top_k, s.min_p, s.seed), (0.3, 0.9, 5, 0.2, Some(7)));
-        assert_eq!((req.decode.max_tokens, req.decode.stop.clone()), (Some(9), vec!["END".to_string()]));
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.min_p, s.seed),
+            (0.3, 0.9, 5, 0.2, Some(7))
+        );
+        assert_eq!(
+            (req.decode.max_tokens, req.decode.stop.clone()),
+            (Some(9), vec!["END".to_string()])
+        );
         for (key, v) in [
             ("top_k", json!("x")),
             ("min_p", json!(2)),
