@@ -429,26 +429,28 @@ impl ResponsesRequest {
             Some(TextOr::List(items)) => {
                 for (i, item) in items.iter().enumerate() {
                     let place = format!("input[{i}]");
-                    let json = if item.kind == Some(ItemType::ItemReference) {
-                        let at = format!("{place}.id");
-                        let id = item.id.as_deref().ok_or_else(|| required(&at))?;
-                        store.item(id).ok_or_else(|| {
-                            ApiError::param(
-                                &at,
-                                format!("Item with id '{id}' not found (items of stored responses can be referenced while the response is kept)."),
-                            )
-                        })?
-                    } else {
-                        json.get("input")
-                            .and_then(|v| v.get(i))
-                            .cloned()
-                            .unwrap_or(Value::Null)
-                    };
-                    let item = match item.kind {
-                        Some(ItemType::ItemReference) => body::typed(&json, &place)?,
-                        _ => item.clone(),
-                    };
-                    new.push(Item { place, item, json });
+                    if item.kind != Some(ItemType::ItemReference) {
+                        let json = json["input"][i].clone();
+                        new.push(Item {
+                            place,
+                            item: item.clone(),
+                            json,
+                        });
+                        continue;
+                    }
+                    let at = format!("{place}.id");
+                    let id = item.id.as_deref().ok_or_else(|| required(&at))?;
+                    let json = store.item(id).ok_or_else(|| {
+                        ApiError::param(
+                            &at,
+                            format!("Item with id '{id}' not found (items of stored responses can be referenced while the response is kept)."),
+                        )
+                    })?;
+                    new.push(Item {
+                        item: body::typed(&json, &place)?,
+                        place,
+                        json,
+                    });
                 }
             }
         }
