@@ -345,19 +345,10 @@ impl Tool {
         Ok(())
     }
 
-    /// The tool in the chat-completions shape the constraint builder reads.
+    /// The tool in the chat-completions shape the constraint builder reads (it skips nulls).
     fn to_chat(&self) -> Value {
-        let mut f = Map::new();
-        f.insert("name".into(), self.name.clone().into());
-        if let Some(d) = &self.description {
-            f.insert("description".into(), d.clone().into());
-        }
-        if let Some(p) = &self.parameters {
-            f.insert("parameters".into(), p.clone());
-        }
-        if let Some(s) = self.strict {
-            f.insert("strict".into(), s.into());
-        }
+        let f = json!({"name": self.name, "description": self.description, "parameters": self.parameters,
+            "strict": self.strict});
         json!({"type": "function", "function": f})
     }
 }
@@ -1488,6 +1479,13 @@ mod tests {
             tool.to_chat(),
             json!({"type": "function", "function": {"name": "get_weather", "description": "d",
                 "parameters": {"type": "object"}, "strict": true}})
+        );
+        // What the template sees: no `strict`, no nulls.
+        let tool: Tool = body::typed(&json!({"type": "function", "name": "f"}), "tools[0]").unwrap();
+        let rc = RequestConstraints::from_openai(Some(&json!([tool.to_chat()])), None, None, None).unwrap();
+        assert_eq!(
+            rc.parser_tools().unwrap(),
+            [json!({"type": "function", "function": {"name": "f"}})]
         );
         let body = json!({"model": "m", "input": "hi", "tools": tools,
             "tool_choice": {"type": "function", "name": "get_weather"}});
