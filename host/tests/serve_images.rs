@@ -422,6 +422,35 @@ fn images_reach_the_plugin_through_both_apis_and_bad_ones_are_400s() {
     for call in &got {
         assert_eq!(call["pixels"], json!(expected(&odd).1), "{call}");
     }
+
+    // Responses: an `input_image` between two text parts lands where the chat API puts it (after
+    // text as long as the first request's, which differs so that no rows are reused); a bad one is
+    // a 400 naming its part, and a text-only model refuses it naming the part.
+    let before = calls(&log, 0).len();
+    let input = |model: &str, url: String| {
+        json!({"model": model, "max_output_tokens": 8, "temperature": 0, "input": [{"role": "user",
+            "content": [{"type": "input_text", "text": "peek "},
+                {"type": "input_image", "image_url": url},
+                {"type": "input_text", "text": " ok?"}]}]})
+    };
+    let (status, body) = server.post("/v1/responses", &input("eyes", format!("{base}/cat.png")));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"][0]["content"][0]["text"], "done", "{body}");
+    let got = calls(&log, before);
+    assert_eq!(got.len(), 1, "{got:?}");
+    check_call(&got[0], &odd, prefix + 1);
+    assert_eq!(body["usage"]["input_tokens"], json!(text_tokens + n + 2));
+    for (model, what) in [
+        ("eyes", "corrupt"),
+        ("blind", "model blind:latest does not take images"),
+    ] {
+        let (status, body) = server.post("/v1/responses", &input(model, data_url(&fixture("corrupt.png"))));
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["param"], "input[0].content[1]", "{body}");
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(what), "{what}: {msg}");
+    }
+    assert_eq!(calls(&log, before).len(), 1);
 }
 
 /// An image URL naming the server's own network (loopback, by address or by name; the cloud
