@@ -764,7 +764,10 @@ pub async fn tags(State(st): State<Shared>) -> Response {
 }
 
 /// `POST /api/show`.
-pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, OllamaError> {
+pub async fn show(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
     let req = parse_ollama::<ShowRequest>(b)?;
     let name = pack_name(&req.model, &req.name)?;
     let e = st
@@ -848,7 +851,10 @@ pub async fn delete(
 }
 
 /// `POST /api/copy`.
-pub async fn copy(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, OllamaError> {
+pub async fn copy(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
     let req = parse_ollama::<CopyRequest>(b)?;
     // Both present: `validate` saw to it.
     let (src, dst) = (
@@ -884,7 +890,10 @@ fn pull_event(p: &berth_registry::Progress) -> Value {
 /// (`hf.co/OWNER/REPO[:QUANT]`) or an Ollama registry into the store, streaming Ollama's progress
 /// lines; a pack already in the store answers `success` at once.
 /// An unknown name is a 404 before the stream starts; later failures are `{"error"}` lines.
-pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, OllamaError> {
+pub async fn pull(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
     let req = parse_ollama::<PullRequest>(b)?;
     let name = pack_name(&req.model, &req.name)?.to_string();
     let stream = req.stream.unwrap_or(true);
