@@ -580,7 +580,7 @@ async fn respond(
         calls: ParsedMessage::default(),
     };
     if !stream {
-        let r = reply::collect_all(rxs, turn.parsers(1)).await?.remove(0);
+        let r = reply::collect_all(rxs, turn.parsers()).await?.remove(0);
         let cut = r.end.finish.reason == FinishReason::Length;
         let mut msg = r.message;
         keep_whole_calls(&mut msg, cut);
@@ -599,7 +599,7 @@ async fn respond(
         return Ok(axum::Json(lines.shape(content, thinking, &msg.tool_calls, Some(stats))).into_response());
     }
     lines.pending.clear();
-    let text = reply::encode(reply::merged(rxs, turn.parsers(1)), lines);
+    let text = reply::encode(reply::merged(rxs, turn.parsers()), lines);
     Ok(ndjson(futures_util::StreamExt::map(text, |t| {
         Ok::<_, Infallible>(Bytes::from(t))
     })))

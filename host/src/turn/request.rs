@@ -5,8 +5,9 @@ use crate::constraint::RequestConstraints;
 use crate::decoding::DecodeOptions;
 use serde_json::{json, Map, Value};
 
-/// Who speaks a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who speaks a message (as the chat APIs spell it; `function` is the legacy name for `tool`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Instructions.
     System,
@@ -17,6 +18,7 @@ pub enum Role {
     /// The model.
     Assistant,
     /// A tool's result.
+    #[serde(alias = "function")]
     Tool,
 }
 
