@@ -222,6 +222,9 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// The server's API key, sent as `Authorization: Bearer KEY`.
+        #[arg(long, env = "BERTH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
     },
     /// Parse model output from stdin into the OpenAI message (or its stream deltas).
     Parse {
@@ -314,7 +317,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Serve(args) => crate::server::serve(crate::server::config::resolve(args, &home)?),
-        Command::Ps { json } => crate::server::config::ps(json),
+        Command::Ps { json, api_key } => crate::server::config::ps(json, api_key.as_deref()),
         Command::Pull { name } => crate::pull::pull(&store, &name),
         Command::Catalog { json } => crate::pull::catalog(&store, json),
         Command::Rm { names } => {

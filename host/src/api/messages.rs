@@ -4,29 +4,11 @@
 
 use super::body::typed;
 use super::ApiError;
-use crate::turn::{Call, Content, ImageRef, ImageSource, Message, Part, Role as TurnRole};
+use crate::turn::{Call, Content, ImageRef, ImageSource, Message, Part, Role};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
 use std::fmt;
-
-/// Who speaks a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Instructions.
-    System,
-    /// Instructions (OpenAI's newer name for `system`).
-    Developer,
-    /// The user.
-    User,
-    /// The model.
-    Assistant,
-    /// A tool's result.
-    Tool,
-    /// A function's result (the legacy name for `tool`).
-    Function,
-}
 
 /// One chat message.
 #[derive(Clone, Debug, Deserialize)]
@@ -213,13 +195,7 @@ impl ChatMessage {
 impl ChatMessage {
     /// The typed turn message of a checked message (`at`: its path, for the images' places).
     pub fn to_turn(&self, at: &str) -> Message {
-        let role = match self.role {
-            Some(Role::System) => TurnRole::System,
-            Some(Role::Developer) => TurnRole::Developer,
-            Some(Role::Assistant) => TurnRole::Assistant,
-            Some(Role::Tool | Role::Function) => TurnRole::Tool,
-            Some(Role::User) | None => TurnRole::User,
-        };
+        let role = self.role.unwrap_or(Role::User);
         let images: Vec<Part> = self
             .images
             .iter()

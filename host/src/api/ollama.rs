@@ -580,7 +580,7 @@ async fn respond(
         calls: ParsedMessage::default(),
     };
     if !stream {
-        let r = reply::collect_all(rxs, turn.parsers(1)).await?.remove(0);
+        let r = reply::collect_all(rxs, turn.parsers()).await?.remove(0);
         let cut = r.end.finish.reason == FinishReason::Length;
         let mut msg = r.message;
         keep_whole_calls(&mut msg, cut);
@@ -599,7 +599,7 @@ async fn respond(
         return Ok(axum::Json(lines.shape(content, thinking, &msg.tool_calls, Some(stats))).into_response());
     }
     lines.pending.clear();
-    let text = reply::encode(reply::merged(rxs, turn.parsers(1)), lines);
+    let text = reply::encode(reply::merged(rxs, turn.parsers()), lines);
     Ok(ndjson(futures_util::StreamExt::map(text, |t| {
         Ok::<_, Infallible>(Bytes::from(t))
     })))
@@ -764,7 +764,10 @@ pub async fn tags(State(st): State<Shared>) -> Response {
 }
 
 /// `POST /api/show`.
-pub async fn show(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn show(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
     let req = parse_ollama::<ShowRequest>(b)?;
     let name = pack_name(&req.model, &req.name)?;
     let e = st
@@ -831,7 +834,7 @@ pub async fn version() -> Response {
 pub async fn delete(
     State(st): State<Shared>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, OllamaError> {
     let req = parse_ollama::<DeleteRequest>(b)?;
     let name = pack_name(&req.model, &req.name)?;
     let reference = st
@@ -848,7 +851,10 @@ pub async fn delete(
 }
 
 /// `POST /api/copy`.
-pub async fn copy(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn copy(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
     let req = parse_ollama::<CopyRequest>(b)?;
     // Both present: `validate` saw to it.
     let (src, dst) = (
@@ -856,7 +862,7 @@ pub async fn copy(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
         req.destination.unwrap_or_default(),
     );
     if st.models.resolve(&src).is_none() {
-        return Err(ApiError::model_not_found(&src));
+        return Err(ApiError::model_not_found(&src).into());
     }
     let store = st.models.store().clone();
     tokio::task::spawn_blocking(move || store.copy(&src, &dst))
@@ -884,7 +890,10 @@ fn pull_event(p: &berth_registry::Progress) -> Value {
 /// (`hf.co/OWNER/REPO[:QUANT]`) or an Ollama registry into the store, streaming Ollama's progress
 /// lines; a pack already in the store answers `success` at once.
 /// An unknown name is a 404 before the stream starts; later failures are `{"error"}` lines.
-pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn pull(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
     let req = parse_ollama::<PullRequest>(b)?;
     let name = pack_name(&req.model, &req.name)?.to_string();
     let stream = req.stream.unwrap_or(true);
@@ -900,7 +909,7 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
     let opts = berth_registry::HubOptions::from_env();
     match berth_registry::HubRef::parse(&name, &opts) {
         // A hub name (hf.co/..., ollama.com/...): malformed is the client's error.
-        Some(Err(e)) => return Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string())),
+        Some(Err(e)) => return Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).into()),
         Some(Ok(_)) => {}
         None => {
             let catalog = tokio::task::spawn_blocking(berth_registry::pull::load_catalog)
@@ -911,7 +920,8 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!("pull {name}: not in the packs catalog"),
-                ));
+                )
+                .into());
             }
         }
     }
@@ -944,7 +954,7 @@ pub async fn pull(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) ->
             last = v;
         }
         if let Some(e) = last.get("error").and_then(Value::as_str) {
-            return Err(internal(e.to_string()));
+            return Err(internal(e.to_string()).into());
         }
         return Ok(axum::Json(last).into_response());
     }

@@ -9,6 +9,7 @@ use crate::chat::{openai_delta, Delta};
 use crate::constraint::RequestConstraints;
 use crate::engine::Finish;
 use crate::sampling::TokenLogprobs;
+use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
 use crate::turn::{ChatRequest, Prompt as TurnPrompt, Turn};
@@ -393,22 +394,17 @@ pub async fn chat_completions(
         model,
         ..
     } = prepare::<ChatCompletionRequest>(&st, b).await?;
-    let n = chat.n;
     let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
     let rxs = turn.submit(&model, &id)?;
-    let parsers = turn.parsers(n);
-    let chunks = Chunks {
-        id: format!("chatcmpl-{}", id.trim_start_matches("req-")),
-        object: "chat.completion.chunk",
-        created: now_secs(),
-        model: model.reference.clone(),
-        include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
-        logprobs: turn.logprobs.then(|| model.tokenizer.clone()),
-        n,
-        finishes: Vec::new(),
-        failed: false,
-        offsets: vec![0; n],
-    };
+    let parsers = turn.parsers();
+    let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    let chunks = Chunks::new(
+        format!("chatcmpl-{}", id.trim_start_matches("req-")),
+        "chat.completion.chunk",
+        &model,
+        &turn,
+        include_usage,
+    );
     if !req.stream.unwrap_or(false) {
         let replies = reply::collect_all(rxs, parsers).await?;
         let choices: Vec<Value> = replies
@@ -446,6 +442,23 @@ struct Chunks {
 }
 
 impl Chunks {
+    /// The chunks of a turn of `n` choices.
+    fn new(id: String, object: &'static str, model: &Model, turn: &Turn, include_usage: bool) -> Chunks {
+        let n = turn.choices;
+        Chunks {
+            id,
+            object,
+            created: now_secs(),
+            model: model.reference.clone(),
+            include_usage,
+            logprobs: turn.logprobs.then(|| model.tokenizer.clone()),
+            n,
+            finishes: Vec::new(),
+            failed: false,
+            offsets: vec![0; n],
+        }
+    }
+
     /// One chunk with one choice.
     fn chunk(&self, choice: Value) -> Value {
         let mut c = json!({"id": self.id, "object": self.object, "created": self.created,
@@ -634,25 +647,20 @@ pub async fn completions(
         model,
         ..
     } = prepare::<CompletionRequest>(&st, b).await?;
-    let n = chat.n;
     let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
     let rxs = turn.submit(&model, &id)?;
     let stream = req.stream.unwrap_or(false);
-    let chunks = Chunks {
-        id: format!("cmpl-{}", id.trim_start_matches("req-")),
-        object: "text_completion",
-        created: now_secs(),
-        model: model.reference.clone(),
-        include_usage: stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
-        logprobs: turn.logprobs.then(|| model.tokenizer.clone()),
-        n,
-        finishes: Vec::new(),
-        failed: false,
-        offsets: vec![0; n],
-    };
+    let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    let chunks = Chunks::new(
+        format!("cmpl-{}", id.trim_start_matches("req-")),
+        "text_completion",
+        &model,
+        &turn,
+        include_usage,
+    );
     let enc = CompletionChunks(chunks);
     if !stream {
-        let replies = reply::collect_all(rxs, vec![None; n]).await?;
+        let replies = reply::collect_all(rxs, turn.parsers()).await?;
         let choices: Vec<Value> = replies
             .iter()
             .enumerate()
@@ -665,7 +673,7 @@ pub async fn completions(
         let finishes: Vec<Finish> = replies.into_iter().map(|r| r.end.finish).collect();
         return Ok(axum::Json(enc.0.whole("text_completion", choices, &finishes)).into_response());
     }
-    Ok(sse_of(reply::encode(reply::merged(rxs, vec![None; n]), enc)))
+    Ok(sse_of(reply::encode(reply::merged(rxs, turn.parsers()), enc)))
 }
 
 /// One `/v1/models` entry.

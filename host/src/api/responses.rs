@@ -106,20 +106,6 @@ pub enum ItemType {
     ItemReference,
 }
 
-/// Who speaks a message item.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ItemRole {
-    /// The user.
-    User,
-    /// Instructions.
-    System,
-    /// Instructions (rendered as `system`).
-    Developer,
-    /// The model.
-    Assistant,
-}
-
 /// One input item: the fields of every kind, each checked for its kind.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(remote = "Self")]
@@ -128,7 +114,7 @@ pub struct InputItem {
     #[serde(rename = "type")]
     pub kind: Option<ItemType>,
     /// A message's speaker.
-    pub role: Option<ItemRole>,
+    pub role: Option<Role>,
     /// A message's text or parts; a reasoning item's `reasoning_text` parts.
     pub content: Option<TextOr<ContentPart>>,
     /// The item's id (what an `item_reference` names).
@@ -661,9 +647,15 @@ fn to_messages(instructions: Option<&str>, items: &[Item]) -> Result<(Vec<Messag
         match kind {
             ItemType::Message => {
                 let role = match item.role {
-                    Some(ItemRole::User) => Role::User,
-                    Some(ItemRole::System | ItemRole::Developer) => Role::System,
-                    Some(ItemRole::Assistant) => Role::Assistant,
+                    // As before the typed turn: templates know `system`.
+                    Some(Role::Developer) => Role::System,
+                    Some(Role::Tool) => {
+                        return Err(ApiError::param(
+                            &format!("{place}.role"),
+                            format!("{place}: a tool's result is a 'function_call_output' item"),
+                        ))
+                    }
+                    Some(role) => role,
                     None => return Err(required(&format!("{place}.role"))),
                 };
                 let assistant = role == Role::Assistant;
@@ -1135,7 +1127,7 @@ pub async fn create(
         .await
         .map_err(renamed)?;
     let rxs = turn.submit(&model, &id).map_err(renamed)?;
-    let events = reply::merged(rxs, turn.parsers(1));
+    let events = reply::merged(rxs, turn.parsers());
     let response_id = st.responses.new_id();
     let mut writer = ResponseWriter {
         out: OutputBuilder::new(&response_id),
@@ -1346,6 +1338,7 @@ mod tests {
         let cases = [
             (json!([{"type": "item_reference", "id": "msg_1"}]), "input[0].id"),
             (json!([{"role": "wizard", "content": "x"}]), "input[0].role"),
+            (json!([{"role": "tool", "content": "x"}]), "input[0].role"),
             (json!([{"role": "user"}]), "input[0].content"),
             (
                 json!([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]),

@@ -5,7 +5,6 @@ use super::models::ModelsConfig;
 use super::ServeConfig;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -157,30 +156,53 @@ pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
     })
 }
 
-/// `berth ps`: the models a running server holds (asks `GET /api/ps`).
-pub fn ps(json: bool) -> Result<()> {
+/// `berth ps`: the models a running server holds (asks `GET /api/ps`, with the API key if one
+/// is given).
+pub fn ps(json: bool, api_key: Option<&str>) -> Result<()> {
     let host = std::env::var("BERTH_HOST").unwrap_or_else(|_| DEFAULT_HOST.into());
     let port = std::env::var("BERTH_PORT")
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(DEFAULT_PORT);
-    let host = if host == "0.0.0.0" {
-        DEFAULT_HOST.to_string()
-    } else {
-        host
+    // A server bound to every interface is reached on loopback.
+    let host = match host.as_str() {
+        "0.0.0.0" => DEFAULT_HOST.to_string(),
+        "::" | "[::]" => "[::1]".to_string(),
+        h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
+        _ => host,
     };
-    let mut s = std::net::TcpStream::connect((host.as_str(), port))
-        .with_context(|| format!("no berth server at {host}:{port} (start one with `berth serve`)"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut req = format!("GET /api/ps HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    if let Ok(k) = std::env::var("BERTH_API_KEY") {
-        req.push_str(&format!("Authorization: Bearer {k}\r\n"));
+    let url = format!("http://{host}:{port}/api/ps");
+    // The server is local (or named by BERTH_HOST): a proxy from the environment would only be
+    // in the way.
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .context("building the HTTP client")?;
+    let mut req = client.get(&url);
+    if let Some(k) = api_key.filter(|k| !k.is_empty()) {
+        req = req.bearer_auth(k);
     }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes())?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)?;
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    let resp = req.send().map_err(|e| {
+        if e.is_connect() {
+            anyhow::anyhow!("no berth server at {host}:{port} (start one with `berth serve`)")
+        } else {
+            anyhow::Error::new(e).context(format!("asking {url}"))
+        }
+    })?;
+    let status = resp.status();
+    let body = resp
+        .text()
+        .with_context(|| format!("reading the answer of {url}"))?;
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        bail!(
+            "the server refused: {status} ({}); set BERTH_API_KEY (or --api-key) to the server's key",
+            error_message(&body)
+        );
+    }
+    if !status.is_success() {
+        bail!("the server answered {status}: {}", error_message(&body));
+    }
     let v: serde_json::Value =
         serde_json::from_str(body.trim()).context("the server's /api/ps answer is not JSON")?;
     if json {
@@ -202,6 +224,22 @@ pub fn ps(json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The message of an error body: Ollama's `{"error": "..."}`, OpenAI's
+/// `{"error": {"message": "..."}}`, or the text itself (cut short) from something else on the port.
+fn error_message(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let e = &v["error"];
+    if let Some(m) = e.as_str().or_else(|| e["message"].as_str()) {
+        return m.to_string();
+    }
+    let text = body.trim();
+    match text.char_indices().nth(200) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None if text.is_empty() => "no message".to_string(),
+        None => text.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -239,5 +277,14 @@ mod tests {
         assert_eq!(cfg.models.keep_alive, None);
         std::fs::write(home.path().join("berth.toml"), "prot = 1\n").unwrap();
         assert!(resolve(ServeArgs::default(), home.path()).is_err());
+    }
+
+    #[test]
+    fn error_messages_come_from_either_error_shape_or_the_text() {
+        assert_eq!(error_message(r#"{"error":"bad key"}"#), "bad key");
+        assert_eq!(error_message(r#"{"error":{"message":"bad key"}}"#), "bad key");
+        assert_eq!(error_message("  oops\n"), "oops");
+        assert_eq!(error_message(""), "no message");
+        assert_eq!(error_message(&"x".repeat(300)), format!("{}...", "x".repeat(200)));
     }
 }

@@ -12,7 +12,8 @@ use crate::engine::metrics::Metrics;
 use anyhow::{Context, Result};
 use axum::body::HttpBody;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::header::{ACCESS_CONTROL_REQUEST_METHOD, ORIGIN};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,6 +22,8 @@ use models::{Models, ModelsConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tower::ServiceExt;
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 /// Everything `berth serve` is configured with (flags, env vars, `berth.toml`).
 #[derive(Clone, Debug)]
@@ -45,8 +48,17 @@ pub struct ServeConfig {
     pub allow_private_image_urls: bool,
 }
 
-/// The router over a state.
+/// The router over a state, behind CORS when `cors_origins` allows any origin.
 pub fn router(state: Shared, max_body: usize) -> Router {
+    let api = routes(state.clone(), max_body);
+    if state.cors_origins.is_empty() {
+        return api;
+    }
+    cors(state, api)
+}
+
+/// Every route behind auth, request ids and the body limit, without CORS.
+fn routes(state: Shared, max_body: usize) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -99,38 +111,63 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     Shape::of_path(uri.path()).respond(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message))
 }
 
-/// The `Access-Control-Allow-Origin` value for a request's `Origin`, when CORS allows it.
-fn allowed_origin(st: &AppState, req: &Request) -> Option<HeaderValue> {
-    let origin = req.headers().get("origin")?;
-    let o = origin.to_str().ok()?;
-    if st.cors_origins.iter().any(|a| a == "*") {
-        Some(HeaderValue::from_static("*"))
-    } else if st.cors_origins.iter().any(|a| a.eq_ignore_ascii_case(o)) {
-        Some(origin.clone())
-    } else {
-        None
-    }
+/// Whether CORS allows a page from `origin` (`*` allows any; origins compare case-insensitively,
+/// as browsers may send the host in any case).
+fn origin_allowed(allowed: &[String], origin: &HeaderValue) -> bool {
+    let Ok(o) = origin.to_str() else { return false };
+    allowed.iter().any(|a| a == "*" || a.eq_ignore_ascii_case(o))
 }
 
-/// The answer to a CORS preflight from an allowed origin: the methods and the headers it asked
-/// for, cached for ten minutes. Given before authentication (browsers send no credentials).
-fn preflight(req: &Request, origin: HeaderValue) -> Response {
-    let headers = req
-        .headers()
-        .get("access-control-request-headers")
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from_static("authorization, content-type, x-api-key"));
-    let mut r = StatusCode::NO_CONTENT.into_response();
-    let h = r.headers_mut();
-    h.insert("access-control-allow-origin", origin);
-    h.insert(
-        "access-control-allow-methods",
-        HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
-    );
-    h.insert("access-control-allow-headers", headers);
-    h.insert("access-control-max-age", HeaderValue::from_static("600"));
-    h.insert("vary", HeaderValue::from_static("Origin"));
-    r
+/// A CORS preflight: an `OPTIONS` naming the method the page means to send.
+fn is_preflight(req: &Request) -> bool {
+    req.method() == Method::OPTIONS && req.headers().contains_key(ACCESS_CONTROL_REQUEST_METHOD)
+}
+
+/// `api` behind tower-http's [`CorsLayer`] for `st.cors_origins`. Preflights from allowed origins
+/// are answered before authentication (browsers send no credentials on them); every other
+/// `OPTIONS` skips the layer, because it answers all of them itself, and a page from another
+/// origin must get what a request without CORS gets (a 401 without a key).
+fn cors(st: Shared, api: Router) -> Router {
+    let allowed = st.cors_origins.clone();
+    let allow_origin = if allowed.iter().any(|a| a == "*") {
+        AllowOrigin::any()
+    } else {
+        let allowed = allowed.clone();
+        AllowOrigin::predicate(move |o, _| origin_allowed(&allowed, o))
+    };
+    let layer = CorsLayer::new()
+        .allow_origin(allow_origin)
+        .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
+        .allow_headers(AllowHeaders::mirror_request())
+        .expose_headers([HeaderName::from_static("x-request-id")])
+        .max_age(Duration::from_secs(600));
+    let with_cors = api
+        .clone()
+        .layer(layer)
+        .layer(middleware::from_fn_with_state(st, preflight_answered));
+    Router::new().fallback_service(tower::service_fn(move |req: Request| {
+        let cors_applies = req.method() != Method::OPTIONS
+            || is_preflight(&req)
+                && req
+                    .headers()
+                    .get(ORIGIN)
+                    .is_some_and(|o| origin_allowed(&allowed, o));
+        let to = if cors_applies { &with_cors } else { &api };
+        to.clone().oneshot(req)
+    }))
+}
+
+/// A preflight [`CorsLayer`] answered: 204 (it says 200; there is no content), counted in the
+/// metrics like any request.
+async fn preflight_answered(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    if !is_preflight(&req) {
+        return next.run(req).await;
+    }
+    let label = route_label(&req);
+    let mut resp = next.run(req).await;
+    *resp.status_mut() = StatusCode::NO_CONTENT;
+    st.metrics.request(&label, 204);
+    resp
 }
 
 /// Compares two secrets in time that depends only on their lengths, not on where they differ.
@@ -157,19 +194,12 @@ fn has_key(req: &Request, key: &str) -> bool {
             .is_some_and(|k| same_secret(k.as_bytes(), key.as_bytes()))
 }
 
-/// Auth, CORS, request ids in logs, and per-route status counts.
+/// Auth, request ids in logs, and per-route status counts (CORS is [`cors`]'s, outside it).
 async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let id = st.request_id();
-    let origin = allowed_origin(&st, &req);
-    if let (Some(o), true) = (&origin, req.method() == axum::http::Method::OPTIONS) {
-        if req.headers().contains_key("access-control-request-method") {
-            st.metrics.request(&route_label(&req), 204);
-            return preflight(&req, o.clone());
-        }
-    }
     let open = matches!(path.as_str(), "/health" | "/metrics");
-    let mut resp = match (&st.api_key, open) {
+    match (&st.api_key, open) {
         (Some(key), false) if !has_key(&req, key) => {
             st.metrics.request(&route_label(&req), 401);
             let mut e = ApiError::new(
@@ -187,17 +217,7 @@ async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
             .await
         }
         _ => answer(&st, req, next, &path, &id).await,
-    };
-    if let Some(o) = origin {
-        let h = resp.headers_mut();
-        h.insert("access-control-allow-origin", o);
-        h.insert(
-            "access-control-expose-headers",
-            HeaderValue::from_static("x-request-id"),
-        );
-        h.append("vary", HeaderValue::from_static("Origin"));
     }
-    resp
 }
 
 /// Runs an admitted request: its id in the logs and the response, its status in the metrics.

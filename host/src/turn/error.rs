@@ -1,6 +1,6 @@
 //! The one error type of a request, whatever surface it came in on: a status, a message, the
 //! parameter it is about and a machine code. Each surface chooses the wire shape it is answered
-//! in (`api::error`); `berth run` prints its message.
+//! in (`api::Shape`); `berth run` prints its message.
 
 use axum::http::StatusCode;
 

@@ -51,6 +51,8 @@ pub struct Turn {
     pub parser_tools: Option<Vec<Value>>,
     /// Whether the request asked for log-probabilities.
     pub logprobs: bool,
+    /// How many choices it generates.
+    pub choices: usize,
 }
 
 impl Turn {
@@ -127,7 +129,8 @@ impl Turn {
         let logprobs = req.decode.logprobs.is_some();
         let mut first = req.decode;
         first.constraint = constraint_for(model, rc, thinks, start)?;
-        let decodes = choice_decodes(first, req.n.max(1), || constraint_for(model, rc, thinks, start))?;
+        let choices = req.n.max(1);
+        let decodes = choice_decodes(first, choices, || constraint_for(model, rc, thinks, start))?;
         Ok(Turn {
             rendered,
             prompt,
@@ -138,6 +141,7 @@ impl Turn {
             format,
             parser_tools,
             logprobs,
+            choices,
         })
     }
 
@@ -147,9 +151,9 @@ impl Turn {
             .map(|f| StreamParser::new(f, self.start, self.parser_tools.as_deref()))
     }
 
-    /// A fresh parser for each of `n` choices.
-    pub fn parsers(&self, n: usize) -> Vec<Option<StreamParser>> {
-        (0..n).map(|_| self.parser()).collect()
+    /// A fresh parser for each choice.
+    pub fn parsers(&self) -> Vec<Option<StreamParser>> {
+        (0..self.choices).map(|_| self.parser()).collect()
     }
 
     /// Queues the turn on the model's engine: the first choice computes the prompt and the others

@@ -248,3 +248,117 @@ pub async fn collect_all(
 ) -> Result<Vec<Reply>, ApiError> {
     futures_util::future::try_join_all(rxs.into_iter().zip(parsers).map(|(rx, p)| collect(rx, p))).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{ChatFormat, ParseStart};
+    use serde_json::json;
+    use std::time::Duration;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    fn finish(reason: FinishReason) -> Finish {
+        Finish {
+            reason,
+            prompt_tokens: 5,
+            cached_tokens: 0,
+            completion_tokens: 3,
+            prompt_duration: Duration::ZERO,
+            generation_duration: Duration::ZERO,
+            stop_sequence: None,
+        }
+    }
+
+    const OUTPUT: [&str; 4] = [
+        "Sure.",
+        "\n<tool_call>\n{\"name\": \"get_time\", ",
+        "\"arguments\": {\"tz\": \"CET\"}}",
+        "\n</tool_call>",
+    ];
+
+    fn replay(reason: FinishReason) -> UnboundedReceiver<Event> {
+        let (tx, rx) = unbounded_channel();
+        for piece in OUTPUT {
+            tx.send(Event::Text(piece.into())).unwrap();
+        }
+        tx.send(Event::Done(finish(reason))).unwrap();
+        rx
+    }
+
+    fn parser() -> Option<StreamParser> {
+        let tools =
+            [json!({"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}})];
+        Some(StreamParser::new(
+            ChatFormat::HermesJson,
+            ParseStart::Content,
+            Some(&tools),
+        ))
+    }
+
+    #[tokio::test]
+    async fn the_whole_reply_is_the_fold_of_the_streamed_events() {
+        let whole = collect(replay(FinishReason::Stop), parser()).await.unwrap();
+        assert_eq!(whole.message.content.as_deref(), Some("Sure."));
+        assert_eq!(whole.message.tool_calls[0].arguments, r#"{"tz": "CET"}"#);
+        assert_eq!(whole.end.reason(), FinishReason::ToolCalls);
+        let events: Vec<ReplyEvent> = events(replay(FinishReason::Stop), parser()).collect().await;
+        let mut folded = ParsedMessage::default();
+        for e in &events {
+            if let ReplyEvent::Grew { deltas, .. } | ReplyEvent::Ended { deltas, .. } = e {
+                deltas.iter().for_each(|d| folded.apply(d));
+            }
+        }
+        assert_eq!(folded, whole.message);
+        assert!(matches!(events.last(), Some(ReplyEvent::Ended { .. })));
+        // A reply the token cap cut ends as `length`, calls or not.
+        let cut = collect(replay(FinishReason::Length), parser()).await.unwrap();
+        assert_eq!(cut.end.reason(), FinishReason::Length);
+    }
+
+    /// Counts what it is given.
+    struct Tally(usize, usize);
+
+    impl Encoder for Tally {
+        fn start(&mut self) -> String {
+            "start;".into()
+        }
+        fn event(&mut self, index: usize, event: ReplyEvent) -> String {
+            self.0 += 1;
+            match event {
+                ReplyEvent::Ended { .. } => {
+                    self.1 += 1;
+                    format!("end{index};")
+                }
+                _ => String::new(),
+            }
+        }
+        fn end(&mut self) -> String {
+            format!("done {} {};", self.0, self.1)
+        }
+    }
+
+    #[tokio::test]
+    async fn the_encoder_sees_every_choice_start_to_end() {
+        let rxs = vec![replay(FinishReason::Stop), replay(FinishReason::Stop)];
+        let text: String = encode(merged(rxs, vec![parser(), None]), Tally(0, 0))
+            .collect()
+            .await;
+        assert!(text.starts_with("start;"), "{text}");
+        assert!(text.contains("end0;") && text.contains("end1;"), "{text}");
+        assert!(text.ends_with(" 2;"), "both choices ended before the end: {text}");
+    }
+
+    #[tokio::test]
+    async fn an_engine_error_fails_the_reply_and_a_vanished_engine_is_a_503() {
+        let (tx, rx) = unbounded_channel();
+        tx.send(Event::Error("boom".into())).unwrap();
+        let e = collect(rx, parser()).await.unwrap_err();
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let (tx, rx) = unbounded_channel::<Event>();
+        drop(tx);
+        assert_eq!(
+            collect(rx, parser()).await.unwrap_err().status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
+}

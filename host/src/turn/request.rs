@@ -5,8 +5,9 @@ use crate::constraint::RequestConstraints;
 use crate::decoding::DecodeOptions;
 use serde_json::{json, Map, Value};
 
-/// Who speaks a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who speaks a message (as the chat APIs spell it; `function` is the legacy name for `tool`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Instructions.
     System,
@@ -17,6 +18,7 @@ pub enum Role {
     /// The model.
     Assistant,
     /// A tool's result.
+    #[serde(alias = "function")]
     Tool,
 }
 
@@ -274,5 +276,87 @@ impl ChatRequest {
             extra.insert("enable_thinking".into(), on.into());
         }
         extra
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(place: &str) -> Part {
+        Part::Image(ImageRef {
+            place: place.into(),
+            source: ImageSource::Url("data:,".into()),
+        })
+    }
+
+    #[test]
+    fn messages_reach_the_template_in_openais_shape_as_the_client_wrote_them() {
+        let text = Message::text(Role::User, "hi");
+        assert_eq!(
+            text.to_template(0, |k| format!("<{k}>")),
+            json!({"role": "user", "content": "hi"})
+        );
+        // A list of text parts stays a list (templates that iterate parts see parts).
+        let parts = Message {
+            content: Some(Content::Parts(vec![
+                Part::Text("a".into()),
+                Part::Text("b".into()),
+            ])),
+            ..Message::text(Role::User, "")
+        };
+        assert_eq!(
+            parts.to_template(0, |k| format!("<{k}>"))["content"],
+            json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
+        );
+        // Images become markers numbered across the conversation, joined with the text.
+        let with_images = Message {
+            content: Some(Content::Parts(vec![
+                image("p0"),
+                Part::Text("what?".into()),
+                image("p1"),
+            ])),
+            ..Message::text(Role::User, "")
+        };
+        assert_eq!(
+            with_images.to_template(3, |k| format!("<{k}>"))["content"],
+            "<3>what?<4>"
+        );
+        let call = Message {
+            content: None,
+            reasoning: Some("think".into()),
+            tool_calls: vec![Call {
+                id: Some("c1".into()),
+                name: "f".into(),
+                arguments: json!("{\"a\":1}"),
+            }],
+            ..Message::text(Role::Assistant, "")
+        };
+        assert_eq!(
+            call.to_template(0, |k| format!("<{k}>")),
+            json!({"role": "assistant", "content": null, "reasoning_content": "think",
+                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]})
+        );
+        let result = Message::tool_result(Some("c1".into()), Some("f".into()), "2".into());
+        assert_eq!(
+            result.to_template(0, |k| format!("<{k}>")),
+            json!({"role": "tool", "content": "2", "tool_call_id": "c1", "name": "f"})
+        );
+    }
+
+    #[test]
+    fn thinking_switches_become_template_variables_with_an_explicit_switch_winning() {
+        let mut req = ChatRequest::new(Prompt::Chat(Vec::new()));
+        assert!(req.template_extra().is_empty());
+        req.thinking.effort = Some("none".into());
+        assert_eq!(
+            Value::Object(req.template_extra()),
+            json!({"reasoning_effort": "none", "enable_thinking": false})
+        );
+        // The kwargs' own `enable_thinking` wins over the effort's, an explicit switch over both.
+        req.template_vars.insert("enable_thinking".into(), true.into());
+        assert_eq!(req.template_extra()["enable_thinking"], true);
+        req.thinking.enabled = Some(false);
+        assert_eq!(req.template_extra()["enable_thinking"], false);
     }
 }
