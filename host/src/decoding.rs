@@ -3,8 +3,7 @@
 //! while the plugin's forward pass does), stop tokens, stop strings (held back from the stream
 //! until they can no longer match), `max_tokens` and the context budget.
 //!
-//! One sequence's loop, as `Session::generate_with` runs it (an engine does the same per row of
-//! its batch):
+//! One sequence's loop, written out for one sequence (the engine runs it per row of its batch):
 //!
 //! ```text
 //! let mut st = DecodeState::new(opts, &tokenizer, &stop_tokens, context - prompt_len);
