@@ -14,6 +14,7 @@ use berth::template::RenderInput;
 use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -41,10 +42,14 @@ fn home() -> &'static Path {
     })
 }
 
+/// The engine counters of [`model`].
+static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
+
 /// The model on an engine of one slot, as `berth run` loads it (tests take turns).
 fn model() -> &'static Mutex<Model> {
     static M: OnceLock<Mutex<Model>> = OnceLock::new();
     M.get_or_init(|| {
+        let metrics = METRICS.get_or_init(|| Arc::new(Metrics::default())).clone();
         let store = berth_registry::store::Store::new(home().to_path_buf());
         let settings = LoadSettings {
             threads: Some(2),
@@ -58,7 +63,7 @@ fn model() -> &'static Mutex<Model> {
             home(),
             "qwen2.5-coder:0.5b",
             &settings,
-            Arc::new(Metrics::default()),
+            metrics,
         )
         .unwrap();
         assert_eq!(model.detected.format, ChatFormat::HermesJson);
@@ -87,6 +92,10 @@ struct Reply {
     text: String,
     parsed: chat::ParsedMessage,
     finish: &'static str,
+    /// Tokens generated.
+    tokens: usize,
+    /// Forward passes the engine ran for the job (its prompt included).
+    steps: u64,
 }
 
 /// Renders one user message with tools, generates under the request's constraint, parses.
@@ -127,13 +136,15 @@ fn ask(prompt: &str, tools: &[Value], req: &RequestConstraints, seed: u64, max_t
         images: Vec::new(),
         siblings: Vec::new(),
     };
+    let metrics = METRICS.get().expect("set with the model");
+    let steps_before = metrics.decode_steps.load(Relaxed);
     m.engine.submit(job).unwrap();
     let mut text = String::new();
-    let reason = loop {
+    let (reason, tokens) = loop {
         match rx.blocking_recv().expect("the engine ends every job") {
             Event::Text(t) => text.push_str(&t),
             Event::Logprobs(_) => {}
-            Event::Done(f) => break f.reason.as_str(),
+            Event::Done(f) => break (f.reason.as_str(), f.completion_tokens),
             Event::Error(e) => panic!("generation failed: {e}"),
         }
     };
@@ -144,7 +155,14 @@ fn ask(prompt: &str, tools: &[Value], req: &RequestConstraints, seed: u64, max_t
     } else {
         reason
     };
-    Reply { text, parsed, finish }
+    let steps = metrics.decode_steps.load(Relaxed) - steps_before;
+    Reply {
+        text,
+        parsed,
+        finish,
+        tokens,
+        steps,
+    }
 }
 
 fn openai(tools: &[Value], choice: Value, parallel: Value, format: Value) -> RequestConstraints {
@@ -283,6 +301,13 @@ fn json_schema_content_validates_for_every_seed() {
         let v: Value =
             serde_json::from_str(&content).unwrap_or_else(|e| panic!("seed {seed}: {e}: {content}"));
         validate(&v, &schema).unwrap_or_else(|e| panic!("seed {seed}: {e}: {content}"));
+        // The tokens the grammar forces (keys, punctuation) share the picked token's forward pass.
+        assert!(
+            r.steps < r.tokens as u64,
+            "seed {seed}: {} forward passes for {} tokens",
+            r.steps,
+            r.tokens
+        );
     }
 }
 

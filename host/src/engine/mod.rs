@@ -9,6 +9,9 @@
 //! by the same rows whether a request runs alone, next to others, or after another request in the
 //! same slot: with the plugins' per-sequence rounding, greedy outputs do not depend on load.
 //!
+//! Tokens a sequence's grammar forces (a schema's keys and punctuation) are taken without sampling
+//! and fed with the picked token in one step, so they cost no forward pass of their own.
+//!
 //! Reuse also follows the plugin's [`Rewind`] rule: a model with recurrent state rewinds only to
 //! its snapshots (or only to 0), so the reused prefix is cut back to such a point. A plugin that
 //! refuses a rewind anyway costs that request one full prefill (its sequence is reset to 0),
@@ -293,6 +296,8 @@ struct Running {
     fed: usize,
     /// The picked token to feed next (generating) or None (still in the prompt).
     next: Option<u32>,
+    /// Tokens the grammar forced after `next`, already taken: fed with it in one step.
+    forced: Vec<u32>,
     cached_tokens: usize,
     admitted: u64,
     prompt_done: Option<Instant>,
@@ -571,6 +576,7 @@ impl Scheduler {
             dec,
             fed: keep,
             next: None,
+            forced: Vec::new(),
             cached_tokens: keep,
             admitted: self.tick,
             prompt_done: None,
@@ -600,7 +606,7 @@ impl Scheduler {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(r) = &mut slot.run else { continue };
             let Some(next) = r.next else { continue };
-            if !r.dec.is_greedy() || r.dec.finished().is_some() || !r.spec.may_draft() {
+            if !r.forced.is_empty() || !r.dec.is_greedy() || r.dec.finished().is_some() || !r.spec.may_draft() {
                 continue;
             }
             // Room in the context for every drafted row.
@@ -737,10 +743,15 @@ impl Scheduler {
                     kind: PartKind::Drafts,
                 });
             } else {
-                b.push(next, base, i, true);
+                // Tokens the grammar forced ride with the picked one; only the last needs logits.
+                let forced = &slot.run.as_ref().expect("running").forced;
+                let n = 1 + forced.len();
+                for (k, &t) in std::iter::once(&next).chain(forced).enumerate() {
+                    b.push(t, base + k, i, k + 1 == n);
+                }
                 b.parts.push(Part {
                     slot: i,
-                    rows: 1,
+                    rows: n,
                     kind: PartKind::Next,
                 });
             }
@@ -883,7 +894,7 @@ impl Scheduler {
             cached: slot.cached.clone(),
             exact: slot.exact,
         });
-        if let Some(reason) = advance(r, logits, &self.text.stop_tokens, m) {
+        if let Some(reason) = advance(r, logits, &self.text.stop_tokens, m, true) {
             let r = slot.run.take().expect("running");
             m.active_sequences.fetch_sub(1, Relaxed);
             finish(r, reason, i);
@@ -899,10 +910,12 @@ impl Scheduler {
         let r = slot.run.as_mut().expect("running");
         slot.cached
             .extend(tokens.iter().map(|&t| u64::from(t as u32)));
-        if self.speculate {
+        // A step with forced rows costs more than a plain one: it is no measure for speculation.
+        if self.speculate && r.forced.is_empty() {
             r.spec.record_plain(step_secs);
         }
-        if let Some(reason) = advance(r, &self.logits[logits], &self.text.stop_tokens, m) {
+        r.forced.clear();
+        if let Some(reason) = advance(r, &self.logits[logits], &self.text.stop_tokens, m, true) {
             let r = slot.run.take().expect("running");
             m.active_sequences.fetch_sub(1, Relaxed);
             finish(r, reason, i);
@@ -1021,12 +1034,13 @@ impl Scheduler {
                 dec,
                 fed: prompt.len(),
                 next: None,
+                forced: Vec::new(),
                 cached_tokens,
                 admitted: self.tick,
                 prompt_done: Some(Instant::now()),
                 spec: Speculator::default(),
             };
-            match advance(&mut r, logits, &self.text.stop_tokens, &m) {
+            match advance(&mut r, logits, &self.text.stop_tokens, &m, true) {
                 Some(reason) => {
                     m.active_sequences.fetch_sub(1, Relaxed);
                     finish(r, reason, j);
@@ -1070,7 +1084,7 @@ struct Part {
 enum PartKind {
     /// A chunk of its prompt (logits only for the prompt's last row).
     Prompt,
-    /// Its picked token.
+    /// Its picked token and the tokens the grammar forced after it (logits for the last).
     Next,
     /// Its picked token and drafted tokens, logits for every row.
     Drafts,
@@ -1092,8 +1106,16 @@ struct Fork {
 }
 
 /// Picks a generating sequence's next token from its logits row, sends its log-probabilities
-/// and text; returns why the sequence ended, if it did.
-fn advance(r: &mut Running, logits: &[f32], stop_tokens: &HashSet<u32>, m: &Metrics) -> Option<FinishReason> {
+/// and text; with `force`, then takes the tokens the grammar forces after it (sent too, and fed
+/// with it on the next step: one forward pass for all of them). Returns why the sequence ended,
+/// if it did.
+fn advance(
+    r: &mut Running,
+    logits: &[f32],
+    stop_tokens: &HashSet<u32>,
+    m: &Metrics,
+    force: bool,
+) -> Option<FinishReason> {
     if let Some(reason) = r.dec.finished() {
         return Some(reason);
     }
@@ -1112,7 +1134,21 @@ fn advance(r: &mut Running, logits: &[f32], stop_tokens: &HashSet<u32>, m: &Metr
     if !s.text.is_empty() {
         let _ = r.job.events.send(Event::Text(s.text));
     }
-    s.finished
+    if s.finished.is_some() || !force {
+        return s.finished;
+    }
+    for t in r.dec.forced() {
+        let s = r.dec.accept(t);
+        m.generated_tokens.fetch_add(1, Relaxed);
+        if !s.text.is_empty() {
+            let _ = r.job.events.send(Event::Text(s.text));
+        }
+        if s.finished.is_some() {
+            return s.finished;
+        }
+        r.forced.push(t);
+    }
+    None
 }
 
 /// Most generating sequences in a step that still lets one of them speculate.
@@ -1141,7 +1177,8 @@ fn verify(
     let mut accepted = 0;
     let mut ended = None;
     for (j, logits) in rows.chunks(vocab).enumerate() {
-        ended = advance(r, logits, stop_tokens, m);
+        // Forced tokens would come between the row and its draft: none while verifying.
+        ended = advance(r, logits, stop_tokens, m, false);
         if ended.is_some() {
             break;
         }
