@@ -213,7 +213,14 @@ fn main() {
         context: None,
         keep_alive: None,
     };
-    let model = Model::load(&store, home.path(), "qwen:bench", &settings, Arc::new(Metrics::default())).unwrap();
+    let model = Model::load(
+        &store,
+        home.path(),
+        "qwen:bench",
+        &settings,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap();
     let f = model.constraints.as_ref().unwrap();
     let prompt = model
         .template

@@ -191,7 +191,10 @@ fn format_constraints(model: &Model, format: &str) -> Result<RequestConstraints>
     let req = RequestConstraints::from_ollama(None, Some(&value))
         .map_err(|e| anyhow!("--format: {}", e.message))?;
     if let Err(e) = &model.constraints {
-        bail!("--format: constrained decoding is not available for {}: {e}", model.reference);
+        bail!(
+            "--format: constrained decoding is not available for {}: {e}",
+            model.reference
+        );
     }
     Ok(req)
 }
@@ -473,14 +476,20 @@ fn rate(tokens: usize, d: Duration) -> f64 {
 /// speculation counts.
 fn print_stats(load: Duration, f: &Finish, (drafted, accepted): (u64, u64)) {
     let processed = f.prompt_tokens - f.cached_tokens;
-    eprintln!("total duration:       {:?}", load + f.prompt_duration + f.generation_duration);
+    eprintln!(
+        "total duration:       {:?}",
+        load + f.prompt_duration + f.generation_duration
+    );
     eprintln!("load duration:        {load:?}");
     eprintln!(
         "prompt eval count:    {processed} token(s) ({} cached)",
         f.cached_tokens
     );
     eprintln!("prompt eval duration: {:?}", f.prompt_duration);
-    eprintln!("prompt eval rate:     {:.2} tokens/s", rate(processed, f.prompt_duration));
+    eprintln!(
+        "prompt eval rate:     {:.2} tokens/s",
+        rate(processed, f.prompt_duration)
+    );
     eprintln!("eval count:           {} token(s)", f.completion_tokens);
     eprintln!("eval duration:        {:?}", f.generation_duration);
     eprintln!(

@@ -58,14 +58,7 @@ fn model() -> &'static Mutex<Model> {
             context: None,
             keep_alive: None,
         };
-        let model = Model::load(
-            &store,
-            home(),
-            "qwen2.5-coder:0.5b",
-            &settings,
-            metrics,
-        )
-        .unwrap();
+        let model = Model::load(&store, home(), "qwen2.5-coder:0.5b", &settings, metrics).unwrap();
         assert_eq!(model.detected.format, ChatFormat::HermesJson);
         assert_eq!(model.vocab_size, 151_936, "the padded vocabulary");
         if let Err(e) = &model.constraints {

@@ -606,7 +606,8 @@ impl Scheduler {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(r) = &mut slot.run else { continue };
             let Some(next) = r.next else { continue };
-            if !r.forced.is_empty() || !r.dec.is_greedy() || r.dec.finished().is_some() || !r.spec.may_draft() {
+            if !r.forced.is_empty() || !r.dec.is_greedy() || r.dec.finished().is_some() || !r.spec.may_draft()
+            {
                 continue;
             }
             // Room in the context for every drafted row.
@@ -713,7 +714,9 @@ impl Scheduler {
     /// One batched decode: every generating sequence's next token plus one prompt chunk.
     fn step(&mut self) {
         let Some(batch) = self.build_batch() else { return };
-        let Some(step_secs) = self.decode(&batch) else { return };
+        let Some(step_secs) = self.decode(&batch) else {
+            return;
+        };
         self.apply(&batch, step_secs);
     }
 
@@ -731,7 +734,9 @@ impl Scheduler {
         };
         let mut b = Batch::default();
         for (i, slot) in self.slots.iter().enumerate() {
-            let Some(next) = slot.run.as_ref().and_then(|r| r.next) else { continue };
+            let Some(next) = slot.run.as_ref().and_then(|r| r.next) else {
+                continue;
+            };
             let base = slot.cached.len();
             if i == spec_slot {
                 for (k, &t) in std::iter::once(&next).chain(&drafts).enumerate() {
@@ -908,8 +913,7 @@ impl Scheduler {
         let m = &self.shared.metrics;
         let slot = &mut self.slots[i];
         let r = slot.run.as_mut().expect("running");
-        slot.cached
-            .extend(tokens.iter().map(|&t| u64::from(t as u32)));
+        slot.cached.extend(tokens.iter().map(|&t| u64::from(t as u32)));
         // A step with forced rows costs more than a plain one: it is no measure for speculation.
         if self.speculate && r.forced.is_empty() {
             r.spec.record_plain(step_secs);
@@ -930,8 +934,7 @@ impl Scheduler {
         let m = &self.shared.metrics;
         let slot = &mut self.slots[i];
         let r = slot.run.as_mut().expect("running");
-        slot.cached
-            .extend(tokens.iter().map(|&t| u64::from(t as u32)));
+        slot.cached.extend(tokens.iter().map(|&t| u64::from(t as u32)));
         let drafts: Vec<u32> = tokens[1..].iter().map(|&t| t as u32).collect();
         let Some(end) = verify(
             r,

@@ -466,7 +466,13 @@ impl Models {
             context: Some(self.cfg.context),
             keep_alive: self.cfg.keep_alive,
         };
-        Model::load(&self.store, &self.cfg.home, reference, &settings, self.metrics.clone())
+        Model::load(
+            &self.store,
+            &self.cfg.home,
+            reference,
+            &settings,
+            self.metrics.clone(),
+        )
     }
 
     /// Unloads a model now (after its running requests finish). False if it was not loaded.
