@@ -778,7 +778,7 @@ pub async fn show(
         .filter(|e| e.manifest.is_some())
         .ok_or_else(|| ApiError::model_not_found(name))?;
     let m = e.manifest.as_ref().expect("filtered");
-    let template = crate::generate::load_text_side(&e)
+    let template = crate::pack::load_text_side(&e)
         .ok()
         .and_then(|(_, t)| t.map(|t| t.source().to_string()))
         .unwrap_or_default();
