@@ -9,7 +9,7 @@ use crate::sampling::SamplingParams;
 use crate::state::models::{LoadSettings, Model};
 use crate::turn::images::{self, RequestImage, UrlPolicy};
 use crate::turn::reply::{self, ReplyEvent};
-use crate::turn::{ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Turn};
+use crate::turn::{ChatRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn};
 use anyhow::{anyhow, bail, Context, Result};
 use berth_registry::store::Store;
 use futures_util::StreamExt;
@@ -277,10 +277,8 @@ impl Chat {
         let prompt = if self.opts.raw {
             Prompt::Raw { text, images: refs }
         } else {
-            let mut parts: Vec<Part> = refs.into_iter().map(Part::Image).collect();
-            parts.push(Part::Text(text));
             self.history.push(Message {
-                content: Some(Content::Parts(parts)),
+                content: Some(Content::images_then_text(refs, text)),
                 ..Message::text(Role::User, "")
             });
             Prompt::Chat(self.history.clone())

@@ -341,10 +341,8 @@ impl GenerationBody for GenerateRequest {
             if let Some(s) = &self.system {
                 messages.push(Message::text(Role::System, s.clone()));
             }
-            let mut parts: Vec<Part> = images.into_iter().map(Part::Image).collect();
-            parts.push(Part::Text(text));
             messages.push(Message {
-                content: Some(Content::Parts(parts)),
+                content: Some(Content::images_then_text(images, text)),
                 ..Message::text(Role::User, "")
             });
             Prompt::Chat(messages)
