@@ -150,8 +150,9 @@ pub struct Block {
     pub kind: Option<String>,
     /// A text block's text.
     pub text: Option<String>,
-    /// An image block's source.
-    pub source: Option<SourceIn>,
+    /// An image block's source ([`SourceIn`], typed once the block is known to be an image: a
+    /// `search_result` block's source is a string).
+    pub source: Option<Value>,
     /// A tool use's id.
     pub id: Option<String>,
     /// A tool use's function.
@@ -381,9 +382,9 @@ fn joined_text(content: &Blocks, place: &str) -> Result<String, ApiError> {
 }
 
 /// An image block's source: a base64 payload or a URL.
-fn image_source(source: &Option<SourceIn>, place: &str) -> Result<ImageSource, ApiError> {
+fn image_source(source: &Option<Value>, place: &str) -> Result<ImageSource, ApiError> {
     let here = format!("{place}.source");
-    let source = source.as_ref().ok_or_else(|| required(&here))?;
+    let source: SourceIn = body::typed(field(source, place, "source")?, &here)?;
     match kind(&source.kind, &here)? {
         "base64" => {
             field(&source.media_type, &here, "media_type")?;
@@ -1251,6 +1252,10 @@ mod tests {
             (user(json!([{"type": "text", "text": 5}])), "messages[0].content[0].text"),
             (
                 user(json!([{"type": "document", "source": {}}])),
+                "messages[0].content[0].type",
+            ),
+            (
+                user(json!([{"type": "search_result", "source": "https://x", "title": "t", "content": []}])),
                 "messages[0].content[0].type",
             ),
             (
