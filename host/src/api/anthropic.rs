@@ -16,7 +16,9 @@ use crate::engine::Finish;
 use crate::sampling::SamplingParams;
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, End, ReplyEvent};
-use crate::turn::{Call, ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Thinking, Turn};
+use crate::turn::{
+    Call, ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Thinking, Turn,
+};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -566,7 +568,11 @@ fn user_turn(
                 if b.is_error == Some(true) {
                     text = format!("Error: {text}");
                 }
-                out.push(Message::tool_result(Some(id.clone()), tool_names.get(id).cloned(), text));
+                out.push(Message::tool_result(
+                    Some(id.clone()),
+                    tool_names.get(id).cloned(),
+                    text,
+                ));
             }
             t @ ("tool_use" | "thinking" | "redacted_thinking") => {
                 return Err(bad_type(&here, format!("'{t}' blocks belong in assistant turns")))
@@ -888,7 +894,10 @@ fn stream_error(out: &mut String, kind: &str, message: &str) {
 impl Encoder for BlockEncoder {
     fn start(&mut self) -> String {
         let mut out = String::new();
-        sse_event(&mut out, &json!({"type": "message_start", "message": self.message}));
+        sse_event(
+            &mut out,
+            &json!({"type": "message_start", "message": self.message}),
+        );
         sse_event(&mut out, &json!({"type": "ping"}));
         out
     }
@@ -923,7 +932,11 @@ impl Encoder for BlockEncoder {
     fn end(&mut self) -> String {
         let mut out = String::new();
         if !self.over {
-            stream_error(&mut out, "overloaded_error", "the model was unloaded during the request");
+            stream_error(
+                &mut out,
+                "overloaded_error",
+                "the model was unloaded during the request",
+            );
         }
         out
     }
@@ -936,7 +949,10 @@ pub async fn messages(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AnthropicError> {
     let Prepared {
-        request, turn: chat, model, ..
+        request,
+        turn: chat,
+        model,
+        ..
     } = pipeline::prepare::<MessagesRequest>(&st, b).await?;
     let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
     let prompt_len = turn.prompt.len();
@@ -985,7 +1001,9 @@ pub async fn count_tokens(
     State(st): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AnthropicError> {
-    let Prepared { turn: chat, model, .. } = pipeline::prepare::<CountRequest>(&st, b).await?;
+    let Prepared {
+        turn: chat, model, ..
+    } = pipeline::prepare::<CountRequest>(&st, b).await?;
     let turn = Turn::prepare(&model, chat, st.image_urls).await?;
     if turn.prompt.is_empty() {
         return Err(ApiError::param("messages", "the prompt is empty").into());
@@ -1083,7 +1101,10 @@ mod tests {
         assert_eq!(m[2].reasoning.as_deref(), Some("They want weather."));
         assert_eq!(m[2].tool_calls.len(), 2);
         let call = &m[2].tool_calls[0];
-        assert_eq!((call.id.as_deref(), call.name.as_str()), (Some("toolu_1"), "get_weather"));
+        assert_eq!(
+            (call.id.as_deref(), call.name.as_str()),
+            (Some("toolu_1"), "get_weather")
+        );
         let args: Value = serde_json::from_str(call.arguments.as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"city": "Paris"}));
         // The template sees what the OpenAI-shaped conversion gave it before.
@@ -1127,8 +1148,12 @@ mod tests {
         let c = with(json!({"type": "auto"})).unwrap();
         assert_eq!((c.tool_choice, c.parallel_tool_calls), (ToolChoice::Auto, true));
         let c = with(json!({"type": "any", "disable_parallel_tool_use": true})).unwrap();
-        assert_eq!((c.tool_choice, c.parallel_tool_calls), (ToolChoice::Required, false));
-        let c = with(json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": false})).unwrap();
+        assert_eq!(
+            (c.tool_choice, c.parallel_tool_calls),
+            (ToolChoice::Required, false)
+        );
+        let c =
+            with(json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": false})).unwrap();
         assert_eq!(
             (c.tool_choice, c.parallel_tool_calls),
             (ToolChoice::Named("get_weather".into()), true)
@@ -1162,10 +1187,26 @@ mod tests {
             );
         }
         for (key, v, param) in [
-            ("output_config", json!({"format": format, "colour": 1}), "output_config"),
-            ("output_config", json!({"effort": "extreme"}), "output_config.effort"),
-            ("output_format", json!({"type": "json_object"}), "output_format.type"),
-            ("output_format", json!({"type": "json_schema"}), "output_format.schema"),
+            (
+                "output_config",
+                json!({"format": format, "colour": 1}),
+                "output_config",
+            ),
+            (
+                "output_config",
+                json!({"effort": "extreme"}),
+                "output_config.effort",
+            ),
+            (
+                "output_format",
+                json!({"type": "json_object"}),
+                "output_format.type",
+            ),
+            (
+                "output_format",
+                json!({"type": "json_schema"}),
+                "output_format.schema",
+            ),
         ] {
             let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
             body[key] = v;
@@ -1242,14 +1283,20 @@ mod tests {
                 with("messages", json!([{"role": "system", "content": "x"}])),
                 "messages[0].role",
             ),
-            (with("messages", json!([{"role": 5, "content": "x"}])), "messages[0].role"),
+            (
+                with("messages", json!([{"role": 5, "content": "x"}])),
+                "messages[0].role",
+            ),
             (with("messages", json!([{"role": "user"}])), "messages[0].content"),
             (
                 with("messages", json!([{"role": "user", "content": 5}])),
                 "messages[0].content",
             ),
             (user(json!([{"text": "x"}])), "messages[0].content[0].type"),
-            (user(json!([{"type": "text", "text": 5}])), "messages[0].content[0].text"),
+            (
+                user(json!([{"type": "text", "text": 5}])),
+                "messages[0].content[0].text",
+            ),
             (
                 user(json!([{"type": "document", "source": {}}])),
                 "messages[0].content[0].type",
@@ -1407,7 +1454,11 @@ mod tests {
         assert_eq!(v["error"]["type"], "not_found_error");
         assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
         // A message that does not name its parameter gets it prefixed.
-        let (_, v) = body(ApiError::param("tools[0].input_schema", "must be a JSON schema object")).await;
+        let (_, v) = body(ApiError::param(
+            "tools[0].input_schema",
+            "must be a JSON schema object",
+        ))
+        .await;
         assert_eq!(
             v["error"]["message"],
             "tools[0].input_schema: must be a JSON schema object"
@@ -1467,7 +1518,13 @@ mod tests {
         };
         let mut out = enc.start();
         out += &enc.event(0, grew(vec![Delta::Reasoning("Hmm".into())]));
-        out += &enc.event(0, grew(vec![Delta::Reasoning(" ok".into()), Delta::Content("Sure.".into())]));
+        out += &enc.event(
+            0,
+            grew(vec![
+                Delta::Reasoning(" ok".into()),
+                Delta::Content("Sure.".into()),
+            ]),
+        );
         out += &enc.event(0, grew(vec![call(0, "get_weather"), args(0, "{\"ci")]));
         out += &enc.event(0, grew(vec![args(0, "ty\": \"Paris\"}")]));
         out += &enc.event(0, grew(vec![call(1, "get_weather"), args(1, "")]));
@@ -1547,7 +1604,13 @@ mod tests {
         );
         assert_eq!(enc.end(), "");
         let mut enc = BlockEncoder::new("7", json!({}));
-        enc.event(0, ReplyEvent::Grew { deltas: vec![Delta::Content("Hi".into())], logprobs: Vec::new() });
+        enc.event(
+            0,
+            ReplyEvent::Grew {
+                deltas: vec![Delta::Content("Hi".into())],
+                logprobs: Vec::new(),
+            },
+        );
         let ev = events(&enc.end());
         assert_eq!(ev[0].1["error"]["type"], "overloaded_error");
     }
@@ -1558,13 +1621,22 @@ mod tests {
             finish: finish(reason, stop),
             calls,
         };
-        assert_eq!(stop_reason(&end(FinishReason::Stop, None, false)), ("end_turn", None));
+        assert_eq!(
+            stop_reason(&end(FinishReason::Stop, None, false)),
+            ("end_turn", None)
+        );
         assert_eq!(
             stop_reason(&end(FinishReason::Stop, Some("END"), false)),
             ("stop_sequence", Some("END".to_string()))
         );
-        assert_eq!(stop_reason(&end(FinishReason::Stop, None, true)), ("tool_use", None));
-        assert_eq!(stop_reason(&end(FinishReason::Length, None, true)), ("max_tokens", None));
+        assert_eq!(
+            stop_reason(&end(FinishReason::Stop, None, true)),
+            ("tool_use", None)
+        );
+        assert_eq!(
+            stop_reason(&end(FinishReason::Length, None, true)),
+            ("max_tokens", None)
+        );
         assert_eq!(
             usage(&finish(FinishReason::Stop, None)),
             json!({"input_tokens": 6, "output_tokens": 3, "cache_read_input_tokens": 4, "cache_creation_input_tokens": 0})
