@@ -971,7 +971,7 @@ pub async fn messages(
         })
     };
     if !request.stream.unwrap_or(false) {
-        let replies = reply::collect_all(rxs, turn.parsers(1)).await?;
+        let replies = reply::collect_all(rxs, turn.parsers()).await?;
         let r = &replies[0];
         let (reason, sequence) = stop_reason(&r.end);
         let body = message(
@@ -991,7 +991,7 @@ pub async fn messages(
             "cache_creation_input_tokens": 0,
         }),
     );
-    let events = reply::merged(rxs, turn.parsers(1));
+    let events = reply::merged(rxs, turn.parsers());
     let wire = reply::encode(events, BlockEncoder::new(&request_id, start));
     Ok(pipeline::sse(wire.map(|s| Ok::<_, Infallible>(Bytes::from(s)))))
 }
