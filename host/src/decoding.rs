@@ -3,8 +3,7 @@
 //! while the plugin's forward pass does), stop tokens, stop strings (held back from the stream
 //! until they can no longer match), `max_tokens` and the context budget.
 //!
-//! One sequence's loop, as `Session::generate_with` runs it (an engine does the same per row of
-//! its batch):
+//! One sequence's loop, written out for one sequence (the engine runs it per row of its batch):
 //!
 //! ```text
 //! let mut st = DecodeState::new(opts, &tokenizer, &stop_tokens, context - prompt_len);
@@ -255,9 +254,10 @@ impl DecodeState {
     }
 
     /// Tokens the grammar forces next (no other continuation is allowed), to be fed to the model
-    /// in one batch and passed to [`DecodeState::accept`] without sampling; empty when none are.
+    /// in one batch and passed to [`DecodeState::accept`] without sampling; empty when none are,
+    /// and when the request asked for log-probabilities (each token then needs its own row).
     pub fn forced(&mut self) -> Vec<u32> {
-        if self.finished.is_some() || self.constraint_failed {
+        if self.finished.is_some() || self.constraint_failed || self.logprobs.is_some() {
             return Vec::new();
         }
         let Some(c) = self.constraint.as_mut() else {

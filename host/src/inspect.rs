@@ -27,7 +27,7 @@ pub struct RenderRequest {
 /// The tokenizer and chat template of a pack (the template is `None` when it has none).
 fn open(store: &Store, reference: &str) -> Result<(String, Tokenizer, Option<ChatTemplate>)> {
     let entry = store.get(reference)?;
-    let (tokenizer, template) = crate::generate::load_text_side(&entry)?;
+    let (tokenizer, template) = crate::pack::load_text_side(&entry)?;
     Ok((entry.reference, tokenizer, template))
 }
 

@@ -1,17 +1,23 @@
 //! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
 
-use crate::chat::StreamParser;
-use crate::constraint::{ConstraintFactory, RequestConstraints};
+use crate::chat::{Delta, ParsedMessage};
+use crate::constraint::RequestConstraints;
 use crate::decoding::DecodeOptions;
-use crate::generate::{GenerationStats, Session};
+use crate::engine::metrics::Metrics;
+use crate::engine::Finish;
 use crate::sampling::SamplingParams;
-use crate::template::RenderInput;
-use crate::turn::images::{self, RequestImage};
+use crate::state::models::{LoadSettings, Model};
+use crate::turn::images::{self, RequestImage, UrlPolicy};
+use crate::turn::reply::{self, ReplyEvent};
+use crate::turn::{ChatRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn};
 use anyhow::{anyhow, bail, Context, Result};
-use berth_plugin_api::VisionSpec;
 use berth_registry::store::Store;
+use futures_util::StreamExt;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Options of `berth run`.
 #[derive(Clone, Debug)]
@@ -87,7 +93,11 @@ fn images_in_prompt(text: &str) -> Result<(String, Vec<RequestImage>)> {
     Ok((out.trim().to_string(), found))
 }
 
-/// Runs `berth run`.
+/// Requests `berth run` may queue on its engine (it sends one at a time).
+const RUN_QUEUE: usize = 4;
+
+/// Runs `berth run`: loads the model onto an engine of one slot, the same scheduler `berth serve`
+/// runs, and submits each turn to it.
 pub fn run(
     store: &Store,
     home: &Path,
@@ -95,20 +105,30 @@ pub fn run(
     prompt: Option<String>,
     opts: RunOptions,
 ) -> Result<()> {
-    let mut session = Session::open(store, home, reference, opts.threads)?;
+    let started = Instant::now();
+    let settings = LoadSettings {
+        threads: opts.threads,
+        slots: 1,
+        queue: RUN_QUEUE,
+        context: None,
+        keep_alive: None,
+    };
+    let metrics = Arc::new(Metrics::default());
+    let model = Model::load(store, home, reference, &settings, metrics.clone())?;
+    let load_duration = started.elapsed();
     if opts.verbose {
-        eprintln!("{}", session.chat_format);
+        eprintln!("{}", model.detected);
     }
-    if !opts.raw && session.template.is_none() && session.harmony.is_none() {
+    if !opts.raw && model.template.is_none() && model.harmony.is_none() {
         bail!(
             "{} has no chat template (a base model?); complete text with `berth run --raw {} PROMPT`, \
              or re-import it with `--template FILE`",
-            session.reference,
-            session.reference
+            model.reference,
+            model.reference
         );
     }
     let constraints = match &opts.format {
-        Some(f) if !opts.raw => Some(format_constraints(&mut session, f)?),
+        Some(f) if !opts.raw => Some(format_constraints(&model, f)?),
         _ => None,
     };
     let pending = opts
@@ -116,46 +136,55 @@ pub fn run(
         .iter()
         .map(|p| read_image(p))
         .collect::<Result<Vec<_>>>()?;
-    let vision = session.vision();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     let mut chat = Chat {
         think: opts.think,
         history: Vec::new(),
         opts,
         constraints,
-        vision,
-        images: Vec::new(),
         pending,
+        model,
+        metrics,
+        load_duration,
+        turns: 0,
+        runtime,
     };
     if let Some(s) = &chat.opts.system {
-        chat.history
-            .push(serde_json::json!({"role": "system", "content": s}));
+        chat.history.push(Message::text(Role::System, s.clone()));
     }
     match prompt {
-        Some(p) => chat.turn(&mut session, &p),
-        None => chat.interactive(&mut session),
+        Some(p) => chat.turn(&p),
+        None => chat.interactive(),
     }
 }
 
 struct Chat {
     opts: RunOptions,
     think: Option<bool>,
-    history: Vec<serde_json::Value>,
-    /// The `--format` constraint's factory and request, when one was asked for.
-    constraints: Option<(ConstraintFactory, RequestConstraints)>,
-    /// How the model takes images, if it does.
-    vision: Option<VisionSpec>,
-    /// The images of the conversation so far, in order (their markers are in `history`).
-    images: Vec<RequestImage>,
+    /// The conversation so far (images included, as their bytes).
+    history: Vec<Message>,
+    /// The `--format` request, when one was asked for (the model's factory builds its grammar).
+    constraints: Option<RequestConstraints>,
     /// `--image` files not yet sent (they go with the first message).
     pending: Vec<RequestImage>,
+    /// The model and its engine.
+    model: Model,
+    /// The engine's counters (read for the draft figures of `--verbose`).
+    metrics: Arc<Metrics>,
+    /// Time it took to load the model.
+    load_duration: Duration,
+    /// Turns submitted so far (names the jobs in logs).
+    turns: usize,
+    /// Drives the reply's events (the engine runs on its own thread).
+    runtime: tokio::runtime::Runtime,
 }
 
-/// Parses `--format` (Ollama's `format`: `json`, or a schema inline or in a file) and builds the
-/// model's constraint factory.
-fn format_constraints(
-    session: &mut Session,
-    format: &str,
-) -> Result<(ConstraintFactory, RequestConstraints)> {
+/// Parses `--format` (Ollama's `format`: `json`, or a schema inline or in a file) into a
+/// request the model's constraint factory can build.
+fn format_constraints(model: &Model, format: &str) -> Result<RequestConstraints> {
     let value = if format == "json" {
         serde_json::Value::String(format.into())
     } else if Path::new(format).is_file() {
@@ -166,129 +195,111 @@ fn format_constraints(
     };
     let req = RequestConstraints::from_ollama(None, Some(&value))
         .map_err(|e| anyhow!("--format: {}", e.message))?;
-    let vocab = session.model.description().vocab_size as usize;
-    let tools = session.tools_enabled();
-    let factory = ConstraintFactory::new(&session.tokenizer, &session.chat_format, vocab, tools)?;
-    Ok((factory, req))
+    if let Err(e) = &model.constraints {
+        bail!(
+            "--format: constrained decoding is not available for {}: {e}",
+            model.reference
+        );
+    }
+    Ok(req)
 }
 
 impl Chat {
-    /// Renders the prompt for a new user message (or the raw text), generates and prints.
-    fn turn(&mut self, session: &mut Session, text: &str) -> Result<()> {
-        let mut start = crate::chat::ParseStart::Content;
-        let (text, found) = images_in_prompt(text)?;
-        let mut new: Vec<RequestImage> = std::mem::take(&mut self.pending);
-        new.extend(found);
-        if !new.is_empty() && self.vision.is_none() {
-            bail!("{} does not take images", session.reference);
-        }
-        // Images go before the text of their message, as Ollama puts them.
-        let offset = if self.opts.raw { 0 } else { self.images.len() };
-        let markers: String = (0..new.len()).map(|k| images::marker(offset + k)).collect();
-        let text = format!("{markers}{text}");
-        let expand = |session: &Session, prompt: &str, all: &[RequestImage], add_special: bool| {
-            images::expand_for(
-                &session.tokenizer,
-                self.vision.as_ref(),
-                &session.reference,
-                prompt,
-                all,
-                add_special,
-            )
-            .map_err(|e| anyhow!("{}", e.message))
-        };
-        let (tokens, slices) = if self.opts.raw {
-            let (_, tokens, slices) = expand(session, &text, &new, true)?;
-            (tokens, slices)
-        } else {
-            self.images.extend(new);
-            self.history
-                .push(serde_json::json!({"role": "user", "content": text}));
-            let (prompt, tokens) = self.render(session)?;
-            let (prompt, tokens, slices) = if self.images.is_empty() {
-                (prompt, tokens, Vec::new())
-            } else {
-                expand(session, &prompt, &self.images, false)?
-            };
-            start = crate::chat::prefill(session.chat_format.format, &prompt);
-            (tokens, slices)
-        };
-        let constraint = match &self.constraints {
-            Some((factory, req)) => factory
-                .build(req, self.think.unwrap_or(false), start)
-                .map_err(|e| anyhow!("--format: {}", e.message))?,
-            None => None,
-        };
-        let decode = DecodeOptions {
-            sampling: self.opts.sampling.clone(),
-            max_tokens: Some(self.opts.max_tokens),
-            stop: Vec::new(),
-            constraint,
-            logprobs: None,
-        };
+    /// Builds the turn of a new user message (or the raw text), submits it to the engine, and
+    /// prints the reply as it streams: the same turn and the same engine as `berth serve`.
+    fn turn(&mut self, text: &str) -> Result<()> {
+        let req = self.request(text)?;
+        let model = &self.model;
+        let mut turn = self
+            .runtime
+            .block_on(Turn::prepare(model, req, UrlPolicy::default()))
+            .map_err(|e| anyhow!("{}", e.message))?;
+        self.turns += 1;
+        let drafts_before = self.drafts();
+        let rx = turn
+            .submit(model, &format!("run-{}", self.turns))
+            .map_err(|e| anyhow!("{}", e.message))?
+            .remove(0);
+        let mut events = Box::pin(reply::events(rx, turn.parser()));
         let mut out = std::io::stdout().lock();
-        let mut answer = String::new();
-        let mut printer = ReplyPrinter::new(
-            (!self.opts.raw).then(|| StreamParser::new(session.chat_format.format, start, None)),
-        );
-        let stats = session.generate_with_images(&tokens, &slices, decode, |piece| {
-            answer.push_str(piece);
-            printer.piece(&mut out, piece);
-        })?;
+        let mut printer = ReplyPrinter::default();
+        let finish = loop {
+            match self.runtime.block_on(events.next()) {
+                Some(ReplyEvent::Grew { deltas, .. }) => printer.show(&mut out, &deltas),
+                Some(ReplyEvent::Ended { deltas, end, .. }) => {
+                    printer.show(&mut out, &deltas);
+                    break end.finish;
+                }
+                Some(ReplyEvent::Failed(e)) => bail!("{e}"),
+                None => bail!("the engine stopped before the answer ended"),
+            }
+        };
         printer.finish(&mut out);
         let _ = writeln!(out);
         drop(out);
-        if !self.opts.raw && session.chat_format.format == crate::chat::ChatFormat::Harmony {
-            // Harmony history holds the reply's channels apart (analysis, final), not its markup.
-            let reply = crate::chat::parse(session.chat_format.format, start, &answer, None, false);
-            self.history.push(reply.to_openai());
-        } else if !self.opts.raw {
-            self.history
-                .push(serde_json::json!({"role": "assistant", "content": answer}));
+        if !self.opts.raw {
+            // The reply goes back into the conversation as a client sends it: its content,
+            // reasoning and calls, never its markup.
+            self.history.push(printer.message.into_message());
         }
         if self.opts.verbose {
-            print_stats(session, &stats);
+            let (drafted, accepted) = self.drafts();
+            print_stats(
+                self.load_duration,
+                &finish,
+                (drafted - drafts_before.0, accepted - drafts_before.1),
+            );
         }
         Ok(())
     }
 
-    /// The prompt (text and tokens) of the conversation so far: openai-harmony's rendering for a
-    /// harmony pack with the o200k vocabulary, else the chat template's.
-    fn render(&self, session: &Session) -> Result<(String, Vec<u32>)> {
-        if let Some(harmony) = &session.harmony {
-            let tokens = harmony.render(&crate::harmony::HarmonyInput {
-                messages: &self.history,
-                tools: None,
-                effort: self
-                    .opts
-                    .reasoning_effort
-                    .unwrap_or(crate::harmony::ReasoningEffort::Medium),
-                date: None,
-                add_generation_prompt: true,
-            })?;
-            return Ok((session.tokenizer.decode(&tokens, false), tokens));
-        }
-        let mut extra = serde_json::Map::new();
-        if let Some(t) = self.think {
-            extra.insert("enable_thinking".into(), t.into());
-        }
-        if let Some(effort) = self.opts.reasoning_effort {
-            extra.insert("reasoning_effort".into(), effort_name(effort).into());
-        }
-        let template = session.template.as_ref().expect("checked at start");
-        let prompt = template.render(&RenderInput {
-            messages: self.history.clone(),
-            tools: None,
-            add_generation_prompt: true,
-            extra,
-            bos_token: token_text(&session.tokenizer, session.tokenizer.bos_id()),
-            eos_token: token_text(&session.tokenizer, session.tokenizer.eos_id()),
-        })?;
-        let tokens = session.tokenizer.encode(&prompt, false);
-        Ok((prompt, tokens))
+    /// Tokens drafted and accepted by the engine's speculation so far.
+    fn drafts(&self) -> (u64, u64) {
+        (
+            self.metrics.draft_tokens.load(Relaxed),
+            self.metrics.accepted_draft_tokens.load(Relaxed),
+        )
     }
 
-    fn interactive(&mut self, session: &mut Session) -> Result<()> {
+    /// The typed turn of a new user message (or the raw text): its images (files named in it,
+    /// then `--image` files for the first) before its text, the options of the command line.
+    fn request(&mut self, text: &str) -> Result<ChatRequest> {
+        let (text, found) = images_in_prompt(text)?;
+        let mut new: Vec<RequestImage> = std::mem::take(&mut self.pending);
+        new.extend(found);
+        let refs: Vec<ImageRef> = new
+            .into_iter()
+            .map(|i| ImageRef {
+                place: i.place,
+                source: ImageSource::Bytes(i.bytes),
+            })
+            .collect();
+        let prompt = if self.opts.raw {
+            Prompt::Raw { text, images: refs }
+        } else {
+            self.history.push(Message {
+                content: Some(Content::images_then_text(refs, text)),
+                ..Message::text(Role::User, "")
+            });
+            Prompt::Chat(self.history.clone())
+        };
+        let mut req = ChatRequest::new(prompt);
+        req.decode = DecodeOptions {
+            sampling: self.opts.sampling.clone(),
+            max_tokens: Some(self.opts.max_tokens),
+            ..DecodeOptions::default()
+        };
+        if let Some(c) = &self.constraints {
+            req.constraints = c.clone();
+        }
+        req.thinking.enabled = self.think;
+        req.thinking.effort = self.opts.reasoning_effort.map(|e| effort_name(e).to_string());
+        // Raw text is printed exactly as generated.
+        req.parse_reply = !self.opts.raw;
+        Ok(req)
+    }
+
+    fn interactive(&mut self) -> Result<()> {
         let stdin = std::io::stdin();
         let mut lines = stdin.lock().lines();
         loop {
@@ -304,26 +315,26 @@ impl Chat {
                 continue;
             }
             if let Some(cmd) = input.strip_prefix('/') {
-                if self.command(session, cmd)? {
+                if self.command(cmd) {
                     return Ok(());
                 }
                 continue;
             }
-            if let Err(e) = self.turn(session, input) {
+            if let Err(e) = self.turn(input) {
                 eprintln!("error: {e:#}");
             }
         }
     }
 
     /// Handles a `/command`; returns true to quit.
-    fn command(&mut self, session: &mut Session, cmd: &str) -> Result<bool> {
+    fn command(&mut self, cmd: &str) -> bool {
         let words: Vec<&str> = cmd.split_whitespace().collect();
         match words.as_slice() {
-            ["bye"] | ["exit"] | ["quit"] => return Ok(true),
+            ["bye"] | ["exit"] | ["quit"] => return true,
             ["clear"] => {
-                self.history.retain(|m| m["role"] == "system");
-                self.images.clear();
-                session.clear()?;
+                // Only the conversation is forgotten: the engine's prefix cache keeps what a
+                // later prompt can still reuse.
+                self.history.retain(|m| m.role == Role::System);
                 eprintln!("Cleared session context");
             }
             ["set", "think"] | ["set", "think", "on"] => {
@@ -336,7 +347,7 @@ impl Chat {
             }
             ["set", "verbose"] => self.opts.verbose = true,
             ["set", "quiet"] => self.opts.verbose = false,
-            ["show", "info"] => show_info(session),
+            ["show", "info"] => show_info(&self.model),
             ["?"] | ["help"] => {
                 eprintln!("Available commands:");
                 eprintln!("  /set think on|off   Enable or disable thinking");
@@ -347,44 +358,57 @@ impl Chat {
             }
             _ => eprintln!("Unknown command '/{cmd}'. Type /? for help"),
         }
-        Ok(false)
+        false
     }
 }
 
-fn show_info(session: &Session) {
-    let d = session.model.description();
+fn show_info(model: &Model) {
     eprintln!("  Model");
-    eprintln!("    name              {}", session.reference);
-    if let Some(a) = d.extra.get("architecture").and_then(|v| v.as_str()) {
-        eprintln!("    architecture      {a}");
+    eprintln!("    name              {}", model.reference);
+    if !model.architecture.is_empty() {
+        eprintln!("    architecture      {}", model.architecture);
     }
-    eprintln!("    context length    {}", d.context_length);
-    eprintln!("    vocabulary        {}", d.vocab_size);
+    eprintln!("    context length    {}", model.context_length);
+    eprintln!("    vocabulary        {}", model.vocab_size);
     eprintln!(
         "    chat template     {}",
-        if session.template.is_some() { "yes" } else { "none" }
+        if model.template.is_some() { "yes" } else { "none" }
     );
 }
 
-fn print_stats(session: &Session, s: &GenerationStats) {
-    let total = session.load_duration + s.prompt_duration + s.generation_duration;
-    eprintln!("total duration:       {:?}", total);
-    eprintln!("load duration:        {:?}", session.load_duration);
+/// Tokens per second, 0 for no time.
+fn rate(tokens: usize, d: Duration) -> f64 {
+    tokens as f64 / d.as_secs_f64().max(1e-9)
+}
+
+/// Prints a turn's figures as `ollama run --verbose` does; `(drafted, accepted)` are the turn's
+/// speculation counts.
+fn print_stats(load: Duration, f: &Finish, (drafted, accepted): (u64, u64)) {
+    let processed = f.prompt_tokens - f.cached_tokens;
     eprintln!(
-        "prompt eval count:    {} token(s) ({} cached)",
-        s.prompt_tokens, s.cached_tokens
+        "total duration:       {:?}",
+        load + f.prompt_duration + f.generation_duration
     );
-    eprintln!("prompt eval duration: {:?}", s.prompt_duration);
-    eprintln!("prompt eval rate:     {:.2} tokens/s", s.prompt_rate());
-    eprintln!("eval count:           {} token(s)", s.generated_tokens);
-    eprintln!("eval duration:        {:?}", s.generation_duration);
-    eprintln!("eval rate:            {:.2} tokens/s", s.generation_rate());
-    if s.draft_tokens > 0 {
+    eprintln!("load duration:        {load:?}");
+    eprintln!(
+        "prompt eval count:    {processed} token(s) ({} cached)",
+        f.cached_tokens
+    );
+    eprintln!("prompt eval duration: {:?}", f.prompt_duration);
+    eprintln!(
+        "prompt eval rate:     {:.2} tokens/s",
+        rate(processed, f.prompt_duration)
+    );
+    eprintln!("eval count:           {} token(s)", f.completion_tokens);
+    eprintln!("eval duration:        {:?}", f.generation_duration);
+    eprintln!(
+        "eval rate:            {:.2} tokens/s",
+        rate(f.completion_tokens, f.generation_duration)
+    );
+    if drafted > 0 {
         eprintln!(
-            "draft acceptance:     {:.1}% ({} of {} drafted token(s))",
-            100.0 * s.accepted_draft_tokens as f64 / s.draft_tokens as f64,
-            s.accepted_draft_tokens,
-            s.draft_tokens
+            "draft acceptance:     {:.1}% ({accepted} of {drafted} drafted token(s))",
+            100.0 * accepted as f64 / drafted as f64,
         );
     }
 }
@@ -398,82 +422,94 @@ fn effort_name(effort: crate::harmony::ReasoningEffort) -> &'static str {
     }
 }
 
-/// The text of a special token, or "" when the model has none.
-fn token_text(tokenizer: &crate::tokenizer::Tokenizer, id: Option<u32>) -> String {
-    id.map(|i| tokenizer.token_to_piece(i)).unwrap_or_default()
-}
-
 /// Prints a reply as it streams, the way `ollama run` does: reasoning between `Thinking...` and
-/// `...done thinking.`, then the answer, then any tool calls; chat markup is never shown. Raw
-/// mode (no parser) prints the text as generated.
+/// `...done thinking.`, then the answer, then any tool calls; chat markup is never shown (a raw
+/// reply is all content, printed as generated).
+#[derive(Default)]
 struct ReplyPrinter {
-    parser: Option<StreamParser>,
     /// Where the printed reply is: 0 nothing yet, 1 inside the reasoning, 2 past it.
     stage: u8,
+    /// The reply so far (the fold of its deltas).
+    message: ParsedMessage,
 }
 
 impl ReplyPrinter {
-    fn new(parser: Option<StreamParser>) -> ReplyPrinter {
-        ReplyPrinter { parser, stage: 0 }
-    }
-
-    /// Prints what a newly generated piece of text adds.
-    fn piece(&mut self, out: &mut impl Write, piece: &str) {
-        let delta = match &mut self.parser {
-            None => {
-                let _ = out.write_all(piece.as_bytes());
-                let _ = out.flush();
-                return;
+    /// Prints what a flush of the reply adds (calls wait for the end).
+    fn show(&mut self, out: &mut impl Write, deltas: &[Delta]) {
+        for d in deltas {
+            self.message.apply(d);
+            match d {
+                Delta::Reasoning(r) if !r.is_empty() => {
+                    if self.stage == 0 {
+                        let _ = writeln!(out, "Thinking...");
+                        self.stage = 1;
+                    }
+                    let _ = out.write_all(r.as_bytes());
+                }
+                Delta::Content(c) if !c.is_empty() => {
+                    if self.stage == 1 {
+                        let _ = write!(out, "\n...done thinking.\n\n");
+                    }
+                    self.stage = 2;
+                    let _ = out.write_all(c.as_bytes());
+                }
+                _ => {}
             }
-            Some(p) => crate::chat::openai_delta(&p.push(piece)),
-        };
-        if let Some(d) = delta {
-            self.show(out, &d);
         }
+        let _ = out.flush();
     }
 
-    /// Prints the rest once generation ends, and the tool calls.
+    /// Prints the tool calls once the reply ends.
     fn finish(&mut self, out: &mut impl Write) {
-        let Some(p) = &mut self.parser else { return };
-        let (delta, msg) = p.finish();
-        if let Some(d) = crate::chat::openai_delta(&delta) {
-            self.show(out, &d);
-        }
-        for call in &msg.tool_calls {
+        for call in &self.message.tool_calls {
             let _ = write!(out, "\n[tool call] {}({})", call.name, call.arguments);
         }
         let _ = out.flush();
     }
+}
 
-    fn show(&mut self, out: &mut impl Write, d: &serde_json::Value) {
-        if let Some(r) = d["reasoning_content"].as_str().filter(|r| !r.is_empty()) {
-            if self.stage == 0 {
-                let _ = writeln!(out, "Thinking...");
-                self.stage = 1;
-            }
-            let _ = out.write_all(r.as_bytes());
+/// A parsed reply as the assistant message of the conversation.
+trait IntoMessage {
+    fn into_message(self) -> Message;
+}
+
+impl IntoMessage for ParsedMessage {
+    fn into_message(self) -> Message {
+        Message {
+            content: self.content.map(Content::Text),
+            reasoning: self.reasoning_content,
+            tool_calls: self
+                .tool_calls
+                .into_iter()
+                .map(|c| crate::turn::Call {
+                    id: Some(c.id),
+                    name: c.name,
+                    arguments: c.arguments.into(),
+                })
+                .collect(),
+            ..Message::text(Role::Assistant, "")
         }
-        if let Some(c) = d["content"].as_str().filter(|c| !c.is_empty()) {
-            if self.stage == 1 {
-                let _ = write!(out, "\n...done thinking.\n\n");
-            }
-            self.stage = 2;
-            let _ = out.write_all(c.as_bytes());
-        }
-        let _ = out.flush();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::{ChatFormat, ParseStart};
+    use crate::chat::{ChatFormat, ParseStart, StreamParser};
 
     fn printed(format: ChatFormat, start: ParseStart, pieces: &[&str], raw: bool) -> String {
         let mut out = Vec::new();
-        let mut p = ReplyPrinter::new((!raw).then(|| StreamParser::new(format, start, None)));
+        let mut parser = (!raw).then(|| StreamParser::new(format, start, None));
+        let mut p = ReplyPrinter::default();
         for piece in pieces {
-            p.piece(&mut out, piece);
+            let deltas = match &mut parser {
+                Some(parser) => parser.push(piece),
+                None => vec![Delta::Content(piece.to_string())],
+            };
+            p.show(&mut out, &deltas);
+        }
+        if let Some(parser) = &mut parser {
+            p.show(&mut out, &parser.finish().0);
         }
         p.finish(&mut out);
         String::from_utf8(out).unwrap()

@@ -4,15 +4,19 @@
 mod common;
 
 use berth::chat::{self, ChatFormat, ParseStart};
-use berth::constraint::{ConstraintFactory, RequestConstraints};
+use berth::constraint::RequestConstraints;
 use berth::decoding::DecodeOptions;
-use berth::generate::Session;
+use berth::engine::metrics::Metrics;
+use berth::engine::{Event, Job};
 use berth::sampling::SamplingParams;
+use berth::state::models::{LoadSettings, Model};
 use berth::template::RenderInput;
 use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 /// A Berth home with the Qwen plugin and Qwen2.5-Coder 0.5B imported.
 fn home() -> &'static Path {
@@ -38,23 +42,29 @@ fn home() -> &'static Path {
     })
 }
 
-/// One session and its constraint factory, shared (tests take turns).
-struct Model {
-    session: Session,
-    factory: ConstraintFactory,
-}
+/// The engine counters of [`model`].
+static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
 
+/// The model on an engine of one slot, as `berth run` loads it (tests take turns).
 fn model() -> &'static Mutex<Model> {
     static M: OnceLock<Mutex<Model>> = OnceLock::new();
     M.get_or_init(|| {
+        let metrics = METRICS.get_or_init(|| Arc::new(Metrics::default())).clone();
         let store = berth_registry::store::Store::new(home().to_path_buf());
-        let mut session = Session::open(&store, home(), "qwen2.5-coder:0.5b", Some(2)).unwrap();
-        assert_eq!(session.chat_format.format, ChatFormat::HermesJson);
-        let vocab = session.model.description().vocab_size as usize;
-        assert_eq!(vocab, 151_936, "the padded vocabulary");
-        let tools = session.tools_enabled();
-        let factory = ConstraintFactory::new(&session.tokenizer, &session.chat_format, vocab, tools).unwrap();
-        Mutex::new(Model { session, factory })
+        let settings = LoadSettings {
+            threads: Some(2),
+            slots: 1,
+            queue: 4,
+            context: None,
+            keep_alive: None,
+        };
+        let model = Model::load(&store, home(), "qwen2.5-coder:0.5b", &settings, metrics).unwrap();
+        assert_eq!(model.detected.format, ChatFormat::HermesJson);
+        assert_eq!(model.vocab_size, 151_936, "the padded vocabulary");
+        if let Err(e) = &model.constraints {
+            panic!("no constraint factory: {e}");
+        }
+        Mutex::new(model)
     })
 }
 
@@ -75,13 +85,16 @@ struct Reply {
     text: String,
     parsed: chat::ParsedMessage,
     finish: &'static str,
+    /// Tokens generated.
+    tokens: usize,
+    /// Forward passes the engine ran for the job (its prompt included).
+    steps: u64,
 }
 
 /// Renders one user message with tools, generates under the request's constraint, parses.
 fn ask(prompt: &str, tools: &[Value], req: &RequestConstraints, seed: u64, max_tokens: usize) -> Reply {
-    let mut guard = model().lock().unwrap_or_else(|e| e.into_inner());
-    let m = &mut *guard;
-    let template = m.session.template.as_ref().unwrap();
+    let m = model().lock().unwrap_or_else(|e| e.into_inner());
+    let template = m.template.as_ref().unwrap();
     let rendered = template
         .render(&RenderInput {
             messages: vec![json!({"role": "user", "content": prompt})],
@@ -92,8 +105,9 @@ fn ask(prompt: &str, tools: &[Value], req: &RequestConstraints, seed: u64, max_t
         .unwrap();
     let start = chat::prefill(ChatFormat::HermesJson, &rendered);
     assert_eq!(start, ParseStart::Content);
-    let tokens = m.session.tokenizer.encode(&rendered, false);
-    let constraint = m.factory.build(req, false, start).unwrap();
+    let tokens = m.tokenizer.encode(&rendered, false);
+    let factory = m.constraints.as_ref().unwrap();
+    let constraint = factory.build(req, false, start).unwrap();
     let opts = DecodeOptions {
         sampling: SamplingParams {
             temperature: 0.7,
@@ -105,19 +119,43 @@ fn ask(prompt: &str, tools: &[Value], req: &RequestConstraints, seed: u64, max_t
         constraint,
         logprobs: None,
     };
+    let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = Job {
+        id: format!("constrain-{seed}"),
+        prompt: tokens,
+        decode: opts,
+        events,
+        received: Instant::now(),
+        images: Vec::new(),
+        siblings: Vec::new(),
+    };
+    let metrics = METRICS.get().expect("set with the model");
+    let steps_before = metrics.decode_steps.load(Relaxed);
+    m.engine.submit(job).unwrap();
     let mut text = String::new();
-    let stats = m
-        .session
-        .generate_with(&tokens, opts, |t| text.push_str(t))
-        .unwrap();
+    let (reason, tokens) = loop {
+        match rx.blocking_recv().expect("the engine ends every job") {
+            Event::Text(t) => text.push_str(&t),
+            Event::Logprobs(_) => {}
+            Event::Done(f) => break (f.reason.as_str(), f.completion_tokens),
+            Event::Error(e) => panic!("generation failed: {e}"),
+        }
+    };
     let parsed = chat::parse(ChatFormat::HermesJson, start, &text, req.parser_tools(), false);
     // As the server decides it: a reply that stopped with calls in it finished with tool_calls.
-    let finish = if stats.finish_reason == "stop" && !parsed.tool_calls.is_empty() {
+    let finish = if reason == "stop" && !parsed.tool_calls.is_empty() {
         "tool_calls"
     } else {
-        stats.finish_reason
+        reason
     };
-    Reply { text, parsed, finish }
+    let steps = metrics.decode_steps.load(Relaxed) - steps_before;
+    Reply {
+        text,
+        parsed,
+        finish,
+        tokens,
+        steps,
+    }
 }
 
 fn openai(tools: &[Value], choice: Value, parallel: Value, format: Value) -> RequestConstraints {
@@ -128,7 +166,7 @@ fn openai(tools: &[Value], choice: Value, parallel: Value, format: Value) -> Req
 /// The tokens of a text (special markers as their ids).
 fn m_tokens(text: &str) -> Vec<u32> {
     let guard = model().lock().unwrap_or_else(|e| e.into_inner());
-    guard.session.tokenizer.encode(text, false)
+    guard.tokenizer.encode(text, false)
 }
 
 /// A validator for the JSON-schema keywords these tests use.
@@ -256,6 +294,13 @@ fn json_schema_content_validates_for_every_seed() {
         let v: Value =
             serde_json::from_str(&content).unwrap_or_else(|e| panic!("seed {seed}: {e}: {content}"));
         validate(&v, &schema).unwrap_or_else(|e| panic!("seed {seed}: {e}: {content}"));
+        // The tokens the grammar forces (keys, punctuation) share the picked token's forward pass.
+        assert!(
+            r.steps < r.tokens as u64,
+            "seed {seed}: {} forward passes for {} tokens",
+            r.steps,
+            r.tokens
+        );
     }
 }
 

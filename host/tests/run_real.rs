@@ -100,3 +100,66 @@ fn interactive_chat_keeps_history_and_understands_commands() {
         "the second answer uses the first turn: {stdout}"
     );
 }
+
+/// `berth run` and `berth serve` give Qwen2.5-Coder's same greedy answer: speculation on and
+/// off (a copy-heavy prompt, so drafts are taken), and under a JSON schema.
+#[test]
+fn qwen_run_and_serve_give_the_same_greedy_answer() {
+    // No trailing newline: `berth run` trims what is typed, as `ollama run` does.
+    let code = "def area(width, height):\n    return width * height";
+    let prompt = format!("Rename `width` to `w` in this function and show the whole function:\n{code}");
+    let schema = serde_json::json!({"type": "object", "properties": {"city": {"type": "string"},
+        "country": {"type": "string"}}, "required": ["city", "country"]});
+    for (speculation, schema) in [("on", None), ("off", None), ("off", Some(&schema))] {
+        let mut args = vec![
+            "run",
+            "qwen2.5-coder:0.5b",
+            &prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "48",
+        ];
+        let format = schema.map(|s| s.to_string());
+        if let Some(f) = &format {
+            args.extend(["--format", f.as_str()]);
+        }
+        let plugins = home_plugins(home());
+        let mut run = Command::new(berth_exe());
+        run.args(&args)
+            .env("BERTH_HOME", home())
+            .env("BERTH_PLUGIN_PATH", &plugins)
+            .env("BERTH_SPECULATION", speculation);
+        let out = run.output().expect("berth runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let ran = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (mut child, _, port) = common::spawn_serve(
+            Command::new(berth_exe())
+                .args(["serve", "--port", "0", "--host", "127.0.0.1"])
+                .env("BERTH_HOME", home())
+                .env("BERTH_PLUGIN_PATH", &plugins)
+                .env("BERTH_SPECULATION", speculation)
+                .env("BERTH_LOG", "warn"),
+        );
+        let mut body = serde_json::json!({"model": "qwen2.5-coder:0.5b", "temperature": 0, "max_tokens": 48,
+            "messages": [{"role": "user", "content": prompt}]});
+        if let Some(s) = schema {
+            body["response_format"] =
+                serde_json::json!({"type": "json_schema", "json_schema": {"name": "place", "schema": s}});
+        }
+        let (status, text) = http_request(port, "POST", "/v1/chat/completions", &body.to_string());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(status, 200, "{text}");
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let served = answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(!served.is_empty(), "{answer}");
+        assert_eq!(
+            ran.trim_end(),
+            served.trim_end(),
+            "speculation {speculation}, schema {schema:?}: `berth run` and `berth serve` differ"
+        );
+    }
+}

@@ -61,6 +61,25 @@ fn anthropic_client_creates_streams_calls_tools_counts_tokens_and_gets_typed_err
     );
     assert!(text.contains(r#""stop_reason":"max_tokens""#), "{text}");
 
+    // `top_k`, and `min_p` and `seed` as extension fields (as llama.cpp's server takes them), are
+    // sampling fields like the others: accepted, and checked.
+    let sampled = |fields: &str| {
+        server.post(
+            "/v1/messages",
+            &format!(
+                r#"{{"model": "{MODEL}", "max_tokens": 2, {fields},
+                    "messages": [{{"role": "user", "content": "Say hello."}}]}}"#
+            ),
+        )
+    };
+    let (status, text) = sampled(r#""top_k": 40, "min_p": 0.05, "seed": 7"#);
+    assert_eq!(status, 200, "{text}");
+    for (fields, param) in [(r#""min_p": 2"#, "min_p"), (r#""seed": "x""#, "seed")] {
+        let (status, text) = sampled(fields);
+        assert_eq!(status, 400, "{fields}: {text}");
+        assert!(text.contains(param), "{fields}: {text}");
+    }
+
     // Unknown fields and malformed bodies: 400 in Anthropic's shape, never a 5xx. (`MAX` stands
     // for the `max_tokens` field that only /v1/messages takes.)
     let cases = [

@@ -1,61 +1,36 @@
 //! The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 //!
-//! A request is converted to the OpenAI chat shape (messages, tools, tool choice, template
-//! variables) and served by the same template rendering, images, constraints, engine and chat
-//! parser as `/v1/chat/completions`; the parsed reply is translated back into Anthropic content
-//! blocks (`thinking`, `text`, `tool_use`), and a stream into Anthropic's server-sent events.
+//! Its wire types (serde: a field of the wrong type is a 400 naming its path), their mapping into
+//! the typed chat turn (system prompt, user and assistant turns of content blocks, `tool_result`
+//! blocks as tool messages, tools and `tool_choice` as the constraints, `thinking` as the template's
+//! switch), and the encoder of the turn's reply into Anthropic content blocks (`thinking`, `text`,
+//! `tool_use`) and server-sent events.
 
-use super::pipeline::{self, body};
-use super::{parse_object, AnthropicError, ApiError, Fields};
-use crate::chat::{self, StreamParser};
+use super::body::{self, field_names, int_in, num_in, Int, RequestBody};
+use super::pipeline::{self, GenerationBody, Prepared};
+use super::{AnthropicError, ApiError};
+use crate::chat::{Delta, ParsedMessage};
 use crate::constraint::{ParamError, RequestConstraints};
 use crate::decoding::{DecodeOptions, FinishReason};
-use crate::engine::{Event, Finish, JobImage};
+use crate::engine::Finish;
 use crate::sampling::SamplingParams;
-use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
+use crate::turn::reply::{self, Encoder, End, ReplyEvent};
+use crate::turn::{
+    Call, ChatRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Thinking, Turn,
+};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use futures_util::StreamExt;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
-use tokio::sync::mpsc::UnboundedReceiver;
-
-/// The top-level fields of a Messages request.
-const MESSAGE_FIELDS: &[&str] = &[
-    "model",
-    "max_tokens",
-    "system",
-    "messages",
-    "tools",
-    "tool_choice",
-    "stop_sequences",
-    "temperature",
-    "top_p",
-    "top_k",
-    "thinking",
-    "metadata",
-    "stream",
-    "service_tier",
-    "cache_control",
-    "output_config",
-    "output_format",
-];
-
-/// The top-level fields of a token-counting request.
-const COUNT_FIELDS: &[&str] = &[
-    "model",
-    "system",
-    "messages",
-    "tools",
-    "tool_choice",
-    "thinking",
-    "cache_control",
-    "output_config",
-    "output_format",
-];
+use std::convert::Infallible;
+use std::fmt;
 
 /// The most stop sequences a request may carry.
 const MAX_STOP_SEQUENCES: usize = 64;
@@ -63,36 +38,674 @@ const MAX_STOP_SEQUENCES: usize = 64;
 /// Anthropic's smallest thinking budget.
 const MIN_THINKING_BUDGET: i64 = 1024;
 
-/// An Anthropic request in the OpenAI chat shape the rest of the server speaks.
-#[derive(Debug)]
-pub(crate) struct Converted {
-    /// OpenAI-shaped messages (system first, `tool` messages where the results were).
-    pub messages: Vec<Value>,
-    /// Anthropic places (`messages[i].content[j]`) of the image blocks, in order.
-    pub image_places: Vec<String>,
-    /// OpenAI-shaped tools (`{"type": "function", "function": {...}}`), if any were declared.
-    pub tools: Option<Value>,
-    /// The OpenAI `tool_choice` the Anthropic one maps to.
-    pub tool_choice: Option<Value>,
-    /// The OpenAI `parallel_tool_calls` (false for `disable_parallel_tool_use`).
-    pub parallel_tool_calls: Option<Value>,
-    /// Template variables (`enable_thinking` from `thinking`).
-    pub extra: Map<String, Value>,
-    /// The OpenAI `response_format` that `output_config.format` (or the beta's top-level
-    /// `output_format`) maps to.
-    pub response_format: Option<Value>,
+/// The body of `POST /v1/messages`: the generation's own fields; the conversation's are
+/// [`Conversation`], read from the same object.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct MessagesRequest {
+    /// The model (required).
+    pub model: Option<String>,
+    /// Most tokens to generate (required, at least 1).
+    pub max_tokens: Option<Int>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    /// 0-1.
+    pub temperature: Option<f64>,
+    /// 0-1.
+    pub top_p: Option<f64>,
+    /// 0 (off) to 2^20.
+    pub top_k: Option<Int>,
+    /// 0-1: an extension field, as llama.cpp's server takes it.
+    pub min_p: Option<f64>,
+    /// A seed for reproducible sampling: an extension field, as llama.cpp's server takes it.
+    pub seed: Option<Int>,
+    /// Strings that end the reply (up to 64).
+    pub stop_sequences: Option<Vec<String>>,
+    /// Accepted and ignored.
+    pub metadata: Option<Map<String, Value>>,
+    /// Accepted and ignored.
+    pub service_tier: Option<String>,
 }
 
-impl Converted {
-    /// The request's constraints, with tool errors named as the Anthropic client sent them.
-    fn constraints(&self) -> Result<RequestConstraints, ApiError> {
+/// The body of `POST /v1/messages/count_tokens`: the model and a [`Conversation`].
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct CountRequest {
+    /// The model (required).
+    pub model: Option<String>,
+}
+
+/// What a Messages request and a token count share: the conversation, its tools and formats.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct Conversation {
+    /// The system prompt: a string or text blocks.
+    pub system: Option<Blocks>,
+    /// The turns (required, not empty), user and assistant.
+    pub messages: Option<Vec<MessageIn>>,
+    /// Custom tools (server tools are refused).
+    pub tools: Option<Vec<ToolIn>>,
+    /// Which tool, if any, the model must call.
+    pub tool_choice: Option<ToolChoiceIn>,
+    /// Extended thinking on or off.
+    pub thinking: Option<ThinkingIn>,
+    /// Prompt caching: accepted and ignored (prefix reuse is automatic here).
+    pub cache_control: Option<Map<String, Value>>,
+    /// Structured output (`format`, what `messages.parse` sends) and the effort level.
+    pub output_config: Option<OutputConfig>,
+    /// Structured output as the structured-outputs beta sends it.
+    pub output_format: Option<OutputFormat>,
+}
+
+/// One turn of the conversation.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct MessageIn {
+    /// `user` or `assistant` (required).
+    pub role: Option<String>,
+    /// Its text or its content blocks (required).
+    pub content: Option<Blocks>,
+}
+
+/// Content: a string, or a list of content blocks.
+#[derive(Debug)]
+pub enum Blocks {
+    /// Plain text (one text block).
+    Text(String),
+    /// Content blocks.
+    List(Vec<Block>),
+}
+
+impl<'de> Deserialize<'de> for Blocks {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Blocks, D::Error> {
+        struct BlocksVisitor;
+        impl<'de> Visitor<'de> for BlocksVisitor {
+            type Value = Blocks;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of content blocks")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Blocks, E> {
+                Ok(Blocks::Text(v.to_string()))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Blocks, A::Error> {
+                let mut blocks = Vec::new();
+                while let Some(b) = seq.next_element::<Block>()? {
+                    blocks.push(b);
+                }
+                Ok(Blocks::List(blocks))
+            }
+        }
+        d.deserialize_any(BlocksVisitor)
+    }
+}
+
+/// One content block; its `type` says which of the other fields it has (those of other types
+/// are left unread).
+#[derive(Debug, Default, Deserialize)]
+#[serde(remote = "Self")]
+pub struct Block {
+    /// `text`, `image`, `tool_use`, `tool_result`, `thinking`, `redacted_thinking` (required).
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// A text block's text.
+    pub text: Option<String>,
+    /// An image block's source ([`SourceIn`], typed once the block is known to be an image: a
+    /// `search_result` block's source is a string).
+    pub source: Option<Value>,
+    /// A tool use's id.
+    pub id: Option<String>,
+    /// A tool use's function.
+    pub name: Option<String>,
+    /// A tool use's arguments.
+    pub input: Option<Map<String, Value>>,
+    /// The tool use a tool result answers.
+    pub tool_use_id: Option<String>,
+    /// A tool result's text: a string or text blocks.
+    pub content: Option<Blocks>,
+    /// Whether a tool result is an error.
+    pub is_error: Option<bool>,
+    /// A thinking block's reasoning.
+    pub thinking: Option<String>,
+}
+
+/// An image block's source: `base64` (`media_type`, `data`) or `url`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct SourceIn {
+    /// `base64` or `url` (required).
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The base64 image's media type.
+    pub media_type: Option<String>,
+    /// The base64 image's bytes.
+    pub data: Option<String>,
+    /// The image's URL.
+    pub url: Option<String>,
+}
+
+/// A tool: custom (`name`, `description`, `input_schema`); server tools are refused.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ToolIn {
+    /// Absent or `custom`; anything else is a server tool.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The function's name (required).
+    pub name: Option<String>,
+    /// What it does.
+    pub description: Option<String>,
+    /// The JSON schema of its input (required).
+    pub input_schema: Option<Map<String, Value>>,
+}
+
+/// `tool_choice`: `auto`, `any`, `tool` (with `name`) or `none`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ToolChoiceIn {
+    /// The choice (required).
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The tool a `tool` choice names.
+    pub name: Option<String>,
+    /// At most one call per reply.
+    pub disable_parallel_tool_use: Option<bool>,
+}
+
+/// `thinking`: `enabled` (with a budget), `adaptive` or `disabled`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ThinkingIn {
+    /// The switch (required).
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// An `enabled` switch's budget (1024 up, under `max_tokens`).
+    pub budget_tokens: Option<Int>,
+}
+
+/// `output_config`: the structured-output `format` and an `effort` level (accepted; it changes
+/// nothing here).
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct OutputConfig {
+    /// The format the reply must follow.
+    pub format: Option<OutputFormat>,
+    /// low, medium, high, xhigh or max.
+    pub effort: Option<String>,
+}
+
+/// A structured-output format: `{"type": "json_schema", "schema": {...}}`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct OutputFormat {
+    /// `json_schema` (required).
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The schema (required).
+    pub schema: Option<Map<String, Value>>,
+}
+
+crate::object_only!(
+    MessagesRequest,
+    CountRequest,
+    Conversation,
+    MessageIn,
+    Block,
+    SourceIn,
+    ToolIn,
+    ToolChoiceIn,
+    ThinkingIn,
+    OutputConfig,
+    OutputFormat
+);
+
+impl RequestBody for MessagesRequest {
+    fn known_keys() -> Option<Vec<&'static str>> {
+        Some([field_names::<Self>(), field_names::<Conversation>()].concat())
+    }
+
+    fn validate(&self) -> Result<(), ApiError> {
+        self.decode_options().map(|_| ())
+    }
+}
+
+impl GenerationBody for MessagesRequest {
+    fn model_name(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+        let decode = self.decode_options()?;
+        let max = decode.max_tokens.map(|m| m as i64);
+        let mut req = body::part::<Conversation>(json)?.turn(max)?;
+        req.decode = decode;
+        Ok(req)
+    }
+}
+
+impl RequestBody for CountRequest {
+    fn known_keys() -> Option<Vec<&'static str>> {
+        Some([field_names::<Self>(), field_names::<Conversation>()].concat())
+    }
+}
+
+impl GenerationBody for CountRequest {
+    fn model_name(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+        body::part::<Conversation>(json)?.turn(None)
+    }
+}
+
+impl RequestBody for Conversation {}
+
+impl MessagesRequest {
+    /// Sampling, the token cap and the stop sequences, each out of range a 400 naming its field.
+    fn decode_options(&self) -> Result<DecodeOptions, ApiError> {
+        let max_tokens = int_in("max_tokens", self.max_tokens, 1, u32::MAX as i64)?
+            .ok_or_else(|| required("max_tokens"))?;
+        let mut s = SamplingParams::default();
+        if let Some(t) = num_in("temperature", self.temperature, 0.0, 1.0)? {
+            s.temperature = t as f32;
+        }
+        if let Some(p) = num_in("top_p", self.top_p, 0.0, 1.0)? {
+            s.top_p = p as f32;
+        }
+        if let Some(k) = int_in("top_k", self.top_k, 0, 1 << 20)? {
+            s.top_k = k as usize;
+        }
+        if let Some(p) = num_in("min_p", self.min_p, 0.0, 1.0)? {
+            s.min_p = p as f32;
+        }
+        s.seed = self.seed.map(|Int(seed)| seed as u64);
+        let stop = self.stop_sequences.clone().unwrap_or_default();
+        if stop.len() > MAX_STOP_SEQUENCES {
+            return Err(ApiError::param(
+                "stop_sequences",
+                format!(
+                    "'stop_sequences' takes at most {MAX_STOP_SEQUENCES} sequences; got {}",
+                    stop.len()
+                ),
+            ));
+        }
+        Ok(DecodeOptions {
+            sampling: s,
+            max_tokens: Some(max_tokens as usize),
+            stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+            ..DecodeOptions::default()
+        })
+    }
+}
+
+/// A 400 saying `place` is required.
+fn required(place: &str) -> ApiError {
+    ApiError::param(place, format!("'{place}' is required"))
+}
+
+/// A required field of the block at `place`.
+fn field<'a, T>(v: &'a Option<T>, place: &str, key: &str) -> Result<&'a T, ApiError> {
+    v.as_ref().ok_or_else(|| required(&format!("{place}.{key}")))
+}
+
+/// A block's `type` (required).
+fn kind<'a>(kind: &'a Option<String>, place: &str) -> Result<&'a str, ApiError> {
+    field(kind, place, "type").map(String::as_str)
+}
+
+/// A 400 on the `type` of the block at `place`.
+fn bad_type(place: &str, message: String) -> ApiError {
+    ApiError::param(&format!("{place}.type"), message)
+}
+
+/// The text of a system prompt or a tool result: a string, or text blocks joined by newlines.
+fn joined_text(content: &Blocks, place: &str) -> Result<String, ApiError> {
+    let blocks = match content {
+        Blocks::Text(s) => return Ok(s.clone()),
+        Blocks::List(blocks) => blocks,
+    };
+    let mut texts = Vec::with_capacity(blocks.len());
+    for (j, b) in blocks.iter().enumerate() {
+        let here = format!("{place}[{j}]");
+        match kind(&b.kind, &here)? {
+            "text" => texts.push(field(&b.text, &here, "text")?.as_str()),
+            t => {
+                return Err(bad_type(
+                    &here,
+                    format!("'{t}' blocks are not supported here; only text blocks are"),
+                ))
+            }
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+/// An image block's source: a base64 payload or a URL.
+fn image_source(source: &Option<Value>, place: &str) -> Result<ImageSource, ApiError> {
+    let here = format!("{place}.source");
+    let source: SourceIn = body::typed(field(source, place, "source")?, &here)?;
+    match kind(&source.kind, &here)? {
+        "base64" => {
+            field(&source.media_type, &here, "media_type")?;
+            Ok(ImageSource::Base64(field(&source.data, &here, "data")?.clone()))
+        }
+        "url" => Ok(ImageSource::Url(field(&source.url, &here, "url")?.clone())),
+        t => Err(bad_type(
+            &here,
+            format!("image source type '{t}' is not supported; use base64 or url"),
+        )),
+    }
+}
+
+impl Conversation {
+    /// The typed turn (no decode options yet); `max_tokens` (absent when counting) bounds the
+    /// thinking budget.
+    fn turn(&self, max_tokens: Option<i64>) -> Result<ChatRequest, ApiError> {
+        let response_format = self.response_format()?;
+        let mut messages = Vec::new();
+        if let Some(system) = &self.system {
+            let text = joined_text(system, "system")?;
+            if !text.is_empty() {
+                messages.push(Message::text(Role::System, text));
+            }
+        }
+        let turns = self.messages.as_deref().ok_or_else(|| required("messages"))?;
+        if turns.is_empty() {
+            return Err(ApiError::param("messages", "'messages' must not be empty"));
+        }
+        let mut tool_names = HashMap::new();
+        for (i, m) in turns.iter().enumerate() {
+            let at = format!("messages[{i}]");
+            let content_at = format!("{at}.content");
+            let content = m.content.as_ref().ok_or_else(|| required(&content_at))?;
+            let one;
+            let blocks = match content {
+                Blocks::Text(s) => {
+                    one = [Block::text(s)];
+                    &one[..]
+                }
+                Blocks::List(list) => list.as_slice(),
+            };
+            match m.role.as_deref() {
+                Some("user") => user_turn(blocks, &content_at, &tool_names, &mut messages)?,
+                Some("assistant") if i + 1 == turns.len() => {
+                    return Err(ApiError::param(
+                        &at,
+                        "a final assistant turn (a prefill to continue) is not supported; end with a user turn",
+                    ))
+                }
+                Some("assistant") => messages.push(assistant_turn(blocks, &content_at, &mut tool_names)?),
+                Some(r) => {
+                    return Err(ApiError::param(
+                        &format!("{at}.role"),
+                        format!(
+                            "'{r}' is not a message role: use user or assistant (the system prompt goes in 'system')"
+                        ),
+                    ))
+                }
+                None => return Err(required(&format!("{at}.role"))),
+            }
+        }
+        let mut req = ChatRequest::new(Prompt::Chat(messages));
+        req.constraints = self.constraints(response_format)?;
+        if let Some(t) = &self.thinking {
+            req.thinking = t.switch(max_tokens)?;
+        }
+        Ok(req)
+    }
+
+    /// Tools, `tool_choice` and the structured-output format, checked as the OpenAI fields they
+    /// map to, with errors named as the Anthropic client sent them.
+    fn constraints(&self, response_format: Option<Value>) -> Result<RequestConstraints, ApiError> {
+        let tools = match &self.tools {
+            Some(list) => Some(Value::Array(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, t)| t.to_openai(&format!("tools[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            )),
+            None => None,
+        };
+        let (choice, parallel) = match &self.tool_choice {
+            Some(c) => c.to_openai()?,
+            None => (None, None),
+        };
         RequestConstraints::from_openai(
-            self.tools.as_ref(),
-            self.tool_choice.as_ref(),
-            self.parallel_tool_calls.as_ref(),
-            self.response_format.as_ref(),
+            tools.as_ref(),
+            choice.as_ref(),
+            parallel.as_ref(),
+            response_format.as_ref(),
         )
         .map_err(anthropic_param)
+    }
+
+    /// Structured output: `output_config.format` (what the `anthropic` SDK's `messages.parse`
+    /// sends) or the beta's top-level `output_format`, as the OpenAI `response_format`.
+    fn response_format(&self) -> Result<Option<Value>, ApiError> {
+        let config_format = self.output_config.as_ref().and_then(|c| c.format.as_ref());
+        if config_format.is_some() && self.output_format.is_some() {
+            return Err(ApiError::param(
+                "output_format",
+                "give the format in 'output_config.format' or in 'output_format', not both",
+            ));
+        }
+        if let Some(e) = self.output_config.as_ref().and_then(|c| c.effort.as_deref()) {
+            if !["low", "medium", "high", "xhigh", "max"].contains(&e) {
+                return Err(ApiError::param(
+                    "output_config.effort",
+                    format!("'{e}' is not one of low, medium, high, xhigh, max"),
+                ));
+            }
+        }
+        let (format, place) = match (config_format, &self.output_format) {
+            (Some(f), _) => (f, "output_config.format"),
+            (None, Some(f)) => (f, "output_format"),
+            (None, None) => return Ok(None),
+        };
+        match field(&format.kind, place, "type")?.as_str() {
+            "json_schema" => {}
+            t => {
+                return Err(ApiError::param(
+                    &format!("{place}.type"),
+                    format!("'{t}' is not json_schema"),
+                ))
+            }
+        }
+        let schema = field(&format.schema, place, "schema")?;
+        Ok(Some(json!({
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema, "strict": true},
+        })))
+    }
+}
+
+impl Block {
+    /// A text block (what a string content is).
+    fn text(text: &str) -> Block {
+        Block {
+            kind: Some("text".into()),
+            text: Some(text.into()),
+            ..Block::default()
+        }
+    }
+}
+
+/// One user turn: text and images become one user message's parts, each `tool_result` a tool
+/// message at its place (the parts before it a user message of their own).
+fn user_turn(
+    blocks: &[Block],
+    place: &str,
+    tool_names: &HashMap<String, String>,
+    out: &mut Vec<Message>,
+) -> Result<(), ApiError> {
+    let mut parts = Vec::new();
+    let flush = |parts: &mut Vec<Part>, out: &mut Vec<Message>| {
+        if !parts.is_empty() {
+            out.push(Message {
+                content: Some(Content::Parts(std::mem::take(parts))),
+                ..Message::text(Role::User, "")
+            });
+        }
+    };
+    for (j, b) in blocks.iter().enumerate() {
+        let here = format!("{place}[{j}]");
+        match kind(&b.kind, &here)? {
+            "text" => parts.push(Part::Text(field(&b.text, &here, "text")?.clone())),
+            "image" => parts.push(Part::Image(ImageRef {
+                source: image_source(&b.source, &here)?,
+                place: here,
+            })),
+            "tool_result" => {
+                flush(&mut parts, out);
+                let id = field(&b.tool_use_id, &here, "tool_use_id")?;
+                let mut text = match &b.content {
+                    Some(c) => joined_text(c, &format!("{here}.content"))?,
+                    None => String::new(),
+                };
+                if b.is_error == Some(true) {
+                    text = format!("Error: {text}");
+                }
+                out.push(Message::tool_result(
+                    Some(id.clone()),
+                    tool_names.get(id).cloned(),
+                    text,
+                ));
+            }
+            t @ ("tool_use" | "thinking" | "redacted_thinking") => {
+                return Err(bad_type(&here, format!("'{t}' blocks belong in assistant turns")))
+            }
+            t => return Err(bad_type(&here, format!("'{t}' content blocks are not supported"))),
+        }
+    }
+    flush(&mut parts, out);
+    Ok(())
+}
+
+/// One assistant turn: its text, its thinking (as the reasoning given back) and its `tool_use`
+/// blocks (as calls with JSON-text arguments). `redacted_thinking` is opaque and left out.
+fn assistant_turn(
+    blocks: &[Block],
+    place: &str,
+    tool_names: &mut HashMap<String, String>,
+) -> Result<Message, ApiError> {
+    let mut text = String::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let here = format!("{place}[{j}]");
+        match kind(&b.kind, &here)? {
+            "text" => text.push_str(field(&b.text, &here, "text")?),
+            "thinking" => reasoning.push_str(field(&b.thinking, &here, "thinking")?),
+            "redacted_thinking" => {}
+            "tool_use" => {
+                let id = field(&b.id, &here, "id")?;
+                let name = field(&b.name, &here, "name")?;
+                let input = field(&b.input, &here, "input")?;
+                tool_names.insert(id.clone(), name.clone());
+                calls.push(Call {
+                    id: Some(id.clone()),
+                    name: name.clone(),
+                    arguments: Value::String(Value::Object(input.clone()).to_string()),
+                });
+            }
+            t @ ("image" | "tool_result") => {
+                return Err(bad_type(&here, format!("'{t}' blocks belong in user turns")))
+            }
+            t => return Err(bad_type(&here, format!("'{t}' content blocks are not supported"))),
+        }
+    }
+    Ok(Message {
+        reasoning: (!reasoning.is_empty()).then_some(reasoning),
+        tool_calls: calls,
+        ..Message::text(Role::Assistant, text)
+    })
+}
+
+impl ToolIn {
+    /// The tool as an OpenAI function tool; a server tool (another `type`) is refused.
+    fn to_openai(&self, place: &str) -> Result<Value, ApiError> {
+        match self.kind.as_deref() {
+            None | Some("custom") => {}
+            Some(s) => {
+                return Err(bad_type(
+                    place,
+                    format!(
+                        "server tool '{s}' is not supported; only custom tools (name, description, input_schema) are"
+                    ),
+                ))
+            }
+        }
+        let name = field(&self.name, place, "name")?;
+        let schema = field(&self.input_schema, place, "input_schema")?;
+        let mut function = json!({"name": name, "parameters": schema});
+        if let Some(d) = &self.description {
+            function["description"] = d.clone().into();
+        }
+        Ok(json!({"type": "function", "function": function}))
+    }
+}
+
+impl ToolChoiceIn {
+    /// The OpenAI `tool_choice` (`auto`, `required`, a named function, `none`) and
+    /// `parallel_tool_calls` (false when `disable_parallel_tool_use` is set).
+    fn to_openai(&self) -> Result<(Option<Value>, Option<Value>), ApiError> {
+        let choice = match field(&self.kind, "tool_choice", "type")?.as_str() {
+            "auto" => json!("auto"),
+            "any" => json!("required"),
+            "none" => json!("none"),
+            "tool" => {
+                let name = field(&self.name, "tool_choice", "name")?;
+                json!({"type": "function", "function": {"name": name}})
+            }
+            t => {
+                return Err(ApiError::param(
+                    "tool_choice.type",
+                    format!("'{t}' is not one of auto, any, tool, none"),
+                ))
+            }
+        };
+        let parallel = self.disable_parallel_tool_use.map(|d| Value::Bool(!d));
+        Ok((Some(choice), parallel))
+    }
+}
+
+impl ThinkingIn {
+    /// The template's thinking switch; `max_tokens` (when known) must exceed an `enabled` budget.
+    fn switch(&self, max_tokens: Option<i64>) -> Result<Thinking, ApiError> {
+        let on = match field(&self.kind, "thinking", "type")?.as_str() {
+            "enabled" => {
+                let budget = int_in(
+                    "thinking.budget_tokens",
+                    self.budget_tokens,
+                    MIN_THINKING_BUDGET,
+                    u32::MAX as i64,
+                )?
+                .ok_or_else(|| required("thinking.budget_tokens"))?;
+                if let Some(max) = max_tokens.filter(|&m| budget >= m) {
+                    return Err(ApiError::param(
+                        "thinking.budget_tokens",
+                        format!("'thinking.budget_tokens' ({budget}) must be less than 'max_tokens' ({max})"),
+                    ));
+                }
+                true
+            }
+            // The model decides how much to think: reasoning stays on.
+            "adaptive" => true,
+            "disabled" => false,
+            t => {
+                return Err(ApiError::param(
+                    "thinking.type",
+                    format!("'{t}' is not one of enabled, adaptive, disabled"),
+                ))
+            }
+        };
+        Ok(Thinking {
+            enabled: Some(on),
+            effort: None,
+        })
     }
 }
 
@@ -108,566 +721,6 @@ fn anthropic_param(e: ParamError) -> ApiError {
     ApiError::param(&param, e.message)
 }
 
-/// A 400 about one place in the request.
-fn bad(place: &str, message: impl Into<String>) -> ApiError {
-    ApiError::param(place, message)
-}
-
-/// The JSON type name of a value, for error messages.
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// A required string field of a block.
-fn block_str<'a>(block: &'a Map<String, Value>, key: &str, place: &str) -> Result<&'a str, ApiError> {
-    match block.get(key) {
-        Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => Err(bad(
-            &format!("{place}.{key}"),
-            format!("'{place}.{key}' is required"),
-        )),
-        Some(v) => Err(bad(
-            &format!("{place}.{key}"),
-            format!("'{place}.{key}' must be a string; got {}", type_name(v)),
-        )),
-    }
-}
-
-/// The text of a `system` prompt or a `tool_result` content: a string or an array of text blocks.
-fn text_of(v: &Value, place: &str) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut texts = Vec::with_capacity(blocks.len());
-            for (j, b) in blocks.iter().enumerate() {
-                let here = format!("{place}[{j}]");
-                let obj = b
-                    .as_object()
-                    .ok_or_else(|| bad(&here, format!("'{here}' must be a content block object")))?;
-                match obj.get("type").and_then(Value::as_str) {
-                    Some("text") => texts.push(block_str(obj, "text", &here)?.to_string()),
-                    Some(t) => {
-                        return Err(bad(
-                            &format!("{here}.type"),
-                            format!("'{t}' blocks are not supported here; only text blocks are"),
-                        ))
-                    }
-                    None => return Err(bad(&format!("{here}.type"), format!("'{here}.type' is required"))),
-                }
-            }
-            Ok(texts.join("\n"))
-        }
-        other => Err(bad(
-            place,
-            format!(
-                "'{place}' must be a string or an array of text blocks; got {}",
-                type_name(other)
-            ),
-        )),
-    }
-}
-
-/// The URL of an `image` block's `source`: a base64 source becomes a `data:` URL.
-fn image_url(block: &Map<String, Value>, place: &str) -> Result<String, ApiError> {
-    let here = format!("{place}.source");
-    let source = block
-        .get("source")
-        .and_then(Value::as_object)
-        .ok_or_else(|| bad(&here, format!("'{here}' must be an object")))?;
-    match source.get("type").and_then(Value::as_str) {
-        Some("base64") => {
-            let media = block_str(source, "media_type", &here)?;
-            let data = block_str(source, "data", &here)?;
-            Ok(format!("data:{media};base64,{data}"))
-        }
-        Some("url") => Ok(block_str(source, "url", &here)?.to_string()),
-        Some(t) => Err(bad(
-            &format!("{here}.type"),
-            format!("image source type '{t}' is not supported; use base64 or url"),
-        )),
-        None => Err(bad(&format!("{here}.type"), format!("'{here}.type' is required"))),
-    }
-}
-
-/// Converts one user turn: text and images become content parts, each `tool_result` a `tool`
-/// message at its place (parts before it go into a user message of their own).
-fn user_turn(
-    content: &[Value],
-    place: &str,
-    tool_names: &HashMap<String, String>,
-    out: &mut Converted,
-) -> Result<(), ApiError> {
-    let mut parts: Vec<Value> = Vec::new();
-    let flush = |parts: &mut Vec<Value>, out: &mut Converted| {
-        if !parts.is_empty() {
-            out.messages
-                .push(json!({"role": "user", "content": std::mem::take(parts)}));
-        }
-    };
-    for (j, b) in content.iter().enumerate() {
-        let here = format!("{place}[{j}]");
-        let obj = b
-            .as_object()
-            .ok_or_else(|| bad(&here, format!("'{here}' must be a content block object")))?;
-        match obj.get("type").and_then(Value::as_str) {
-            Some("text") => parts.push(json!({"type": "text", "text": block_str(obj, "text", &here)?})),
-            Some("image") => {
-                let url = image_url(obj, &here)?;
-                out.image_places.push(here.clone());
-                parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
-            }
-            Some("tool_result") => {
-                flush(&mut parts, out);
-                let id = block_str(obj, "tool_use_id", &here)?;
-                let mut text = match obj.get("content") {
-                    None | Some(Value::Null) => String::new(),
-                    Some(v) => text_of(v, &format!("{here}.content"))?,
-                };
-                match obj.get("is_error") {
-                    None | Some(Value::Null | Value::Bool(false)) => {}
-                    Some(Value::Bool(true)) => text = format!("Error: {text}"),
-                    Some(v) => {
-                        return Err(bad(
-                            &format!("{here}.is_error"),
-                            format!("'{here}.is_error' must be a boolean; got {}", type_name(v)),
-                        ))
-                    }
-                }
-                let mut m = json!({"role": "tool", "tool_call_id": id, "content": text});
-                if let Some(name) = tool_names.get(id) {
-                    m["name"] = name.clone().into();
-                }
-                out.messages.push(m);
-            }
-            Some(t @ ("tool_use" | "thinking" | "redacted_thinking")) => {
-                return Err(bad(
-                    &format!("{here}.type"),
-                    format!("'{t}' blocks belong in assistant turns"),
-                ))
-            }
-            Some(t) => {
-                return Err(bad(
-                    &format!("{here}.type"),
-                    format!("'{t}' content blocks are not supported"),
-                ))
-            }
-            None => return Err(bad(&format!("{here}.type"), format!("'{here}.type' is required"))),
-        }
-    }
-    flush(&mut parts, out);
-    Ok(())
-}
-
-/// Converts one assistant turn: text, thinking (as `reasoning_content`) and `tool_use` blocks (as
-/// `tool_calls` with JSON-string arguments). `redacted_thinking` is opaque and left out.
-fn assistant_turn(
-    content: &[Value],
-    place: &str,
-    tool_names: &mut HashMap<String, String>,
-    out: &mut Converted,
-) -> Result<(), ApiError> {
-    let mut text = String::new();
-    let mut reasoning = String::new();
-    let mut calls = Vec::new();
-    for (j, b) in content.iter().enumerate() {
-        let here = format!("{place}[{j}]");
-        let obj = b
-            .as_object()
-            .ok_or_else(|| bad(&here, format!("'{here}' must be a content block object")))?;
-        match obj.get("type").and_then(Value::as_str) {
-            Some("text") => text.push_str(block_str(obj, "text", &here)?),
-            Some("thinking") => reasoning.push_str(block_str(obj, "thinking", &here)?),
-            Some("redacted_thinking") => {}
-            Some("tool_use") => {
-                let id = block_str(obj, "id", &here)?;
-                let name = block_str(obj, "name", &here)?;
-                let input = match obj.get("input") {
-                    Some(v @ Value::Object(_)) => v,
-                    _ => {
-                        return Err(bad(
-                            &format!("{here}.input"),
-                            format!("'{here}.input' must be an object"),
-                        ))
-                    }
-                };
-                tool_names.insert(id.to_string(), name.to_string());
-                calls.push(json!({
-                    "id": id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": input.to_string()},
-                }));
-            }
-            Some(t @ ("image" | "tool_result")) => {
-                return Err(bad(
-                    &format!("{here}.type"),
-                    format!("'{t}' blocks belong in user turns"),
-                ))
-            }
-            Some(t) => {
-                return Err(bad(
-                    &format!("{here}.type"),
-                    format!("'{t}' content blocks are not supported"),
-                ))
-            }
-            None => return Err(bad(&format!("{here}.type"), format!("'{here}.type' is required"))),
-        }
-    }
-    let mut m = json!({"role": "assistant", "content": text});
-    if !reasoning.is_empty() {
-        m["reasoning_content"] = reasoning.into();
-    }
-    if !calls.is_empty() {
-        m["tool_calls"] = calls.into();
-    }
-    out.messages.push(m);
-    Ok(())
-}
-
-/// Anthropic `tools` as OpenAI function tools; server tools (other `type`s) are refused.
-fn convert_tools(tools: &[Value]) -> Result<Value, ApiError> {
-    let mut out = Vec::with_capacity(tools.len());
-    for (i, t) in tools.iter().enumerate() {
-        let here = format!("tools[{i}]");
-        let obj = t
-            .as_object()
-            .ok_or_else(|| bad(&here, format!("'{here}' must be an object")))?;
-        match obj.get("type") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) if s == "custom" => {}
-            Some(Value::String(s)) => {
-                return Err(bad(
-                    &format!("{here}.type"),
-                    format!(
-                        "server tool '{s}' is not supported; only custom tools (name, description, input_schema) are"
-                    ),
-                ))
-            }
-            Some(v) => {
-                return Err(bad(
-                    &format!("{here}.type"),
-                    format!("'{here}.type' must be a string; got {}", type_name(v)),
-                ))
-            }
-        }
-        let name = block_str(obj, "name", &here)?;
-        let schema = match obj.get("input_schema") {
-            Some(s @ Value::Object(_)) => s.clone(),
-            None | Some(Value::Null) => {
-                return Err(bad(
-                    &format!("{here}.input_schema"),
-                    format!("'{here}.input_schema' is required"),
-                ))
-            }
-            Some(v) => {
-                return Err(bad(
-                    &format!("{here}.input_schema"),
-                    format!(
-                        "'{here}.input_schema' must be a JSON schema object; got {}",
-                        type_name(v)
-                    ),
-                ))
-            }
-        };
-        let mut function = json!({"name": name, "parameters": schema});
-        match obj.get("description") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(d)) => function["description"] = d.clone().into(),
-            Some(v) => {
-                return Err(bad(
-                    &format!("{here}.description"),
-                    format!("'{here}.description' must be a string; got {}", type_name(v)),
-                ))
-            }
-        }
-        out.push(json!({"type": "function", "function": function}));
-    }
-    Ok(Value::Array(out))
-}
-
-/// Anthropic's `tool_choice` as OpenAI's (`auto`, `required`, a named function, `none`) and
-/// `parallel_tool_calls` (false when `disable_parallel_tool_use` is set).
-fn convert_tool_choice(choice: &Map<String, Value>) -> Result<(Value, Option<Value>), ApiError> {
-    let f = Fields::new(choice, "tool_choice.");
-    let openai = match f.str("type")? {
-        Some("auto") => json!("auto"),
-        Some("any") => json!("required"),
-        Some("none") => json!("none"),
-        Some("tool") => {
-            let name = f.required_str("name")?;
-            json!({"type": "function", "function": {"name": name}})
-        }
-        Some(t) => {
-            return Err(bad(
-                "tool_choice.type",
-                format!("'{t}' is not one of auto, any, tool, none"),
-            ))
-        }
-        None => return Err(bad("tool_choice.type", "'tool_choice.type' is required")),
-    };
-    let parallel = f
-        .bool("disable_parallel_tool_use")?
-        .map(|disable| Value::Bool(!disable));
-    Ok((openai, parallel))
-}
-
-/// Converts an Anthropic request's conversation, tools and thinking switch to the OpenAI shape.
-/// `max_tokens` (absent for token counting) bounds the thinking budget.
-pub(crate) fn convert(f: &Fields<'_>, max_tokens: Option<i64>) -> Result<Converted, ApiError> {
-    let mut out = Converted {
-        messages: Vec::new(),
-        image_places: Vec::new(),
-        tools: None,
-        tool_choice: None,
-        parallel_tool_calls: None,
-        extra: Map::new(),
-        response_format: output_format(f)?,
-    };
-    if let Some(system) = f.raw("system") {
-        let text = text_of(system, "system")?;
-        if !text.is_empty() {
-            out.messages.push(json!({"role": "system", "content": text}));
-        }
-    }
-    let messages = f
-        .array("messages")?
-        .ok_or_else(|| bad("messages", "'messages' is required"))?;
-    if messages.is_empty() {
-        return Err(bad("messages", "'messages' must not be empty"));
-    }
-    let mut tool_names = HashMap::new();
-    for (i, m) in messages.iter().enumerate() {
-        let place = format!("messages[{i}]");
-        let obj = m
-            .as_object()
-            .ok_or_else(|| bad(&place, format!("'{place}' must be an object")))?;
-        let mf = Fields::new(obj, "");
-        let role = mf.str("role").map_err(|_| {
-            bad(
-                &format!("{place}.role"),
-                format!("'{place}.role' must be a string"),
-            )
-        })?;
-        let content_place = format!("{place}.content");
-        let blocks = match obj.get("content") {
-            Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
-            Some(Value::Array(a)) => a.clone(),
-            None | Some(Value::Null) => {
-                return Err(bad(&content_place, format!("'{content_place}' is required")))
-            }
-            Some(v) => {
-                return Err(bad(
-                    &content_place,
-                    format!(
-                        "'{content_place}' must be a string or an array of content blocks; got {}",
-                        type_name(v)
-                    ),
-                ))
-            }
-        };
-        match role {
-            Some("user") => user_turn(&blocks, &content_place, &tool_names, &mut out)?,
-            Some("assistant") => {
-                if i + 1 == messages.len() {
-                    return Err(bad(
-                        &place,
-                        "a final assistant turn (a prefill to continue) is not supported; end with a user turn",
-                    ));
-                }
-                assistant_turn(&blocks, &content_place, &mut tool_names, &mut out)?
-            }
-            Some(r) => {
-                return Err(bad(
-                    &format!("{place}.role"),
-                    format!(
-                    "'{r}' is not a message role: use user or assistant (the system prompt goes in 'system')"
-                ),
-                ))
-            }
-            None => {
-                return Err(bad(
-                    &format!("{place}.role"),
-                    format!("'{place}.role' is required"),
-                ))
-            }
-        }
-    }
-    if let Some(tools) = f.array("tools")? {
-        out.tools = Some(convert_tools(tools)?);
-    }
-    if let Some(choice) = f.object("tool_choice")? {
-        let (openai, parallel) = convert_tool_choice(choice)?;
-        out.tool_choice = Some(openai);
-        out.parallel_tool_calls = parallel;
-    }
-    if let Some(thinking) = f.object("thinking")? {
-        let tf = Fields::new(thinking, "thinking.");
-        match tf.str("type")? {
-            Some("enabled") => {
-                let budget = tf
-                    .int("budget_tokens", MIN_THINKING_BUDGET, u32::MAX as i64)?
-                    .ok_or_else(|| bad("thinking.budget_tokens", "'thinking.budget_tokens' is required"))?;
-                if let Some(max) = max_tokens.filter(|&m| budget >= m) {
-                    return Err(bad(
-                        "thinking.budget_tokens",
-                        format!("'thinking.budget_tokens' ({budget}) must be less than 'max_tokens' ({max})"),
-                    ));
-                }
-                out.extra.insert("enable_thinking".into(), true.into());
-            }
-            // The model decides how much to think: reasoning stays on.
-            Some("adaptive") => {
-                out.extra.insert("enable_thinking".into(), true.into());
-            }
-            Some("disabled") => {
-                out.extra.insert("enable_thinking".into(), false.into());
-            }
-            Some(t) => {
-                return Err(bad(
-                    "thinking.type",
-                    format!("'{t}' is not one of enabled, adaptive, disabled"),
-                ))
-            }
-            None => return Err(bad("thinking.type", "'thinking.type' is required")),
-        }
-    }
-    Ok(out)
-}
-
-/// Structured output: `output_config.format` (what the `anthropic` SDK's `messages.parse` sends),
-/// or the structured-outputs beta's top-level `output_format`, both `{"type": "json_schema",
-/// "schema": {...}}`, as the OpenAI `response_format` the constraint reads.
-/// `output_config.effort` is accepted (one of Anthropic's levels) and changes nothing here.
-fn output_format(f: &Fields<'_>) -> Result<Option<Value>, ApiError> {
-    let config = f.object("output_config")?;
-    let beta = f.object("output_format")?;
-    if config.is_some_and(|c| c.contains_key("format")) && beta.is_some() {
-        return Err(bad(
-            "output_format",
-            "give the format in 'output_config.format' or in 'output_format', not both",
-        ));
-    }
-    let (format, place) = match config {
-        Some(config) => {
-            let cf = Fields::new(config, "output_config.");
-            cf.only(&["format", "effort"])?;
-            if let Some(e) = cf.str("effort")? {
-                if !["low", "medium", "high", "xhigh", "max"].contains(&e) {
-                    return Err(bad(
-                        "output_config.effort",
-                        format!("'{e}' is not one of low, medium, high, xhigh, max"),
-                    ));
-                }
-            }
-            (cf.object("format")?.or(beta), "output_config.format")
-        }
-        None => (beta, "output_format"),
-    };
-    let Some(format) = format else {
-        return Ok(None);
-    };
-    let prefix = format!("{place}.");
-    let ff = Fields::new(format, &prefix);
-    ff.only(&["type", "schema"])?;
-    match ff.str("type")? {
-        Some("json_schema") => {}
-        Some(t) => return Err(bad(&format!("{place}.type"), format!("'{t}' is not json_schema"))),
-        None => {
-            return Err(bad(
-                &format!("{place}.type"),
-                format!("'{place}.type' is required"),
-            ))
-        }
-    }
-    let schema = ff.object("schema")?.ok_or_else(|| {
-        bad(
-            &format!("{place}.schema"),
-            format!("'{place}.schema' is required"),
-        )
-    })?;
-    Ok(Some(json!({
-        "type": "json_schema",
-        "json_schema": {"name": "output", "schema": schema, "strict": true},
-    })))
-}
-
-/// Sampling and stopping: `temperature` (0..1), `top_p`, `top_k`, `stop_sequences`, `max_tokens`.
-fn decode_options(f: &Fields<'_>, max_tokens: i64) -> Result<DecodeOptions, ApiError> {
-    let mut s = SamplingParams::default();
-    if let Some(t) = f.num("temperature", 0.0, 1.0)? {
-        s.temperature = t as f32;
-    }
-    if let Some(p) = f.num("top_p", 0.0, 1.0)? {
-        s.top_p = p as f32;
-    }
-    if let Some(k) = f.int("top_k", 0, 1 << 20)? {
-        s.top_k = k as usize;
-    }
-    let stop = match f.raw("stop_sequences") {
-        None => Vec::new(),
-        Some(Value::Array(_)) => {
-            crate::decoding::parse_stop(f.raw("stop_sequences"), "stop_sequences", MAX_STOP_SEQUENCES)
-                .map_err(pipeline::param_error)?
-        }
-        Some(v) => {
-            return Err(bad(
-                "stop_sequences",
-                format!(
-                    "'stop_sequences' must be an array of strings; got {}",
-                    type_name(v)
-                ),
-            ))
-        }
-    };
-    Ok(DecodeOptions {
-        sampling: s,
-        max_tokens: Some(max_tokens as usize),
-        stop,
-        ..DecodeOptions::default()
-    })
-}
-
-/// The rendered prompt of a converted request on a model: (rendered text, tokens, image slices).
-async fn prompt_for(
-    st: &Shared,
-    model: &Model,
-    conv: &mut Converted,
-    render_tools: Option<Vec<Value>>,
-) -> Result<(String, Vec<u32>, Vec<JobImage>), ApiError> {
-    if model.vision.is_none() {
-        if let Some(place) = conv.image_places.first() {
-            return Err(bad(
-                place,
-                format!("{place}: model {} does not take images", model.reference),
-            ));
-        }
-    }
-    let mut messages = std::mem::take(&mut conv.messages);
-    pipeline::check_messages(&messages)?;
-    let images = crate::turn::images::take_openai(&mut messages, st.image_urls).await?;
-    let (mut rendered, mut prompt) = pipeline::render(model, messages, render_tools, conv.extra.clone())?;
-    let mut slices = Vec::new();
-    if !images.is_empty() {
-        (rendered, prompt, slices) = crate::turn::images::expand(model, &rendered, &images, false)?;
-    }
-    Ok((rendered, prompt, slices))
-}
-
-/// The tools the template and parser see: none when `tool_choice` is `none`.
-fn render_tools(conv: &Converted, rc: &RequestConstraints) -> Option<Vec<Value>> {
-    if conv.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {
-        None
-    } else {
-        rc.parser_tools().map(<[Value]>::to_vec)
-    }
-}
-
 /// Anthropic's `usage`: uncached prompt tokens, cache reads, and output tokens.
 fn usage(fin: &Finish) -> Value {
     json!({
@@ -679,15 +732,14 @@ fn usage(fin: &Finish) -> Value {
 }
 
 /// Why the reply ended, in Anthropic's words, and the stop sequence that ended it.
-fn stop_reason(fin: &Finish, tool_calls: bool) -> (&'static str, Option<String>) {
-    if fin.reason == FinishReason::Length {
-        ("max_tokens", None)
-    } else if tool_calls {
-        ("tool_use", None)
-    } else if let Some(s) = &fin.stop_sequence {
-        ("stop_sequence", Some(s.clone()))
-    } else {
-        ("end_turn", None)
+fn stop_reason(end: &End) -> (&'static str, Option<String>) {
+    match end.reason() {
+        FinishReason::Length => ("max_tokens", None),
+        FinishReason::ToolCalls => ("tool_use", None),
+        _ => match &end.finish.stop_sequence {
+            Some(s) => ("stop_sequence", Some(s.clone())),
+            None => ("end_turn", None),
+        },
     }
 }
 
@@ -706,7 +758,7 @@ fn tool_use_id(request: &str, index: usize) -> String {
 }
 
 /// A parsed reply as Anthropic content blocks: thinking, text, then tool uses.
-fn content_blocks(msg: &chat::ParsedMessage, request: &str) -> Vec<Value> {
+fn content_blocks(msg: &ParsedMessage, request: &str) -> Vec<Value> {
     let mut blocks = Vec::new();
     if let Some(r) = msg.reasoning_content.as_deref().filter(|r| !r.is_empty()) {
         blocks.push(json!({"type": "thinking", "thinking": r, "signature": ""}));
@@ -731,7 +783,7 @@ fn sse_event(out: &mut String, data: &Value) {
     out.push_str(&format!("event: {kind}\ndata: {data}\n\n"));
 }
 
-/// The content block open in a stream.
+/// The kind of content block open in a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpenBlock {
     /// A `thinking` block.
@@ -742,27 +794,31 @@ enum OpenBlock {
     Tool(usize),
 }
 
-/// Turns the chat parser's OpenAI deltas into Anthropic content-block events.
-#[derive(Debug)]
-struct BlockStream {
+/// Anthropic's event stream of a reply: `message_start`, content blocks opened and closed as the
+/// reply's deltas change kind, then `message_delta` (stop reason, usage) and `message_stop`; an
+/// `error` event when the engine fails the reply or the model goes away.
+struct BlockEncoder {
+    /// `message_start`'s message, sent first.
+    message: Value,
     /// The request id part of tool-use ids.
     request: String,
     /// The index the next block gets.
     next_index: usize,
     /// The open block and its index.
     open: Option<(OpenBlock, usize)>,
-    /// Whether any tool call was streamed.
-    tool_calls: bool,
+    /// Whether the reply ended (or failed): nothing more is sent.
+    over: bool,
 }
 
-impl BlockStream {
-    /// A stream with no block yet.
-    fn new(request: &str) -> BlockStream {
-        BlockStream {
+impl BlockEncoder {
+    /// The encoder of a reply whose `message_start` carries `message`.
+    fn new(request: &str, message: Value) -> BlockEncoder {
+        BlockEncoder {
+            message,
             request: request.to_string(),
             next_index: 0,
             open: None,
-            tool_calls: false,
+            over: false,
         }
     }
 
@@ -774,11 +830,10 @@ impl BlockStream {
     }
 
     /// Makes `kind` the open block (closing another, starting it with `start`); its index.
-    fn ensure(&mut self, kind: OpenBlock, start: Value, out: &mut String) -> usize {
-        if let Some((open, index)) = self.open {
-            if open == kind {
-                return index;
-            }
+    fn open(&mut self, kind: OpenBlock, start: Value, out: &mut String) -> usize {
+        match self.open {
+            Some((open, index)) if open == kind => return index,
+            _ => {}
         }
         self.close(out);
         let index = self.next_index;
@@ -791,65 +846,100 @@ impl BlockStream {
         index
     }
 
-    /// The events for one parser delta (`reasoning_content`, `content`, `tool_calls`).
-    fn push(&mut self, delta: &Value, out: &mut String) {
-        if let Some(r) = delta["reasoning_content"].as_str().filter(|r| !r.is_empty()) {
-            let start = json!({"type": "thinking", "thinking": "", "signature": ""});
-            let index = self.ensure(OpenBlock::Thinking, start, out);
-            let d = json!({"type": "thinking_delta", "thinking": r});
-            sse_event(
-                out,
-                &json!({"type": "content_block_delta", "index": index, "delta": d}),
-            );
-        }
-        if let Some(c) = delta["content"].as_str().filter(|c| !c.is_empty()) {
-            let index = self.ensure(OpenBlock::Text, json!({"type": "text", "text": ""}), out);
-            let d = json!({"type": "text_delta", "text": c});
-            sse_event(
-                out,
-                &json!({"type": "content_block_delta", "index": index, "delta": d}),
-            );
-        }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            let Some(call_index) = call["index"].as_u64().map(|i| i as usize) else {
-                continue;
-            };
-            let kind = OpenBlock::Tool(call_index);
-            let index = if let Some(name) = call["function"]["name"].as_str() {
-                self.tool_calls = true;
-                let start = json!({
-                    "type": "tool_use",
-                    "id": tool_use_id(&self.request, call_index),
-                    "name": name,
-                    "input": {},
-                });
-                self.ensure(kind, start, out)
-            } else {
-                match self.open {
-                    Some((open, index)) if open == kind => index,
+    /// The events of a flush's deltas.
+    fn push(&mut self, deltas: &[Delta], out: &mut String) {
+        for d in deltas {
+            let (index, delta) = match d {
+                Delta::Reasoning(r) if !r.is_empty() => {
+                    let start = json!({"type": "thinking", "thinking": "", "signature": ""});
+                    let index = self.open(OpenBlock::Thinking, start, out);
+                    (index, json!({"type": "thinking_delta", "thinking": r}))
+                }
+                Delta::Content(c) if !c.is_empty() => {
+                    let index = self.open(OpenBlock::Text, json!({"type": "text", "text": ""}), out);
+                    (index, json!({"type": "text_delta", "text": c}))
+                }
+                Delta::CallStart { index, name, .. } => {
+                    let id = tool_use_id(&self.request, *index);
+                    let start = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+                    self.open(OpenBlock::Tool(*index), start, out);
+                    continue;
+                }
+                Delta::CallArgs { index, fragment } if !fragment.is_empty() => match self.open {
+                    Some((OpenBlock::Tool(i), block)) if i == *index => (
+                        block,
+                        json!({"type": "input_json_delta", "partial_json": fragment}),
+                    ),
                     // Arguments of a call whose block is already closed cannot be sent.
                     _ => continue,
-                }
+                },
+                _ => continue,
             };
-            if let Some(args) = call["function"]["arguments"].as_str().filter(|a| !a.is_empty()) {
-                let d = json!({"type": "input_json_delta", "partial_json": args});
-                sse_event(
-                    out,
-                    &json!({"type": "content_block_delta", "index": index, "delta": d}),
-                );
-            }
+            sse_event(
+                out,
+                &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            );
         }
     }
 }
 
-/// The error event that ends a stream.
-fn stream_error(kind: &str, message: &str) -> String {
-    let mut out = String::new();
+/// The `error` event that ends a stream.
+fn stream_error(out: &mut String, kind: &str, message: &str) {
     sse_event(
-        &mut out,
+        out,
         &json!({"type": "error", "error": {"type": kind, "message": message}}),
     );
-    out
+}
+
+impl Encoder for BlockEncoder {
+    fn start(&mut self) -> String {
+        let mut out = String::new();
+        sse_event(
+            &mut out,
+            &json!({"type": "message_start", "message": self.message}),
+        );
+        sse_event(&mut out, &json!({"type": "ping"}));
+        out
+    }
+
+    fn event(&mut self, _choice: usize, event: ReplyEvent) -> String {
+        let mut out = String::new();
+        match event {
+            ReplyEvent::Grew { deltas, .. } => self.push(&deltas, &mut out),
+            ReplyEvent::Ended { deltas, end, .. } => {
+                self.push(&deltas, &mut out);
+                self.close(&mut out);
+                let (reason, sequence) = stop_reason(&end);
+                sse_event(
+                    &mut out,
+                    &json!({
+                        "type": "message_delta",
+                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                        "usage": usage(&end.finish),
+                    }),
+                );
+                sse_event(&mut out, &json!({"type": "message_stop"}));
+                self.over = true;
+            }
+            ReplyEvent::Failed(e) => {
+                stream_error(&mut out, "api_error", &e);
+                self.over = true;
+            }
+        }
+        out
+    }
+
+    fn end(&mut self) -> String {
+        let mut out = String::new();
+        if !self.over {
+            stream_error(
+                &mut out,
+                "overloaded_error",
+                "the model was unloaded during the request",
+            );
+        }
+        out
+    }
 }
 
 /// `POST /v1/messages`.
@@ -858,144 +948,52 @@ pub async fn messages(
     Extension(RequestId(id)): Extension<RequestId>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AnthropicError> {
-    create(st, id, b).await.map_err(AnthropicError)
-}
-
-/// The Messages handler, errors in the common shape.
-async fn create(st: Shared, id: String, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let body = body(b)?;
-    let obj = parse_object(&body)?;
-    let f = Fields::new(&obj, "");
-    f.only(MESSAGE_FIELDS)?;
-    let name = f.required_str("model")?;
-    let max_tokens = f
-        .int("max_tokens", 1, u32::MAX as i64)?
-        .ok_or_else(|| bad("max_tokens", "'max_tokens' is required"))?;
-    let mut conv = convert(&f, Some(max_tokens))?;
-    let mut decode = decode_options(&f, max_tokens)?;
-    let stream = f.bool("stream")?.unwrap_or(false);
-    f.object("metadata")?;
-    f.str("service_tier")?;
-    f.object("cache_control")?;
-    let rc = conv.constraints()?;
-    let tools = render_tools(&conv, &rc);
-    let model = pipeline::model_for(&st, name, None).await?;
-    let (rendered, prompt, slices) = prompt_for(&st, &model, &mut conv, tools.clone()).await?;
-    let start = chat::prefill(model.detected.format, &rendered);
-    let thinking = pipeline::thinking(&model, start, &conv.extra);
-    decode.constraint = pipeline::constraint_for(&model, &rc, thinking, start)?;
-    let mut parser = StreamParser::new(model.detected.format, start, tools.as_deref());
-    let prompt_len = prompt.len();
-    let rx = pipeline::submit(&model, &id, prompt, slices, decode)?;
-    let request = id.trim_start_matches("req-").to_string();
-    let msg_id = format!("msg_{request}");
-    let model_name = model.reference.clone();
-    if !stream {
-        let (text, fin) = pipeline::collect(rx).await?;
-        parser.push(&text);
-        // A cut reply is parsed as the prefix it is (see `StreamParser::finish_output`).
-        let (_, msg) = parser.finish_output(fin.reason == FinishReason::Length);
-        let (reason, sequence) = stop_reason(&fin, !msg.tool_calls.is_empty());
-        let body = json!({
-            "id": msg_id,
+    let Prepared {
+        request,
+        turn: chat,
+        model,
+        ..
+    } = pipeline::prepare::<MessagesRequest>(&st, b).await?;
+    let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
+    let prompt_len = turn.prompt.len();
+    let rxs = turn.submit(&model, &id)?;
+    let request_id = id.trim_start_matches("req-").to_string();
+    let message = |content: Vec<Value>, stop: (Option<&str>, Option<String>), usage: Value| {
+        json!({
+            "id": format!("msg_{request_id}"),
             "type": "message",
             "role": "assistant",
-            "model": model_name,
-            "content": content_blocks(&msg, &request),
-            "stop_reason": reason,
-            "stop_sequence": sequence,
-            "usage": usage(&fin),
-        });
+            "model": model.reference,
+            "content": content,
+            "stop_reason": stop.0,
+            "stop_sequence": stop.1,
+            "usage": usage,
+        })
+    };
+    if !request.stream.unwrap_or(false) {
+        let replies = reply::collect_all(rxs, turn.parsers()).await?;
+        let r = &replies[0];
+        let (reason, sequence) = stop_reason(&r.end);
+        let body = message(
+            content_blocks(&r.message, &request_id),
+            (Some(reason), sequence),
+            usage(&r.end.finish),
+        );
         return Ok(axum::Json(body).into_response());
     }
-    let start_event = json!({
-        "type": "message_start",
-        "message": {
-            "id": msg_id,
-            "type": "message",
-            "role": "assistant",
-            "model": model_name,
-            "content": [],
-            "stop_reason": null,
-            "stop_sequence": null,
-            "usage": {
-                "input_tokens": prompt_len,
-                "output_tokens": 0,
-                "cache_read_input_tokens": 0,
-                "cache_creation_input_tokens": 0,
-            },
-        },
-    });
-    struct S {
-        rx: UnboundedReceiver<Event>,
-        parser: StreamParser,
-        blocks: BlockStream,
-        first: Option<Value>,
-        done: bool,
-    }
-    let state = S {
-        rx,
-        parser,
-        blocks: BlockStream::new(&request),
-        first: Some(start_event),
-        done: false,
-    };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        if s.done {
-            return None;
-        }
-        if let Some(first) = s.first.take() {
-            let mut out = String::new();
-            sse_event(&mut out, &first);
-            sse_event(&mut out, &json!({"type": "ping"}));
-            return Some((Ok(Bytes::from(out)), s));
-        }
-        loop {
-            match s.rx.recv().await {
-                Some(Event::Text(t)) => {
-                    if let Some(d) = crate::chat::openai_delta(&s.parser.push(&t)) {
-                        let mut out = String::new();
-                        s.blocks.push(&d, &mut out);
-                        if !out.is_empty() {
-                            return Some((Ok(Bytes::from(out)), s));
-                        }
-                    }
-                }
-                Some(Event::Done(fin)) => {
-                    let (d, msg) = s.parser.finish_output(fin.reason == FinishReason::Length);
-                    let mut out = String::new();
-                    if let Some(d) = crate::chat::openai_delta(&d) {
-                        s.blocks.push(&d, &mut out);
-                    }
-                    s.blocks.close(&mut out);
-                    let calls = s.blocks.tool_calls || !msg.tool_calls.is_empty();
-                    let (reason, sequence) = stop_reason(&fin, calls);
-                    sse_event(
-                        &mut out,
-                        &json!({
-                            "type": "message_delta",
-                            "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                            "usage": usage(&fin),
-                        }),
-                    );
-                    sse_event(&mut out, &json!({"type": "message_stop"}));
-                    s.done = true;
-                    return Some((Ok(Bytes::from(out)), s));
-                }
-                Some(Event::Error(e)) => {
-                    s.done = true;
-                    return Some((Ok(Bytes::from(stream_error("api_error", &e))), s));
-                }
-                Some(_) => {}
-                None => {
-                    s.done = true;
-                    let e = stream_error("overloaded_error", "the model was unloaded during the request");
-                    return Some((Ok(Bytes::from(e)), s));
-                }
-            }
-        }
-    });
-    Ok(pipeline::sse(stream))
+    let start = message(
+        Vec::new(),
+        (None, None),
+        json!({
+            "input_tokens": prompt_len,
+            "output_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+        }),
+    );
+    let events = reply::merged(rxs, turn.parsers());
+    let wire = reply::encode(events, BlockEncoder::new(&request_id, start));
+    Ok(pipeline::sse(wire.map(|s| Ok::<_, Infallible>(Bytes::from(s)))))
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt tokens the same request would have.
@@ -1003,58 +1001,47 @@ pub async fn count_tokens(
     State(st): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AnthropicError> {
-    count(st, b).await.map_err(AnthropicError)
-}
-
-/// The token-counting handler, errors in the common shape.
-async fn count(st: Shared, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let body = body(b)?;
-    let obj = parse_object(&body)?;
-    let f = Fields::new(&obj, "");
-    f.only(COUNT_FIELDS)?;
-    let name = f.required_str("model")?;
-    f.object("cache_control")?;
-    let mut conv = convert(&f, None)?;
-    let rc = conv.constraints()?;
-    let tools = render_tools(&conv, &rc);
-    let model = pipeline::model_for(&st, name, None).await?;
-    let (_, prompt, _) = prompt_for(&st, &model, &mut conv, tools).await?;
-    if prompt.is_empty() {
-        return Err(bad("messages", "the prompt is empty"));
+    let Prepared {
+        turn: chat, model, ..
+    } = pipeline::prepare::<CountRequest>(&st, b).await?;
+    let turn = Turn::prepare(&model, chat, st.image_urls).await?;
+    if turn.prompt.is_empty() {
+        return Err(ApiError::param("messages", "the prompt is empty").into());
     }
-    Ok(axum::Json(json!({"input_tokens": prompt.len()})).into_response())
+    Ok(axum::Json(json!({"input_tokens": turn.prompt.len()})).into_response())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::constraint::ToolChoice;
     use axum::http::StatusCode;
 
-    /// The converted request of a body, or the error's (status, param).
-    fn conv(body: Value) -> Result<Converted, (StatusCode, Option<String>)> {
-        let obj = body.as_object().unwrap().clone();
-        let f = Fields::new(&obj, "");
-        let max = f.int("max_tokens", 1, u32::MAX as i64).ok().flatten();
-        convert(&f, max).map_err(|e| (e.status, e.param))
+    /// The typed turn of a Messages body (a model and `max_tokens` added when it has none), or
+    /// the error's (status, param, message).
+    fn checked(mut body: Value) -> Result<ChatRequest, (StatusCode, Option<String>, String)> {
+        let b = body.as_object_mut().unwrap();
+        b.entry("model").or_insert(json!("m"));
+        b.entry("max_tokens").or_insert(json!(100_000));
+        pipeline::check_body::<MessagesRequest>(body.to_string().as_bytes())
+            .map(|(_, turn)| turn)
+            .map_err(|e| (e.status, e.param, e.message))
     }
 
-    /// The param named by the 400 a body gets from the whole front half of the handler.
+    /// The param named by the 400 a body gets before its model is looked up.
     fn refused(body: Value) -> (StatusCode, Option<String>, String) {
-        let obj = body.as_object().unwrap().clone();
-        let f = Fields::new(&obj, "");
-        let check = || -> Result<(), ApiError> {
-            f.only(MESSAGE_FIELDS)?;
-            f.required_str("model")?;
-            let max = f
-                .int("max_tokens", 1, u32::MAX as i64)?
-                .ok_or_else(|| bad("max_tokens", "'max_tokens' is required"))?;
-            let c = convert(&f, Some(max))?;
-            decode_options(&f, max)?;
-            c.constraints()?;
-            Ok(())
-        };
-        let e = check().unwrap_err();
+        let e = pipeline::check_body::<MessagesRequest>(body.to_string().as_bytes())
+            .map(|_| ())
+            .unwrap_err();
         (e.status, e.param, e.message)
+    }
+
+    /// The conversation of a turn.
+    fn messages(r: &ChatRequest) -> &[Message] {
+        match &r.prompt {
+            Prompt::Chat(m) => m,
+            Prompt::Raw { .. } => panic!("a raw prompt"),
+        }
     }
 
     fn weather_tool() -> Value {
@@ -1066,8 +1053,8 @@ mod tests {
     }
 
     #[test]
-    fn blocks_become_openai_messages_in_order() {
-        let c = conv(json!({
+    fn blocks_become_typed_messages_in_order() {
+        let r = checked(json!({
             "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind."}],
             "messages": [
                 {"role": "user", "content": [
@@ -1091,135 +1078,170 @@ mod tests {
             ],
         }))
         .unwrap();
-        let m = &c.messages;
+        let m = messages(&r);
         assert_eq!(m.len(), 6, "{m:#?}");
-        assert_eq!(m[0], json!({"role": "system", "content": "Be brief.\nBe kind."}));
-        assert_eq!(m[1]["role"], "user");
+        assert_eq!(m[0], Message::text(Role::System, "Be brief.\nBe kind."));
+        assert_eq!(m[1].role, Role::User);
+        let image = |j: usize, source: ImageSource| {
+            Part::Image(ImageRef {
+                place: format!("messages[0].content[{j}]"),
+                source,
+            })
+        };
         assert_eq!(
-            m[1]["content"],
-            json!([
-                {"type": "text", "text": "Look:"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
-            ])
+            m[1].content,
+            Some(Content::Parts(vec![
+                Part::Text("Look:".into()),
+                image(1, ImageSource::Base64("AAAA".into())),
+                image(2, ImageSource::Url("https://example.com/a.png".into())),
+            ]))
         );
+        assert_eq!(m[2].role, Role::Assistant);
+        assert_eq!(m[2].content, Some(Content::Text("Checking.".into())));
+        assert_eq!(m[2].reasoning.as_deref(), Some("They want weather."));
+        assert_eq!(m[2].tool_calls.len(), 2);
+        let call = &m[2].tool_calls[0];
         assert_eq!(
-            c.image_places,
-            vec!["messages[0].content[1]", "messages[0].content[2]"]
+            (call.id.as_deref(), call.name.as_str()),
+            (Some("toolu_1"), "get_weather")
         );
-        assert_eq!(m[2]["role"], "assistant");
-        assert_eq!(m[2]["content"], "Checking.");
-        assert_eq!(m[2]["reasoning_content"], "They want weather.");
-        let calls = m[2]["tool_calls"].as_array().unwrap();
-        assert_eq!(calls.len(), 2);
-        assert_eq!(calls[0]["id"], "toolu_1");
-        assert_eq!(calls[0]["type"], "function");
-        assert_eq!(calls[0]["function"]["name"], "get_weather");
-        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        let args: Value = serde_json::from_str(call.arguments.as_str().unwrap()).unwrap();
         assert_eq!(args, json!({"city": "Paris"}));
+        // The template sees what the OpenAI-shaped conversion gave it before.
+        let template = |k: usize| m[k].to_template(0, crate::turn::images::marker);
         assert_eq!(
-            m[3],
+            template(3),
             json!({"role": "tool", "tool_call_id": "toolu_1", "content": "sunny", "name": "get_weather"})
         );
-        assert_eq!(m[4]["content"], "Error: no station");
-        assert_eq!(m[4]["tool_call_id"], "toolu_2");
+        assert_eq!(m[4].content, Some(Content::Text("Error: no station".into())));
+        assert_eq!(m[4].tool_call_id.as_deref(), Some("toolu_2"));
         assert_eq!(
-            m[5],
+            template(5),
             json!({"role": "user", "content": [{"type": "text", "text": "And so?"}]})
         );
-        assert!(pipeline::check_messages(m).is_ok());
+        assert_eq!(template(2)["tool_calls"][1]["id"], "toolu_2");
     }
 
     #[test]
     fn string_content_and_no_system() {
-        let c = conv(json!({"messages": [{"role": "user", "content": "Hi"}]})).unwrap();
+        let r = checked(json!({"messages": [{"role": "user", "content": "Hi"}]})).unwrap();
         assert_eq!(
-            c.messages,
-            vec![json!({"role": "user", "content": [{"type": "text", "text": "Hi"}]})]
+            messages(&r)[0].to_template(0, crate::turn::images::marker),
+            json!({"role": "user", "content": [{"type": "text", "text": "Hi"}]})
         );
-        assert!(c.tools.is_none() && c.tool_choice.is_none() && c.extra.is_empty());
+        assert_eq!(messages(&r).len(), 1);
+        assert_eq!(r.constraints, RequestConstraints::default());
+        assert!(r.template_extra().is_empty());
     }
 
     #[test]
-    fn tool_choice_maps_to_openai() {
+    fn tool_choice_maps_to_the_constraints() {
         let with = |choice: Value| {
-            conv(json!({
+            checked(json!({
                 "max_tokens": 10,
                 "messages": [{"role": "user", "content": "Hi"}],
                 "tools": [weather_tool()],
                 "tool_choice": choice,
             }))
-            .unwrap()
+            .map(|r| r.constraints)
         };
-        let c = with(json!({"type": "auto"}));
+        let c = with(json!({"type": "auto"})).unwrap();
+        assert_eq!((c.tool_choice, c.parallel_tool_calls), (ToolChoice::Auto, true));
+        let c = with(json!({"type": "any", "disable_parallel_tool_use": true})).unwrap();
         assert_eq!(
             (c.tool_choice, c.parallel_tool_calls),
-            (Some(json!("auto")), None)
+            (ToolChoice::Required, false)
         );
-        let c = with(json!({"type": "any", "disable_parallel_tool_use": true}));
+        let c =
+            with(json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": false})).unwrap();
         assert_eq!(
-            (c.tool_choice.clone(), c.parallel_tool_calls.clone()),
-            (Some(json!("required")), Some(json!(false)))
+            (c.tool_choice, c.parallel_tool_calls),
+            (ToolChoice::Named("get_weather".into()), true)
         );
-        assert!(c.constraints().is_ok());
-        let c = with(json!({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": false}));
-        assert_eq!(
-            (c.tool_choice.clone(), c.parallel_tool_calls.clone()),
-            (
-                Some(json!({"type": "function", "function": {"name": "get_weather"}})),
-                Some(json!(true))
-            )
-        );
-        assert!(c.constraints().is_ok());
-        let c = with(json!({"type": "none"}));
-        assert_eq!(c.tool_choice, Some(json!("none")));
-        let rc = c.constraints().unwrap();
-        assert!(
-            render_tools(&c, &rc).is_none(),
-            "tool_choice none hides the tools"
-        );
-        let c = with(json!({"type": "auto"}));
-        let rc = c.constraints().unwrap();
-        let tools = render_tools(&c, &rc).unwrap();
+        let c = with(json!({"type": "none"})).unwrap();
+        assert!(c.parser_tools().is_none(), "tool_choice none hides the tools");
+        let c = with(json!({"type": "auto"})).unwrap();
+        let tools = c.parser_tools().unwrap();
         assert_eq!(tools[0]["function"]["name"], "get_weather");
         assert_eq!(tools[0]["function"]["parameters"]["required"], json!(["city"]));
         assert_eq!(tools[0]["function"]["description"], "Current weather of a city");
         // A named tool that is not declared.
-        let c = with(json!({"type": "tool", "name": "nope"}));
-        assert_eq!(c.constraints().unwrap_err().param.as_deref(), Some("tool_choice"));
+        let e = with(json!({"type": "tool", "name": "nope"})).unwrap_err();
+        assert_eq!(e.1.as_deref(), Some("tool_choice"));
+    }
+
+    #[test]
+    fn output_config_format_is_the_response_format() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let format = json!({"type": "json_schema", "schema": schema});
+        for (key, v) in [
+            ("output_config", json!({"format": format, "effort": "high"})),
+            ("output_format", format.clone()),
+        ] {
+            let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+            body[key] = v;
+            let r = checked(body).unwrap();
+            assert_eq!(
+                r.constraints.response_format,
+                crate::constraint::ResponseFormat::JsonSchema(schema.clone())
+            );
+        }
+        for (key, v, param) in [
+            (
+                "output_config",
+                json!({"format": format, "colour": 1}),
+                "output_config",
+            ),
+            (
+                "output_config",
+                json!({"effort": "extreme"}),
+                "output_config.effort",
+            ),
+            (
+                "output_format",
+                json!({"type": "json_object"}),
+                "output_format.type",
+            ),
+            (
+                "output_format",
+                json!({"type": "json_schema"}),
+                "output_format.schema",
+            ),
+        ] {
+            let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+            body[key] = v;
+            let e = checked(body).unwrap_err();
+            assert_eq!(e.1.as_deref().map(|p| p.starts_with(param)), Some(true), "{e:?}");
+        }
     }
 
     #[test]
     fn thinking_sets_the_template_switch() {
         let base = |thinking: Value| {
-            conv(json!({
+            checked(json!({
                 "max_tokens": 4096,
                 "messages": [{"role": "user", "content": "Hi"}],
                 "thinking": thinking,
             }))
         };
-        let c = base(json!({"type": "enabled", "budget_tokens": 2048})).unwrap();
-        assert_eq!(c.extra["enable_thinking"], json!(true));
-        let c = base(json!({"type": "disabled"})).unwrap();
-        assert_eq!(c.extra["enable_thinking"], json!(false));
+        let r = base(json!({"type": "enabled", "budget_tokens": 2048})).unwrap();
+        assert_eq!(r.template_extra()["enable_thinking"], json!(true));
+        let r = base(json!({"type": "disabled"})).unwrap();
+        assert_eq!(r.template_extra()["enable_thinking"], json!(false));
         for bad in [
             json!({"type": "enabled"}),
             json!({"type": "enabled", "budget_tokens": 100}),
             json!({"type": "enabled", "budget_tokens": 5000}),
         ] {
+            let (status, param, _) = base(bad.clone()).unwrap_err();
             assert_eq!(
-                base(bad.clone()).unwrap_err(),
-                (
-                    StatusCode::BAD_REQUEST,
-                    Some("thinking.budget_tokens".to_string())
-                ),
+                (status, param.as_deref()),
+                (StatusCode::BAD_REQUEST, Some("thinking.budget_tokens")),
                 "{bad}"
             );
         }
-        assert_eq!(
-            base(json!({"type": "sometimes"})).unwrap_err().1.as_deref(),
-            Some("thinking.type")
-        );
+        let e = base(json!({"type": "sometimes"})).unwrap_err();
+        assert_eq!(e.1.as_deref(), Some("thinking.type"));
     }
 
     #[test]
@@ -1235,6 +1257,7 @@ mod tests {
             b.as_object_mut().unwrap().remove(key);
             b
         };
+        let user = |blocks: Value| with("messages", json!([{"role": "user", "content": blocks}]));
         let cases: Vec<(Value, &str)> = vec![
             (with("frobnicate", json!(1)), "frobnicate"),
             (without("max_tokens"), "max_tokens"),
@@ -1245,13 +1268,23 @@ mod tests {
             (with("temperature", json!(1.5)), "temperature"),
             (with("top_p", json!("x")), "top_p"),
             (with("top_k", json!(-1)), "top_k"),
+            (with("min_p", json!(2)), "min_p"),
+            (with("seed", json!("x")), "seed"),
             (with("stop_sequences", json!("END")), "stop_sequences"),
-            (with("stop_sequences", json!(["a", 1])), "stop_sequences"),
+            (with("stop_sequences", json!(["a", 1])), "stop_sequences[1]"),
+            (with("stop_sequences", json!(vec!["x"; 65])), "stop_sequences"),
             (with("system", json!(7)), "system"),
+            (with("system", json!([{"type": "image"}])), "system[0].type"),
+            (with("metadata", json!("x")), "metadata"),
             (with("messages", json!([])), "messages"),
             (with("messages", json!({"role": "user"})), "messages"),
+            (with("messages", json!([7])), "messages[0]"),
             (
                 with("messages", json!([{"role": "system", "content": "x"}])),
+                "messages[0].role",
+            ),
+            (
+                with("messages", json!([{"role": 5, "content": "x"}])),
                 "messages[0].role",
             ),
             (with("messages", json!([{"role": "user"}])), "messages[0].content"),
@@ -1259,18 +1292,21 @@ mod tests {
                 with("messages", json!([{"role": "user", "content": 5}])),
                 "messages[0].content",
             ),
+            (user(json!([{"text": "x"}])), "messages[0].content[0].type"),
             (
-                with(
-                    "messages",
-                    json!([{"role": "user", "content": [{"type": "document", "source": {}}]}]),
-                ),
+                user(json!([{"type": "text", "text": 5}])),
+                "messages[0].content[0].text",
+            ),
+            (
+                user(json!([{"type": "document", "source": {}}])),
                 "messages[0].content[0].type",
             ),
             (
-                with(
-                    "messages",
-                    json!([{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]),
-                ),
+                user(json!([{"type": "search_result", "source": "https://x", "title": "t", "content": []}])),
+                "messages[0].content[0].type",
+            ),
+            (
+                user(json!([{"type": "tool_use", "id": "a", "name": "f", "input": {}}])),
                 "messages[0].content[0].type",
             ),
             (
@@ -1284,18 +1320,35 @@ mod tests {
                 "messages[0].content[0].input",
             ),
             (
-                with(
-                    "messages",
-                    json!([{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]),
-                ),
+                user(json!([{"type": "tool_result", "content": "x"}])),
                 "messages[0].content[0].tool_use_id",
+            ),
+            (
+                user(json!([{"type": "tool_result", "tool_use_id": "a", "is_error": "yes"}])),
+                "messages[0].content[0].is_error",
+            ),
+            (
+                user(json!([{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "image"}]}])),
+                "messages[0].content[0].content[0].type",
+            ),
+            (
+                user(json!([{"type": "image", "source": {"type": "file", "file_id": "f"}}])),
+                "messages[0].content[0].source.type",
             ),
             (
                 with(
                     "messages",
-                    json!([{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]),
+                    json!([
+                        {"role": "user", "content": "Hi"},
+                        {"role": "assistant", "content": "Hello"},
+                        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": 5}}]},
+                    ]),
                 ),
-                "messages[0].content[0].source.type",
+                "messages[2].content[0].source.data",
+            ),
+            (
+                user(json!([{"type": "image", "source": {"type": "base64", "data": "AAAA"}}])),
+                "messages[0].content[0].source.media_type",
             ),
             (
                 with(
@@ -1312,6 +1365,10 @@ mod tests {
                 "tools[0].type",
             ),
             (with("tools", json!([{"name": "f"}])), "tools[0].input_schema"),
+            (
+                with("tools", json!([{"name": "f", "input_schema": "x"}])),
+                "tools[0].input_schema",
+            ),
             (
                 with(
                     "tools",
@@ -1339,53 +1396,69 @@ mod tests {
         assert!(message.contains("not supported"), "{message}");
         let (_, _, message) = refused(with("frobnicate", json!(1)));
         assert!(message.contains("frobnicate"), "{message}");
-        // The accepted fields pass.
+        let (_, _, message) = refused(user(json!([{"type": "audio"}])));
+        assert_eq!(message, "'audio' content blocks are not supported");
+        // The accepted fields pass, and reach the decode options.
         let mut b = ok.clone();
         for (k, v) in [
             ("metadata", json!({"user_id": "u"})),
             ("service_tier", json!("auto")),
             ("stream", json!(false)),
+            ("cache_control", json!({"type": "ephemeral"})),
             ("temperature", json!(0)),
             ("top_p", json!(0.9)),
             ("top_k", json!(5)),
-            ("stop_sequences", json!(["END"])),
+            ("stop_sequences", json!(["END", ""])),
             ("tools", json!([weather_tool()])),
             ("tool_choice", json!({"type": "auto"})),
         ] {
             b[k] = v;
         }
-        let obj = b.as_object().unwrap().clone();
-        let f = Fields::new(&obj, "");
-        assert!(f.only(MESSAGE_FIELDS).is_ok());
-        let d = decode_options(&f, 8).unwrap();
+        let d = checked(b).unwrap().decode;
         assert_eq!((d.max_tokens, d.stop.clone()), (Some(8), vec!["END".to_string()]));
         assert_eq!((d.sampling.temperature, d.sampling.top_k), (0.0, 5));
+        // count_tokens takes the conversation, not the generation's fields.
+        let count = |b: &Value| pipeline::check_body::<CountRequest>(b.to_string().as_bytes()).map(|_| ());
+        assert!(count(&without("max_tokens")).is_ok());
+        assert_eq!(count(&ok).unwrap_err().param.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn min_p_and_seed_are_extension_fields() {
+        let r = checked(json!({"messages": [{"role": "user", "content": "Hi"}],
+            "top_k": 40, "min_p": 0.05, "seed": 42}))
+        .unwrap();
+        let s = &r.decode.sampling;
+        assert_eq!((s.top_k, s.min_p, s.seed), (40, 0.05, Some(42)));
+        let r = checked(json!({"messages": [{"role": "user", "content": "Hi"}]})).unwrap();
+        let d = SamplingParams::default();
+        assert_eq!((r.decode.sampling.min_p, r.decode.sampling.seed), (d.min_p, None));
     }
 
     #[tokio::test]
     async fn errors_answer_in_anthropic_shape() {
-        let resp =
-            crate::api::Shape::Anthropic.respond(ApiError::param("max_tokens", "'max_tokens' is required"));
-        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
-        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        let body = |e: ApiError| async move {
+            let resp = AnthropicError(e).into_response();
+            let status = resp.status();
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+        };
+        let (status, v) = body(ApiError::param("max_tokens", "'max_tokens' is required")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(
             v,
             json!({"type": "error", "error": {"type": "invalid_request_error", "message": "'max_tokens' is required"}})
         );
-        let resp = crate::api::Shape::Anthropic.respond(ApiError::model_not_found("nope"));
-        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
-        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        let (status, v) = body(ApiError::model_not_found("nope")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
         assert_eq!(v["error"]["type"], "not_found_error");
         assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
         // A message that does not name its parameter gets it prefixed.
-        let resp = crate::api::Shape::Anthropic.respond(ApiError::param(
+        let (_, v) = body(ApiError::param(
             "tools[0].input_schema",
             "must be a JSON schema object",
-        ));
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
-        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        ))
+        .await;
         assert_eq!(
             v["error"]["message"],
             "tools[0].input_schema: must be a JSON schema object"
@@ -1396,9 +1469,7 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, "overloaded_error"),
             (StatusCode::INTERNAL_SERVER_ERROR, "api_error"),
         ] {
-            let resp = crate::api::Shape::Anthropic.respond(ApiError::new(status, "x"));
-            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
-            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            let (_, v) = body(ApiError::new(status, "x")).await;
             assert_eq!(v["error"]["type"], kind);
         }
     }
@@ -1417,72 +1488,6 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn parser_deltas_become_content_block_events() {
-        let mut b = BlockStream::new("7");
-        let mut out = String::new();
-        b.push(&json!({"reasoning_content": "Hmm"}), &mut out);
-        b.push(&json!({"reasoning_content": " ok"}), &mut out);
-        b.push(&json!({"content": "Sure."}), &mut out);
-        b.push(
-            &json!({"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{\"ci"}}]}),
-            &mut out,
-        );
-        b.push(
-            &json!({"tool_calls": [{"index": 0, "function": {"arguments": "ty\": \"Paris\"}"}}]}),
-            &mut out,
-        );
-        b.push(
-            &json!({"tool_calls": [{"index": 1, "id": "call_1", "type": "function",
-                    "function": {"name": "get_weather", "arguments": ""}}]}),
-            &mut out,
-        );
-        b.close(&mut out);
-        let ev = events(&out);
-        let kinds: Vec<&str> = ev.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(
-            kinds,
-            [
-                "content_block_start",
-                "content_block_delta",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_stop",
-            ]
-        );
-        assert_eq!(ev[0].1["content_block"]["type"], "thinking");
-        assert_eq!(
-            ev[1].1["delta"],
-            json!({"type": "thinking_delta", "thinking": "Hmm"})
-        );
-        assert_eq!(ev[4].1["index"], 1);
-        assert_eq!(ev[5].1["delta"], json!({"type": "text_delta", "text": "Sure."}));
-        assert_eq!(
-            ev[7].1["content_block"],
-            json!({"type": "tool_use", "id": "toolu_7_0", "name": "get_weather", "input": {}})
-        );
-        let joined: String = ev[8..10]
-            .iter()
-            .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap())
-            .collect();
-        assert_eq!(
-            serde_json::from_str::<Value>(&joined).unwrap(),
-            json!({"city": "Paris"})
-        );
-        assert_eq!(ev[11].1["index"], 3);
-        assert_eq!(ev[11].1["content_block"]["id"], "toolu_7_1");
-        assert!(b.tool_calls);
-    }
-
     fn finish(reason: FinishReason, stop: Option<&str>) -> Finish {
         Finish {
             reason,
@@ -1496,31 +1501,150 @@ mod tests {
     }
 
     #[test]
-    fn stop_reasons_and_usage() {
+    fn deltas_become_content_block_events() {
+        let mut enc = BlockEncoder::new("7", json!({"id": "msg_7"}));
+        let grew = |deltas: Vec<Delta>| ReplyEvent::Grew {
+            deltas,
+            logprobs: Vec::new(),
+        };
+        let call = |index: usize, name: &str| Delta::CallStart {
+            index,
+            id: format!("call_{index}"),
+            name: name.into(),
+        };
+        let args = |index: usize, fragment: &str| Delta::CallArgs {
+            index,
+            fragment: fragment.into(),
+        };
+        let mut out = enc.start();
+        out += &enc.event(0, grew(vec![Delta::Reasoning("Hmm".into())]));
+        out += &enc.event(
+            0,
+            grew(vec![
+                Delta::Reasoning(" ok".into()),
+                Delta::Content("Sure.".into()),
+            ]),
+        );
+        out += &enc.event(0, grew(vec![call(0, "get_weather"), args(0, "{\"ci")]));
+        out += &enc.event(0, grew(vec![args(0, "ty\": \"Paris\"}")]));
+        out += &enc.event(0, grew(vec![call(1, "get_weather"), args(1, "")]));
+        let end = End {
+            finish: finish(FinishReason::Stop, None),
+            calls: true,
+        };
+        out += &enc.event(
+            0,
+            ReplyEvent::Ended {
+                deltas: Vec::new(),
+                logprobs: Vec::new(),
+                end,
+            },
+        );
+        assert_eq!(enc.end(), "", "nothing follows message_stop");
+        let ev = events(&out);
+        let kinds: Vec<&str> = ev.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
-            stop_reason(&finish(FinishReason::Stop, None), false),
+            kinds,
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_stop",
+                "message_delta",
+                "message_stop",
+            ]
+        );
+        assert_eq!(ev[0].1["message"]["id"], "msg_7");
+        assert_eq!(ev[2].1["content_block"]["type"], "thinking");
+        assert_eq!(
+            ev[3].1["delta"],
+            json!({"type": "thinking_delta", "thinking": "Hmm"})
+        );
+        assert_eq!(ev[6].1["index"], 1);
+        assert_eq!(ev[7].1["delta"], json!({"type": "text_delta", "text": "Sure."}));
+        assert_eq!(
+            ev[9].1["content_block"],
+            json!({"type": "tool_use", "id": "toolu_7_0", "name": "get_weather", "input": {}})
+        );
+        let joined: String = ev[10..12]
+            .iter()
+            .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&joined).unwrap(),
+            json!({"city": "Paris"})
+        );
+        assert_eq!(ev[13].1["index"], 3);
+        assert_eq!(ev[13].1["content_block"]["id"], "toolu_7_1");
+        assert_eq!(
+            ev[15].1["delta"],
+            json!({"stop_reason": "tool_use", "stop_sequence": null})
+        );
+        assert_eq!(ev[15].1["usage"]["output_tokens"], 3);
+    }
+
+    #[test]
+    fn a_failed_or_vanished_reply_ends_with_an_error_event() {
+        let mut enc = BlockEncoder::new("7", json!({}));
+        let out = enc.event(0, ReplyEvent::Failed("boom".into()));
+        assert_eq!(
+            events(&out)[0].1["error"],
+            json!({"type": "api_error", "message": "boom"})
+        );
+        assert_eq!(enc.end(), "");
+        let mut enc = BlockEncoder::new("7", json!({}));
+        enc.event(
+            0,
+            ReplyEvent::Grew {
+                deltas: vec![Delta::Content("Hi".into())],
+                logprobs: Vec::new(),
+            },
+        );
+        let ev = events(&enc.end());
+        assert_eq!(ev[0].1["error"]["type"], "overloaded_error");
+    }
+
+    #[test]
+    fn stop_reasons_and_usage() {
+        let end = |reason, stop: Option<&str>, calls| End {
+            finish: finish(reason, stop),
+            calls,
+        };
+        assert_eq!(
+            stop_reason(&end(FinishReason::Stop, None, false)),
             ("end_turn", None)
         );
         assert_eq!(
-            stop_reason(&finish(FinishReason::Stop, Some("END")), false),
+            stop_reason(&end(FinishReason::Stop, Some("END"), false)),
             ("stop_sequence", Some("END".to_string()))
         );
         assert_eq!(
-            stop_reason(&finish(FinishReason::Stop, None), true),
+            stop_reason(&end(FinishReason::Stop, None, true)),
             ("tool_use", None)
         );
         assert_eq!(
-            stop_reason(&finish(FinishReason::Length, None), true),
+            stop_reason(&end(FinishReason::Length, None, true)),
             ("max_tokens", None)
         );
         assert_eq!(
             usage(&finish(FinishReason::Stop, None)),
             json!({"input_tokens": 6, "output_tokens": 3, "cache_read_input_tokens": 4, "cache_creation_input_tokens": 0})
         );
-        let msg = chat::ParsedMessage {
+        let msg = ParsedMessage {
             reasoning_content: Some("r".into()),
             content: Some("t".into()),
-            tool_calls: vec![chat::ToolCall {
+            tool_calls: vec![crate::chat::ToolCall {
                 id: "call_0".into(),
                 name: "f".into(),
                 arguments: "{\"a\": 1}".into(),

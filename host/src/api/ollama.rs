@@ -341,10 +341,8 @@ impl GenerationBody for GenerateRequest {
             if let Some(s) = &self.system {
                 messages.push(Message::text(Role::System, s.clone()));
             }
-            let mut parts: Vec<Part> = images.into_iter().map(Part::Image).collect();
-            parts.push(Part::Text(text));
             messages.push(Message {
-                content: Some(Content::Parts(parts)),
+                content: Some(Content::images_then_text(images, text)),
                 ..Message::text(Role::User, "")
             });
             Prompt::Chat(messages)
@@ -778,7 +776,7 @@ pub async fn show(
         .filter(|e| e.manifest.is_some())
         .ok_or_else(|| ApiError::model_not_found(name))?;
     let m = e.manifest.as_ref().expect("filtered");
-    let template = crate::generate::load_text_side(&e)
+    let template = crate::pack::load_text_side(&e)
         .ok()
         .and_then(|(_, t)| t.map(|t| t.source().to_string()))
         .unwrap_or_default();

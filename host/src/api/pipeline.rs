@@ -5,9 +5,7 @@
 use super::body::{self, Parsed, RequestBody};
 use super::ApiError;
 use crate::constraint::ParamError;
-use crate::decoding::FinishReason;
 use crate::engine::{Event, Finish};
-use crate::sampling::TokenLogprobs;
 use crate::state::models::{Model, ModelError};
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
@@ -146,46 +144,6 @@ pub(crate) fn usage(fin: &Finish) -> Value {
         "total_tokens": fin.prompt_tokens + fin.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
     })
-}
-
-/// Collects a whole generation: text and how it ended.
-pub(crate) async fn collect(rx: UnboundedReceiver<Event>) -> Result<(String, Finish), ApiError> {
-    let c = collect_all(rx).await?;
-    Ok((c.text, c.finish))
-}
-
-/// A whole generation: its text, the tokens' log-probabilities (when asked for) and its end.
-pub(crate) struct Collected {
-    /// The generated text.
-    pub text: String,
-    /// One entry per generated token, when the request asked for log-probabilities.
-    pub logprobs: Vec<TokenLogprobs>,
-    /// How it ended.
-    pub finish: Finish,
-}
-
-/// Collects a whole generation with its log-probabilities.
-pub(crate) async fn collect_all(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
-    let mut text = String::new();
-    let mut logprobs = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Logprobs(lp) => logprobs.push(lp),
-            Event::Done(finish) => {
-                return Ok(Collected {
-                    text,
-                    logprobs,
-                    finish,
-                })
-            }
-            Event::Error(e) => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e)),
-        }
-    }
-    Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the model was unloaded during the request",
-    ))
 }
 
 /// `usage` of several choices of one prompt: the prompt counted once.

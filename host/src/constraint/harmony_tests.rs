@@ -451,7 +451,7 @@ fn generation_ends_with_the_call_or_at_return_and_end_never_stops_it() {
 #[test]
 fn gptoss_turns_end_at_return_and_call_but_never_at_end() {
     // Serving stops on the plugin's stop tokens (`<|return|>`, `<|call|>`) and the tokenizer's,
-    // whose generic list has `<|end|>`: the format takes that one out (generate::open_pack).
+    // whose generic list has `<|end|>`: the format takes that one out (pack::open_pack).
     let tok = tokenizer();
     let mut stops: HashSet<u32> = [200_002, 200_012].into_iter().collect();
     stops.extend(tok.stop_ids().iter().copied());

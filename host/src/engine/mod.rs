@@ -9,6 +9,9 @@
 //! by the same rows whether a request runs alone, next to others, or after another request in the
 //! same slot: with the plugins' per-sequence rounding, greedy outputs do not depend on load.
 //!
+//! Tokens a sequence's grammar forces (a schema's keys and punctuation) are taken without sampling
+//! and fed with the picked token in one step, so they cost no forward pass of their own.
+//!
 //! Reuse also follows the plugin's [`Rewind`] rule: a model with recurrent state rewinds only to
 //! its snapshots (or only to 0), so the reused prefix is cut back to such a point. A plugin that
 //! refuses a rewind anyway costs that request one full prefill (its sequence is reset to 0),
@@ -293,6 +296,8 @@ struct Running {
     fed: usize,
     /// The picked token to feed next (generating) or None (still in the prompt).
     next: Option<u32>,
+    /// Tokens the grammar forced after `next`, already taken: fed with it in one step.
+    forced: Vec<u32>,
     cached_tokens: usize,
     admitted: u64,
     prompt_done: Option<Instant>,
@@ -571,6 +576,7 @@ impl Scheduler {
             dec,
             fed: keep,
             next: None,
+            forced: Vec::new(),
             cached_tokens: keep,
             admitted: self.tick,
             prompt_done: None,
@@ -600,7 +606,8 @@ impl Scheduler {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(r) = &mut slot.run else { continue };
             let Some(next) = r.next else { continue };
-            if !r.dec.is_greedy() || r.dec.finished().is_some() || !r.spec.may_draft() {
+            if !r.forced.is_empty() || !r.dec.is_greedy() || r.dec.finished().is_some() || !r.spec.may_draft()
+            {
                 continue;
             }
             // Room in the context for every drafted row.
@@ -706,13 +713,17 @@ impl Scheduler {
 
     /// One batched decode: every generating sequence's next token plus one prompt chunk.
     fn step(&mut self) {
-        let mut tokens = Vec::new();
-        let mut positions = Vec::new();
-        let mut seqs = Vec::new();
-        let mut want = Vec::new();
-        // (slot, is prompt chunk, tokens fed) per slot in the batch, in row order.
-        let mut plan: Vec<(usize, usize)> = Vec::new();
-        // The prompt admitted first gets this step's chunk, up to the next aligned boundary.
+        let Some(batch) = self.build_batch() else { return };
+        let Some(step_secs) = self.decode(&batch) else {
+            return;
+        };
+        self.apply(&batch, step_secs);
+    }
+
+    /// This step's rows: each generating sequence's next token (with its drafts when it is the
+    /// one that speculates), then a chunk of the prompt admitted first, up to the next aligned
+    /// boundary. `None` when no sequence has a row to feed.
+    fn build_batch(&mut self) -> Option<Batch> {
         let prefill = (0..self.slots.len())
             .filter(|&i| self.slots[i].run.as_ref().is_some_and(|r| r.next.is_none()))
             .min_by_key(|&i| self.slots[i].run.as_ref().map(|r| r.admitted));
@@ -721,18 +732,33 @@ impl Scheduler {
         } else {
             (usize::MAX, Vec::new())
         };
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(r) = &mut slot.run {
-                if let Some(t) = r.next {
-                    let extra: &[u32] = if i == spec_slot { &drafts } else { &[] };
-                    for (k, &t) in std::iter::once(&t).chain(extra).enumerate() {
-                        tokens.push(t as i32);
-                        positions.push((slot.cached.len() + k) as i32);
-                        seqs.push(i as i32);
-                        want.push(1u8);
-                    }
-                    plan.push((i, 1 + extra.len()));
+        let mut b = Batch::default();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(next) = slot.run.as_ref().and_then(|r| r.next) else {
+                continue;
+            };
+            let base = slot.cached.len();
+            if i == spec_slot {
+                for (k, &t) in std::iter::once(&next).chain(&drafts).enumerate() {
+                    b.push(t, base + k, i, true);
                 }
+                b.parts.push(Part {
+                    slot: i,
+                    rows: 1 + drafts.len(),
+                    kind: PartKind::Drafts,
+                });
+            } else {
+                // Tokens the grammar forced ride with the picked one; only the last needs logits.
+                let forced = &slot.run.as_ref().expect("running").forced;
+                let n = 1 + forced.len();
+                for (k, &t) in std::iter::once(&next).chain(forced).enumerate() {
+                    b.push(t, base + k, i, k + 1 == n);
+                }
+                b.parts.push(Part {
+                    slot: i,
+                    rows: n,
+                    kind: PartKind::Next,
+                });
             }
         }
         if let Some(i) = prefill {
@@ -741,27 +767,31 @@ impl Scheduler {
             let start = r.fed;
             let end = ((start / PREFILL_CHUNK + 1) * PREFILL_CHUNK).min(r.job.prompt.len());
             for (k, &t) in r.job.prompt[start..end].iter().enumerate() {
-                tokens.push(t as i32);
-                positions.push((slot.cached.len() + k) as i32);
-                seqs.push(i as i32);
-                want.push(u8::from(start + k + 1 == r.job.prompt.len()));
+                b.push(t, slot.cached.len() + k, i, start + k + 1 == r.job.prompt.len());
             }
-            plan.push((i, end - start));
+            b.parts.push(Part {
+                slot: i,
+                rows: end - start,
+                kind: PartKind::Prompt,
+            });
         }
-        if tokens.is_empty() {
-            return;
-        }
+        (!b.tokens.is_empty()).then_some(b)
+    }
+
+    /// Runs the plugin over a batch into `self.logits` (constraint masks are computed on another
+    /// thread meanwhile); returns the seconds it took, or `None` when it failed, after failing
+    /// every running sequence.
+    fn decode(&mut self, b: &Batch) -> Option<f64> {
         let vocab = self.model.description().vocab_size as usize;
-        let rows = want.iter().filter(|&&w| w != 0).count();
+        let rows = b.want.iter().filter(|&&w| w != 0).count();
         self.logits.resize(rows.max(1) * vocab, 0.0);
         let batch = BatchView {
-            tokens: &tokens,
-            positions: &positions,
-            seq_ids: &seqs,
-            want_logits: &want,
+            tokens: &b.tokens,
+            positions: &b.positions,
+            seq_ids: &b.seqs,
+            want_logits: &b.want,
         };
         let t0 = Instant::now();
-        // Constraint masks are computed on another thread while the plugin decodes.
         let (slots, model, logits_buf) = (&mut self.slots, &mut self.model, &mut self.logits);
         let constrained = slots
             .iter()
@@ -804,97 +834,132 @@ impl Scheduler {
                     m.active_sequences.fetch_sub(1, Relaxed);
                 }
             }
-            return;
+            return None;
         }
+        Some(step_secs)
+    }
+
+    /// Takes a decoded batch's results, part by part: prompt chunks extend their caches, picked
+    /// tokens go to their sequences, drafts are verified; then siblings of finished prompts fork.
+    fn apply(&mut self, b: &Batch, step_secs: f64) {
+        let vocab = self.model.description().vocab_size as usize;
         let mut row = 0;
         let mut k = 0;
         let mut forks = Vec::new();
-        for &(i, n) in &plan {
-            let slot = &mut self.slots[i];
-            let r = slot.run.as_mut().expect("running");
-            let wants = want[k..k + n].iter().any(|&w| w != 0);
-            if r.next.is_none() {
-                slot.cached.extend_from_slice(&r.key[r.fed..r.fed + n]);
-            } else {
-                slot.cached
-                    .extend(tokens[k..k + n].iter().map(|&t| u64::from(t as u32)));
-            }
-            k += n;
-            if r.next.is_some() && n > 1 {
-                let drafts: Vec<u32> = tokens[k - n + 1..k].iter().map(|&t| t as u32).collect();
-                let rows = &self.logits[row * vocab..(row + n) * vocab];
-                row += n;
-                let stops = &self.text.stop_tokens;
-                let slot_and_secs = (i, step_secs);
-                if let Some(end) = verify(
-                    r,
-                    &mut slot.cached,
-                    slot_and_secs,
-                    rows,
-                    &drafts,
-                    stops,
-                    &mut self.model,
-                    m,
-                ) {
-                    let r = slot.run.take().expect("running");
-                    m.active_sequences.fetch_sub(1, Relaxed);
-                    match end {
-                        Ok(reason) => finish(r, reason, i),
-                        Err(e) => {
-                            // The plugin's sequence holds rows the host no longer knows,
-                            // and this plugin cannot take speculation.
-                            slot.exact = 0;
-                            slot.stale = true;
-                            self.speculate = false;
-                            let _ = r.job.events.send(Event::Error(e));
-                        }
+        for part in &b.parts {
+            let tokens = &b.tokens[k..k + part.rows];
+            let wanted = b.want[k..k + part.rows].iter().filter(|&&w| w != 0).count();
+            k += part.rows;
+            let first = row;
+            row += wanted;
+            let rows = first * vocab..row * vocab;
+            match part.kind {
+                PartKind::Prompt => {
+                    let logits = (wanted > 0).then(|| rows.clone());
+                    if let Some(f) = self.apply_prompt(part.slot, part.rows, logits) {
+                        forks.push(f);
                     }
                 }
-                continue;
-            }
-            if r.next.is_some() && self.speculate {
-                r.spec.record_plain(step_secs);
-            }
-            if r.next.is_none() {
-                r.fed += n;
-                m.prompt_tokens.fetch_add(n as u64, Relaxed);
-                // Whole aligned chunks (the prefix a later prompt can reuse exactly).
-                if r.fed.is_multiple_of(PREFILL_CHUNK) && slot.exact + n == r.fed {
-                    slot.exact = r.fed;
-                }
-            }
-            if !wants {
-                continue;
-            }
-            let logits = &self.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
-            if r.prompt_done.is_none() {
-                r.prompt_done = Some(Instant::now());
-                m.ttft(r.job.received.elapsed());
-                if !r.job.siblings.is_empty() {
-                    forks.push(Fork {
-                        slot: i,
-                        logits: logits.to_vec(),
-                        siblings: std::mem::take(&mut r.job.siblings),
-                        id: r.job.id.clone(),
-                        prompt: r.job.prompt.clone(),
-                        images: r.job.images.clone(),
-                        received: r.job.received,
-                        key: r.key.clone(),
-                        cached_tokens: r.cached_tokens,
-                        cached: slot.cached.clone(),
-                        exact: slot.exact,
-                    });
-                }
-            }
-            if let Some(reason) = advance(r, logits, &self.text.stop_tokens, m) {
-                let r = slot.run.take().expect("running");
-                m.active_sequences.fetch_sub(1, Relaxed);
-                finish(r, reason, i);
+                PartKind::Next => self.apply_next(part.slot, tokens, rows, step_secs),
+                PartKind::Drafts => self.verify_drafts(part.slot, tokens, rows, step_secs),
             }
         }
         for f in forks {
             self.fork(f);
+        }
+    }
+
+    /// Slot `i` fed `n` more prompt rows; `logits` (a range of `self.logits`) holds the last
+    /// prompt row's when the prompt is done. Returns the fork of the job's siblings when its
+    /// prompt just finished and it has some.
+    fn apply_prompt(&mut self, i: usize, n: usize, logits: Option<std::ops::Range<usize>>) -> Option<Fork> {
+        let m = &self.shared.metrics;
+        let slot = &mut self.slots[i];
+        let r = slot.run.as_mut().expect("running");
+        slot.cached.extend_from_slice(&r.key[r.fed..r.fed + n]);
+        r.fed += n;
+        m.prompt_tokens.fetch_add(n as u64, Relaxed);
+        // Whole aligned chunks (the prefix a later prompt can reuse exactly).
+        if r.fed.is_multiple_of(PREFILL_CHUNK) && slot.exact + n == r.fed {
+            slot.exact = r.fed;
+        }
+        let logits = &self.logits[logits?];
+        r.prompt_done = Some(Instant::now());
+        m.ttft(r.job.received.elapsed());
+        let fork = (!r.job.siblings.is_empty()).then(|| Fork {
+            slot: i,
+            logits: logits.to_vec(),
+            siblings: std::mem::take(&mut r.job.siblings),
+            id: r.job.id.clone(),
+            prompt: r.job.prompt.clone(),
+            images: r.job.images.clone(),
+            received: r.job.received,
+            key: r.key.clone(),
+            cached_tokens: r.cached_tokens,
+            cached: slot.cached.clone(),
+            exact: slot.exact,
+        });
+        if let Some(reason) = advance(r, logits, &self.text.stop_tokens, m, true) {
+            let r = slot.run.take().expect("running");
+            m.active_sequences.fetch_sub(1, Relaxed);
+            finish(r, reason, i);
+        }
+        fork
+    }
+
+    /// Slot `i` fed its picked token (`tokens`); `logits` (a range of `self.logits`) holds the
+    /// row for its next pick.
+    fn apply_next(&mut self, i: usize, tokens: &[i32], logits: std::ops::Range<usize>, step_secs: f64) {
+        let m = &self.shared.metrics;
+        let slot = &mut self.slots[i];
+        let r = slot.run.as_mut().expect("running");
+        slot.cached.extend(tokens.iter().map(|&t| u64::from(t as u32)));
+        // A step with forced rows costs more than a plain one: it is no measure for speculation.
+        if self.speculate && r.forced.is_empty() {
+            r.spec.record_plain(step_secs);
+        }
+        r.forced.clear();
+        if let Some(reason) = advance(r, &self.logits[logits], &self.text.stop_tokens, m, true) {
+            let r = slot.run.take().expect("running");
+            m.active_sequences.fetch_sub(1, Relaxed);
+            finish(r, reason, i);
+        }
+    }
+
+    /// Slot `i` fed its picked token and drafts (`tokens`) with logits for every row (`rows`, a
+    /// range of `self.logits`): takes the drafts the model agrees with ([`verify`]) and ends the
+    /// sequence when it ended, or failed to cut the rejected rows (then this plugin no longer
+    /// speculates).
+    fn verify_drafts(&mut self, i: usize, tokens: &[i32], rows: std::ops::Range<usize>, step_secs: f64) {
+        let m = &self.shared.metrics;
+        let slot = &mut self.slots[i];
+        let r = slot.run.as_mut().expect("running");
+        slot.cached.extend(tokens.iter().map(|&t| u64::from(t as u32)));
+        let drafts: Vec<u32> = tokens[1..].iter().map(|&t| t as u32).collect();
+        let Some(end) = verify(
+            r,
+            &mut slot.cached,
+            (i, step_secs),
+            &self.logits[rows],
+            &drafts,
+            &self.text.stop_tokens,
+            &mut self.model,
+            m,
+        ) else {
+            return;
+        };
+        let r = slot.run.take().expect("running");
+        m.active_sequences.fetch_sub(1, Relaxed);
+        match end {
+            Ok(reason) => finish(r, reason, i),
+            Err(e) => {
+                // The plugin's sequence holds rows the host no longer knows, and this plugin
+                // cannot take speculation.
+                slot.exact = 0;
+                slot.stale = true;
+                self.speculate = false;
+                let _ = r.job.events.send(Event::Error(e));
+            }
         }
     }
 
@@ -972,12 +1037,13 @@ impl Scheduler {
                 dec,
                 fed: prompt.len(),
                 next: None,
+                forced: Vec::new(),
                 cached_tokens,
                 admitted: self.tick,
                 prompt_done: Some(Instant::now()),
                 spec: Speculator::default(),
             };
-            match advance(&mut r, logits, &self.text.stop_tokens, &m) {
+            match advance(&mut r, logits, &self.text.stop_tokens, &m, true) {
                 Some(reason) => {
                     m.active_sequences.fetch_sub(1, Relaxed);
                     finish(r, reason, j);
@@ -986,6 +1052,45 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// One step's rows for the plugin, and which slot each run of them belongs to.
+#[derive(Default)]
+struct Batch {
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    seqs: Vec<i32>,
+    want: Vec<u8>,
+    /// Each slot's run of rows, in row order.
+    parts: Vec<Part>,
+}
+
+impl Batch {
+    fn push(&mut self, token: u32, position: usize, slot: usize, want: bool) {
+        self.tokens.push(token as i32);
+        self.positions.push(position as i32);
+        self.seqs.push(slot as i32);
+        self.want.push(u8::from(want));
+    }
+}
+
+/// One slot's consecutive rows in a batch.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    slot: usize,
+    rows: usize,
+    kind: PartKind,
+}
+
+/// What a slot's rows in a batch are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PartKind {
+    /// A chunk of its prompt (logits only for the prompt's last row).
+    Prompt,
+    /// Its picked token and the tokens the grammar forced after it (logits for the last).
+    Next,
+    /// Its picked token and drafted tokens, logits for every row.
+    Drafts,
 }
 
 /// A job whose prompt just finished and whose siblings fork its sequence.
@@ -1004,8 +1109,16 @@ struct Fork {
 }
 
 /// Picks a generating sequence's next token from its logits row, sends its log-probabilities
-/// and text; returns why the sequence ended, if it did.
-fn advance(r: &mut Running, logits: &[f32], stop_tokens: &HashSet<u32>, m: &Metrics) -> Option<FinishReason> {
+/// and text; with `force`, then takes the tokens the grammar forces after it (sent too, and fed
+/// with it on the next step: one forward pass for all of them). Returns why the sequence ended,
+/// if it did.
+fn advance(
+    r: &mut Running,
+    logits: &[f32],
+    stop_tokens: &HashSet<u32>,
+    m: &Metrics,
+    force: bool,
+) -> Option<FinishReason> {
     if let Some(reason) = r.dec.finished() {
         return Some(reason);
     }
@@ -1024,7 +1137,21 @@ fn advance(r: &mut Running, logits: &[f32], stop_tokens: &HashSet<u32>, m: &Metr
     if !s.text.is_empty() {
         let _ = r.job.events.send(Event::Text(s.text));
     }
-    s.finished
+    if s.finished.is_some() || !force {
+        return s.finished;
+    }
+    for t in r.dec.forced() {
+        let s = r.dec.accept(t);
+        m.generated_tokens.fetch_add(1, Relaxed);
+        if !s.text.is_empty() {
+            let _ = r.job.events.send(Event::Text(s.text));
+        }
+        if s.finished.is_some() {
+            return s.finished;
+        }
+        r.forced.push(t);
+    }
+    None
 }
 
 /// Most generating sequences in a step that still lets one of them speculate.
@@ -1053,7 +1180,8 @@ fn verify(
     let mut accepted = 0;
     let mut ended = None;
     for (j, logits) in rows.chunks(vocab).enumerate() {
-        ended = advance(r, logits, stop_tokens, m);
+        // Forced tokens would come between the row and its draft: none while verifying.
+        ended = advance(r, logits, stop_tokens, m, false);
         if ended.is_some() {
             break;
         }

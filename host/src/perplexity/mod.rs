@@ -11,7 +11,7 @@ pub mod stats;
 
 use crate::bench::load_pack_for;
 use crate::engine::PREFILL_CHUNK;
-use crate::generate::load_text_side;
+use crate::pack::load_text_side;
 use crate::plugins::PluginSet;
 use anyhow::{anyhow, bail, Context, Result};
 use berth_plugin_api::BatchView;

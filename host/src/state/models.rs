@@ -12,13 +12,13 @@ use crate::chat::Detected;
 use crate::constraint::ConstraintFactory;
 use crate::engine::metrics::Metrics;
 use crate::engine::{Engine, EngineConfig, TextSide};
-use crate::generate::{open_pack, OpenedPack};
+use crate::pack::{open_pack, OpenedPack};
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
 use anyhow::Result;
 use berth_registry::store::{PackEntry, Store};
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -42,6 +42,21 @@ pub struct ModelsConfig {
     pub threads: Option<u32>,
 }
 
+/// How one model is loaded: the plugin's settings and its engine's sizing.
+#[derive(Clone, Debug)]
+pub struct LoadSettings {
+    /// Compute threads (None: the plugin decides).
+    pub threads: Option<u32>,
+    /// Sequences decoded at once (KV slots).
+    pub slots: usize,
+    /// Requests that may wait for a slot.
+    pub queue: usize,
+    /// Context length cap per sequence (None: the pack's own).
+    pub context: Option<u32>,
+    /// Keep-alive after the last request; `None` keeps the model forever.
+    pub keep_alive: Option<Duration>,
+}
+
 /// A loaded model: engine plus everything needed to turn requests into prompts.
 pub struct Model {
     /// `name:tag`.
@@ -63,6 +78,8 @@ pub struct Model {
     pub capabilities: Vec<String>,
     /// Family of the pack.
     pub family: String,
+    /// Architecture of the pack (as its manifest names it).
+    pub architecture: String,
     /// Size of the pack on disk.
     pub size: u64,
     /// When it was loaded.
@@ -131,6 +148,86 @@ impl Model {
     pub fn special_texts(&self) -> (String, String) {
         let t = |id: Option<u32>| id.map(|i| self.tokenizer.token_to_piece(i)).unwrap_or_default();
         (t(self.tokenizer.bos_id()), t(self.tokenizer.eos_id()))
+    }
+
+    /// Loads a pack with the best plugin on the search path (discovered afresh, so plugin files
+    /// installed since the last load are found) and starts its engine.
+    pub fn load(
+        store: &Store,
+        home: &Path,
+        reference: &str,
+        settings: &LoadSettings,
+        metrics: Arc<Metrics>,
+    ) -> Result<Model> {
+        let start = Instant::now();
+        let opened = open_pack(store, home, reference, |config, m| {
+            config.threads = settings.threads;
+            config.max_sequences = Some(settings.slots as u32);
+            if let Some(context) = settings.context {
+                config.context_length = Some(m.context_length.map_or(context, |c| (c as u32).min(context)));
+            }
+        })?;
+        let OpenedPack {
+            entry,
+            manifest: m,
+            plugin,
+            model,
+            tokenizer,
+            template,
+            stop_tokens,
+            detected,
+            harmony,
+        } = opened;
+        let context_length = model.description().context_length as usize;
+        let mut model = model;
+        let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
+        let vision = model.instance().ok().and_then(|i| i.vision().cloned());
+        let mut capabilities = m.capabilities.clone();
+        if vision.is_some() && !capabilities.iter().any(|c| c == "vision") {
+            capabilities.push("vision".into());
+        }
+        let vocab = model.description().vocab_size as usize;
+        let constraints =
+            ConstraintFactory::new(&tokenizer, &detected, vocab, tools_enabled).map_err(|e| format!("{e:#}"));
+        if let Err(e) = &constraints {
+            tracing::warn!(model = %entry.reference, error = %e, "constrained decoding unavailable");
+        }
+        let engine = Engine::start(
+            model,
+            TextSide {
+                tokenizer: tokenizer.clone(),
+                stop_tokens,
+            },
+            EngineConfig {
+                slots: settings.slots,
+                queue: settings.queue,
+            },
+            metrics,
+            reference,
+        );
+        tracing::info!(model = %entry.reference, plugin = %plugin, seconds = start.elapsed().as_secs_f64(), "model loaded");
+        Ok(Model {
+            reference: entry.reference.clone(),
+            engine,
+            tokenizer,
+            template,
+            detected,
+            harmony,
+            vision,
+            capabilities,
+            family: m.family.clone(),
+            architecture: m.architecture.clone(),
+            size: entry.size,
+            loaded_at: SystemTime::now(),
+            context_length,
+            vocab_size: vocab,
+            constraints,
+            usage: Mutex::new(Usage {
+                last_used: Instant::now(),
+                keep_alive: settings.keep_alive,
+                in_flight: 0,
+            }),
+        })
     }
 }
 
@@ -362,74 +459,20 @@ impl Models {
     }
 
     fn load(&self, reference: &str) -> Result<Model> {
-        let start = Instant::now();
-        // Plugins are discovered afresh on every load: files installed while serving become usable.
-        let (threads, slots, context) = (self.cfg.threads, self.cfg.slots as u32, self.cfg.context);
-        let opened = open_pack(&self.store, &self.cfg.home, reference, |config, m| {
-            config.threads = threads;
-            config.max_sequences = Some(slots);
-            config.context_length = Some(m.context_length.map_or(context, |c| (c as u32).min(context)));
-        })?;
-        let OpenedPack {
-            entry,
-            manifest: m,
-            plugin,
-            model,
-            tokenizer,
-            template,
-            stop_tokens,
-            detected,
-            harmony,
-        } = opened;
-        let context_length = model.description().context_length as usize;
-        let mut model = model;
-        let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
-        let vision = model.instance().ok().and_then(|i| i.vision().cloned());
-        let mut capabilities = m.capabilities.clone();
-        if vision.is_some() && !capabilities.iter().any(|c| c == "vision") {
-            capabilities.push("vision".into());
-        }
-        let vocab = model.description().vocab_size as usize;
-        let constraints =
-            ConstraintFactory::new(&tokenizer, &detected, vocab, tools_enabled).map_err(|e| format!("{e:#}"));
-        if let Err(e) = &constraints {
-            tracing::warn!(model = %entry.reference, error = %e, "constrained decoding unavailable");
-        }
-        let engine = Engine::start(
-            model,
-            TextSide {
-                tokenizer: tokenizer.clone(),
-                stop_tokens,
-            },
-            EngineConfig {
-                slots: self.cfg.slots,
-                queue: self.cfg.queue,
-            },
-            self.metrics.clone(),
+        let settings = LoadSettings {
+            threads: self.cfg.threads,
+            slots: self.cfg.slots,
+            queue: self.cfg.queue,
+            context: Some(self.cfg.context),
+            keep_alive: self.cfg.keep_alive,
+        };
+        Model::load(
+            &self.store,
+            &self.cfg.home,
             reference,
-        );
-        tracing::info!(model = %entry.reference, plugin = %plugin, seconds = start.elapsed().as_secs_f64(), "model loaded");
-        Ok(Model {
-            reference: entry.reference.clone(),
-            engine,
-            tokenizer,
-            template,
-            detected,
-            harmony,
-            vision,
-            capabilities,
-            family: m.family.clone(),
-            size: entry.size,
-            loaded_at: SystemTime::now(),
-            context_length,
-            vocab_size: vocab,
-            constraints,
-            usage: Mutex::new(Usage {
-                last_used: Instant::now(),
-                keep_alive: self.cfg.keep_alive,
-                in_flight: 0,
-            }),
-        })
+            &settings,
+            self.metrics.clone(),
+        )
     }
 
     /// Unloads a model now (after its running requests finish). False if it was not loaded.

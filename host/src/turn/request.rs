@@ -74,6 +74,19 @@ pub enum Content {
     Parts(Vec<Part>),
 }
 
+impl Content {
+    /// Text with images before it (as Ollama and `berth run` place them): plain text when there
+    /// are none, so templates see what a client sending text would send.
+    pub fn images_then_text(images: Vec<ImageRef>, text: String) -> Content {
+        if images.is_empty() {
+            return Content::Text(text);
+        }
+        let mut parts: Vec<Part> = images.into_iter().map(Part::Image).collect();
+        parts.push(Part::Text(text));
+        Content::Parts(parts)
+    }
+}
+
 /// A tool call an assistant message made.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
