@@ -4,8 +4,7 @@
 
 use super::body::{self, Parsed, RequestBody};
 use super::ApiError;
-use crate::constraint::ParamError;
-use crate::engine::{Event, Finish};
+use crate::engine::Finish;
 use crate::state::models::{Model, ModelError};
 use crate::state::Shared;
 use axum::body::{Body, Bytes};
@@ -16,7 +15,6 @@ use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Seconds since the Unix epoch (`created` fields).
 pub(crate) fn now_secs() -> u64 {
@@ -26,7 +24,7 @@ pub(crate) fn now_secs() -> u64 {
 }
 
 use crate::turn::ChatRequest;
-pub(crate) use crate::turn::{constraint_for, render, submit_n, thinking, MAX_CHOICES};
+pub(crate) use crate::turn::MAX_CHOICES;
 
 /// The request body, with axum's own rejections (413, ...) in OpenAI's shape.
 pub(crate) fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
@@ -39,11 +37,6 @@ pub(crate) fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> 
         };
         ApiError::new(status, msg)
     })
-}
-
-/// A constraint error as a 400 naming the parameter.
-pub(crate) fn param_error(e: ParamError) -> ApiError {
-    ApiError::param(&e.param, e.message)
 }
 
 /// The loaded model named by the request (404 unknown; a model another request is loading is
@@ -64,6 +57,7 @@ pub(crate) async fn model_for(
 
 /// Checks chat messages given as JSON (the shape every API converts its conversation to): a 400
 /// naming the first malformed field.
+#[cfg(test)]
 pub(crate) fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
     super::messages::check_json(messages, true)
 }
@@ -123,17 +117,6 @@ pub(crate) fn check_body<T: GenerationBody>(bytes: &[u8]) -> Result<(T, ChatRequ
     }
     let turn = request.turn(&json)?;
     Ok((request, turn))
-}
-
-/// Queues a prompt on a model's engine; the receiver gets its events.
-pub(crate) fn submit(
-    model: &Model,
-    id: &str,
-    prompt: Vec<u32>,
-    images: Vec<crate::engine::JobImage>,
-    decode: crate::decoding::DecodeOptions,
-) -> Result<UnboundedReceiver<Event>, ApiError> {
-    Ok(submit_n(model, id, prompt, images, vec![decode])?.remove(0))
 }
 
 /// OpenAI's `usage` object of one finished generation.
