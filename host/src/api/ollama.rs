@@ -14,7 +14,7 @@ use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
 use crate::turn::{
-    ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Part, Prompt, Role, Turn,
+    ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn,
 };
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;

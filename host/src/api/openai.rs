@@ -1176,7 +1176,7 @@ mod tests {
             ),
             (r#""web_search_options": {}"#, "web_search_options"),
         ] {
-            let e = check(&format!("{{{base}, {extra}}}")).err().expect(extra);
+            let e = check(&format!("{{{base}, {extra}}}")).expect_err(extra);
             assert_eq!(
                 (e.status.as_u16(), e.param.as_deref()),
                 (400, Some(param)),
