@@ -99,17 +99,17 @@ mod tests {
     /// The two fields as a typed body holds them.
     #[derive(serde::Deserialize)]
     #[serde(remote = "Self")]
-    struct Fields {
+    struct LogprobParams {
         logprobs: Option<bool>,
         top_logprobs: Option<Int>,
     }
 
-    crate::object_only!(Fields);
+    crate::object_only!(LogprobParams);
 
     #[test]
     fn request_fields_follow_openai() {
         let on = |b: &str| {
-            let f: Fields = crate::api::body::typed(&serde_json::from_str(b).unwrap(), "")?;
+            let f: LogprobParams = crate::api::body::typed(&serde_json::from_str(b).unwrap(), "")?;
             request(f.logprobs, f.top_logprobs)
         };
         assert_eq!(on("{}").unwrap(), None);

@@ -155,161 +155,49 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-/// Typed access to a request's fields; `null` and absence both mean unset.
-pub struct Fields<'a> {
-    map: &'a Map<String, Value>,
-    prefix: &'a str,
-}
-
-impl<'a> Fields<'a> {
-    /// Fields of a JSON object; `prefix` names it in errors (`options.`).
-    pub fn new(map: &'a Map<String, Value>, prefix: &'a str) -> Fields<'a> {
-        Fields { map, prefix }
-    }
-
-    fn name(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    /// The whole object.
-    pub fn map(&self) -> &'a Map<String, Value> {
-        self.map
-    }
-
-    /// The raw value, `None` for absent or null.
-    pub fn raw(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    /// Rejects keys outside `allowed`, as OpenAI does.
-    pub fn only(&self, allowed: &[&str]) -> Result<(), ApiError> {
-        match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(k) => Err(ApiError::param(
-                &self.name(k),
-                format!("Unrecognized request argument supplied: {k}"),
-            )),
-            None => Ok(()),
-        }
-    }
-
-    /// A string.
-    pub fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(self.wrong(key, "a string", v)),
-        }
-    }
-
-    /// A required string.
-    pub fn required_str(&self, key: &str) -> Result<&'a str, ApiError> {
-        self.str(key)?
-            .ok_or_else(|| ApiError::param(&self.name(key), format!("'{}' is required", self.name(key))))
-    }
-
-    /// A boolean.
-    pub fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.wrong(key, "a boolean", v)),
-        }
-    }
-
-    /// A number within `[lo, hi]`.
-    pub fn num(&self, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => {
-                let x = n.as_f64().unwrap_or(f64::NAN);
-                if !(lo..=hi).contains(&x) {
-                    return Err(ApiError::param(
-                        &self.name(key),
-                        format!("'{}' must be between {lo} and {hi}; got {x}", self.name(key)),
-                    ));
-                }
-                Ok(Some(x))
-            }
-            Some(v) => Err(self.wrong(key, "a number", v)),
-        }
-    }
-
-    /// A whole number within `[lo, hi]`.
-    pub fn int(&self, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(Value::Number(n)) => {
-                let x = n
-                    .as_i64()
-                    .or_else(|| {
-                        n.as_f64()
-                            .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
-                            .map(|f| f as i64)
-                    })
-                    .ok_or_else(|| self.wrong(key, "an integer", &Value::Number(n.clone())))?;
-                if !(lo..=hi).contains(&x) {
-                    return Err(ApiError::param(
-                        &self.name(key),
-                        format!("'{}' must be between {lo} and {hi}; got {x}", self.name(key)),
-                    ));
-                }
-                Ok(Some(x))
-            }
-            Some(v) => Err(self.wrong(key, "an integer", v)),
-        }
-    }
-
-    /// An object.
-    pub fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, ApiError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(Value::Object(m)) => Ok(Some(m)),
-            Some(v) => Err(self.wrong(key, "an object", v)),
-        }
-    }
-
-    /// An array.
-    pub fn array(&self, key: &str) -> Result<Option<&'a Vec<Value>>, ApiError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(Value::Array(a)) => Ok(Some(a)),
-            Some(v) => Err(self.wrong(key, "an array", v)),
-        }
-    }
-
-    fn wrong(&self, key: &str, what: &str, v: &Value) -> ApiError {
-        let got = match v {
-            Value::Null => "null",
-            Value::Bool(_) => "a boolean",
-            Value::Number(_) => "a number",
-            Value::String(_) => "a string",
-            Value::Array(_) => "an array",
-            Value::Object(_) => "an object",
-        };
-        ApiError::param(
-            &self.name(key),
-            format!("'{}' must be {what}; got {got}", self.name(key)),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn null_is_unset_and_wrong_types_name_the_parameter() {
-        let m = parse_object(br#"{"a": null, "t": "hot", "n": 2.0, "stop": ["x", 1]}"#).unwrap();
-        let f = Fields::new(&m, "");
-        assert_eq!(f.num("a", 0.0, 1.0).unwrap(), None);
-        let e = f.num("t", 0.0, 2.0).unwrap_err();
+    fn a_body_must_be_a_json_object() {
+        assert!(parse_object(br#"{"a": null}"#).is_ok());
+        for bad in [&b"[1]"[..], b"{", b"null", b"\"x\""] {
+            let e = parse_object(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        }
+    }
+
+    async fn answered(shape: Shape, e: ApiError) -> (u16, Value) {
+        let r = shape.respond(e);
+        let status = r.status().as_u16();
+        let bytes = axum::body::to_bytes(r.into_body(), usize::MAX).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[tokio::test]
+    async fn each_surface_answers_an_error_in_its_own_shape() {
+        let e = || ApiError::param("temperature", "must be at most 2");
+        let (status, v) = answered(Shape::OpenAi, e()).await;
+        assert_eq!(status, 400);
+        assert_eq!(v["error"]["param"], "temperature");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let (_, v) = answered(Shape::Anthropic, e()).await;
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["message"], "temperature: must be at most 2");
+        let (_, v) = answered(Shape::Ollama, e()).await;
+        assert_eq!(v, json!({"error": "must be at most 2"}));
+        let (status, v) = answered(
+            Shape::Anthropic,
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "x"),
+        )
+        .await;
         assert_eq!(
-            (e.status, e.param.as_deref()),
-            (StatusCode::BAD_REQUEST, Some("t"))
+            (status, v["error"]["type"].as_str()),
+            (503, Some("overloaded_error"))
         );
-        assert_eq!(f.int("n", 0, 5).unwrap(), Some(2));
-        assert!(f.int("n", 3, 5).is_err());
-        assert!(f.only(&["a", "t", "n"]).is_err());
-        assert!(parse_object(b"[1]").is_err() && parse_object(b"{").is_err());
+        assert_eq!(Shape::of_path("/v1/messages/count_tokens"), Shape::Anthropic);
+        assert_eq!(Shape::of_path("/api/chat"), Shape::Ollama);
+        assert_eq!(Shape::of_path("/v1/responses"), Shape::OpenAi);
     }
 }

@@ -13,9 +13,7 @@ use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
-use crate::turn::{
-    ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn,
-};
+use crate::turn::{ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -293,7 +291,7 @@ pub struct GenerateRequest {
 }
 
 impl RequestBody for GenerateRequest {
-    /// Fields Berth takes but does not implement (a Go `template` override, a `suffix` for
+    /// Keys Berth takes but does not implement (a Go `template` override, a `suffix` for
     /// fill-in-the-middle, the deprecated `context` tokens): given with a value, each is a 400
     /// saying so.
     fn validate(&self) -> Result<(), ApiError> {

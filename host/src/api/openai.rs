@@ -27,7 +27,7 @@ use std::fmt;
 use std::time::UNIX_EPOCH;
 
 /// The body of `POST /v1/chat/completions`; the sampling fields are [`OpenAiSampling`] and the
-/// template variables [`ChatTemplateFields`], read from the same object.
+/// template variables [`ChatTemplateVars`], read from the same object.
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self")]
 pub struct ChatCompletionRequest {
@@ -95,7 +95,7 @@ impl RequestBody for ChatCompletionRequest {
             [
                 field_names::<Self>(),
                 field_names::<OpenAiSampling>(),
-                field_names::<ChatTemplateFields>(),
+                field_names::<ChatTemplateVars>(),
             ]
             .concat(),
         )
@@ -164,7 +164,7 @@ impl GenerationBody for ChatCompletionRequest {
         )?;
         req.logit_bias = self.logit_bias.take();
         req.n = self.n.map_or(1, |Int(n)| n as usize);
-        body::part::<ChatTemplateFields>(json)?.apply(&mut req);
+        body::part::<ChatTemplateVars>(json)?.apply(&mut req);
         Ok(req)
     }
 }
@@ -301,7 +301,7 @@ fn max_tokens(fields: &[(&str, Option<Int>)]) -> Result<Option<usize>, ApiError>
 /// The template variables of a chat request: `chat_template_kwargs`, `reasoning_effort`, `think`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(remote = "Self")]
-pub struct ChatTemplateFields {
+pub struct ChatTemplateVars {
     /// Variables passed to the chat template as they are.
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// none, minimal, low, medium or high.
@@ -310,9 +310,9 @@ pub struct ChatTemplateFields {
     pub think: Option<Think>,
 }
 
-crate::object_only!(ChatCompletionRequest, CompletionRequest, ChatTemplateFields);
+crate::object_only!(ChatCompletionRequest, CompletionRequest, ChatTemplateVars);
 
-impl RequestBody for ChatTemplateFields {
+impl RequestBody for ChatTemplateVars {
     fn validate(&self) -> Result<(), ApiError> {
         match self.reasoning_effort.as_deref() {
             Some(e) if !["none", "minimal", "low", "medium", "high"].contains(&e) => Err(ApiError::param(
@@ -324,7 +324,7 @@ impl RequestBody for ChatTemplateFields {
     }
 }
 
-impl ChatTemplateFields {
+impl ChatTemplateVars {
     /// Puts the template variables on a turn: the kwargs, `reasoning_effort`, then `think`
     /// (which wins: a level sets the effort too).
     pub fn apply(&self, req: &mut ChatRequest) {
@@ -339,22 +339,6 @@ impl ChatTemplateFields {
             None => {}
         }
     }
-}
-
-/// Sampling and stopping fields of a walked body, with the token cap under the first of
-/// `max_key` given (the tests' view of [`OpenAiSampling`]).
-#[cfg(test)]
-pub(crate) fn decode_options(
-    f: &super::Fields<'_>,
-    max_key: &[&str],
-) -> Result<crate::decoding::DecodeOptions, ApiError> {
-    let mut max = None;
-    for k in max_key {
-        if let Some(m) = f.int(k, 1, u32::MAX as i64)? {
-            max = Some(m as usize);
-        }
-    }
-    body::part::<OpenAiSampling>(f.map())?.decode_options(max)
 }
 
 /// The legacy `functions` / `function_call` fields (superseded by `tools` / `tool_choice`) are
@@ -372,14 +356,6 @@ fn refuse_legacy_functions(functions: bool, function_call: bool) -> Result<(), A
         }
     }
     Ok(())
-}
-
-/// The template variables of a walked body: as [`ChatTemplateFields`] (the tests' view).
-#[cfg(test)]
-pub(crate) fn template_extra(f: &super::Fields<'_>) -> Result<Map<String, Value>, ApiError> {
-    let mut req = ChatRequest::new(TurnPrompt::Chat(Vec::new()));
-    body::part::<ChatTemplateFields>(f.map())?.apply(&mut req);
-    Ok(req.template_extra())
 }
 
 /// `POST /v1/chat/completions`.
@@ -731,19 +707,27 @@ pub async fn get_model(
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_options, template_extra, ChatCompletionRequest, CompletionRequest};
+    use super::{ChatCompletionRequest, CompletionRequest};
     use crate::api::body::{parse, RequestBody};
     use crate::api::pipeline::check_body;
     use crate::api::pipeline::check_messages;
-    use crate::api::{parse_object, ApiError, Fields};
+    use crate::api::ApiError;
     use crate::harmony::ReasoningEffort;
+    use crate::turn::ChatRequest;
     use crate::turn::{choice_seed, harmony_effort};
     use axum::http::StatusCode;
     use serde_json::{Map, Value};
 
+    /// The typed turn of a chat body's fields (with a model and a message added), or the error.
+    fn turn(body: &str) -> Result<ChatRequest, ApiError> {
+        let mut v: Value = serde_json::from_str(body).unwrap();
+        v["model"] = "m".into();
+        v["messages"] = serde_json::json!([{"role": "user", "content": "hi"}]);
+        check_body::<ChatCompletionRequest>(v.to_string().as_bytes()).map(|(_, t)| t)
+    }
+
     fn extra(body: &str) -> Result<Map<String, Value>, ApiError> {
-        let obj = parse_object(body.as_bytes()).unwrap();
-        template_extra(&Fields::new(&obj, ""))
+        turn(body).map(|t| t.template_extra())
     }
 
     /// The reasoning effort a gpt-oss model renders for a chat body, or the error's (status, param).
@@ -820,36 +804,27 @@ mod tests {
         );
     }
 
-    /// The (status, param, message) of a request body's error from `check`.
-    fn refusal<T: std::fmt::Debug>(
-        body: &str,
-        check: impl Fn(&Fields<'_>) -> Result<T, ApiError>,
-    ) -> (StatusCode, Option<String>, String) {
-        let obj = parse_object(body.as_bytes()).unwrap();
-        let e = check(&Fields::new(&obj, "")).unwrap_err();
+    /// The (status, param, message) of a chat body's error.
+    fn refusal(body: &str) -> (StatusCode, Option<String>, String) {
+        let e = turn(body).unwrap_err();
         (e.status, e.param, e.message)
     }
 
     #[test]
     fn stop_goes_through_parse_stop() {
-        let obj = parse_object(br#"{"stop": ["</s>", ""]}"#).unwrap();
-        let d = decode_options(&Fields::new(&obj, ""), &["max_tokens"]).unwrap();
+        let d = turn(r#"{"stop": ["</s>", ""]}"#).unwrap().decode;
         assert_eq!(
             d.stop,
             vec!["</s>"],
             "empty stop strings are dropped, as parse_stop does"
         );
-        let obj = parse_object(br#"{"stop": "x"}"#).unwrap();
-        assert_eq!(
-            decode_options(&Fields::new(&obj, ""), &[]).unwrap().stop,
-            vec!["x"]
-        );
+        assert_eq!(turn(r#"{"stop": "x"}"#).unwrap().decode.stop, vec!["x"]);
         for bad in [
             r#"{"stop": 7}"#,
             r#"{"stop": ["a", 1]}"#,
             r#"{"stop": ["a","b","c","d","e"]}"#,
         ] {
-            let (status, param, _) = refusal(bad, |f| decode_options(f, &[]));
+            let (status, param, _) = refusal(bad);
             assert_eq!(
                 (status, param.as_deref()),
                 (StatusCode::BAD_REQUEST, Some("stop")),
@@ -864,14 +839,14 @@ mod tests {
 
     #[test]
     fn logit_bias_is_checked_against_the_vocabulary() {
-        let obj = parse_object(br#"{"logit_bias": {"0": -100, "99": 5}}"#).unwrap();
+        let field = |body: &str| serde_json::from_str::<Value>(body).unwrap()["logit_bias"].clone();
+        let bias = |body: &str| logit_bias(Some(&field(body)).filter(|v| !v.is_null()), 100);
         assert_eq!(
-            logit_bias(obj.get("logit_bias"), 100).unwrap(),
+            bias(r#"{"logit_bias": {"0": -100, "99": 5}}"#).unwrap(),
             vec![(0, -100.0), (99, 5.0)]
         );
-        let (status, param, message) = refusal(r#"{"logit_bias": {"100": 1}}"#, |f| {
-            logit_bias(f.raw("logit_bias"), 100)
-        });
+        let e = bias(r#"{"logit_bias": {"100": 1}}"#).unwrap_err();
+        let (status, param, message) = (e.status, e.param, e.message);
         assert_eq!(
             (status, param.as_deref()),
             (StatusCode::BAD_REQUEST, Some("logit_bias"))
@@ -885,24 +860,18 @@ mod tests {
             r#"{"logit_bias": {"a": 1}}"#,
             r#"{"logit_bias": [1]}"#,
         ] {
-            let (status, param, _) = refusal(bad, |f| logit_bias(f.raw("logit_bias"), 100));
+            let e = bias(bad).unwrap_err();
+            let (status, param) = (e.status, e.param);
             assert_eq!(
                 (status, param.as_deref()),
                 (StatusCode::BAD_REQUEST, Some("logit_bias")),
                 "{bad}"
             );
         }
-        let obj = parse_object(br#"{"logit_bias": null}"#).unwrap();
-        assert!(logit_bias(Fields::new(&obj, "").raw("logit_bias"), 100)
-            .unwrap()
-            .is_empty());
-        // decode_options leaves logit_bias to the handler, which knows the model.
-        let obj = parse_object(br#"{"logit_bias": {"100000000": 1}}"#).unwrap();
-        assert!(decode_options(&Fields::new(&obj, ""), &[])
-            .unwrap()
-            .sampling
-            .logit_bias
-            .is_empty());
+        assert!(bias(r#"{"logit_bias": null}"#).unwrap().is_empty());
+        // The turn keeps logit_bias as sent: Turn::prepare checks it against the model's vocabulary.
+        let t = turn(r#"{"logit_bias": {"100000000": 1}}"#).unwrap();
+        assert!(t.decode.sampling.logit_bias.is_empty() && t.logit_bias.is_some());
     }
 
     #[test]
@@ -1198,9 +1167,8 @@ mod tests {
 
     #[test]
     fn max_tokens_zero_is_refused_and_n_gives_each_choice_its_seed() {
-        let obj = parse_object(br#"{"max_tokens": 0}"#).unwrap();
-        let e = decode_options(&Fields::new(&obj, ""), &["max_tokens"]).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("max_tokens")));
+        let (status, param, _) = refusal(r#"{"max_tokens": 0}"#);
+        assert_eq!((status.as_u16(), param.as_deref()), (400, Some("max_tokens")));
         assert_eq!(choice_seed(Some(5), 0), Some(5));
         assert_ne!(choice_seed(Some(5), 1), choice_seed(Some(5), 2));
         assert_eq!(choice_seed(None, 3), None);
