@@ -8,6 +8,7 @@
 
 use super::body::{self, field_names, int_in, num_in, Int, RequestBody};
 use super::pipeline::{self, GenerationBody, Prepared};
+use super::sampling::SamplingExtensions;
 use super::{AnthropicError, ApiError};
 use crate::chat::{Delta, ParsedMessage};
 use crate::constraint::{ParamError, RequestConstraints};
@@ -55,10 +56,6 @@ pub struct MessagesRequest {
     pub top_p: Option<f64>,
     /// 0 (off) to 2^20.
     pub top_k: Option<Int>,
-    /// 0-1: an extension field, as llama.cpp's server takes it.
-    pub min_p: Option<f64>,
-    /// A seed for reproducible sampling: an extension field, as llama.cpp's server takes it.
-    pub seed: Option<Int>,
     /// Strings that end the reply (up to 64).
     pub stop_sequences: Option<Vec<String>>,
     /// Accepted and ignored.
@@ -263,7 +260,14 @@ crate::object_only!(
 
 impl RequestBody for MessagesRequest {
     fn known_keys() -> Option<Vec<&'static str>> {
-        Some([field_names::<Self>(), field_names::<Conversation>()].concat())
+        Some(
+            [
+                field_names::<Self>(),
+                field_names::<Conversation>(),
+                field_names::<SamplingExtensions>(),
+            ]
+            .concat(),
+        )
     }
 
     fn validate(&self) -> Result<(), ApiError> {
@@ -277,7 +281,9 @@ impl GenerationBody for MessagesRequest {
     }
 
     fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
-        let decode = self.decode_options()?;
+        let mut decode = self.decode_options()?;
+        // llama.cpp's extension fields (`min_p`, `seed`, the penalties, ...), as every flat surface.
+        body::part::<SamplingExtensions>(json)?.apply(&mut decode.sampling)?;
         let max = decode.max_tokens.map(|m| m as i64);
         let mut req = body::part::<Conversation>(json)?.turn(max)?;
         req.decode = decode;
@@ -318,10 +324,6 @@ impl MessagesRequest {
         if let Some(k) = int_in("top_k", self.top_k, 0, 1 << 20)? {
             s.top_k = k as usize;
         }
-        if let Some(p) = num_in("min_p", self.min_p, 0.0, 1.0)? {
-            s.min_p = p as f32;
-        }
-        s.seed = self.seed.map(|Int(seed)| seed as u64);
         let stop = self.stop_sequences.clone().unwrap_or_default();
         if stop.len() > MAX_STOP_SEQUENCES {
             return Err(ApiError::param(
@@ -1433,6 +1435,20 @@ mod tests {
         let r = checked(json!({"messages": [{"role": "user", "content": "Hi"}]})).unwrap();
         let d = SamplingParams::default();
         assert_eq!((r.decode.sampling.min_p, r.decode.sampling.seed), (d.min_p, None));
+    }
+
+    #[test]
+    fn repeat_last_n_reaches_messages_as_every_flat_surface_takes_it() {
+        let r = checked(json!({"messages": [{"role": "user", "content": "Hi"}],
+            "repetition_penalty": 1.3, "repeat_last_n": 7}))
+        .unwrap();
+        assert_eq!(
+            (r.decode.sampling.repeat_penalty, r.decode.sampling.repeat_last_n),
+            (1.3, 7)
+        );
+        let e = checked(json!({"messages": [{"role": "user", "content": "Hi"}], "repeat_last_n": -2}))
+            .unwrap_err();
+        assert_eq!(e.1.as_deref(), Some("repeat_last_n"));
     }
 
     #[tokio::test]

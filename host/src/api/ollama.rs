@@ -144,7 +144,8 @@ impl OllamaOptions {
             s.repeat_penalty = p as f32;
         }
         if let Some(n) = int_in("options.repeat_last_n", self.repeat_last_n, -1, 1 << 20)? {
-            s.repeat_last_n = n.max(0) as usize;
+            // -1 looks at the whole context, as Ollama's `repeat_last_n: -1` does.
+            s.repeat_last_n = if n < 0 { usize::MAX } else { n as usize };
         }
         if let Some(p) = num_in("options.presence_penalty", self.presence_penalty, -100.0, 100.0)? {
             s.presence_penalty = p as f32;
@@ -991,6 +992,17 @@ mod tests {
         chat_extra(body)
             .and_then(|extra| harmony_effort(&extra))
             .map_err(|e| (e.status, e.param))
+    }
+
+    #[test]
+    fn options_repeat_last_n_reaches_the_sampler_and_minus_one_is_the_whole_context() {
+        let d = chat_decode(&serde_json::json!({"options": {"repeat_penalty": 1.3, "repeat_last_n": 7}}))
+            .unwrap();
+        assert_eq!((d.sampling.repeat_penalty, d.sampling.repeat_last_n), (1.3, 7));
+        let d = chat_decode(&serde_json::json!({"options": {"repeat_last_n": -1}})).unwrap();
+        assert_eq!(d.sampling.repeat_last_n, usize::MAX);
+        let e = chat_decode(&serde_json::json!({"options": {"repeat_last_n": -2}})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("options.repeat_last_n"));
     }
 
     #[test]

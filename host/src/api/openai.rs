@@ -3,7 +3,7 @@
 use super::body::{self, field_names, int_in, Int, RequestBody, StreamOptions, Think};
 use super::messages::{self, ChatMessage};
 use super::pipeline::{capabilities, now_secs, prepare, sse, usage_n, GenerationBody, Prepared, MAX_CHOICES};
-use super::sampling::OpenAiSampling;
+use super::sampling::{openai_decode, OpenAiSampling, SamplingExtensions};
 use super::ApiError;
 use crate::chat::{openai_delta, Delta};
 use crate::constraint::RequestConstraints;
@@ -95,6 +95,7 @@ impl RequestBody for ChatCompletionRequest {
             [
                 field_names::<Self>(),
                 field_names::<OpenAiSampling>(),
+                field_names::<SamplingExtensions>(),
                 field_names::<ChatTemplateVars>(),
             ]
             .concat(),
@@ -154,7 +155,7 @@ impl GenerationBody for ChatCompletionRequest {
             .map(|(i, m)| m.to_turn(&format!("messages[{i}]")))
             .collect();
         let mut req = ChatRequest::new(TurnPrompt::Chat(messages));
-        req.decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
+        req.decode = openai_decode(json, max)?;
         req.decode.logprobs = super::logprobs::request(self.logprobs, self.top_logprobs)?;
         req.constraints = RequestConstraints::from_openai(
             self.tools.as_ref(),
@@ -203,7 +204,14 @@ pub struct CompletionRequest {
 
 impl RequestBody for CompletionRequest {
     fn known_keys() -> Option<Vec<&'static str>> {
-        Some([field_names::<Self>(), field_names::<OpenAiSampling>()].concat())
+        Some(
+            [
+                field_names::<Self>(),
+                field_names::<OpenAiSampling>(),
+                field_names::<SamplingExtensions>(),
+            ]
+            .concat(),
+        )
     }
 
     fn validate(&self) -> Result<(), ApiError> {
@@ -246,7 +254,7 @@ impl GenerationBody for CompletionRequest {
             text,
             images: Vec::new(),
         });
-        req.decode = body::part::<OpenAiSampling>(json)?.decode_options(max)?;
+        req.decode = openai_decode(json, max)?;
         req.decode.logprobs = self.logprobs.map(|Int(n)| n as usize);
         req.logit_bias = self.logit_bias.take();
         req.n = self.n.map_or(1, |Int(n)| n as usize);
@@ -808,6 +816,29 @@ mod tests {
     fn refusal(body: &str) -> (StatusCode, Option<String>, String) {
         let e = turn(body).unwrap_err();
         (e.status, e.param, e.message)
+    }
+
+    #[test]
+    fn repeat_last_n_reaches_chat_and_completions_as_every_flat_surface_takes_it() {
+        let d = turn(r#"{"repetition_penalty": 1.3, "repeat_last_n": 7}"#)
+            .unwrap()
+            .decode;
+        assert_eq!((d.sampling.repeat_penalty, d.sampling.repeat_last_n), (1.3, 7));
+        assert_eq!(
+            turn(r#"{"repeat_last_n": -1}"#)
+                .unwrap()
+                .decode
+                .sampling
+                .repeat_last_n,
+            usize::MAX
+        );
+        assert_eq!(
+            refusal(r#"{"repeat_last_n": 1.5}"#).1.as_deref(),
+            Some("repeat_last_n")
+        );
+        let body = br#"{"model": "m", "prompt": "x", "repeat_last_n": 7}"#;
+        let (_, t) = check_body::<CompletionRequest>(body).unwrap();
+        assert_eq!(t.decode.sampling.repeat_last_n, 7);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use super::body::{self, field_names, int_in, Int, Parsed, RequestBody, TextOr};
 use super::pipeline::{body as request_body, model_for, now_secs, sse};
-use super::sampling::OpenAiSampling;
+use super::sampling::{openai_decode, OpenAiSampling, SamplingExtensions};
 use super::ApiError;
 use crate::chat::Delta;
 use crate::constraint::RequestConstraints;
@@ -262,7 +262,14 @@ fn need<'a>(v: &'a Option<String>, place: &str, key: &str) -> Result<&'a str, Ap
 
 impl RequestBody for ResponsesRequest {
     fn known_keys() -> Option<Vec<&'static str>> {
-        Some([field_names::<Self>(), field_names::<OpenAiSampling>()].concat())
+        Some(
+            [
+                field_names::<Self>(),
+                field_names::<OpenAiSampling>(),
+                field_names::<SamplingExtensions>(),
+            ]
+            .concat(),
+        )
     }
 
     fn validate(&self) -> Result<(), ApiError> {
@@ -469,10 +476,9 @@ impl ResponsesRequest {
         if messages.is_empty() {
             return Err(ApiError::param("input", "'input' must not be empty"));
         }
-        let sampling = body::part::<OpenAiSampling>(json)?;
         let max = int_in("max_output_tokens", self.max_output_tokens, 1, u32::MAX as i64)?;
         let mut req = ChatRequest::new(Prompt::Chat(messages));
-        req.decode = sampling.decode_options(max.map(|m| m as usize))?;
+        req.decode = openai_decode(json, max.map(|m| m as usize))?;
         req.constraints = self.constraints(json)?;
         req.thinking = Thinking {
             enabled: None,
@@ -1202,6 +1208,24 @@ mod tests {
 
     fn turn_of(body: Value) -> Result<(ChatRequest, Vec<String>), ApiError> {
         turn_in(body, &ResponseStore::default())
+    }
+
+    #[test]
+    fn repeat_last_n_reaches_responses_as_every_flat_surface_takes_it() {
+        let mut body = with_input(json!("Hi"));
+        body["repeat_last_n"] = json!(7);
+        body["repetition_penalty"] = json!(1.3);
+        let (req, _) = turn_of(body.clone()).unwrap();
+        assert_eq!(
+            (
+                req.decode.sampling.repeat_penalty,
+                req.decode.sampling.repeat_last_n
+            ),
+            (1.3, 7)
+        );
+        body["repeat_last_n"] = json!("all");
+        let e = turn_of(body).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("repeat_last_n"));
     }
 
     fn with_input(input: Value) -> Value {
