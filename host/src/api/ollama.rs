@@ -3,7 +3,7 @@
 
 use super::body::{self, int_in, num_in, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
-use super::pipeline::{body, prepare, GenerationBody, Prepared};
+use super::pipeline::{body, prepare, rfc3339, GenerationBody, Prepared};
 use super::{ApiError, OllamaError};
 use crate::chat::{Delta, ParsedMessage, ToolCall};
 use crate::constraint::RequestConstraints;
@@ -25,31 +25,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-/// RFC 3339 UTC time, as Ollama writes it.
-pub fn rfc3339(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_nanos()
-    )
-}
 
 /// Ollama `options`: sampling and stopping, plus load-time settings Berth sets per server (checked
 /// so that a bad value is never silently taken). Samplers Berth does not implement (`mirostat`,

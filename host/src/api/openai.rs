@@ -674,7 +674,7 @@ fn model_object(st: &Shared, e: &berth_registry::store::PackEntry) -> Value {
         "capabilities": caps,
         "type": "model",
         "display_name": e.reference,
-        "created_at": super::ollama::rfc3339(e.modified),
+        "created_at": super::pipeline::rfc3339(e.modified),
     })
 }
 

@@ -26,6 +26,13 @@ pub(crate) fn now_secs() -> u64 {
 use crate::turn::ChatRequest;
 pub(crate) use crate::turn::MAX_CHOICES;
 
+/// RFC 3339 UTC time with nanoseconds, as Ollama writes it (`2024-03-01T00:00:00.005000000Z`).
+pub(crate) fn rfc3339(t: SystemTime) -> String {
+    let whole = berth_registry::pack::rfc3339(t);
+    let nanos = t.duration_since(UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    format!("{}.{nanos:09}Z", whole.trim_end_matches('Z'))
+}
+
 /// The request body, with axum's own rejections (413, ...) in OpenAI's shape.
 pub(crate) fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     b.map_err(|e| {
