@@ -27,7 +27,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-
 /// Ollama `options`: sampling and stopping, plus load-time settings Berth sets per server (checked
 /// so that a bad value is never silently taken). Samplers Berth does not implement (`mirostat`,
 /// `typical_p`, `tfs_z`) are a 400 unless set to their "off" value; other keys (runner settings
