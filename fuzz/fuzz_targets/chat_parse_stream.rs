@@ -11,7 +11,7 @@
 
 #![no_main]
 
-use berth_chat::{parse, ChatFormat, ParseStart, ParsedMessage, StreamParser};
+use berth_chat::{openai_delta, parse, ChatFormat, ParseStart, ParsedMessage, StreamParser};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 
@@ -110,22 +110,31 @@ fuzz_target!(|data: &[u8]| {
 
     let mut stream = StreamParser::new(format, start, tools);
     let mut sum = Sum::default();
+    let mut deltas = Vec::new();
     let mut prev = Sum::default();
     let chars: Vec<char> = text.chars().collect();
     for piece in chars.chunks(chunk) {
         let piece: String = piece.iter().collect();
-        if let Some(d) = stream.push(&piece) {
+        let grew = stream.push(&piece);
+        if let Some(d) = openai_delta(&grew) {
             sum.add(&d);
         }
+        deltas.extend(grew);
         let now = Sum::of(&parse(format, start, stream.text(), tools, true));
         prev.assert_prefix_of(&now, "between flushes");
         sum.assert_prefix_of(&now, "(sent vs partial parse)");
         prev = now;
     }
     let (last, msg) = stream.finish();
-    if let Some(d) = last {
+    if let Some(d) = openai_delta(&last) {
         sum.add(&d);
     }
+    deltas.extend(last);
+    assert_eq!(
+        ParsedMessage::fold(&deltas),
+        msg,
+        "the deltas do not fold to the message"
+    );
     assert_eq!(msg, full, "the stream's final message differs from the parse");
     prev.assert_prefix_of(&Sum::of(&full), "at the end");
     assert_eq!(sum, Sum::of(&full), "deltas do not add up to the message");
