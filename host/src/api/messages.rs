@@ -265,6 +265,16 @@ impl ChatMessage {
     }
 }
 
+/// The typed turn messages of a checked conversation (none when absent).
+pub fn to_turn(messages: Option<&Vec<ChatMessage>>) -> Vec<Message> {
+    messages
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, m)| m.to_turn(&format!("messages[{i}]")))
+        .collect()
+}
+
 /// Checks typed messages (400 naming the first bad field); `openai` as in [`ChatMessage::check`].
 pub fn check(messages: &[ChatMessage], openai: bool) -> Result<(), ApiError> {
     if messages.is_empty() {

@@ -216,13 +216,7 @@ impl GenerationBody for ChatRequest {
     }
 
     fn turn(&mut self, _json: &Map<String, Value>) -> Result<TurnRequest, ApiError> {
-        let messages = self
-            .messages
-            .iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, m)| m.to_turn(&format!("messages[{i}]")))
-            .collect();
+        let messages = messages::to_turn(self.messages.as_ref());
         let mut req = TurnRequest::new(Prompt::Chat(messages));
         req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs)?;
         req.constraints = RequestConstraints::from_ollama(self.tools.as_ref(), self.format.as_ref())?;

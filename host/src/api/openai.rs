@@ -147,13 +147,7 @@ impl GenerationBody for ChatCompletionRequest {
             ("max_tokens", self.max_tokens),
             ("max_completion_tokens", self.max_completion_tokens),
         ])?;
-        let messages = self
-            .messages
-            .iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, m)| m.to_turn(&format!("messages[{i}]")))
-            .collect();
+        let messages = messages::to_turn(self.messages.as_ref());
         let mut req = ChatRequest::new(TurnPrompt::Chat(messages));
         req.decode = openai_decode(json, max)?;
         req.decode.logprobs = super::logprobs::request(self.logprobs, self.top_logprobs)?;
