@@ -1,9 +1,11 @@
-# Sourced by scripts that measure against the real Qwen2.5-Coder pack (scripts/bench-tools,
-# scripts/load-test): start `berth serve` (release build) from a temporary home, or llama.cpp's
-# `llama-server` from the build scripts/llamacpp-reference makes, and stop them on exit.
+# Sourced by scripts that measure against the real packs (scripts/bench-tools, scripts/load-test,
+# scripts/bench-speculation): start `berth serve` (release build) on Qwen2.5-Coder 0.5B or
+# Gemma 3 270M from a temporary home, or llama.cpp's `llama-server` from the build
+# scripts/llamacpp-reference makes, and stop them on exit.
 # Callers set $root; these functions set berth_url / llamacpp_url and remember the pids.
 
 real_model="${BERTH_CACHE:-$HOME/.cache/berth}/models/qwen2.5-coder-0.5b-instruct.gguf"
+real_gemma_model="${BERTH_CACHE:-$HOME/.cache/berth}/models/gemma-3-270m-q4_k_m.gguf"
 real_pids=""
 real_home=""
 
@@ -19,15 +21,27 @@ real_tmp_home() {
 }
 
 # Starts the release `berth serve` on the real Qwen pack; sets berth_url. Extra env (BERTH_THREADS,
-# BERTH_PARALLEL, BERTH_QUEUE) passes through.
+# BERTH_PARALLEL, BERTH_QUEUE, BERTH_SPECULATION, ...) passes through.
 start_berth_real() {
-  local berth="$root/target/release/berth" plugin="$root/target/release/libberth_qwen3.so" f pid
+  start_berth_pack qwen2.5-coder:0.5b "$real_model" libberth_qwen3.so berth-plugin-qwen3
+}
+
+# The same on the real Gemma 3 270M pack (plugin berth-plugin-gemma).
+start_berth_gemma() {
+  start_berth_pack gemma3:270m "$real_gemma_model" libberth_gemma.so berth-plugin-gemma
+}
+
+# start_berth_pack NAME GGUF PLUGIN_LIB PLUGIN_PACKAGE: imports GGUF as NAME into the temporary
+# home, installs target/release/PLUGIN_LIB there and starts the release `berth serve`; sets
+# berth_url.
+start_berth_pack() {
+  local name="$1" model="$2" berth="$root/target/release/berth" plugin="$root/target/release/$3" f pid
   for f in "$berth" "$plugin"; do
-    [ -e "$f" ] || { echo "$f missing (cargo build --release -p berth -p berth-plugin-qwen3)" >&2; return 1; }
+    [ -e "$f" ] || { echo "$f missing (cargo build --release -p berth -p $4)" >&2; return 1; }
   done
-  [ -e "$real_model" ] || { echo "$real_model missing (scripts/fetch-models)" >&2; return 1; }
+  [ -e "$model" ] || { echo "$model missing (scripts/fetch-models)" >&2; return 1; }
   real_tmp_home
-  BERTH_HOME="$real_home" "$berth" import "$real_model" --name qwen2.5-coder:0.5b >/dev/null
+  BERTH_HOME="$real_home" "$berth" import "$model" --name "$name" >/dev/null
   BERTH_HOME="$real_home" "$berth" plugins install "$plugin" >/dev/null
   # BERTH_PLUGIN_PATH is searched first: the plugin just built serves, never an older copy that
   # scripts/setup installed next to the binary (target/release/lib/berth/plugins).
