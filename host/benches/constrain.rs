@@ -212,6 +212,8 @@ fn main() {
         queue: 1,
         context: None,
         keep_alive: None,
+        // The grammar's own cost, without drafts.
+        speculation: false,
     };
     let model = Model::load(
         &store,

@@ -137,6 +137,9 @@ pub enum Command {
         /// Constrain the answer: `json`, or a JSON schema (inline or a file), as Ollama's `format`.
         #[arg(long)]
         format: Option<String>,
+        /// Prompt-lookup speculation for greedy answers: on (the default) or off.
+        #[arg(long, env = "BERTH_SPECULATION", value_parser = crate::engine::speculation::parse_setting)]
+        speculation: Option<bool>,
         /// An image to attach to the (first) message; repeatable. Image files named in the
         /// prompt are attached too.
         #[arg(long = "image", value_name = "FILE")]
@@ -359,11 +362,13 @@ pub fn run(cli: Cli) -> Result<()> {
             system,
             threads,
             format,
+            speculation,
             images,
         } => {
             let opts = crate::run::RunOptions {
                 format,
                 images,
+                speculation: speculation.unwrap_or(true),
                 raw,
                 verbose,
                 sampling: crate::sampling::SamplingParams {

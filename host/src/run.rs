@@ -42,6 +42,8 @@ pub struct RunOptions {
     pub format: Option<String>,
     /// Image files for the first message (`--image`).
     pub images: Vec<std::path::PathBuf>,
+    /// Prompt-lookup speculation for greedy answers (`--speculation`, on by default).
+    pub speculation: bool,
 }
 
 /// The file extensions of images found in a prompt.
@@ -112,6 +114,7 @@ pub fn run(
         queue: RUN_QUEUE,
         context: None,
         keep_alive: None,
+        speculation: opts.speculation,
     };
     let metrics = Arc::new(Metrics::default());
     let model = Model::load(store, home, reference, &settings, metrics.clone())?;

@@ -57,6 +57,8 @@ fn model() -> &'static Mutex<Model> {
             queue: 4,
             context: None,
             keep_alive: None,
+            // As users get it (speculation drafts at most one grammar-allowed token).
+            speculation: true,
         };
         let model = Model::load(&store, home(), "qwen2.5-coder:0.5b", &settings, metrics).unwrap();
         assert_eq!(model.detected.format, ChatFormat::HermesJson);

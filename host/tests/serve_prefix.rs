@@ -142,7 +142,18 @@ fn a_prompt_sharing_a_prefix_with_a_running_stream_forks_it_and_refusals_fall_ba
             import_rewind_model(home, "start", "start".into(), "start".into(), false),
         ),
     ];
-    let server = TestServer::start(home, &["--parallel", "4", "--max-loaded-models", "4"]);
+    // The truncation logs pin prefix reuse alone: no speculation (its cuts would join them).
+    let server = TestServer::start(
+        home,
+        &[
+            "--parallel",
+            "4",
+            "--max-loaded-models",
+            "4",
+            "--speculation",
+            "off",
+        ],
+    );
 
     // Both prompts share their first 140 tokens: two whole 64-token chunks (128) can be forked.
     let shared: String = "abcdefghijklmnopqrstuvwxyz".chars().cycle().take(140).collect();

@@ -66,6 +66,11 @@ impl Drop for Server {
 
 impl Server {
     fn start(home: &Path) -> Server {
+        Server::start_with(home, "off")
+    }
+
+    /// A server with prompt-lookup speculation `on` or `off`.
+    fn start_with(home: &Path, speculation: &str) -> Server {
         let (child, _, port) = spawn_serve(
             Command::new(berth_exe())
                 .args([
@@ -76,6 +81,10 @@ impl Server {
                     "4",
                     "--max-loaded-models",
                     "4",
+                    // The truncation logs pin prefix reuse alone: no speculation (its cuts
+                    // would join them; serve_speculation covers a plugin that refuses them).
+                    "--speculation",
+                    speculation,
                 ])
                 .env("BERTH_HOME", home)
                 .env_remove("BERTH_PLUGIN_PATH")
@@ -246,6 +255,40 @@ fn serve_prefix_reuse_follows_the_rewind_rule_and_a_refused_rewind_costs_one_pre
 }
 
 #[test]
+fn speculation_on_a_plugin_that_refuses_to_cut_drafts_costs_a_refill_not_the_request() {
+    let home = home();
+    let home = home.path();
+    // Reports "anywhere" but can only rewind to 0: the cut of rejected drafts is refused.
+    let lying = import_rewind_model(home, "lying", "anywhere".into(), "start".into(), false);
+    let server = Server::start_with(home, "on");
+    // The reply starts "0123..."; the prompt's "012X" makes "01" draft "2X", and "X" is rejected.
+    let prompt = format!("{LONG_TRIGGER} 012X");
+    let (status, body) = server.complete("lying", &prompt);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["text"].as_str(),
+        Some(long_reply().as_str()),
+        "{body}"
+    );
+    let log = truncates(&lying);
+    let refused = log.iter().position(|&(_, to, ok)| !ok && to > 0);
+    let refused = refused.unwrap_or_else(|| panic!("no refused cut of drafts: {log:?}"));
+    assert_eq!(
+        log.get(refused + 1).map(|&(_, to, ok)| (to, ok)),
+        Some((0, true)),
+        "{log:?}"
+    );
+    // The model speculates no more and answers on.
+    let (status, body) = server.complete("lying", &prompt);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["text"].as_str(),
+        Some(long_reply().as_str()),
+        "{body}"
+    );
+}
+
+#[test]
 fn berth_run_chat_falls_back_to_a_full_prefill_when_the_rewind_is_refused() {
     let home = home();
     let home = home.path();
@@ -259,16 +302,25 @@ fn berth_run_chat_falls_back_to_a_full_prefill_when_the_rewind_is_refused() {
     );
     let (a, b) = prompts(150, 140);
     let cached_len = 150 + REPLY.len() as u64;
+    // `berth run` reuses what the server does: the shared prefix's whole 64-token chunks (128).
     for (model, log, want) in [
         (
             "lying",
             &lying,
-            vec![(cached_len, 140, false), (cached_len, 0, true)],
+            vec![(cached_len, 128, false), (cached_len, 0, true)],
         ),
         ("snap", &snap, vec![(cached_len, 96, true)]),
     ] {
         let mut child = Command::new(berth_exe())
-            .args(["run", "--raw", "--temperature", "0", &format!("{model}:latest")])
+            .args([
+                "run",
+                "--raw",
+                "--temperature",
+                "0",
+                "--speculation",
+                "off",
+                &format!("{model}:latest"),
+            ])
             .env("BERTH_HOME", home)
             .env_remove("BERTH_PLUGIN_PATH")
             .stdin(Stdio::piped())

@@ -45,6 +45,8 @@ pub struct EngineConfig {
     pub slots: usize,
     /// Requests that may wait for a slot before new ones get 429.
     pub queue: usize,
+    /// Prompt-lookup speculation for greedy sequences (on by default; see [`speculation::enabled`]).
+    pub speculation: bool,
 }
 
 /// One generation request for the engine.
@@ -303,6 +305,9 @@ struct Running {
     prompt_done: Option<Instant>,
     /// Prompt-lookup speculation record of this sequence.
     spec: Speculator,
+    /// Rows to feed back before the next pick (the plugin refused to cut rejected drafts, so the
+    /// sequence was reset and what it had accepted is fed again, without logits).
+    refill: Vec<u32>,
 }
 
 struct Slot {
@@ -395,7 +400,7 @@ impl Scheduler {
             .slots
             .min(model.description().max_sequences as usize)
             .max(1);
-        let model_rewind = model.description().rewind;
+        let speculate = speculation::enabled(shared.cfg.speculation, model.description().rewind);
         let slots = (0..n)
             .map(|_| Slot {
                 cached: Vec::new(),
@@ -413,7 +418,7 @@ impl Scheduler {
             logits: Vec::new(),
             tick: 0,
             fork_unsupported: false,
-            speculate: speculation::enabled(model_rewind),
+            speculate,
         }
     }
 
@@ -581,6 +586,7 @@ impl Scheduler {
             admitted: self.tick,
             prompt_done: None,
             spec: Speculator::default(),
+            refill: Vec::new(),
         });
     }
 
@@ -734,7 +740,12 @@ impl Scheduler {
         };
         let mut b = Batch::default();
         for (i, slot) in self.slots.iter().enumerate() {
-            let Some(next) = slot.run.as_ref().and_then(|r| r.next) else {
+            let Some(next) = slot
+                .run
+                .as_ref()
+                .filter(|r| r.refill.is_empty())
+                .and_then(|r| r.next)
+            else {
                 continue;
             };
             let base = slot.cached.len();
@@ -773,6 +784,21 @@ impl Scheduler {
                 slot: i,
                 rows: end - start,
                 kind: PartKind::Prompt,
+            });
+        } else if let Some(i) =
+            (0..self.slots.len()).find(|&i| self.slots[i].run.as_ref().is_some_and(|r| !r.refill.is_empty()))
+        {
+            // A reset sequence gets what it had accepted back, a chunk a step, without logits.
+            let slot = &self.slots[i];
+            let refill = &slot.run.as_ref().expect("running").refill;
+            let n = refill.len().min(PREFILL_CHUNK);
+            for (k, &t) in refill[..n].iter().enumerate() {
+                b.push(t, slot.cached.len() + k, i, false);
+            }
+            b.parts.push(Part {
+                slot: i,
+                rows: n,
+                kind: PartKind::Refill,
             });
         }
         (!b.tokens.is_empty()).then_some(b)
@@ -862,6 +888,12 @@ impl Scheduler {
                 }
                 PartKind::Next => self.apply_next(part.slot, tokens, rows, step_secs),
                 PartKind::Drafts => self.verify_drafts(part.slot, tokens, rows, step_secs),
+                PartKind::Refill => {
+                    let slot = &mut self.slots[part.slot];
+                    slot.cached.extend(tokens.iter().map(|&t| u64::from(t as u32)));
+                    let r = slot.run.as_mut().expect("running");
+                    r.refill.drain(..part.rows);
+                }
             }
         }
         for f in forks {
@@ -948,16 +980,30 @@ impl Scheduler {
         ) else {
             return;
         };
+        if let Err(e) = &end {
+            // This plugin cannot cut rejected drafts: it speculates no more. A refused cut costs
+            // a re-prefill, never the request: the sequence is reset and what it had accepted is
+            // fed back (images would need encoding again: such a sequence fails instead).
+            self.speculate = false;
+            let keys = std::mem::take(&mut slot.cached);
+            slot.exact = 0;
+            let rows: Option<Vec<u32>> = keys.iter().map(|&k| u32::try_from(k).ok()).collect();
+            let reset = self
+                .model
+                .instance()
+                .and_then(|inst| inst.seq_truncate(i as i32, 0));
+            if let (Some(rows), Ok(())) = (rows, &reset) {
+                tracing::warn!(slot = i, error = %e, "refilling the sequence after a refused cut; speculation off for this model");
+                slot.run.as_mut().expect("running").refill = rows;
+                return;
+            }
+            slot.stale = reset.is_err();
+        }
         let r = slot.run.take().expect("running");
         m.active_sequences.fetch_sub(1, Relaxed);
         match end {
             Ok(reason) => finish(r, reason, i),
             Err(e) => {
-                // The plugin's sequence holds rows the host no longer knows, and this plugin
-                // cannot take speculation.
-                slot.exact = 0;
-                slot.stale = true;
-                self.speculate = false;
                 let _ = r.job.events.send(Event::Error(e));
             }
         }
@@ -1042,6 +1088,7 @@ impl Scheduler {
                 admitted: self.tick,
                 prompt_done: Some(Instant::now()),
                 spec: Speculator::default(),
+                refill: Vec::new(),
             };
             match advance(&mut r, logits, &self.text.stop_tokens, &m, true) {
                 Some(reason) => {
@@ -1091,6 +1138,8 @@ enum PartKind {
     Next,
     /// Its picked token and drafted tokens, logits for every row.
     Drafts,
+    /// Rows a reset sequence had accepted, fed back without logits.
+    Refill,
 }
 
 /// A job whose prompt just finished and whose siblings fork its sequence.
@@ -1161,8 +1210,8 @@ const SPECULATE_MAX_GENERATING: usize = 4;
 /// rows `[next, drafts..]`.
 /// Each row's token is picked and taken in order (stop strings, grammar, logprobs and budget see
 /// every one) while the drafts agree; rows after the last agreeing one are cut from the cache.
-/// Returns how the sequence ended, if it did (an error, with `cached` cleared, when the cut was
-/// refused).
+/// Returns how the sequence ended, if it did (an error when the cut was refused: `cached` then
+/// holds what the sequence accepted, the plugin more).
 #[allow(clippy::too_many_arguments)]
 fn verify(
     r: &mut Running,
@@ -1201,8 +1250,9 @@ fn verify(
             .instance()
             .and_then(|inst| inst.seq_truncate(i as i32, keep as u32))
         {
-            tracing::warn!(slot = i, error = %e.message, "cannot cut rejected drafts; ending the sequence");
-            cached.clear();
+            tracing::warn!(slot = i, error = %e.message, "the plugin refused to cut rejected drafts");
+            // What the sequence accepted (the plugin still holds the rejected rows after it).
+            cached.truncate(keep);
             return Some(Err(format!(
                 "model error: cannot rewind sequence {i}: {}",
                 e.message

@@ -10,7 +10,8 @@
 //! step four rows (7 measured no better on the copy task: acceptance fell from 0.71 to 0.54);
 //! one sequence per step speculates.
 //!
-//! Each sequence switches itself off for a while when its drafts are mostly rejected.
+//! Each sequence switches itself off for a while when its drafts are mostly rejected. It is on by
+//! default and greedy-only: a sampled sequence never drafts, so its distribution is untouched.
 
 /// Most tokens drafted per step (the verify step then has `MAX_DRAFT + 1` rows of one sequence).
 pub const MAX_DRAFT: usize = 3;
@@ -27,12 +28,20 @@ const MIN_ACCEPTANCE: f32 = 0.3;
 const FIRST_PAUSE: u32 = 16;
 const MAX_PAUSE: u32 = 512;
 
-/// Whether speculation is on for a model with this rewind rule: only when
-/// `BERTH_SPECULATION=on` (opt-in for now: a plugin that refuses to cut rejected drafts ends the
-/// sequence) and the plugin rewinds anywhere (rejected drafts are cut off).
-pub fn enabled(rewind: berth_plugin_api::Rewind) -> bool {
-    let on = std::env::var("BERTH_SPECULATION").is_ok_and(|v| v == "on" || v == "1");
-    rewind == berth_plugin_api::Rewind::Anywhere && on
+/// Whether speculation runs for a model with this rewind rule: when the setting is on (the
+/// default; `--speculation off`, `BERTH_SPECULATION=off` or `speculation = "off"` in berth.toml
+/// turn it off) and the plugin rewinds anywhere (rejected drafts are cut off).
+pub fn enabled(setting: bool, rewind: berth_plugin_api::Rewind) -> bool {
+    setting && rewind == berth_plugin_api::Rewind::Anywhere
+}
+
+/// Reads a speculation setting: `on`/`off` (also `true`/`false`, `1`/`0`).
+pub fn parse_setting(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        other => Err(format!("speculation is `on` or `off`, not `{other}`")),
+    }
 }
 
 /// Up to `max` tokens that followed the most recent earlier occurrence of the longest n-gram

@@ -57,6 +57,9 @@ pub struct ServeArgs {
     /// default, so a request cannot make the server fetch from its own network).
     #[arg(long, env = "BERTH_ALLOW_PRIVATE_IMAGE_URLS")]
     pub allow_private_image_urls: bool,
+    /// Prompt-lookup speculation for greedy requests: on (the default) or off.
+    #[arg(long, env = "BERTH_SPECULATION", value_parser = crate::engine::speculation::parse_setting)]
+    pub speculation: Option<bool>,
     /// A berth.toml (default `$BERTH_HOME/berth.toml` when it exists).
     #[arg(long, env = "BERTH_CONFIG")]
     pub config: Option<PathBuf>,
@@ -79,6 +82,7 @@ struct FileConfig {
     max_body: Option<usize>,
     log_format: Option<String>,
     allow_private_image_urls: Option<bool>,
+    speculation: Option<toml::Value>,
 }
 
 pub use crate::state::parse_keep_alive;
@@ -122,6 +126,15 @@ pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
         (None, Some(v)) => bail!("keep_alive in berth.toml must be a string or a number, not {v}"),
         (None, None) => Some(Duration::from_secs(300)),
     };
+    let speculation = match (args.speculation, file.speculation) {
+        (Some(on), _) => on,
+        (None, Some(toml::Value::Boolean(on))) => on,
+        (None, Some(toml::Value::String(s))) => {
+            crate::engine::speculation::parse_setting(&s).map_err(|e| anyhow::anyhow!("berth.toml: {e}"))?
+        }
+        (None, Some(v)) => bail!("speculation in berth.toml must be \"on\", \"off\" or a boolean, not {v}"),
+        (None, None) => true,
+    };
     let log_format = args
         .log_format
         .or(file.log_format)
@@ -152,6 +165,7 @@ pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
                 .max(1),
             context: args.context.or(file.context).unwrap_or(8192).max(16),
             threads: args.threads.or(file.threads),
+            speculation,
         },
     })
 }
@@ -277,6 +291,41 @@ mod tests {
         assert_eq!(cfg.models.keep_alive, None);
         std::fs::write(home.path().join("berth.toml"), "prot = 1\n").unwrap();
         assert!(resolve(ServeArgs::default(), home.path()).is_err());
+    }
+
+    #[test]
+    fn speculation_is_on_unless_a_flag_the_environment_or_the_file_turns_it_off() {
+        let home = tempfile::tempdir().unwrap();
+        let on = resolve(ServeArgs::default(), home.path()).unwrap();
+        assert!(on.models.speculation, "on by default");
+        let off = ServeArgs {
+            speculation: Some(false),
+            ..Default::default()
+        };
+        assert!(!resolve(off, home.path()).unwrap().models.speculation);
+        for (file, want) in [
+            ("speculation = \"off\"\n", false),
+            ("speculation = false\n", false),
+            ("speculation = \"on\"\n", true),
+        ] {
+            std::fs::write(home.path().join("berth.toml"), file).unwrap();
+            assert_eq!(
+                resolve(ServeArgs::default(), home.path())
+                    .unwrap()
+                    .models
+                    .speculation,
+                want,
+                "{file}"
+            );
+        }
+        std::fs::write(home.path().join("berth.toml"), "speculation = \"sometimes\"\n").unwrap();
+        assert!(resolve(ServeArgs::default(), home.path()).is_err());
+        use crate::engine::speculation::parse_setting;
+        assert_eq!(
+            (parse_setting("on"), parse_setting("OFF"), parse_setting("1")),
+            (Ok(true), Ok(false), Ok(true))
+        );
+        assert!(parse_setting("maybe").is_err());
     }
 
     #[test]

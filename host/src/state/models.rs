@@ -40,6 +40,8 @@ pub struct ModelsConfig {
     pub context: u32,
     /// Compute threads per model (None: the plugin decides).
     pub threads: Option<u32>,
+    /// Prompt-lookup speculation for greedy requests.
+    pub speculation: bool,
 }
 
 /// How one model is loaded: the plugin's settings and its engine's sizing.
@@ -55,6 +57,8 @@ pub struct LoadSettings {
     pub context: Option<u32>,
     /// Keep-alive after the last request; `None` keeps the model forever.
     pub keep_alive: Option<Duration>,
+    /// Prompt-lookup speculation for greedy requests.
+    pub speculation: bool,
 }
 
 /// A loaded model: engine plus everything needed to turn requests into prompts.
@@ -201,6 +205,7 @@ impl Model {
             EngineConfig {
                 slots: settings.slots,
                 queue: settings.queue,
+                speculation: settings.speculation,
             },
             metrics,
             reference,
@@ -465,6 +470,7 @@ impl Models {
             queue: self.cfg.queue,
             context: Some(self.cfg.context),
             keep_alive: self.cfg.keep_alive,
+            speculation: self.cfg.speculation,
         };
         Model::load(
             &self.store,
