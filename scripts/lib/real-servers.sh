@@ -6,6 +6,9 @@
 
 real_model="${BERTH_CACHE:-$HOME/.cache/berth}/models/qwen2.5-coder-0.5b-instruct.gguf"
 real_gemma_model="${BERTH_CACHE:-$HOME/.cache/berth}/models/gemma-3-270m-q4_k_m.gguf"
+# The Gemma GGUF embeds no chat template (its pack is completion-only): the chat routes use the
+# Gemma 3 instruct template from the shared fixtures (no system role: user/assistant turns only);
+# $real_gemma_template names another.
 real_pids=""
 real_home=""
 
@@ -26,22 +29,28 @@ start_berth_real() {
   start_berth_pack qwen2.5-coder:0.5b "$real_model" libberth_qwen3.so berth-plugin-qwen3
 }
 
-# The same on the real Gemma 3 270M pack (plugin berth-plugin-gemma).
+# The same on the real Gemma 3 270M pack (plugin berth-plugin-gemma), with the chat template
+# above when the shared fixtures are there (else /v1/completions only).
 start_berth_gemma() {
-  start_berth_pack gemma3:270m "$real_gemma_model" libberth_gemma.so berth-plugin-gemma
+  start_berth_pack gemma3:270m "$real_gemma_model" libberth_gemma.so berth-plugin-gemma \
+    "${real_gemma_template:-$root/../shared/fixtures/gemma3-270m/chat_template.jinja}"
 }
 
-# start_berth_pack NAME GGUF PLUGIN_LIB PLUGIN_PACKAGE: imports GGUF as NAME into the temporary
-# home, installs target/release/PLUGIN_LIB there and starts the release `berth serve`; sets
-# berth_url.
+# start_berth_pack NAME GGUF PLUGIN_LIB PLUGIN_PACKAGE [TEMPLATE]: imports GGUF as NAME (with the
+# Jinja chat TEMPLATE when that file exists) into the temporary home, installs
+# target/release/PLUGIN_LIB there and starts the release `berth serve`; sets berth_url.
 start_berth_pack() {
   local name="$1" model="$2" berth="$root/target/release/berth" plugin="$root/target/release/$3" f pid
+  local template=()
   for f in "$berth" "$plugin"; do
     [ -e "$f" ] || { echo "$f missing (cargo build --release -p berth -p $4)" >&2; return 1; }
   done
   [ -e "$model" ] || { echo "$model missing (scripts/fetch-models)" >&2; return 1; }
+  if [ -n "${5:-}" ]; then
+    if [ -e "$5" ]; then template=(--template "$5"); else echo "$5 missing: $name serves completions only" >&2; fi
+  fi
   real_tmp_home
-  BERTH_HOME="$real_home" "$berth" import "$model" --name "$name" >/dev/null
+  BERTH_HOME="$real_home" "$berth" import "$model" --name "$name" ${template[@]+"${template[@]}"} >/dev/null
   BERTH_HOME="$real_home" "$berth" plugins install "$plugin" >/dev/null
   # BERTH_PLUGIN_PATH is searched first: the plugin just built serves, never an older copy that
   # scripts/setup installed next to the binary (target/release/lib/berth/plugins).
