@@ -263,29 +263,20 @@ fn speculation_on_a_plugin_that_refuses_to_cut_drafts_costs_a_refill_not_the_req
     let server = Server::start_with(home, "on");
     // The reply starts "0123..."; the prompt's "012X" makes "01" draft "2X", and "X" is rejected.
     let prompt = format!("{LONG_TRIGGER} 012X");
-    let (status, body) = server.complete("lying", &prompt);
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        body["choices"][0]["text"].as_str(),
-        Some(long_reply().as_str()),
-        "{body}"
-    );
-    let log = truncates(&lying);
-    let refused = log.iter().position(|&(_, to, ok)| !ok && to > 0);
-    let refused = refused.unwrap_or_else(|| panic!("no refused cut of drafts: {log:?}"));
-    assert_eq!(
-        log.get(refused + 1).map(|&(_, to, ok)| (to, ok)),
-        Some((0, true)),
-        "{log:?}"
-    );
-    // The model speculates no more and answers on.
-    let (status, body) = server.complete("lying", &prompt);
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        body["choices"][0]["text"].as_str(),
-        Some(long_reply().as_str()),
-        "{body}"
-    );
+    // The second time the model speculates no more and answers on.
+    for attempt in 0..2 {
+        let (status, body) = server.complete("lying", &prompt);
+        assert_eq!(status, 200, "attempt {attempt}: {body}");
+        let text = body["choices"][0]["text"].as_str();
+        assert_eq!(text, Some(long_reply().as_str()), "attempt {attempt}: {body}");
+        if attempt == 0 {
+            let log = truncates(&lying);
+            let refused = log.iter().position(|&(_, to, ok)| !ok && to > 0);
+            let refused = refused.unwrap_or_else(|| panic!("no refused cut of drafts: {log:?}"));
+            let reset = log.get(refused + 1).map(|&(_, to, ok)| (to, ok));
+            assert_eq!(reset, Some((0, true)), "{log:?}");
+        }
+    }
 }
 
 #[test]

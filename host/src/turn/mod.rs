@@ -96,11 +96,8 @@ impl Turn {
                         v
                     })
                     .collect();
-                let tools = if req.render_tools {
-                    parser_tools.clone()
-                } else {
-                    None
-                };
+                // The template shows the tools the parser reads calls of (none with `tool_choice: none`).
+                let tools = parser_tools.clone();
                 let (mut rendered, mut prompt) = render(model, json, tools, extra.clone())?;
                 let mut slices = Vec::new();
                 if !loaded.is_empty() {
@@ -120,8 +117,14 @@ impl Turn {
             Prompt::Raw { text, images: refs } => {
                 let marked = (0..refs.len()).map(images::marker).collect::<String>() + text;
                 let (rendered, prompt, slices) = images::expand(model, &marked, loaded, true)?;
-                let format = req.parse_reply.then_some(ChatFormat::ContentOnly);
-                (rendered, prompt, slices, ParseStart::Content, false, format)
+                (
+                    rendered,
+                    prompt,
+                    slices,
+                    ParseStart::Content,
+                    false,
+                    Some(ChatFormat::ContentOnly),
+                )
             }
         };
         let format = if req.parse_reply { format } else { None };

@@ -251,9 +251,6 @@ pub struct ChatRequest {
     pub thinking: Thinking,
     /// Further template variables (`chat_template_kwargs`).
     pub template_vars: Map<String, Value>,
-    /// Whether the template renders the tools (surfaces whose `tool_choice: none` hides them
-    /// from the model say false then).
-    pub render_tools: bool,
     /// Whether the reply is parsed into reasoning, content and calls (`/v1/completions` streams
     /// the text exactly as generated: false).
     pub parse_reply: bool,
@@ -270,7 +267,6 @@ impl ChatRequest {
             n: 1,
             thinking: Thinking::default(),
             template_vars: Map::new(),
-            render_tools: true,
             parse_reply: true,
         }
     }
