@@ -4,7 +4,7 @@
 mod common;
 
 use berth::plugins::{PluginSet, PluginState};
-use berth_plugin_api::{abi, BatchView, ErrorKind, ImageInput, LoadConfig, Rewind};
+use berth_plugin_api::{abi, BatchView, ErrorKind, ImageInput, LoadConfig, Pooling, Rewind};
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,7 +102,9 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(status_of(&json, "libhello_plugin.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_scripted.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_newer.so")["status"], "ok");
-    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.4");
+    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.5");
+    assert_eq!(status_of(&json, "libberth_abi_v1_3.so")["status"], "ok");
+    assert_eq!(status_of(&json, "libberth_abi_v1_3.so")["abi"], "1.3");
     assert_eq!(status_of(&json, "libberth_abi_v1_2.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_v1_2.so")["abi"], "1.2");
     assert_eq!(status_of(&json, "libberth_abi_v1_1.so")["status"], "ok");
@@ -114,7 +116,7 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(v2["status"], "refused");
     assert_eq!(
         v2["reason"],
-        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.3"
+        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.4"
     );
     let nosym = status_of(&json, "libberth_abi_nosymbol.so");
     assert_eq!(nosym["status"], "refused");
@@ -185,13 +187,17 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
     })
     .unwrap();
 
-    // 1.4 and 1.2 fill the 1.2 rewind fields (snapshots every 16); 1.1 and 1.0 end before them.
-    // Only 1.4 fills the 1.3 image fields: 1.2 claims CAP_VISION without them, so it has none.
-    for (file, minor, rewind, images) in [
-        ("libberth_abi_newer.so", 4, Rewind::Snapshots { every: 16 }, true),
-        ("libberth_abi_v1_2.so", 2, Rewind::Snapshots { every: 16 }, false),
-        ("libberth_abi_v1_1.so", 1, Rewind::Anywhere, false),
-        ("libberth_abi_older.so", 0, Rewind::Anywhere, false),
+    // 1.5, 1.3 and 1.2 fill the 1.2 rewind fields (snapshots every 16); 1.1 and 1.0 end before
+    // them. 1.5 and 1.3 fill the 1.3 image fields: 1.2 claims CAP_VISION without them, so it has
+    // none. Only 1.5 fills the 1.4 embedding fields: 1.3 claims CAP_EMBEDDING without them, so it
+    // has none.
+    let snap = Rewind::Snapshots { every: 16 };
+    for (file, minor, rewind, images, embeds) in [
+        ("libberth_abi_newer.so", 5, snap, true, true),
+        ("libberth_abi_v1_3.so", 3, snap, true, false),
+        ("libberth_abi_v1_2.so", 2, snap, false, false),
+        ("libberth_abi_v1_1.so", 1, Rewind::Anywhere, false, false),
+        ("libberth_abi_older.so", 0, Rewind::Anywhere, false, false),
     ] {
         let plugin = find(file)
             .ready()
@@ -218,6 +224,33 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
         match m.encode_images(0, &[image]) {
             Ok(()) => assert!(images, "{file} took an image"),
             Err(e) => assert!(!images && e.kind == ErrorKind::Unsupported, "{file}: {e}"),
+        }
+        assert_eq!(m.embedding().is_some(), embeds, "{file}");
+        assert_eq!(
+            m.description().capabilities & abi::CAP_EMBEDDING != 0,
+            embeds,
+            "{file}"
+        );
+        if let Some(spec) = m.embedding() {
+            // The spec's unknown `future_knob` key is ignored.
+            assert_eq!(
+                (spec.dimensions, spec.pooling, spec.normalized, spec.max_tokens),
+                (4, Pooling::Mean, false, 64),
+                "{file}"
+            );
+            assert_eq!(spec.prompts.get("query").map(String::as_str), Some("query: "));
+        }
+        // The toy embeds a sequence as [length, sum of tokens, first token, last token].
+        match m.embed(&[&[3, 4, 5], &[7]]) {
+            Ok(vectors) => {
+                assert!(embeds, "{file} embedded");
+                assert_eq!(
+                    vectors,
+                    vec![vec![3.0, 12.0, 3.0, 5.0], vec![1.0, 7.0, 7.0, 7.0]],
+                    "{file}"
+                );
+            }
+            Err(e) => assert!(!embeds && e.kind == ErrorKind::Unsupported, "{file}: {e}"),
         }
         let mut logits = vec![0.0; 32];
         let b = BatchView {

@@ -144,6 +144,29 @@ pub fn scale_in_place(x: &mut [f32], s: f32) {
     (table().scale)(x, s)
 }
 
+/// `x / max(‖x‖₂, 1e-12)` in place (torch's `F.normalize`, sentence-transformers' Normalize);
+/// the sum of squares is taken in f64, so a vector's length is exact to f32 rounding.
+pub fn l2_normalize(x: &mut [f32]) {
+    let norm = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
+    scale_in_place(x, (1.0 / norm.max(1e-12)) as f32);
+}
+
+/// The mean of `rows` rows of `out.len()` floats stored back to back in `x`, summed in f64.
+pub fn mean_rows(x: &[f32], rows: usize, out: &mut [f32]) {
+    let width = out.len();
+    assert_eq!(
+        x.len(),
+        rows * width,
+        "mean_rows: x is not rows of the output's width"
+    );
+    let mut acc = vec![0f64; width];
+    for row in x.chunks_exact(width.max(1)) {
+        acc.iter_mut().zip(row).for_each(|(a, &v)| *a += f64::from(v));
+    }
+    let n = rows.max(1) as f64;
+    out.iter_mut().zip(&acc).for_each(|(o, &a)| *o = (a / n) as f32);
+}
+
 /// SiLU in place with a polynomial `exp` (SIMD; close to [`silu`], not bit-equal).
 pub fn silu_fast(x: &mut [f32]) {
     (table().gated_fast)(x, None, false)
@@ -929,6 +952,24 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn l2_normalize_gives_unit_length_and_leaves_zero_vectors_zero() {
+        let mut x = [3.0f32, 4.0];
+        l2_normalize(&mut x);
+        assert_eq!(x, [0.6, 0.8]);
+        let mut z = [0.0f32; 3];
+        l2_normalize(&mut z);
+        assert_eq!(z, [0.0; 3]);
+    }
+
+    #[test]
+    fn mean_rows_averages_each_column() {
+        let mut out = [0.0f32; 2];
+        mean_rows(&[1.0, 2.0, 3.0, 6.0, 5.0, 10.0], 3, &mut out);
+        assert_eq!(out, [3.0, 6.0]);
+    }
+
     use super::*;
     use crate::testutil::XorShift;
 

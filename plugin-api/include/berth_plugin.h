@@ -38,6 +38,12 @@
 /* Size of a 1.2 model info: everything before vision_json (appended in 1.3). */
 #define BERTH_MODEL_INFO_SIZE_V1_2 offsetof(struct BerthModelInfo, vision_json)
 
+/* Size of a 1.3 vtable: everything before embed (appended in 1.4). */
+#define BERTH_MODEL_VTABLE_SIZE_V1_3 offsetof(struct BerthModelVtable, embed)
+
+/* Size of a 1.3 model info: everything before embedding_json (appended in 1.4). */
+#define BERTH_MODEL_INFO_SIZE_V1_3 offsetof(struct BerthModelInfo, embedding_json)
+
 /*
  Major version of the ABI this crate speaks; a different major is never loaded.
  */
@@ -46,7 +52,7 @@
 /*
  Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
  */
-#define BERTH_ABI_MINOR 3
+#define BERTH_ABI_MINOR 4
 
 /*
  Plugin flag: the library was built with `panic = "unwind"`, so panics can be caught.
@@ -68,6 +74,12 @@
  [`ModelInfo::vision_json`] and [`ModelVtable::encode_images`]; a host clears it otherwise).
  */
 #define BERTH_CAP_VISION (1 << 2)
+
+/*
+ Capability flag: the model embeds text (honoured from ABI 1.4, with
+ [`ModelInfo::embedding_json`] and [`ModelVtable::embed`]; a host clears it otherwise).
+ */
+#define BERTH_CAP_EMBEDDING (1 << 3)
 
 /*
  Rewind rule: `seq_truncate` accepts any length (attention-only state; the 1.0-1.1 behaviour).
@@ -203,6 +215,12 @@ typedef struct BerthModelInfo {
    `destroy`.
    */
   struct BerthStrRef vision_json;
+  /*
+   JSON object stating how the model embeds text ([`crate::EmbeddingSpec`]: `dimensions`,
+   `pooling`, `normalized`, `prompts`, …); empty when it does not (ABI 1.4). Borrowed until
+   `destroy`.
+   */
+  struct BerthStrRef embedding_json;
 } BerthModelInfo;
 
 /*
@@ -368,6 +386,17 @@ typedef struct BerthModelVtable {
    [`ImageInput`] read no further than its own `struct_size`; all are borrowed for the call.
    */
   BerthStatus (*encode_images)(void *handle, int32_t seq, const struct BerthImageInput *const *images, uint32_t n_images, struct BerthErrorBuf *err);
+  /*
+   Embeds whole sequences (ABI 1.4): every sequence named in `batch` appears whole, its rows
+   at positions 0, 1, … in order (`want_logits` is not read and may be null). The model runs
+   over them as its embedding configuration says (attention, pooling, projections; a final
+   normalisation is the host's) and writes one vector per sequence, in the order the
+   sequences first appear, as rows of `out` whose `row_len` is the embedding length. Sequence
+   ids only group rows (at most `max_sequences` sequences per call). A model that embeds is
+   used for nothing else (the host decodes nothing on it), so the call may use the model's
+   sequence state as scratch: every sequence is empty afterwards.
+   */
+  BerthStatus (*embed)(void *handle, const struct BerthBatch *batch, struct BerthLogits *out, struct BerthErrorBuf *err);
 } BerthModelVtable;
 
 /*

@@ -10,14 +10,15 @@
 //!
 //! Minor versions of ABI 1: 1.0 is the base; 1.1 appended [`ModelVtable::seq_fork`]; 1.2 appended
 //! [`ModelInfo::rewind`] and [`ModelInfo::rewind_every`]; 1.3 appended [`ModelInfo::vision_json`]
-//! and [`ModelVtable::encode_images`], which takes [`ImageInput`]s.
+//! and [`ModelVtable::encode_images`], which takes [`ImageInput`]s; 1.4 appended
+//! [`ModelInfo::embedding_json`] and [`ModelVtable::embed`].
 
 use std::ffi::{c_char, c_void};
 
 /// Major version of the ABI this crate speaks; a different major is never loaded.
 pub const ABI_MAJOR: u16 = 1;
 /// Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
-pub const ABI_MINOR: u16 = 3;
+pub const ABI_MINOR: u16 = 4;
 /// Name of the exported entry symbol; it carries the major version.
 pub const ENTRY_SYMBOL: &str = "berth_plugin_entry_v1";
 /// Name of the version-independent manifest symbol (`extern "C" fn() -> *const c_char`,
@@ -47,6 +48,9 @@ pub const CAP_THINKING: u64 = 1 << 1;
 /// Capability flag: the model accepts images (honoured from ABI 1.3, with
 /// [`ModelInfo::vision_json`] and [`ModelVtable::encode_images`]; a host clears it otherwise).
 pub const CAP_VISION: u64 = 1 << 2;
+/// Capability flag: the model embeds text (honoured from ABI 1.4, with
+/// [`ModelInfo::embedding_json`] and [`ModelVtable::embed`]; a host clears it otherwise).
+pub const CAP_EMBEDDING: u64 = 1 << 3;
 
 /// Rewind rule: `seq_truncate` accepts any length (attention-only state; the 1.0-1.1 behaviour).
 pub const REWIND_ANYWHERE: u32 = 0;
@@ -207,6 +211,22 @@ pub struct ModelVtable {
             err: *mut ErrorBuf,
         ) -> Status,
     >,
+    /// Embeds whole sequences (ABI 1.4): every sequence named in `batch` appears whole, its rows
+    /// at positions 0, 1, … in order (`want_logits` is not read and may be null). The model runs
+    /// over them as its embedding configuration says (attention, pooling, projections; a final
+    /// normalisation is the host's) and writes one vector per sequence, in the order the
+    /// sequences first appear, as rows of `out` whose `row_len` is the embedding length. Sequence
+    /// ids only group rows (at most `max_sequences` sequences per call). A model that embeds is
+    /// used for nothing else (the host decodes nothing on it), so the call may use the model's
+    /// sequence state as scratch: every sequence is empty afterwards.
+    pub embed: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            batch: *const Batch,
+            out: *mut Logits,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
 }
 
 /// What a model is, filled by the plugin into a host-allocated struct.
@@ -243,6 +263,10 @@ pub struct ModelInfo {
     /// `image_token_id`, scheme `params`; empty when it takes none (ABI 1.3). Borrowed until
     /// `destroy`.
     pub vision_json: StrRef,
+    /// JSON object stating how the model embeds text ([`crate::EmbeddingSpec`]: `dimensions`,
+    /// `pooling`, `normalized`, `prompts`, …); empty when it does not (ABI 1.4). Borrowed until
+    /// `destroy`.
+    pub embedding_json: StrRef,
 }
 
 /// A batch of tokens to decode, shaped like `llama_batch`.
@@ -326,6 +350,10 @@ pub const MODEL_INFO_SIZE_V1_1: usize = std::mem::offset_of!(ModelInfo, rewind);
 pub const MODEL_VTABLE_SIZE_V1_2: usize = std::mem::offset_of!(ModelVtable, encode_images);
 /// Size of the 1.2 model info: everything before `vision_json`.
 pub const MODEL_INFO_SIZE_V1_2: usize = std::mem::offset_of!(ModelInfo, vision_json);
+/// Size of the 1.3 vtable: everything before `embed`.
+pub const MODEL_VTABLE_SIZE_V1_3: usize = std::mem::offset_of!(ModelVtable, embed);
+/// Size of the 1.3 model info: everything before `embedding_json`.
+pub const MODEL_INFO_SIZE_V1_3: usize = std::mem::offset_of!(ModelInfo, embedding_json);
 
 // Layout of ABI v1, frozen: these must never change (only new fields at the ends).
 const _: () = {
@@ -339,14 +367,16 @@ const _: () = {
     assert!(offset_of!(EntryTable, probe) == 32);
     assert!(offset_of!(EntryTable, create) == 40);
     assert!(size_of::<Instance>() == 24);
-    assert!(size_of::<ModelVtable>() == 80);
+    assert!(size_of::<ModelVtable>() == 88);
     assert!(offset_of!(ModelVtable, destroy) == 8);
     assert!(offset_of!(ModelVtable, decode) == 24);
     assert!(offset_of!(ModelVtable, seq_truncate) == 56);
     assert!(offset_of!(ModelVtable, seq_fork) == 64);
     assert!(offset_of!(ModelVtable, encode_images) == 72);
     assert!(MODEL_VTABLE_SIZE_V1_2 == 72);
-    assert!(size_of::<ModelInfo>() == 88);
+    assert!(offset_of!(ModelVtable, embed) == 80);
+    assert!(MODEL_VTABLE_SIZE_V1_3 == 80);
+    assert!(size_of::<ModelInfo>() == 104);
     assert!(offset_of!(ModelInfo, capabilities) == 24);
     assert!(offset_of!(ModelInfo, stop_tokens) == 32);
     assert!(offset_of!(ModelInfo, extra_json) == 48);
@@ -355,6 +385,8 @@ const _: () = {
     assert!(offset_of!(ModelInfo, vision_json) == 72);
     assert!(MODEL_INFO_SIZE_V1_1 == 64);
     assert!(MODEL_INFO_SIZE_V1_2 == 72);
+    assert!(offset_of!(ModelInfo, embedding_json) == 88);
+    assert!(MODEL_INFO_SIZE_V1_3 == 88);
     assert!(size_of::<Batch>() == 48);
     assert!(offset_of!(Batch, want_logits) == 40);
     assert!(size_of::<ImageInput>() == 88);

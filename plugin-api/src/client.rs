@@ -3,7 +3,9 @@
 //! table pointer to [`Plugin::from_entry`].
 
 use crate::abi::{self, ErrorBuf, Header, Instance, ModelInfo, ModelVtable, StrRef};
-use crate::types::{BatchView, ErrorKind, ImageInput, ModelDescription, PluginError, Rewind, VisionSpec};
+use crate::types::{
+    BatchView, EmbeddingSpec, ErrorKind, ImageInput, ModelDescription, PluginError, Rewind, VisionSpec,
+};
 use std::ffi::c_void;
 use std::mem::size_of;
 
@@ -135,10 +137,12 @@ impl Plugin {
             poisoned: None,
             description: ModelDescription::default(),
             vision: None,
+            embedding: None,
         };
-        let (description, vision) = instance.fetch_info()?;
+        let (description, vision, embedding) = instance.fetch_info()?;
         instance.description = description;
         instance.vision = vision;
+        instance.embedding = embedding;
         Ok(instance)
     }
 }
@@ -193,6 +197,7 @@ pub struct ModelInstance {
     poisoned: Option<String>,
     description: ModelDescription,
     vision: Option<VisionSpec>,
+    embedding: Option<EmbeddingSpec>,
 }
 
 // SAFETY: the instance is used by one thread at a time (`&mut self` on every call that reaches
@@ -216,6 +221,12 @@ impl ModelInstance {
         self.vision.is_some()
     }
 
+    /// How the model embeds text; `None` when it does not (every plugin older than ABI 1.4, and
+    /// any whose embedding spec is missing or unreadable or that has no `embed`).
+    pub fn embedding(&self) -> Option<&EmbeddingSpec> {
+        self.embedding.as_ref()
+    }
+
     /// The ABI version (major, minor) of the plugin's vtable.
     pub fn abi_version(&self) -> (u16, u16) {
         (self.vt_header.abi_major, self.vt_header.abi_minor)
@@ -237,7 +248,9 @@ impl ModelInstance {
         Err(e)
     }
 
-    fn fetch_info(&mut self) -> Result<(ModelDescription, Option<VisionSpec>), PluginError> {
+    fn fetch_info(
+        &mut self,
+    ) -> Result<(ModelDescription, Option<VisionSpec>, Option<EmbeddingSpec>), PluginError> {
         let f = self
             .vtable
             .model_info
@@ -280,11 +293,28 @@ impl ModelInstance {
         } else {
             None
         };
+        // ABI 1.4: the embedding spec, honoured only with an `embed` entry.
+        let embedding = if written >= std::mem::offset_of!(ModelInfo, embedding_json) + size_of::<StrRef>()
+            && self.vtable.embed.is_some()
+        {
+            // SAFETY: the plugin keeps the string alive until destroy; we copy it now.
+            let text = unsafe { info.embedding_json.as_str() };
+            serde_json::from_str::<EmbeddingSpec>(&text)
+                .ok()
+                .filter(|e| e.dimensions > 0)
+        } else {
+            None
+        };
         let mut capabilities = info.capabilities;
         if vision.is_some() {
             capabilities |= abi::CAP_VISION;
         } else {
             capabilities &= !abi::CAP_VISION;
+        }
+        if embedding.is_some() {
+            capabilities |= abi::CAP_EMBEDDING;
+        } else {
+            capabilities &= !abi::CAP_EMBEDDING;
         }
         let description = ModelDescription {
             vocab_size: info.vocab_size,
@@ -295,7 +325,7 @@ impl ModelInstance {
             extra,
             rewind,
         };
-        Ok((description, vision))
+        Ok((description, vision, embedding))
     }
 
     /// Runs a batch; `logits` receives one row of `vocab_size` floats per row that wants logits.
@@ -436,6 +466,69 @@ impl ModelInstance {
         // SAFETY: handle is live; every image struct and the arrays it points to outlive the call.
         let status = unsafe { f(self.handle, seq, ptrs.as_ptr(), n, err) };
         self.check(status)
+    }
+}
+
+impl ModelInstance {
+    /// Embeds whole sequences of token ids (ABI 1.4): one vector of the spec's `dimensions` per
+    /// sequence, in order. At most `max_sequences` sequences per call, none empty. Unsupported
+    /// unless [`Self::embedding`] is `Some`.
+    pub fn embed(&mut self, sequences: &[&[i32]]) -> Result<Vec<Vec<f32>>, PluginError> {
+        let (f, dim) = match (self.vtable.embed, &self.embedding) {
+            (Some(f), Some(spec)) => (f, spec.dimensions as usize),
+            _ => return Err(PluginError::unsupported("embed: the model does not embed text")),
+        };
+        if sequences.len() > self.description.max_sequences as usize {
+            return Err(PluginError::invalid_argument(format!(
+                "embed: {} sequences; the model holds {} at once",
+                sequences.len(),
+                self.description.max_sequences
+            )));
+        }
+        if let Some(i) = sequences.iter().position(|s| s.is_empty()) {
+            return Err(PluginError::invalid_argument(format!(
+                "embed: sequence {i} is empty"
+            )));
+        }
+        let total: usize = sequences.iter().map(|s| s.len()).sum();
+        let n = u32::try_from(total).map_err(|_| PluginError::invalid_argument("batch too large"))?;
+        let mut tokens = Vec::with_capacity(total);
+        let mut positions = Vec::with_capacity(total);
+        let mut seq_ids = Vec::with_capacity(total);
+        for (k, s) in sequences.iter().enumerate() {
+            tokens.extend_from_slice(s);
+            positions.extend(0..s.len() as i32);
+            seq_ids.extend(std::iter::repeat_n(k as i32, s.len()));
+        }
+        let raw = abi::Batch {
+            header: Header::for_struct::<abi::Batch>(),
+            n_tokens: n,
+            reserved: 0,
+            tokens: tokens.as_ptr(),
+            positions: positions.as_ptr(),
+            seq_ids: seq_ids.as_ptr(),
+            want_logits: std::ptr::null(),
+        };
+        let mut data = vec![0f32; sequences.len() * dim];
+        let mut out = abi::Logits {
+            header: Header::for_struct::<abi::Logits>(),
+            data: data.as_mut_ptr(),
+            capacity: data.len(),
+            row_len: dim as u32,
+            rows_written: 0,
+        };
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; the batch arrays, the output buffer and err outlive the call.
+        let status = unsafe { f(self.handle, &raw, &mut out, err) };
+        self.check(status)?;
+        if out.rows_written as usize != sequences.len() {
+            return Err(PluginError::failed(format!(
+                "embed wrote {} vectors for {} sequences",
+                out.rows_written,
+                sequences.len()
+            )));
+        }
+        Ok(data.chunks_exact(dim.max(1)).map(<[f32]>::to_vec).collect())
     }
 }
 

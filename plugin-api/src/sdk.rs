@@ -4,8 +4,8 @@
 
 use crate::abi::{self, ErrorBuf, Instance, ModelInfo, ModelVtable, StrRef};
 use crate::types::{
-    BatchView, ErrorKind, ImageInput, LoadConfig, LogitsOut, ModelDescription, PluginError, PluginManifest,
-    VisionSpec,
+    BatchView, EmbeddingSpec, ErrorKind, ImageInput, LoadConfig, LogitsOut, ModelDescription, PluginError,
+    PluginManifest, VisionSpec,
 };
 use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -69,6 +69,18 @@ pub trait Model: Send + 'static {
     /// A truncate below a pending image's positions drops it.
     fn encode_images(&mut self, _seq: i32, _images: &[ImageInput<'_>]) -> Result<(), PluginError> {
         Err(PluginError::unsupported("encode_images"))
+    }
+
+    /// How the model embeds text (ABI 1.4); `None`, the default, when it does not. When `Some`,
+    /// the SDK also sets `CAP_EMBEDDING` in the reported capabilities.
+    fn embedding(&self) -> Option<EmbeddingSpec> {
+        None
+    }
+
+    /// Embeds whole sequences of token ids (ABI 1.4), independent of any decode state: returns
+    /// one vector of [`EmbeddingSpec::dimensions`] floats per sequence, back to back, in order.
+    fn embed(&mut self, _sequences: &[&[i32]]) -> Result<Vec<f32>, PluginError> {
+        Err(PluginError::unsupported("embed"))
     }
 }
 
@@ -195,6 +207,7 @@ unsafe extern "C" fn create_entry<F: Family>(
         stop_tokens: Vec::new(),
         extra_json: String::new(),
         vision_json: String::new(),
+        embedding_json: String::new(),
     });
     let vt: *const ModelVtable = &guarded.vtable;
     let handle = Box::into_raw(guarded) as *mut c_void;
@@ -226,6 +239,8 @@ struct Guarded<M: Model> {
     extra_json: String,
     /// Backing storage for the last `model_info` answer (empty: no images).
     vision_json: String,
+    /// Backing storage for the last `model_info` answer (empty: no embeddings).
+    embedding_json: String,
 }
 
 fn vtable<M: Model>() -> ModelVtable {
@@ -240,6 +255,7 @@ fn vtable<M: Model>() -> ModelVtable {
         seq_truncate: Some(seq_truncate_entry::<M>),
         seq_fork: Some(seq_fork_entry::<M>),
         encode_images: Some(encode_images_entry::<M>),
+        embed: Some(embed_entry::<M>),
     }
 }
 
@@ -313,9 +329,18 @@ unsafe extern "C" fn model_info_entry<M: Model>(
                 .map_err(|e| PluginError::failed(format!("vision spec does not serialize: {e}")))?,
             None => String::new(),
         };
+        let embedding = g.model.embedding();
+        g.embedding_json = match &embedding {
+            Some(e) => serde_json::to_string(e)
+                .map_err(|e| PluginError::failed(format!("embedding spec does not serialize: {e}")))?,
+            None => String::new(),
+        };
         let mut capabilities = d.capabilities;
         if vision.is_some() {
             capabilities |= abi::CAP_VISION;
+        }
+        if embedding.is_some() {
+            capabilities |= abi::CAP_EMBEDDING;
         }
         let (rewind, rewind_every) = d.rewind.to_abi();
         let info = ModelInfo {
@@ -332,6 +357,7 @@ unsafe extern "C" fn model_info_entry<M: Model>(
             rewind,
             rewind_every,
             vision_json: StrRef::borrow(&g.vision_json),
+            embedding_json: StrRef::borrow(&g.embedding_json),
         };
         // SAFETY: `out` is the host's ModelInfo with its header set to its allocated size.
         if unsafe { abi::write_versioned(out, &info) } {
@@ -404,6 +430,96 @@ unsafe extern "C" fn decode_entry<M: Model>(
         l.rows_written = 0;
         g.model.decode(&view, &mut out)?;
         l.rows_written = rows as u32;
+        Ok(())
+    };
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, work) })
+}
+
+/// Groups an embed batch's rows into whole sequences, in the order they first appear; each must
+/// hold its positions 0, 1, … in order.
+fn whole_sequences(tokens: &[i32], positions: &[i32], seq_ids: &[i32]) -> Result<Vec<Vec<i32>>, PluginError> {
+    let mut order: Vec<i32> = Vec::new();
+    let mut seqs: Vec<Vec<i32>> = Vec::new();
+    for ((&t, &p), &s) in tokens.iter().zip(positions).zip(seq_ids) {
+        let k = match order.iter().position(|&o| o == s) {
+            Some(k) => k,
+            None => {
+                order.push(s);
+                seqs.push(Vec::new());
+                seqs.len() - 1
+            }
+        };
+        if p < 0 || p as usize != seqs[k].len() {
+            return Err(PluginError::invalid_argument(format!(
+                "embed: sequence {s} has position {p} where {} was next; sequences must be whole, in order",
+                seqs[k].len()
+            )));
+        }
+        seqs[k].push(t);
+    }
+    Ok(seqs)
+}
+
+unsafe extern "C" fn embed_entry<M: Model>(
+    handle: *mut c_void,
+    batch: *const abi::Batch,
+    out: *mut abi::Logits,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    let work = |g: &mut Guarded<M>| {
+        let Some(spec) = g.model.embedding() else {
+            return Err(PluginError::unsupported("embed: the model does not embed text"));
+        };
+        // SAFETY: the host passes a valid batch; we read no further than its struct_size.
+        let Some((b, _)) = (unsafe { abi::read_versioned(batch) }) else {
+            return Err(PluginError::invalid_argument("null batch"));
+        };
+        if out.is_null() {
+            return Err(PluginError::invalid_argument("null output buffer"));
+        }
+        let n = b.n_tokens as usize;
+        if n > 0 && (b.tokens.is_null() || b.positions.is_null() || b.seq_ids.is_null()) {
+            return Err(PluginError::invalid_argument("batch has a null array"));
+        }
+        // SAFETY: the host guarantees each array holds n_tokens elements for the call.
+        let (tokens, positions, seq_ids) = unsafe {
+            (
+                borrow_slice(b.tokens, n),
+                borrow_slice(b.positions, n),
+                borrow_slice(b.seq_ids, n),
+            )
+        };
+        let seqs = whole_sequences(tokens, positions, seq_ids)?;
+        // SAFETY: out is non-null and host-owned for the call.
+        let o = unsafe { &mut *out };
+        o.rows_written = 0;
+        let dim = spec.dimensions as usize;
+        if o.row_len as usize != dim
+            || seqs.len() * dim > o.capacity
+            || (!seqs.is_empty() && o.data.is_null())
+        {
+            return Err(PluginError::invalid_argument(format!(
+                "embedding buffer: {} floats in rows of {}; {} rows of {dim} needed",
+                o.capacity,
+                o.row_len,
+                seqs.len()
+            )));
+        }
+        let views: Vec<&[i32]> = seqs.iter().map(Vec::as_slice).collect();
+        let vectors = g.model.embed(&views)?;
+        if vectors.len() != seqs.len() * dim {
+            return Err(PluginError::failed(format!(
+                "embed returned {} floats for {} sequences of {dim}",
+                vectors.len(),
+                seqs.len()
+            )));
+        }
+        if !vectors.is_empty() {
+            // SAFETY: data holds `capacity` >= vectors.len() writable floats, host-owned.
+            unsafe { std::ptr::copy_nonoverlapping(vectors.as_ptr(), o.data, vectors.len()) };
+        }
+        o.rows_written = seqs.len() as u32;
         Ok(())
     };
     // SAFETY: forwarded host contract.

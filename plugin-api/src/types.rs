@@ -190,6 +190,43 @@ pub struct VisionSpec {
     pub params: serde_json::Map<String, serde_json::Value>,
 }
 
+/// How a model pools the hidden states of a sequence into one vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// The mean over every token (sentence-transformers `pooling_mode_mean_tokens`).
+    Mean,
+    /// The last token's state (Qwen3-Embedding; `pooling_mode_lasttoken`).
+    LastToken,
+    /// The first token's state (`pooling_mode_cls_token`).
+    Cls,
+}
+
+/// How a model embeds text (ABI 1.4, `ModelInfo.embedding_json`). The plugin runs the embedding
+/// model up to its last projection (attention, pooling, dense layers); the host adds the prompt,
+/// tokenizes, may truncate a vector to fewer dimensions (Matryoshka), and L2-normalises it when
+/// `normalized` says the model ends with a Normalize module.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingSpec {
+    /// Length of each vector `embed` writes.
+    pub dimensions: u32,
+    /// How token states become one vector.
+    pub pooling: Pooling,
+    /// The model ends with a Normalize module: the host L2-normalises each vector (after any
+    /// truncation). `embed` leaves them as the last projection wrote them, so that a host can
+    /// also hand out the raw vector (Ollama's legacy `/api/embeddings`).
+    pub normalized: bool,
+    /// Longest sequence, in tokens, the model embeds (its training length).
+    pub max_tokens: u32,
+    /// Named prompts put before the text (sentence-transformers `prompts`, e.g. `query`,
+    /// `document`).
+    #[serde(default)]
+    pub prompts: std::collections::BTreeMap<String, String>,
+    /// The prompt used when the request names none.
+    #[serde(default)]
+    pub default_prompt: Option<String>,
+}
+
 /// One image (or one slice or tile of it) for `encode_images`, in safe form.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ImageInput<'a> {

@@ -2,7 +2,7 @@
 //! `src/abi.rs`, and checks that a C compiler accepts it with the layout the Rust side freezes.
 
 use berth_plugin_api::abi;
-use std::mem::size_of;
+use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -59,10 +59,12 @@ fn header_declares_the_constants_structs_and_function_types() {
     let h = generate();
     for needle in [
         "#define BERTH_ABI_MAJOR 1",
-        "#define BERTH_ABI_MINOR 3",
+        "#define BERTH_ABI_MINOR 4",
         "#define BERTH_REWIND_SNAPSHOTS 1",
         "#define BERTH_FLAG_PANIC_UNWIND 1",
         "#define BERTH_STATUS_UNSUPPORTED 3",
+        "#define BERTH_CAP_VISION (1 << 2)",
+        "#define BERTH_CAP_EMBEDDING (1 << 3)",
         "typedef struct BerthHeader {",
         "typedef struct BerthEntryTable {",
         "typedef struct BerthModelVtable {",
@@ -81,6 +83,10 @@ fn header_declares_the_constants_structs_and_function_types() {
         "struct BerthStrRef vision_json;",
         "uint32_t shape[4];",
         "BerthStatus (*encode_images)(void *handle, int32_t seq, const struct BerthImageInput *const *images, uint32_t n_images, struct BerthErrorBuf *err);",
+        "BERTH_MODEL_VTABLE_SIZE_V1_3",
+        "BERTH_MODEL_INFO_SIZE_V1_3",
+        "struct BerthStrRef embedding_json;",
+        "BerthStatus (*embed)(void *handle, const struct BerthBatch *batch, struct BerthLogits *out, struct BerthErrorBuf *err);",
     ] {
         assert!(
             h.contains(needle),
@@ -152,6 +158,21 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
         "_Static_assert(BERTH_MODEL_INFO_SIZE_V1_2 == {}, \"1.2 model info size\");\n",
         abi::MODEL_INFO_SIZE_V1_2
     ));
+    c.push_str(&format!(
+        "_Static_assert(BERTH_MODEL_VTABLE_SIZE_V1_3 == {}, \"1.3 vtable size\");\n",
+        abi::MODEL_VTABLE_SIZE_V1_3
+    ));
+    c.push_str(&format!(
+        "_Static_assert(BERTH_MODEL_INFO_SIZE_V1_3 == {}, \"1.3 model info size\");\n",
+        abi::MODEL_INFO_SIZE_V1_3
+    ));
+    for (name, value) in [
+        ("BERTH_ABI_MINOR", u64::from(abi::ABI_MINOR)),
+        ("BERTH_CAP_VISION", abi::CAP_VISION),
+        ("BERTH_CAP_EMBEDDING", abi::CAP_EMBEDDING),
+    ] {
+        c.push_str(&format!("_Static_assert({name} == {value}, \"{name}\");\n"));
+    }
     for (field, offset) in [
         ("positions", std::mem::offset_of!(abi::ImageInput, positions)),
         ("grid_rows", std::mem::offset_of!(abi::ImageInput, grid_rows)),
@@ -160,6 +181,21 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
         c.push_str(&format!(
             "_Static_assert(offsetof(BerthImageInput, {field}) == {offset}, \"image input {field}\");\n"
         ));
+    }
+    let vtable = [
+        ("encode_images", offset_of!(abi::ModelVtable, encode_images)),
+        ("embed", offset_of!(abi::ModelVtable, embed)),
+    ];
+    let info = [
+        ("vision_json", offset_of!(abi::ModelInfo, vision_json)),
+        ("embedding_json", offset_of!(abi::ModelInfo, embedding_json)),
+    ];
+    for (strukt, fields) in [("BerthModelVtable", vtable), ("BerthModelInfo", info)] {
+        for (field, offset) in fields {
+            c.push_str(&format!(
+                "_Static_assert(offsetof({strukt}, {field}) == {offset}, \"{strukt}.{field}\");\n"
+            ));
+        }
     }
     c.push_str("int use_them(void) { return entry_fn != 0 && manifest_fn != 0; }\n");
     std::fs::write(&source, c).unwrap();

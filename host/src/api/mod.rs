@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub mod body;
+pub mod embeddings;
 pub mod logprobs;
 pub mod messages;
 pub mod ollama;

@@ -108,6 +108,15 @@ pub(crate) async fn prepare<T: GenerationBody>(
     let name = request.model_name().unwrap_or_default();
     let keep_alive = request.keep_alive();
     let model = model_for(st, name, keep_alive).await?;
+    if model.embedding.is_some() {
+        return Err(ApiError::param(
+            "model",
+            format!(
+                "model '{}' is an embedding model: it embeds text and does not generate (use /v1/embeddings or /api/embed)",
+                model.reference
+            ),
+        ));
+    }
     Ok(Prepared {
         request,
         turn,

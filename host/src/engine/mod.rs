@@ -17,6 +17,7 @@
 //! refuses a rewind anyway costs that request one full prefill (its sequence is reset to 0),
 //! never a failed request.
 
+pub mod embed;
 pub mod metrics;
 pub mod sequence;
 pub mod speculation;
@@ -197,6 +198,8 @@ pub struct TextSide {
 
 struct State {
     pending: VecDeque<Job>,
+    /// Embedding jobs not yet taken by the scheduler.
+    embeds: VecDeque<embed::EmbedJob>,
     active: usize,
     closing: bool,
 }
@@ -229,6 +232,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: VecDeque::new(),
+                embeds: VecDeque::new(),
                 active: 0,
                 closing: false,
             }),
@@ -261,6 +265,26 @@ impl Engine {
         self.shared.metrics.queue_depth.fetch_add(1, Relaxed);
         self.shared.wake.notify_one();
         Ok(())
+    }
+
+    /// Queues the inputs (token ids, none empty) of one embedding request; they share plugin
+    /// `embed` calls with other requests' ([`embed`]). Fails when the queue is full or the
+    /// engine is closing.
+    pub fn embed(
+        &self,
+        inputs: Vec<Vec<u32>>,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<embed::Embedded, String>>, SubmitError> {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.closing {
+            return Err(SubmitError::Closed);
+        }
+        if st.pending.len() + st.embeds.len() >= self.shared.cfg.queue {
+            return Err(SubmitError::QueueFull);
+        }
+        let (job, rx) = embed::EmbedJob::new(inputs);
+        st.embeds.push_back(job);
+        self.shared.wake.notify_one();
+        Ok(rx)
     }
 
     /// Requests queued and sequences running.
@@ -391,6 +415,8 @@ struct Scheduler {
     fork_unsupported: bool,
     /// Prompt-lookup speculation is on ([`speculation::enabled`]).
     speculate: bool,
+    /// Embedding jobs taken from the queue, run between decode steps.
+    embeds: VecDeque<embed::EmbedJob>,
 }
 
 impl Scheduler {
@@ -419,6 +445,7 @@ impl Scheduler {
             tick: 0,
             fork_unsupported: false,
             speculate,
+            embeds: VecDeque::new(),
         }
     }
 
@@ -432,6 +459,9 @@ impl Scheduler {
             }
             self.drop_cancelled();
             kv.set(self.kv_rows_held(), capacity);
+            if !self.embeds.is_empty() {
+                embed::run_batch(&mut self.model, &mut self.embeds);
+            }
             if self.slots.iter().any(|s| s.run.is_some()) {
                 self.step();
             }
@@ -460,8 +490,9 @@ impl Scheduler {
                 }
                 self.place(job);
             }
+            self.embeds.extend(st.embeds.drain(..));
             st.active = self.slots.iter().filter(|s| s.run.is_some()).count();
-            if st.active > 0 {
+            if st.active > 0 || !self.embeds.is_empty() {
                 return true;
             }
             if st.closing && st.pending.is_empty() {

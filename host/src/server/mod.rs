@@ -68,6 +68,8 @@ fn routes(state: Shared, max_body: usize) -> Router {
         .route("/v1/messages/count_tokens", post(api::anthropic::count_tokens))
         .route("/api/chat", post(api::ollama::chat))
         .route("/api/generate", post(api::ollama::generate))
+        .route("/api/embed", post(api::embeddings::ollama_embed))
+        .route("/api/embeddings", post(api::embeddings::ollama_embeddings))
         .route("/api/tags", get(api::ollama::tags))
         .route("/api/show", post(api::ollama::show))
         .route("/api/ps", get(api::ollama::ps))
@@ -94,6 +96,7 @@ fn openai_routes(prefix: &str) -> Router<Shared> {
             post(api::openai::chat_completions),
         )
         .route(&format!("{prefix}/completions"), post(api::openai::completions))
+        .route(&format!("{prefix}/embeddings"), post(api::embeddings::openai))
         .route(&format!("{prefix}/responses"), post(api::responses::create))
         .route(
             &format!("{prefix}/responses/{{id}}"),

@@ -78,6 +78,8 @@ pub struct Model {
     pub harmony: Option<crate::harmony::Harmony>,
     /// How the model takes images (its plugin's vision spec); `None` takes none.
     pub vision: Option<berth_plugin_api::VisionSpec>,
+    /// How the model embeds text (its plugin's embedding spec); `None`: a generating model.
+    pub embedding: Option<berth_plugin_api::EmbeddingSpec>,
     /// Capabilities from the pack (`completion`, `tools`, `thinking`, ...).
     pub capabilities: Vec<String>,
     /// Family of the pack.
@@ -186,9 +188,17 @@ impl Model {
         let mut model = model;
         let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
         let vision = model.instance().ok().and_then(|i| i.vision().cloned());
+        let embedding = model.instance().ok().and_then(|i| i.embedding().cloned());
         let mut capabilities = m.capabilities.clone();
         if vision.is_some() && !capabilities.iter().any(|c| c == "vision") {
             capabilities.push("vision".into());
+        }
+        if embedding.is_some() {
+            // An embedding model generates nothing, whatever its tokenizer's template says.
+            capabilities.retain(|c| c != "completion" && c != "chat" && c != "tools" && c != "thinking");
+            if !capabilities.iter().any(|c| c == "embedding") {
+                capabilities.push("embedding".into());
+            }
         }
         let vocab = model.description().vocab_size as usize;
         let constraints =
@@ -219,6 +229,7 @@ impl Model {
             detected,
             harmony,
             vision,
+            embedding,
             capabilities,
             family: m.family.clone(),
             architecture: m.architecture.clone(),

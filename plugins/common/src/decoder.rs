@@ -44,8 +44,13 @@ pub struct DecoderConfig {
     pub activation: Activation,
     /// Multiplier of q·k (default `head_dim^-0.5`).
     pub attn_scale: f32,
-    /// Sliding-window size per layer (`None` = full causal attention).
+    /// Sliding-window size per layer (`None` = full causal attention). With `bidirectional`, a
+    /// position sees the positions less than this far from it on either side.
     pub sliding_window: Vec<Option<usize>>,
+    /// Every position attends to every position of its sequence, later ones too (an encoder:
+    /// EmbeddingGemma's `use_bidirectional_attention`). Such a model only embeds whole sequences
+    /// ([`Decoder::embed_states`]); decoding it is refused.
+    pub bidirectional: bool,
     /// RoPE base per layer.
     pub rope_base: Vec<f32>,
     /// Rotated dimensions per head (default `head_dim`).
@@ -101,6 +106,7 @@ impl DecoderConfig {
             activation: Activation::Silu,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             sliding_window: vec![None; n_layers],
+            bidirectional: false,
             rope_base: vec![10000.0; n_layers],
             rope_dim: head_dim,
             rope_neox: true,
@@ -664,6 +670,11 @@ impl Decoder {
         logits: &mut LogitsOut<'_>,
     ) -> Result<(), PluginError> {
         batch.validate()?;
+        if self.cfg.bidirectional {
+            return Err(PluginError::unsupported(
+                "this is an embedding model (bidirectional attention): it embeds text and does not generate",
+            ));
+        }
         let n = batch.len();
         for (k, &(row, e)) in embeds.iter().enumerate() {
             if row >= n || e.len() != self.cfg.hidden {
@@ -780,7 +791,7 @@ impl Decoder {
                 (j.expect("every row is in the order"), e)
             })
             .collect();
-        self.forward(&tokens, &placed, &want, &dest, logits);
+        self.forward(&tokens, &placed, &want, &dest, logits, None);
         (self.s.tokens, self.s.want, self.s.dest) = (tokens, want, dest);
         let s = &mut self.s;
         for (seq, next) in s.seq_next.iter().enumerate() {
@@ -789,6 +800,69 @@ impl Decoder {
             }
         }
         Ok(())
+    }
+
+    /// The final-normed hidden states of whole sequences (an embedding model's token states),
+    /// all in one forward pass: sequence `k` of `seqs` runs from position 0 in slot `k`, emptied
+    /// before and after. Returns `[row][hidden]`, the sequences' rows back to back.
+    pub fn embed_states(&mut self, seqs: &[&[i32]]) -> Result<Vec<f32>, PluginError> {
+        if self.states.is_recurrent() {
+            return Err(PluginError::unsupported(
+                "embedding with convolution or recurrent layers",
+            ));
+        }
+        if seqs.len() > self.kv.max_sequences() {
+            return Err(PluginError::invalid_argument(format!(
+                "{} sequences to embed; the model holds {} at once",
+                seqs.len(),
+                self.kv.max_sequences()
+            )));
+        }
+        for (k, seq) in seqs.iter().enumerate() {
+            if seq.is_empty() || seq.len() > self.kv.max_len() {
+                return Err(PluginError::invalid_argument(format!(
+                    "sequence {k} has {} tokens; 1 to {} can be embedded",
+                    seq.len(),
+                    self.kv.max_len()
+                )));
+            }
+            if let Some(&t) = seq
+                .iter()
+                .find(|&&t| t < 0 || t as usize >= self.weights.vocab_in())
+            {
+                return Err(PluginError::invalid_argument(format!(
+                    "token {t} outside the vocabulary (size {})",
+                    self.weights.vocab_in()
+                )));
+            }
+        }
+        let s = &mut self.s;
+        s.seq_next.clear();
+        s.seq_next.resize(self.kv.max_sequences(), None);
+        s.rows.clear();
+        let mut tokens = Vec::with_capacity(seqs.iter().map(|q| q.len()).sum());
+        for (k, seq) in seqs.iter().enumerate() {
+            self.kv.set_len(k, 0);
+            self.kv.reserve(k, seq.len());
+            s.seq_next[k] = Some(seq.len());
+            s.rows.extend((0..seq.len()).map(|pos| (k, pos)));
+            tokens.extend_from_slice(seq);
+        }
+        let want = vec![0u8; tokens.len()];
+        let mut hidden = Vec::new();
+        let vocab = self.vocab_size();
+        self.forward(
+            &tokens,
+            &[],
+            &want,
+            &[],
+            &mut LogitsOut::new(&mut [], vocab),
+            Some(&mut hidden),
+        );
+        for k in 0..seqs.len() {
+            self.kv.set_len(k, 0);
+        }
+        Ok(hidden)
     }
 
     /// The forward pass over validated rows (`self.s.rows` holds each row's sequence and position).
@@ -801,6 +875,7 @@ impl Decoder {
         want_logits: &[u8],
         dest: &[usize],
         logits: &mut LogitsOut<'_>,
+        hidden: Option<&mut Vec<f32>>,
     ) {
         let cfg = &self.cfg;
         let w = &self.weights;
@@ -910,7 +985,8 @@ impl Decoder {
                         kv.write(seq, l, pos, kr, vr);
                     }
                     let att = grow(&mut s.att, n * qd);
-                    attention(cfg, kv, g, p.sinks, &s.rows, q, att, threads);
+                    let ends = cfg.bidirectional.then_some(s.seq_next.as_slice());
+                    attention(cfg, kv, g, p.sinks, &s.rows, ends, q, att, threads);
                     if p.gated {
                         att.iter_mut()
                             .zip(&s.qgate[..n * qd])
@@ -1170,6 +1246,15 @@ impl Decoder {
             }
             if let Some(scale) = w.layer_scalars.as_ref().map(|v| v[l]).filter(|&v| v != 1.0) {
                 x.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+
+        // Every row's final-normed state, when the caller embeds.
+        if let Some(out) = hidden {
+            out.clear();
+            out.resize(n * h, 0.0);
+            for (row, dst) in s.x[..n * h].chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+                rms_norm(row, Some(&w.output_norm), cfg.eps, cfg.norm_add_one, dst);
             }
         }
 
@@ -1450,11 +1535,24 @@ fn attention(
     g: AttnGeometry,
     sinks: Option<&[f32]>,
     rows: &[(usize, usize)],
+    ends: Option<&[Option<usize>]>,
     q: &[f32],
     out: &mut [f32],
     threads: usize,
 ) {
     let (hd, nh, kvd) = (g.head_dim, cfg.n_heads, g.kv_dim());
+    // What a row at `pos` of sequence `seq` attends to: causal (up to itself, within the window
+    // behind it) or, given each sequence's end, bidirectional (within the window on both sides).
+    let span = |seq: usize, pos: usize| match ends {
+        None => (window_start(pos, g.window), pos + 1),
+        Some(ends) => {
+            let end = ends[seq].unwrap_or(pos + 1);
+            match g.window {
+                Some(w) => (pos.saturating_sub(w.saturating_sub(1)), end.min(pos + w)),
+                None => (0, end),
+            }
+        }
+    };
     let group = nh / g.n_kv_heads;
     let opts = HeadOpts {
         scale: cfg.attn_scale,
@@ -1491,14 +1589,15 @@ fn attention(
     // A row's KV range for heads from `head` on.
     let kv_rows = |row: usize, head: usize| {
         let (seq, pos) = rows[row];
-        let (ks, vs) = kv.layer(seq, g.kv_layer, pos + 1);
+        let (start, end) = span(seq, pos);
+        let (ks, vs) = kv.layer(seq, g.kv_layer, end);
         let kh = head / group;
         KvRows {
             k: &ks[kh * hd..],
             v: &vs[kh * hd..],
             stride: kvd,
-            start: window_start(pos, g.window),
-            end: pos + 1,
+            start,
+            end,
         }
     };
     let head_opts_of = |head_opts: &mut Vec<HeadOpts>, head: usize| {

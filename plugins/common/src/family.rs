@@ -4,6 +4,7 @@
 //! mapping and the weight map and hands a [`Loaded`] to [`DecoderModel::new`].
 
 use crate::decoder::{Decoder, DecoderConfig, DecoderWeights, GatedFfn};
+use crate::embedding::SentenceHead;
 use crate::layers::Activation;
 use crate::linear::resolve_threads;
 use crate::ops::Yarn;
@@ -12,7 +13,7 @@ use crate::weights::{GgufFile, WeightFormat, Weights};
 pub use berth_plugin_api as api;
 use berth_plugin_api::abi::CAP_TOOLS;
 use berth_plugin_api::{
-    BatchView, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
+    BatchView, EmbeddingSpec, LoadConfig, LogitsOut, Model, ModelDescription, PluginError, PluginManifest,
 };
 pub use serde_json::Value;
 use serde_json::{json, Map};
@@ -532,6 +533,8 @@ pub struct DecoderModel {
     decoder: Decoder,
     description: ModelDescription,
     tools: bool,
+    /// The sentence-transformers modules of an embedding pack (`modules.json`).
+    head: Option<SentenceHead>,
 }
 
 impl DecoderModel {
@@ -563,6 +566,12 @@ impl DecoderModel {
             cfg.snapshot_every = (n as usize).max(1);
         }
         let vocab = weights.output.rows as u32;
+        let head = SentenceHead::load(&config.pack_dir, cfg.hidden, context)?;
+        if cfg.bidirectional && head.is_none() {
+            return Err(bad(
+                "a bidirectional (embedding) model needs its sentence-transformers modules.json",
+            ));
+        }
         let decoder = Decoder::new(cfg, weights, max_seqs as usize, context as usize, threads);
         let description = ModelDescription {
             vocab_size: vocab,
@@ -581,6 +590,7 @@ impl DecoderModel {
             decoder,
             description,
             tools: l.tools,
+            head,
         })
     }
 
@@ -649,6 +659,19 @@ impl Model for DecoderModel {
 
     fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
         self.decoder.seq_fork(src, dst)
+    }
+
+    fn embedding(&self) -> Option<EmbeddingSpec> {
+        self.head.as_ref().map(SentenceHead::spec)
+    }
+
+    fn embed(&mut self, sequences: &[&[i32]]) -> Result<Vec<f32>, PluginError> {
+        let head = self.head.as_ref().ok_or_else(|| {
+            PluginError::unsupported("embed: the pack has no sentence-transformers modules")
+        })?;
+        let states = self.decoder.embed_states(sequences)?;
+        let lens: Vec<usize> = sequences.iter().map(|s| s.len()).collect();
+        Ok(head.apply(&states, &lens, self.decoder.cfg.hidden, self.decoder.threads))
     }
 }
 

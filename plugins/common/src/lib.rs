@@ -10,6 +10,7 @@
 //! - [`recurrent`]: the recurrent mixers (LFM2's short convolution, Qwen3.5's gated delta-net).
 //! - [`layers`]: the mixers and feed-forwards a layer is made of, with their shape checks.
 //! - [`decoder`]: a generic pre-norm transformer decoder running multi-sequence batches.
+//! - [`embedding`]: sentence-transformers heads (pooling, dense, normalise) of embedding models.
 //! - [`family`]: what every family plugin shares: weight files, configs, special tokens, the
 //!   plugin `Model` over the decoder ([`DecoderModel`]).
 //! - [`testing`]: checks every family runs in its tests (reference logits, batching, fork,
@@ -20,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod decoder;
+pub mod embedding;
 pub mod family;
 pub mod kv;
 pub mod layers;

@@ -538,8 +538,11 @@ impl Weights {
         let Files::Safetensors(files) = &self.files else {
             return None;
         };
+        // A headless checkpoint (transformers' `AutoModel`, e.g. an embedding model's
+        // `Gemma3TextModel`) names its tensors without the `model.` of the language model.
+        let bare = name.strip_prefix("model.");
         files.iter().find_map(|f| {
-            let t = f.tensor(name)?;
+            let t = f.tensor(name).or_else(|| bare.and_then(|b| f.tensor(b)))?;
             let shape = t.shape.iter().map(|&d| d as usize).collect();
             Some((f, t.dtype.clone(), shape, t.data_offsets.0 as usize))
         })

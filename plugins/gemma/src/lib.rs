@@ -271,7 +271,14 @@ fn gemma3_safetensors(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, Deco
         "linear" => global.factor,
         k => return Err(bad(format!("config.json: unsupported RoPE type {k:?}"))),
     };
-    let window = hc.num("sliding_window");
+    let mut window = hc.num("sliding_window");
+    if c.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true) {
+        // EmbeddingGemma: an encoder. transformers' Gemma3TextConfig turns the window into
+        // `sliding_window // 2 + 1` when attention is bidirectional, and a local layer's position
+        // then sees those less than that far from it on either side.
+        cfg.bidirectional = true;
+        window = window.map(|w| w / 2 + 1);
+    }
     for (i, sliding) in sliding_layers(c, n_layers, GEMMA3_PATTERN)
         .into_iter()
         .enumerate()

@@ -2,7 +2,7 @@
 //! against the C ABI. Struct layouts differ per variant; the functions are shared.
 
 use crate::{ABI_MAJOR, ABI_MINOR, MANIFEST};
-#[cfg(feature = "newer")]
+#[cfg(any(feature = "newer", feature = "v1_3"))]
 use berth_plugin_api::abi::ImageInput;
 use berth_plugin_api::abi::{
     self, Batch, ErrorBuf, Header, Instance, Logits, Status, StrRef, STATUS_INVALID_ARGUMENT, STATUS_OK,
@@ -16,30 +16,46 @@ pub const VOCAB: u32 = 16;
 pub const CONTEXT: u32 = 64;
 /// Most sequences at once.
 pub const MAX_SEQUENCES: u32 = 4;
+/// The capability bits reported: `newer` claims images and embeddings with the 1.3 and 1.4
+/// fields to back them.
+#[cfg(feature = "newer")]
+const CAPABILITIES: u64 = abi::CAP_VISION | abi::CAP_EMBEDDING;
+/// The capability bits reported: `v1_3` takes images with the 1.3 fields, and claims
+/// `CAP_EMBEDDING`, as a 1.3 plugin could, though 1.3 has no way to embed (the host must clear
+/// it).
+#[cfg(feature = "v1_3")]
+const CAPABILITIES: u64 = abi::CAP_VISION | abi::CAP_EMBEDDING;
 /// The capability bits reported: `v1_2` claims `CAP_VISION`, as a 1.2 plugin could, though 1.2
-/// has no way to take images (the host must clear it); `newer` claims it with the 1.3 fields.
-#[cfg(any(feature = "newer", feature = "v1_2"))]
+/// has no way to take images (the host must clear it).
+#[cfg(feature = "v1_2")]
 const CAPABILITIES: u64 = abi::CAP_VISION;
 /// The capability bits reported.
-#[cfg(not(any(feature = "newer", feature = "v1_2")))]
+#[cfg(not(any(feature = "newer", feature = "v1_3", feature = "v1_2")))]
 const CAPABILITIES: u64 = 0;
 /// Tokens that end generation (borrowed by the host until destroy: static).
 static STOP_TOKENS: [i32; 1] = [0];
 /// Everything else the model reports.
 const EXTRA_JSON: &str = r#"{"architecture": "abi-test"}"#;
-/// The `newer` and `v1_2` variants rewind to snapshots every this many positions (an ABI 1.2
-/// field).
+/// The `newer`, `v1_3` and `v1_2` variants rewind to snapshots every this many positions (an ABI
+/// 1.2 field).
 pub const SNAPSHOT_EVERY: u32 = 16;
-/// How the `newer` variant takes images (an ABI 1.3 field), with a key no host knows.
-#[cfg(feature = "newer")]
+/// How the `newer` and `v1_3` variants take images (an ABI 1.3 field), with a key no host knows.
+#[cfg(any(feature = "newer", feature = "v1_3"))]
 pub const VISION_JSON: &str =
     r#"{"scheme": "abi-test", "layout": "chw", "patch_size": 4, "image_token_id": 15, "future_knob": 1}"#;
+/// Length of the `newer` variant's embedding vectors.
+#[cfg(feature = "newer")]
+pub const EMBEDDING_DIMENSIONS: u32 = 4;
+/// How the `newer` variant embeds text (an ABI 1.4 field), with a key no host knows.
+#[cfg(feature = "newer")]
+pub const EMBEDDING_JSON: &str = r#"{"dimensions": 4, "pooling": "mean", "normalized": false, "max_tokens": 64,
+    "prompts": {"query": "query: "}, "default_prompt": "query", "future_knob": {"x": 1}}"#;
 
-/// The 1.3 layout of the entry table (unchanged since 1.0) plus one trailing field (ABI 1.4).
+/// The entry table of ABI 1.0-1.4 (unchanged since 1.0) plus one trailing field (ABI 1.5).
 #[cfg(feature = "newer")]
 #[repr(C)]
 pub struct EntryTable {
-    /// Struct header: this struct's own (larger) size, ABI 1.4.
+    /// Struct header: this struct's own (larger) size, ABI 1.5.
     pub header: Header,
     /// `FLAG_*` bits.
     pub flags: u32,
@@ -51,16 +67,17 @@ pub struct EntryTable {
     pub create: Option<
         unsafe extern "C" fn(load_config_json: StrRef, out: *mut Instance, err: *mut ErrorBuf) -> Status,
     >,
-    /// A field from the future that a 1.3 host never reads.
+    /// A field from the future that a 1.4 host never reads.
     pub future_flags: u64,
 }
 /// The entry table layout of ABI 1.0 to 2.0 (unchanged).
 #[cfg(not(feature = "newer"))]
 pub use abi::EntryTable;
 
-/// The 1.1-1.2 vtable (its `model_info` filling this variant's model info), plus, in `newer`,
-/// the 1.3 `encode_images` and one trailing entry (ABI 1.4).
-#[cfg(any(feature = "newer", feature = "v1_1", feature = "v1_2"))]
+/// The 1.1-1.2 vtable (its `model_info` filling this variant's model info), plus the 1.3
+/// `encode_images` in `v1_3` and `newer`, and in `newer` the 1.4 `embed` and one trailing entry
+/// (ABI 1.5).
+#[cfg(any(feature = "newer", feature = "v1_3", feature = "v1_1", feature = "v1_2"))]
 #[repr(C)]
 pub struct ModelVtable {
     /// Struct header: this struct's own size (larger than the host's in `newer`).
@@ -93,7 +110,7 @@ pub struct ModelVtable {
     pub seq_fork:
         Option<unsafe extern "C" fn(handle: *mut c_void, src: i32, dst: i32, err: *mut ErrorBuf) -> Status>,
     /// Encodes images (ABI 1.3).
-    #[cfg(feature = "newer")]
+    #[cfg(any(feature = "newer", feature = "v1_3"))]
     pub encode_images: Option<
         unsafe extern "C" fn(
             handle: *mut c_void,
@@ -103,7 +120,17 @@ pub struct ModelVtable {
             err: *mut ErrorBuf,
         ) -> Status,
     >,
-    /// An entry from the future that a 1.3 host never calls.
+    /// Embeds whole sequences (ABI 1.4).
+    #[cfg(feature = "newer")]
+    pub embed: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            batch: *const Batch,
+            out: *mut Logits,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
+    /// An entry from the future that a 1.4 host never calls.
     #[cfg(feature = "newer")]
     pub future_entry: Option<unsafe extern "C" fn(handle: *mut c_void) -> Status>,
 }
@@ -140,16 +167,17 @@ pub struct ModelVtable {
         Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, len: u32, err: *mut ErrorBuf) -> Status>,
 }
 
-/// The vtable layout of ABI 1.3 (the `v2` variant reuses it under another major).
+/// The vtable layout of ABI 1.4 (the `v2` variant reuses it under another major).
 #[cfg(feature = "v2")]
 pub use abi::ModelVtable;
 
-/// The 1.3 model info plus one trailing field (ABI 1.4).
-#[cfg(feature = "newer")]
+/// The model info of ABI 1.3 (in `v1_3`: it ends before the 1.4 `embedding_json`), or of ABI 1.4
+/// plus one trailing field (ABI 1.5, in `newer`).
+#[cfg(any(feature = "newer", feature = "v1_3"))]
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ModelInfo {
-    /// Struct header: how much was written, ABI 1.4.
+    /// Struct header: how much was written, ABI 1.3 or 1.5.
     pub header: Header,
     /// Logits per row.
     pub vocab_size: u32,
@@ -175,7 +203,11 @@ pub struct ModelInfo {
     pub rewind_every: u32,
     /// How the model takes images, as JSON (ABI 1.3).
     pub vision_json: StrRef,
-    /// A field from the future that a 1.3 host has no room for.
+    /// How the model embeds text, as JSON (ABI 1.4).
+    #[cfg(feature = "newer")]
+    pub embedding_json: StrRef,
+    /// A field from the future that a 1.4 host has no room for.
+    #[cfg(feature = "newer")]
     pub max_batch_tokens: u64,
 }
 
@@ -237,7 +269,7 @@ pub struct ModelInfo {
     pub extra_json: StrRef,
 }
 
-/// The model info layout of ABI 1.3 (the `v2` variant reuses it under another major).
+/// The model info layout of ABI 1.4 (the `v2` variant reuses it under another major).
 #[cfg(feature = "v2")]
 pub use abi::ModelInfo;
 
@@ -256,6 +288,16 @@ const _: () = {
         assert!(offset_of!(ModelInfo, rewind_every) == offset_of!(abi::ModelInfo, rewind_every));
         assert!(offset_of!(ModelInfo, vision_json) == offset_of!(abi::ModelInfo, vision_json));
         assert!(offset_of!(ModelVtable, encode_images) == offset_of!(abi::ModelVtable, encode_images));
+        assert!(offset_of!(ModelVtable, embed) == offset_of!(abi::ModelVtable, embed));
+        assert!(offset_of!(ModelInfo, embedding_json) == offset_of!(abi::ModelInfo, embedding_json));
+    }
+    #[cfg(feature = "v1_3")]
+    {
+        use std::mem::offset_of;
+        assert!(size_of::<ModelVtable>() == abi::MODEL_VTABLE_SIZE_V1_3);
+        assert!(offset_of!(ModelVtable, encode_images) == offset_of!(abi::ModelVtable, encode_images));
+        assert!(size_of::<ModelInfo>() == abi::MODEL_INFO_SIZE_V1_3);
+        assert!(offset_of!(ModelInfo, vision_json) == offset_of!(abi::ModelInfo, vision_json));
     }
     #[cfg(any(feature = "v1_1", feature = "v1_2"))]
     {
@@ -321,15 +363,19 @@ static VTABLE: Shared<ModelVtable> = Shared(ModelVtable {
     seq_truncate: Some(seq_truncate),
     #[cfg(not(feature = "older"))]
     seq_fork: Some(seq_fork),
-    #[cfg(feature = "newer")]
+    #[cfg(any(feature = "newer", feature = "v1_3"))]
     encode_images: Some(encode_images),
     #[cfg(feature = "v2")]
     encode_images: None,
     #[cfg(feature = "newer")]
+    embed: Some(embed),
+    #[cfg(feature = "v2")]
+    embed: None,
+    #[cfg(feature = "newer")]
     future_entry: Some(future_entry),
 });
 
-/// Entry symbol of ABI 1 (the `newer`, `v1_2`, `v1_1` and `older` variants).
+/// Entry symbol of ABI 1 (the `newer`, `v1_3`, `v1_2`, `v1_1` and `older` variants).
 #[cfg(not(feature = "v2"))]
 #[no_mangle]
 pub extern "C" fn berth_plugin_entry_v1() -> *const EntryTable {
@@ -450,14 +496,19 @@ unsafe extern "C" fn model_info(handle: *mut c_void, out: *mut ModelInfo, err: *
             ptr: EXTRA_JSON.as_ptr(),
             len: EXTRA_JSON.len(),
         },
-        #[cfg(any(feature = "newer", feature = "v1_2"))]
+        #[cfg(any(feature = "newer", feature = "v1_3", feature = "v1_2"))]
         rewind: abi::REWIND_SNAPSHOTS,
-        #[cfg(any(feature = "newer", feature = "v1_2"))]
+        #[cfg(any(feature = "newer", feature = "v1_3", feature = "v1_2"))]
         rewind_every: SNAPSHOT_EVERY,
-        #[cfg(feature = "newer")]
+        #[cfg(any(feature = "newer", feature = "v1_3"))]
         vision_json: StrRef {
             ptr: VISION_JSON.as_ptr(),
             len: VISION_JSON.len(),
+        },
+        #[cfg(feature = "newer")]
+        embedding_json: StrRef {
+            ptr: EMBEDDING_JSON.as_ptr(),
+            len: EMBEDDING_JSON.len(),
         },
         #[cfg(feature = "newer")]
         max_batch_tokens: 512,
@@ -467,6 +518,8 @@ unsafe extern "C" fn model_info(handle: *mut c_void, out: *mut ModelInfo, err: *
         rewind_every: 0,
         #[cfg(feature = "v2")]
         vision_json: StrRef::EMPTY,
+        #[cfg(feature = "v2")]
+        embedding_json: StrRef::EMPTY,
     };
     // SAFETY: `out` is the host's ModelInfo, its header set to its allocated size (which may be
     // smaller than our struct: write_prefix never writes past it).
@@ -571,7 +624,7 @@ unsafe extern "C" fn seq_fork(handle: *mut c_void, _src: i32, _dst: i32, err: *m
 }
 
 /// Accepts images whose structs and placeholder positions are present, counting a call.
-#[cfg(feature = "newer")]
+#[cfg(any(feature = "newer", feature = "v1_3"))]
 unsafe extern "C" fn encode_images(
     handle: *mut c_void,
     _seq: i32,
@@ -601,6 +654,108 @@ unsafe extern "C" fn encode_images(
             }
         }
     }
+    STATUS_OK
+}
+
+/// The `newer` variant's embedding of one sequence: its length, the sum of its tokens, its
+/// first token and its last, as floats.
+#[cfg(feature = "newer")]
+pub fn toy_embedding(tokens: &[i32]) -> [f32; EMBEDDING_DIMENSIONS as usize] {
+    let first = tokens.first().copied().unwrap_or(0);
+    let last = tokens.last().copied().unwrap_or(0);
+    let sum: i64 = tokens.iter().map(|&t| i64::from(t)).sum();
+    [tokens.len() as f32, sum as f32, first as f32, last as f32]
+}
+
+/// Groups an embed batch's rows into whole sequences, in the order they first appear: each
+/// sequence's rows must hold positions 0, 1, ... in order, its id below [`MAX_SEQUENCES`].
+#[cfg(feature = "newer")]
+fn whole_sequences(tokens: &[i32], positions: &[i32], seq_ids: &[i32]) -> Result<Vec<Vec<i32>>, String> {
+    let mut ids: Vec<i32> = Vec::new();
+    let mut seqs: Vec<Vec<i32>> = Vec::new();
+    for ((&t, &p), &s) in tokens.iter().zip(positions).zip(seq_ids) {
+        if s < 0 || s as u32 >= MAX_SEQUENCES {
+            return Err(format!("embed: sequence id {s} is out of range"));
+        }
+        let k = match ids.iter().position(|&id| id == s) {
+            Some(k) => k,
+            None => {
+                ids.push(s);
+                seqs.push(Vec::new());
+                seqs.len() - 1
+            }
+        };
+        if usize::try_from(p) != Ok(seqs[k].len()) {
+            return Err(format!(
+                "embed: sequence {s} has position {p} where {} was next",
+                seqs[k].len()
+            ));
+        }
+        seqs[k].push(t);
+    }
+    Ok(seqs)
+}
+
+/// Writes [`toy_embedding`] of each whole sequence in the batch, in order of first appearance.
+#[cfg(feature = "newer")]
+unsafe extern "C" fn embed(
+    handle: *mut c_void,
+    batch: *const Batch,
+    out: *mut Logits,
+    err: *mut ErrorBuf,
+) -> Status {
+    // SAFETY: forwarded host contract.
+    if !unsafe { touch(handle) } {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null handle");
+    }
+    // SAFETY: the host passes a valid batch; we read no further than its struct_size.
+    let Some((b, _)) = (unsafe { abi::read_versioned(batch) }) else {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null batch");
+    };
+    if out.is_null() {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null output buffer");
+    }
+    // SAFETY: the output struct is host-owned and valid for the call; nothing else aliases it.
+    let o = unsafe { &mut *out };
+    o.rows_written = 0;
+    let n = b.n_tokens as usize;
+    if n > 0 && (b.tokens.is_null() || b.positions.is_null() || b.seq_ids.is_null()) {
+        return fail(err, STATUS_INVALID_ARGUMENT, "batch has a null array");
+    }
+    let (tokens, positions, seq_ids): (&[i32], &[i32], &[i32]) = if n == 0 {
+        (&[], &[], &[])
+    } else {
+        // SAFETY: the host guarantees each batch array holds n_tokens elements for the call.
+        unsafe {
+            (
+                std::slice::from_raw_parts(b.tokens, n),
+                std::slice::from_raw_parts(b.positions, n),
+                std::slice::from_raw_parts(b.seq_ids, n),
+            )
+        }
+    };
+    let seqs = match whole_sequences(tokens, positions, seq_ids) {
+        Ok(seqs) => seqs,
+        Err(message) => return fail(err, STATUS_INVALID_ARGUMENT, &message),
+    };
+    let dim = EMBEDDING_DIMENSIONS as usize;
+    let len = seqs.len() * dim;
+    if o.row_len as usize != dim || len > o.capacity || (len > 0 && o.data.is_null()) {
+        return fail(
+            err,
+            STATUS_INVALID_ARGUMENT,
+            "embedding buffer has the wrong rows or too few",
+        );
+    }
+    if len == 0 {
+        return STATUS_OK;
+    }
+    // SAFETY: data holds `capacity` >= len writable floats, host-owned for the call.
+    let data = unsafe { std::slice::from_raw_parts_mut(o.data, len) };
+    for (row, seq) in data.chunks_exact_mut(dim).zip(&seqs) {
+        row.copy_from_slice(&toy_embedding(seq));
+    }
+    o.rows_written = seqs.len() as u32;
     STATUS_OK
 }
 
@@ -693,7 +848,7 @@ mod tests {
         );
     }
 
-    #[cfg(feature = "newer")]
+    #[cfg(any(feature = "newer", feature = "v1_3"))]
     #[test]
     fn the_1_3_image_fields_are_read_and_images_reach_its_encode_entry() {
         let mut m = plugin().create("{}").unwrap();
@@ -718,6 +873,141 @@ mod tests {
             positions: &[2],
         };
         m.encode_images(0, &[img, img]).unwrap();
+    }
+
+    #[cfg(feature = "newer")]
+    #[test]
+    fn the_1_4_embedding_fields_are_read_and_sequences_embed_in_order() {
+        let mut m = plugin().create("{}").unwrap();
+        assert_ne!(m.description().capabilities & abi::CAP_EMBEDDING, 0);
+        let spec = m.embedding().expect("the 1.4 fields are read").clone();
+        assert_eq!(
+            (spec.dimensions, spec.pooling, spec.normalized, spec.max_tokens),
+            (
+                EMBEDDING_DIMENSIONS,
+                berth_plugin_api::Pooling::Mean,
+                false,
+                CONTEXT
+            )
+        );
+        assert_eq!(spec.prompts.get("query").map(String::as_str), Some("query: "));
+        assert_eq!(spec.default_prompt.as_deref(), Some("query"));
+        let vectors = m.embed(&[&[3, 4, 5], &[7]]).unwrap();
+        assert_eq!(vectors, vec![vec![3.0, 12.0, 3.0, 5.0], vec![1.0, 7.0, 7.0, 7.0]]);
+    }
+
+    /// Calls the `newer` variant's raw `embed` entry on a fresh instance; returns the status
+    /// and the rows written.
+    #[cfg(feature = "newer")]
+    fn raw_embed(
+        tokens: &[i32],
+        positions: &[i32],
+        seq_ids: &[i32],
+        row_len: u32,
+        data: &mut [f32],
+    ) -> (Status, u32) {
+        let b = Batch {
+            header: Header::for_struct::<Batch>(),
+            n_tokens: tokens.len() as u32,
+            reserved: 0,
+            tokens: tokens.as_ptr(),
+            positions: positions.as_ptr(),
+            seq_ids: seq_ids.as_ptr(),
+            want_logits: std::ptr::null(),
+        };
+        let mut out = Logits {
+            header: Header::for_struct::<Logits>(),
+            data: data.as_mut_ptr(),
+            capacity: data.len(),
+            row_len,
+            rows_written: 0,
+        };
+        // SAFETY: all-zero is valid for these plain integers and pointers.
+        let mut inst: Instance = unsafe { std::mem::zeroed() };
+        inst.header = Header::for_struct::<Instance>();
+        // SAFETY: valid out-structs, a batch whose arrays hold n_tokens rows, an output buffer
+        // of `capacity` floats and a null error buffer (allowed); the handle is destroyed last.
+        unsafe {
+            assert_eq!(create(StrRef::EMPTY, &mut inst, std::ptr::null_mut()), STATUS_OK);
+            let status = embed(inst.handle, &b, &mut out, std::ptr::null_mut());
+            destroy(inst.handle);
+            (status, out.rows_written)
+        }
+    }
+
+    #[cfg(feature = "newer")]
+    #[test]
+    fn embed_groups_interleaved_whole_sequences_and_refuses_gaps_and_wrong_buffers() {
+        // Sequence 2 starts first, so its vector comes first.
+        let mut data = vec![-1.0; 8];
+        assert_eq!(
+            raw_embed(&[9, 3, 8, 4], &[0, 0, 1, 1], &[2, 0, 2, 0], 4, &mut data),
+            (STATUS_OK, 2)
+        );
+        assert_eq!(data, [2.0, 17.0, 9.0, 8.0, 2.0, 7.0, 3.0, 4.0]);
+        let invalid = (STATUS_INVALID_ARGUMENT, 0);
+        for (positions, seq_ids) in [
+            ([0, 2], [0, 0]),
+            ([1, 2], [0, 0]),
+            ([1, 0], [0, 0]),
+            ([0, -1], [0, 0]),
+            ([0, 1], [0, MAX_SEQUENCES as i32]),
+        ] {
+            let got = raw_embed(&[3, 4], &positions, &seq_ids, 4, &mut [0.0; 8]);
+            assert_eq!(got, invalid, "{positions:?} {seq_ids:?}");
+        }
+        assert_eq!(raw_embed(&[3, 4], &[0, 0], &[0, 1], 3, &mut [0.0; 8]), invalid);
+        assert_eq!(raw_embed(&[3, 4], &[0, 0], &[0, 1], 4, &mut [0.0; 7]), invalid);
+    }
+
+    #[cfg(not(any(feature = "newer", feature = "v2")))]
+    #[test]
+    fn a_plugin_before_1_4_has_no_embeddings_and_embed_is_unsupported() {
+        let mut m = plugin().create("{}").unwrap();
+        assert!(m.embedding().is_none());
+        assert_eq!(m.description().capabilities & abi::CAP_EMBEDDING, 0);
+        assert_eq!(
+            m.embed(&[&[3, 4]]).unwrap_err().kind,
+            berth_plugin_api::ErrorKind::Unsupported
+        );
+    }
+
+    #[cfg(feature = "v1_3")]
+    #[test]
+    fn model_info_ends_before_embedding_json_and_the_embedding_bit_is_cleared() {
+        // The host's ModelInfo with embedding_json pre-set: the plugin must leave it.
+        // SAFETY: all-zero is valid for these plain integers and pointers.
+        let mut info: abi::ModelInfo = unsafe { std::mem::zeroed() };
+        info.header = Header::for_struct::<abi::ModelInfo>();
+        info.embedding_json.len = 0xaaaa;
+        // SAFETY: all-zero is valid for these plain integers and pointers.
+        let mut inst: Instance = unsafe { std::mem::zeroed() };
+        inst.header = Header::for_struct::<Instance>();
+        // SAFETY: valid out-structs and a null error buffer (allowed).
+        unsafe {
+            assert_eq!(create(StrRef::EMPTY, &mut inst, std::ptr::null_mut()), STATUS_OK);
+            let out = &mut info as *mut abi::ModelInfo as *mut ModelInfo;
+            assert_eq!(model_info(inst.handle, out, std::ptr::null_mut()), STATUS_OK);
+            destroy(inst.handle);
+        }
+        assert_eq!(info.header.struct_size as usize, abi::MODEL_INFO_SIZE_V1_3);
+        assert_eq!(info.embedding_json.len, 0xaaaa, "written past a 1.3 model info");
+        assert_ne!(
+            info.capabilities & abi::CAP_EMBEDDING,
+            0,
+            "the variant claims embeddings"
+        );
+        assert_eq!(VTABLE.0.header.struct_size as usize, abi::MODEL_VTABLE_SIZE_V1_3);
+
+        let m = plugin().create("{}").unwrap();
+        assert!(m.embedding().is_none());
+        let caps = m.description().capabilities;
+        assert_eq!(caps & abi::CAP_EMBEDDING, 0);
+        assert_ne!(
+            caps & abi::CAP_VISION,
+            0,
+            "vision, backed by the 1.3 fields, stays"
+        );
     }
 
     #[cfg(feature = "v1_2")]

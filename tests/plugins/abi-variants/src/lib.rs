@@ -2,11 +2,17 @@
 //! (no `export_plugin!`, no SDK traits) the way a C author would. Each build enables exactly one
 //! cargo feature and yields one library:
 //!
-//! - `newer`: claims ABI 1.4; its entry table, vtable and model info each carry one trailing
-//!   field the host does not know, and their headers give the larger sizes. Into host-allocated
-//!   structs it writes no more than the host's `struct_size`. Its model info fills the 1.2
-//!   fields (it rewinds to snapshots every [`SNAPSHOT_EVERY`] positions) and the 1.3 ones: it
-//!   takes images ([`VISION_JSON`], `CAP_VISION`) through an `encode_images` that accepts them.
+//! - `newer`: claims ABI 1.5, from the future; its entry table, vtable and model info each carry
+//!   one trailing field the host does not know, after the 1.4 ones, and their headers give the
+//!   larger sizes. Into host-allocated structs it writes no more than the host's `struct_size`.
+//!   Its model info fills the 1.2 fields (it rewinds to snapshots every [`SNAPSHOT_EVERY`]
+//!   positions), the 1.3 ones (it takes images, [`VISION_JSON`] and `CAP_VISION`, through an
+//!   `encode_images` that accepts them) and the 1.4 ones: it embeds text ([`EMBEDDING_JSON`],
+//!   with a key no host knows, and `CAP_EMBEDDING`) through an `embed` that writes
+//!   [`toy_embedding`] of each whole sequence.
+//! - `v1_3`: claims ABI 1.3; it takes images like `newer`, but its vtable ends before `embed`
+//!   and its model info before `embedding_json`, yet it sets `CAP_EMBEDDING`: the host must
+//!   report no embeddings. It rewinds to snapshots like `newer`.
 //! - `v1_2`: claims ABI 1.2; its vtable ends before `encode_images` and its model info before
 //!   `vision_json`, yet it sets `CAP_VISION`: the host must report no image capability. It
 //!   rewinds to snapshots like `newer`.
@@ -14,32 +20,36 @@
 //!   must read its rewind rule as "anywhere".
 //! - `older`: claims ABI 1.0; its vtable ends before `seq_fork`, so the host must treat fork as
 //!   unsupported (and its model info, like 1.1's, has no rewind fields).
+//!
+//! Every variant before 1.4 (`v1_3`, `v1_2`, `v1_1`, `older`) has no embeddings.
 //! - `v2`: claims ABI 2.0 and exports `berth_plugin_entry_v2` instead of `berth_plugin_entry_v1`.
 //! - `nosymbol`: claims ABI 1.1 in its manifest but exports no entry symbol.
 //!
 //! Every variant exports `berth_plugin_manifest`. Those with an entry serve family `abi-test`
 //! (probe score 10) with a trivial model: vocabulary 16, context 64, stop token 0, and a logits
 //! row holding 1.0 at token `(position + 1) % 16` for each row that wants logits.
-//! `tests/plugins/build-abi-variants OUTDIR` builds all six.
+//! `tests/plugins/build-abi-variants OUTDIR` builds all seven.
 
 #[cfg(not(any(
     feature = "newer",
+    feature = "v1_3",
     feature = "v1_2",
     feature = "v1_1",
     feature = "older",
     feature = "v2",
     feature = "nosymbol"
 )))]
-compile_error!("enable exactly one of the features: newer, v1_2, v1_1, older, v2, nosymbol");
+compile_error!("enable exactly one of the features: newer, v1_3, v1_2, v1_1, older, v2, nosymbol");
 const _: () = assert!(
     cfg!(feature = "newer") as u8
+        + cfg!(feature = "v1_3") as u8
         + cfg!(feature = "v1_2") as u8
         + cfg!(feature = "v1_1") as u8
         + cfg!(feature = "older") as u8
         + cfg!(feature = "v2") as u8
         + cfg!(feature = "nosymbol") as u8
         == 1,
-    "enable exactly one of the features: newer, v1_2, v1_1, older, v2, nosymbol"
+    "enable exactly one of the features: newer, v1_3, v1_2, v1_1, older, v2, nosymbol"
 );
 
 #[cfg(not(feature = "nosymbol"))]
@@ -65,7 +75,10 @@ macro_rules! manifest_json {
 
 /// The variant's manifest, NUL-terminated.
 #[cfg(feature = "newer")]
-pub const MANIFEST: &str = manifest_json!("newer", 1, 4);
+pub const MANIFEST: &str = manifest_json!("newer", 1, 5);
+/// The variant's manifest, NUL-terminated.
+#[cfg(feature = "v1_3")]
+pub const MANIFEST: &str = manifest_json!("v1_3", 1, 3);
 /// The variant's manifest, NUL-terminated.
 #[cfg(feature = "v1_2")]
 pub const MANIFEST: &str = manifest_json!("v1_2", 1, 2);
@@ -91,7 +104,10 @@ pub const ABI_MAJOR: u16 = 2;
 
 /// The ABI minor version this variant claims.
 #[cfg(feature = "newer")]
-pub const ABI_MINOR: u16 = 4;
+pub const ABI_MINOR: u16 = 5;
+/// The ABI minor version this variant claims.
+#[cfg(feature = "v1_3")]
+pub const ABI_MINOR: u16 = 3;
 /// The ABI minor version this variant claims.
 #[cfg(feature = "v1_2")]
 pub const ABI_MINOR: u16 = 2;

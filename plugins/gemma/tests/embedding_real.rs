@@ -1,0 +1,128 @@
+//! The plugin on the real EmbeddingGemma-300M (sentence-transformers layout, f32 safetensors;
+//! fetched by `scripts/fetch-models embeddinggemma-300m`) against sentence-transformers' own
+//! vectors for the same token ids (`tests/fixtures/embeddings`, recorded by
+//! `scripts/embedding-reference`): bidirectional attention with its sliding window, mean pooling,
+//! the two dense projections, and Matryoshka truncation.
+//!
+//! Tolerance: cosine similarity ≥ 0.9999 per vector, the bar the issue sets against an
+//! independent f32 implementation (PyTorch on CPU); the two differ only in summation order.
+
+use berth_gemma::GemmaFamily;
+use berth_plugin_api::{Family, LoadConfig, Model, Pooling};
+use berth_plugin_common::npy::read_npy_f32;
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The model directory, fetched (or found verified in the cache) by the repository's script.
+fn model_dir() -> PathBuf {
+    let out = std::process::Command::new(repo_root().join("scripts/fetch-models"))
+        .arg("embeddinggemma-300m")
+        .output()
+        .expect("run scripts/fetch-models");
+    assert!(
+        out.status.success(),
+        "fetch-models failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = String::from_utf8(out.stdout).unwrap();
+    PathBuf::from(path.lines().last().expect("fetch-models prints the path").trim())
+}
+
+fn fixtures() -> PathBuf {
+    repo_root().join("tests/fixtures/embeddings")
+}
+
+fn normalized(mut v: Vec<f32>) -> Vec<f32> {
+    let n = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt() as f32;
+    v.iter_mut().for_each(|x| *x /= n);
+    v
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+    let na: f64 = a.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+#[test]
+fn embeddinggemma_matches_sentence_transformers_at_every_dimension() {
+    let dir = model_dir();
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("embeddinggemma-300m.json")).unwrap()).unwrap();
+    let ids: Vec<Vec<i32>> = serde_json::from_value(reference["token_ids"].clone()).unwrap();
+    assert_eq!(ids.len(), 64);
+    let cfg = LoadConfig {
+        pack_dir: dir,
+        family: "gemma".into(),
+        architecture: "gemma3_text".into(),
+        format: "safetensors".into(),
+        threads: Some(2),
+        max_sequences: Some(16),
+        ..Default::default()
+    };
+    let mut m = GemmaFamily::create(&cfg).expect("EmbeddingGemma loads");
+    let spec = m.embedding().expect("an embedding model");
+    assert_eq!(
+        (spec.dimensions, spec.pooling, spec.normalized),
+        (768, Pooling::Mean, true)
+    );
+    assert_eq!(spec.max_tokens, 2048);
+    assert_eq!(spec.prompts["query"], "task: search result | query: ");
+    assert_eq!(spec.prompts["document"], "title: none | text: ");
+
+    // In batches of up to 16 sequences, as the host packs them.
+    let mut got: Vec<Vec<f32>> = Vec::new();
+    for chunk in ids.chunks(16) {
+        let views: Vec<&[i32]> = chunk.iter().map(Vec::as_slice).collect();
+        let flat = m.embed(&views).expect("embed");
+        got.extend(flat.chunks_exact(768).map(<[f32]>::to_vec));
+    }
+    let mut worst = (1.0f64, 0usize, 0usize);
+    for dim in [768usize, 512, 256, 128] {
+        let want = read_npy_f32(fixtures().join(format!("embeddinggemma-300m-{dim}.npy"))).unwrap();
+        assert_eq!(want.shape, vec![64, dim]);
+        for (i, g) in got.iter().enumerate() {
+            let v = normalized(g[..dim].to_vec());
+            let c = cosine(&v, &want.data[i * dim..(i + 1) * dim]);
+            if c < worst.0 {
+                worst = (c, i, dim);
+            }
+        }
+    }
+    eprintln!(
+        "worst cosine {:.7} (text {}, {} dimensions)",
+        worst.0, worst.1, worst.2
+    );
+    assert!(
+        worst.0 >= 0.9999,
+        "text {} at {} dimensions: cosine {}",
+        worst.1,
+        worst.2,
+        worst.0
+    );
+
+    // One sequence alone gives the vector it gets in a batch (rows never mix across sequences).
+    let alone = m.embed(&[ids[5].as_slice()]).unwrap();
+    let c = cosine(&alone, &got[5]);
+    assert!(c > 0.999_999, "alone vs batched: cosine {c}");
+    // An embedding model does not generate.
+    let mut logits = vec![0f32; m.describe().vocab_size as usize];
+    let batch = berth_plugin_api::BatchView {
+        tokens: &[2],
+        positions: &[0],
+        seq_ids: &[0],
+        want_logits: &[1],
+    };
+    let e = m
+        .decode(
+            &batch,
+            &mut berth_plugin_api::LogitsOut::new(&mut logits, m.describe().vocab_size as usize),
+        )
+        .unwrap_err();
+    assert!(e.message.contains("embedding model"), "{e}");
+}
