@@ -3,7 +3,7 @@
 
 use super::body::{self, int_in, num_in, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
-use super::pipeline::{body, prepare, rfc3339, GenerationBody, Prepared};
+use super::pipeline::{body, capabilities, prepare, rfc3339, GenerationBody, Prepared};
 use super::{ApiError, OllamaError};
 use crate::chat::{Delta, ParsedMessage, ToolCall};
 use crate::constraint::RequestConstraints;
@@ -724,6 +724,7 @@ pub async fn tags(State(st): State<Shared>) -> Response {
             json!({
                 "name": e.reference, "model": e.reference, "modified_at": rfc3339(e.modified),
                 "size": e.size, "digest": digest(e), "details": details(e),
+                "capabilities": capabilities(&st, e),
             })
         })
         .collect();

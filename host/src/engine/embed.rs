@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::metrics::Metrics;
 use crate::models::LoadedModel;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Rows (tokens) per plugin `embed` call, at most: enough rows for the matrix kernels to run at
 /// full speed, few enough that the activations of one call stay around a hundred megabytes for a
@@ -81,7 +83,7 @@ fn plan(jobs: &VecDeque<EmbedJob>, max_seqs: usize, budget: usize) -> Vec<(usize
 
 /// Runs one shared plugin call over the queue's next inputs and answers the jobs it completes;
 /// a failed call fails every job it held an input of. Cancelled jobs are dropped first.
-pub fn run_batch(model: &mut LoadedModel, jobs: &mut VecDeque<EmbedJob>) {
+pub fn run_batch(model: &mut LoadedModel, jobs: &mut VecDeque<EmbedJob>, metrics: &Metrics) {
     jobs.retain(|j| !j.cancelled());
     let max_seqs = model.description().max_sequences.max(1) as usize;
     let picked = plan(jobs, max_seqs, EMBED_BATCH_TOKENS);
@@ -94,6 +96,12 @@ pub fn run_batch(model: &mut LoadedModel, jobs: &mut VecDeque<EmbedJob>) {
         .collect();
     let views: Vec<&[i32]> = seqs.iter().map(Vec::as_slice).collect();
     let result = model.instance().and_then(|inst| inst.embed(&views));
+    metrics.embed_calls.fetch_add(1, Relaxed);
+    if result.is_ok() {
+        metrics.embedded_inputs.fetch_add(seqs.len() as u64, Relaxed);
+        let tokens: usize = seqs.iter().map(Vec::len).sum();
+        metrics.embedded_tokens.fetch_add(tokens as u64, Relaxed);
+    }
     match result {
         Ok(vectors) => {
             for (&(j, i), v) in picked.iter().zip(vectors) {

@@ -77,6 +77,12 @@ pub struct Metrics {
     pub decode_steps: AtomicU64,
     /// Microseconds spent in plugin decode calls.
     pub decode_micros: AtomicU64,
+    /// Plugin `embed` calls run (each shared by the inputs of any number of requests).
+    pub embed_calls: AtomicU64,
+    /// Inputs embedded.
+    pub embedded_inputs: AtomicU64,
+    /// Tokens embedded.
+    pub embedded_tokens: AtomicU64,
     ttft: Mutex<Histogram>,
 }
 
@@ -172,6 +178,24 @@ impl Metrics {
             } else {
                 0.0
             },
+        );
+        counter(
+            &mut o,
+            "berth_embed_calls_total",
+            "Plugin embed calls (each shared by the inputs of any number of requests).",
+            self.embed_calls.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "berth_embedded_inputs_total",
+            "Inputs embedded.",
+            self.embedded_inputs.load(Relaxed),
+        );
+        counter(
+            &mut o,
+            "berth_embedded_tokens_total",
+            "Tokens embedded.",
+            self.embedded_tokens.load(Relaxed),
         );
         counter(
             &mut o,

@@ -460,7 +460,7 @@ impl Scheduler {
             self.drop_cancelled();
             kv.set(self.kv_rows_held(), capacity);
             if !self.embeds.is_empty() {
-                embed::run_batch(&mut self.model, &mut self.embeds);
+                embed::run_batch(&mut self.model, &mut self.embeds, &self.shared.metrics);
             }
             if self.slots.iter().any(|s| s.run.is_some()) {
                 self.step();
