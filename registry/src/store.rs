@@ -21,6 +21,7 @@ use crate::pack::{
     PackManifest, PackRef, PackRefError, MANIFEST_FILE,
 };
 use crate::safetensors::{SafetensorsError, SafetensorsFile};
+use crate::sentence_transformers;
 
 /// The per-pack verification stamp file.
 pub const STAMP_FILE: &str = ".verified.json";
@@ -330,7 +331,8 @@ impl Store {
         self.install(staging, &dst)
     }
 
-    /// Import a GGUF file, an existing pack directory or a Hugging Face model directory.
+    /// Import a GGUF file, an existing pack directory or a Hugging Face model directory (with
+    /// the module folders its `modules.json` names, when it is a sentence-transformers model).
     pub fn import(&self, source: &Path, opts: &ImportOptions) -> Result<PackEntry, StoreError> {
         let meta = fs::metadata(source).map_err(io_err(source))?;
         if meta.is_dir() {
@@ -551,6 +553,11 @@ impl Store {
                 .to_ascii_lowercase(),
         };
         let family = pick_family(source, &arch, opts)?;
+        let modules = read_modules(source)?;
+        let module_files = match &modules {
+            Some(m) => module_files(source, m)?,
+            None => Vec::new(),
+        };
 
         let mut entries: Vec<PathBuf> = fs::read_dir(source)
             .map_err(io_err(source))?
@@ -583,6 +590,14 @@ impl Store {
                 msg: "no .safetensors files next to config.json".into(),
             });
         }
+        // A module's dense layers run on every embedding: they count as the model's parameters.
+        for rel in module_files.iter().filter(|r| r.ends_with(".safetensors")) {
+            let st = SafetensorsFile::open(source.join(rel))?;
+            params += st.parameter_count();
+            for t in st.tensors() {
+                *by_dtype.entry(t.dtype.name().to_string()).or_default() += t.n_bytes();
+            }
+        }
         let quantization = by_dtype
             .iter()
             .max_by_key(|(_, bytes)| **bytes)
@@ -605,8 +620,15 @@ impl Store {
         manifest.format = PackFormat::Safetensors;
         manifest.parameters = Some(params);
         manifest.quantization = quantization;
-        manifest.context_length = lookup("max_position_embeddings").and_then(|v| v.as_u64());
-        manifest.capabilities = capabilities(template.as_deref());
+        // An embedding model was trained to embed `max_seq_length` tokens, often fewer than its
+        // position table holds.
+        manifest.context_length = sentence_bert_max_seq_length(source)
+            .or_else(|| lookup("max_position_embeddings").and_then(|v| v.as_u64()));
+        manifest.capabilities = match &modules {
+            // A pooled pipeline answers with vectors, whatever template the tokenizer carries.
+            Some(m) if sentence_transformers::embeds(m) => vec!["embedding".to_string()],
+            _ => capabilities(template.as_deref()),
+        };
 
         let staging = self.staging("import")?;
         let mut stamps = Stamps::default();
@@ -621,6 +643,18 @@ impl Store {
             manifest
                 .files
                 .push(hashed_file(&staging.dir, name, hf_role(name), &mut stamps)?);
+        }
+        for rel in &module_files {
+            let dst = staging.dir.join(rel);
+            if let Some(parent) = dst.parent() {
+                fs::create_dir_all(parent).map_err(io_err(parent))?;
+            }
+            // The file itself, not a link to it (a Hugging Face cache's folders hold symlinks).
+            let src = source.join(rel);
+            link_or_copy(&fs::canonicalize(&src).unwrap_or(src), &dst)?;
+            manifest
+                .files
+                .push(hashed_file(&staging.dir, rel, FileRole::Module, &mut stamps)?);
         }
         let extracted = given.or(if in_dir.is_none() {
             from_tokenizer_config
@@ -641,6 +675,59 @@ impl Store {
         save_stamps(&staging.dir, &stamps);
         self.install(staging, &r)
     }
+}
+
+/// The modules of a sentence-transformers directory (`None` when it has no `modules.json`).
+fn read_modules(dir: &Path) -> Result<Option<Vec<sentence_transformers::Module>>, StoreError> {
+    let path = dir.join(sentence_transformers::MODULES_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = fs::read_to_string(&path).map_err(io_err(&path))?;
+    sentence_transformers::parse_modules(&text)
+        .map(Some)
+        .map_err(|msg| StoreError::Unsupported { path, msg })
+}
+
+/// The files (paths relative to `dir`, `/`-separated, sorted) of every module folder that
+/// exists; a listed folder that does not (`4_Normalize`: it has no files) is skipped.
+fn module_files(dir: &Path, modules: &[sentence_transformers::Module]) -> Result<Vec<String>, StoreError> {
+    let mut out = Vec::new();
+    for folder in sentence_transformers::module_folders(modules) {
+        if dir.join(&folder).is_dir() {
+            walk_files(dir, &folder, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+/// Appends the files under `dir/rel` (recursively, sorted, hidden names skipped) as relative paths.
+fn walk_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> Result<(), StoreError> {
+    let abs = dir.join(rel);
+    let mut names: Vec<String> = fs::read_dir(&abs)
+        .map_err(io_err(&abs))?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    for name in names {
+        let child = format!("{rel}/{name}");
+        let meta = fs::metadata(dir.join(&child)).map_err(io_err(&dir.join(&child)))?;
+        if meta.is_dir() {
+            walk_files(dir, &child, out)?;
+        } else if meta.is_file() {
+            out.push(child);
+        }
+    }
+    Ok(())
+}
+
+/// `max_seq_length` from `sentence_bert_config.json`, when the directory has one.
+fn sentence_bert_max_seq_length(dir: &Path) -> Option<u64> {
+    let text = fs::read_to_string(dir.join(sentence_transformers::SENTENCE_BERT_CONFIG)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("max_seq_length")?.as_u64()
 }
 
 fn pick_family(source: &Path, arch: &str, opts: &ImportOptions) -> Result<String, StoreError> {
@@ -720,7 +807,11 @@ fn hf_role(name: &str) -> FileRole {
         )
     {
         FileRole::Tokenizer
-    } else if name.ends_with("config.json") || name.ends_with(".index.json") {
+    } else if name.ends_with("config.json")
+        || name.ends_with(".index.json")
+        || name == sentence_transformers::MODULES_FILE
+        || name == sentence_transformers::SENTENCE_TRANSFORMERS_CONFIG
+    {
         FileRole::Config
     } else {
         FileRole::Other
@@ -1394,6 +1485,160 @@ mod tests {
                 (TEMPLATE_FILE, FileRole::Template),
             ]
         );
+    }
+
+    /// A sentence-transformers directory: the transformer at the top, modules.json naming a
+    /// pooling folder, a dense folder (with a nested file and a hidden one), a normalize folder
+    /// that does not exist and an unsafe path; an `onnx/` folder no module names.
+    fn sentence_transformers_dir(root: &Path) -> PathBuf {
+        let src = root.join("EmbeddingTiny");
+        for d in ["1_Pooling", "2_Dense/extra", "onnx"] {
+            fs::create_dir_all(src.join(d)).unwrap();
+        }
+        let write = |rel: &str, data: &[u8]| fs::write(src.join(rel), data).unwrap();
+        write(
+            "config.json",
+            br#"{"architectures": ["Gemma3TextModel"], "model_type": "gemma3_text", "max_position_embeddings": 2048}"#,
+        );
+        write(
+            "model.safetensors",
+            &safetensors_bytes(&[("embed", "F32", &[8, 4], vec![0; 128])], &[]),
+        );
+        write("tokenizer.json", b"{}");
+        write("tokenizer_config.json", br#"{"chat_template": "{{ messages }}"}"#);
+        write(
+            "modules.json",
+            br#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+                {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
+                {"idx": 4, "name": "4", "path": "../outside", "type": "sentence_transformers.models.Dense"}]"#,
+        );
+        write(
+            "sentence_bert_config.json",
+            br#"{"max_seq_length": 256, "do_lower_case": false}"#,
+        );
+        write("README.md", b"# tiny");
+        write(
+            "config_sentence_transformers.json",
+            br#"{"prompts": {"query": "q: "}}"#,
+        );
+        write("1_Pooling/config.json", br#"{"pooling_mode_mean_tokens": true}"#);
+        write("2_Dense/config.json", br#"{"in_features": 4, "out_features": 2}"#);
+        write(
+            "2_Dense/model.safetensors",
+            &safetensors_bytes(&[("linear.weight", "F32", &[2, 4], vec![0; 32])], &[]),
+        );
+        write("2_Dense/extra/notes.txt", b"nested");
+        write("2_Dense/.cache", b"hidden");
+        write("onnx/model.onnx", b"not a module");
+        fs::create_dir_all(root.join("outside")).unwrap();
+        fs::write(root.join("outside/secret.txt"), b"x").unwrap();
+        src
+    }
+
+    #[test]
+    fn sentence_transformers_dir_imports_its_module_folders_as_an_embedding_model() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = sentence_transformers_dir(tmp.path());
+        let store = Store::new(tmp.path().join("home"));
+        let e = store.import(&src, &ImportOptions::default()).unwrap();
+        assert!(e.is_ok(), "{:?}", e.problems);
+        assert_eq!(e.reference, "embeddingtiny:latest");
+        let m = e.manifest.clone().unwrap();
+        assert_eq!(
+            (m.architecture.as_str(), m.family.as_str()),
+            ("gemma3_text", "gemma")
+        );
+        assert_eq!(
+            m.capabilities,
+            ["embedding"],
+            "a template does not make it a chat model"
+        );
+        assert_eq!(
+            m.context_length,
+            Some(256),
+            "max_seq_length, not max_position_embeddings"
+        );
+        assert_eq!(m.parameters, Some(32 + 8), "the dense layer's parameters count");
+        let roles: Vec<(&str, FileRole)> = m.files.iter().map(|f| (f.path.as_str(), f.role)).collect();
+        assert_eq!(
+            roles,
+            [
+                ("README.md", FileRole::Other),
+                ("config.json", FileRole::Config),
+                ("config_sentence_transformers.json", FileRole::Config),
+                ("model.safetensors", FileRole::Weights),
+                ("modules.json", FileRole::Config),
+                ("sentence_bert_config.json", FileRole::Config),
+                ("tokenizer.json", FileRole::Tokenizer),
+                ("tokenizer_config.json", FileRole::Tokenizer),
+                ("1_Pooling/config.json", FileRole::Module),
+                ("2_Dense/config.json", FileRole::Module),
+                ("2_Dense/extra/notes.txt", FileRole::Module),
+                ("2_Dense/model.safetensors", FileRole::Module),
+                (TEMPLATE_FILE, FileRole::Template),
+            ]
+        );
+        assert_eq!(m.weights().count(), 1);
+        assert_eq!(
+            fs::read(e.dir.join("2_Dense/model.safetensors")).unwrap(),
+            fs::read(src.join("2_Dense/model.safetensors")).unwrap()
+        );
+        for absent in ["onnx", "2_Dense/.cache", "3_Normalize", "secret.txt"] {
+            assert!(!e.dir.join(absent).exists(), "{absent}");
+        }
+        assert!(!store.home().join("packs/outside").exists());
+
+        // The pack copies and re-imports whole, module folders included.
+        let c = store.copy("embeddingtiny", "emb:copy").unwrap();
+        assert!(c.is_ok(), "{:?}", c.problems);
+        let again = store
+            .import(
+                &c.dir,
+                &ImportOptions {
+                    name: Some("emb:again".into()),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert!(again.is_ok(), "{:?}", again.problems);
+        assert_eq!(again.manifest.unwrap().files.len(), m.files.len());
+        let mut broken = store.get("emb:copy").unwrap();
+        fs::remove_file(broken.dir.join("1_Pooling/config.json")).unwrap();
+        store.verify(&mut broken, false);
+        assert!(
+            broken
+                .problems
+                .iter()
+                .any(|p| p.contains("1_Pooling/config.json: missing")),
+            "{:?}",
+            broken.problems
+        );
+    }
+
+    #[test]
+    fn modules_json_without_pooling_keeps_the_template_capabilities() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = sentence_transformers_dir(tmp.path());
+        fs::write(
+            src.join("modules.json"),
+            r#"[{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"}]"#,
+        )
+        .unwrap();
+        fs::remove_file(src.join("sentence_bert_config.json")).unwrap();
+        let store = Store::new(tmp.path().join("home"));
+        let m = store
+            .import(&src, &ImportOptions::default())
+            .unwrap()
+            .manifest
+            .unwrap();
+        assert_eq!(m.capabilities, ["completion", "chat"]);
+        assert_eq!(m.context_length, Some(2048));
+        assert!(m.files.iter().all(|f| f.role != FileRole::Module));
+        fs::write(src.join("modules.json"), "[not json").unwrap();
+        let e = store.import(&src, &ImportOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("modules.json: "), "{e}");
     }
 
     #[test]

@@ -22,6 +22,23 @@ pub fn wheel_bytes(module: &str, data: &[u8], deflate: bool) -> Vec<u8> {
     zip.finish().unwrap().into_inner()
 }
 
+/// A wheel laid out as a plain package: the data file `<module>/chunk.bin` beside the package's
+/// `__init__.py` (no `.data` folder), as the EmbeddingGemma chunk wheels are.
+pub fn package_wheel_bytes(module: &str, version: &str, data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    zip.start_file(format!("{module}/__init__.py"), opts).unwrap();
+    zip.write_all(b"# chunk\n").unwrap();
+    zip.start_file(format!("{module}/chunk.bin"), opts).unwrap();
+    zip.write_all(data).unwrap();
+    for meta in ["METADATA", "WHEEL", "top_level.txt", "RECORD"] {
+        zip.start_file(format!("{module}-{version}.dist-info/{meta}"), opts)
+            .unwrap();
+    }
+    zip.finish().unwrap().into_inner()
+}
+
 /// The lowercase hex sha256 of bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
@@ -64,6 +81,29 @@ impl FakeRelease {
         }
     }
 
+    /// A release whose wheel is a plain package holding `data` beside `__init__.py`.
+    pub fn package_layout(package: &str, version: &str, data: &[u8]) -> FakeRelease {
+        let wheel = package_wheel_bytes(&package.replace('-', "_"), version, data);
+        let sha256 = sha256_hex(&wheel);
+        FakeRelease {
+            package: package.into(),
+            version: version.into(),
+            wheel,
+            sha256,
+        }
+    }
+
+    /// The JSON API's file list for this release: its one wheel.
+    fn files_json(&self) -> serde_json::Value {
+        serde_json::json!([{
+            "filename": self.filename(),
+            "url": format!("/files/{}", self.filename()),
+            "size": self.wheel.len(),
+            "packagetype": "bdist_wheel",
+            "digests": {"sha256": self.sha256},
+        }])
+    }
+
     /// The wheel's file name.
     pub fn filename(&self) -> String {
         format!(
@@ -75,7 +115,8 @@ impl FakeRelease {
 }
 
 impl FakeIndex {
-    /// Serves the releases on a background thread until the process ends.
+    /// Serves the releases on a background thread until the process ends; several releases of
+    /// one package share its `/pypi/<package>/json` answer, the last one being the latest.
     pub fn start(releases: Vec<FakeRelease>) -> FakeIndex {
         use std::io::{BufRead, BufReader, Write};
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -103,17 +144,15 @@ impl FakeIndex {
                     let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
                     let found = releases.iter().find_map(|r| {
                         if path == format!("/pypi/{}/json", r.package) {
-                            let files = serde_json::json!([{
-                                "filename": r.filename(),
-                                "url": format!("/files/{}", r.filename()),
-                                "size": r.wheel.len(),
-                                "packagetype": "bdist_wheel",
-                                "digests": {"sha256": r.sha256},
-                            }]);
+                            let all: Vec<&FakeRelease> =
+                                releases.iter().filter(|o| o.package == r.package).collect();
+                            let latest = all.last().copied().unwrap_or(r);
+                            let by_version: serde_json::Map<String, serde_json::Value> =
+                                all.iter().map(|o| (o.version.clone(), o.files_json())).collect();
                             let json = serde_json::json!({
-                                "info": {"version": r.version},
-                                "releases": {r.version.clone(): files.clone()},
-                                "urls": files,
+                                "info": {"version": latest.version},
+                                "releases": by_version,
+                                "urls": latest.files_json(),
                             });
                             Some(json.to_string().into_bytes())
                         } else if path == format!("/files/{}", r.filename()) {

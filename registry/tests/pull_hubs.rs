@@ -485,6 +485,81 @@ fn hf_safetensors_repo_brings_config_tokenizer_and_template() {
 }
 
 #[test]
+fn hf_sentence_transformers_repo_brings_the_module_folders_it_names() {
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architectures": ["Gemma3TextModel"], "model_type": "gemma3_text", "max_position_embeddings": 2048,
+    }))
+    .unwrap();
+    let modules = serde_json::to_vec(&serde_json::json!([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+        {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]))
+    .unwrap();
+    let weights = safetensors_bytes(&[("embed", "F32", &[8, 4], vec![0u8; 128])], &[]);
+    let dense = safetensors_bytes(&[("linear.weight", "F32", &[2, 4], vec![1u8; 32])], &[]);
+    let server = hf_server(
+        "acme/tiny-embed",
+        vec![
+            hf_file("config.json", config, false),
+            hf_file("model.safetensors", weights, true),
+            hf_file("tokenizer.json", b"{}".to_vec(), false),
+            hf_file("modules.json", modules, false),
+            hf_file(
+                "sentence_bert_config.json",
+                b"{\"max_seq_length\": 512}".to_vec(),
+                false,
+            ),
+            hf_file(
+                "1_Pooling/config.json",
+                b"{\"pooling_mode_mean_tokens\": true}".to_vec(),
+                false,
+            ),
+            hf_file("2_Dense/config.json", b"{\"in_features\": 4}".to_vec(), false),
+            hf_file("2_Dense/model.safetensors", dense.clone(), true),
+            hf_file("onnx/model.onnx", b"not a module".to_vec(), true),
+        ],
+    );
+    let e = env(&server.url, "http://127.0.0.1:9");
+    let entry = pull(&e, "hf.co/acme/tiny-embed").unwrap().entry().clone();
+    assert!(entry.is_ok(), "{:?}", entry.problems);
+    let m = PackManifest::load(&entry.dir).unwrap();
+    assert_eq!(m.capabilities, ["embedding"]);
+    assert_eq!(m.context_length, Some(512));
+    let modules: Vec<&str> = m
+        .files
+        .iter()
+        .filter(|f| f.role == FileRole::Module)
+        .map(|f| f.path.as_str())
+        .collect();
+    assert_eq!(
+        modules,
+        [
+            "1_Pooling/config.json",
+            "2_Dense/config.json",
+            "2_Dense/model.safetensors"
+        ]
+    );
+    let weights: Vec<&str> = m.weights().map(|f| f.path.as_str()).collect();
+    assert_eq!(weights, ["model.safetensors"]);
+    assert_eq!(
+        std::fs::read(entry.dir.join("2_Dense/model.safetensors")).unwrap(),
+        dense
+    );
+    assert!(server
+        .requests_to("/acme/tiny-embed/resolve/main/onnx/")
+        .is_empty());
+    // modules.json is fetched once: the second time it comes from the blob cache.
+    assert_eq!(
+        server
+            .requests_to("/acme/tiny-embed/resolve/main/modules.json")
+            .len(),
+        1
+    );
+}
+
+#[test]
 fn hf_wrong_digest_is_refused_naming_both_digests_and_the_store_is_unchanged() {
     let good = named_gguf("good", None);
     let mut file = hf_file("tiny-Q8_0.gguf", good.clone(), true);
