@@ -59,6 +59,8 @@ pub(crate) struct EmbedOptions {
     pub always_normalize: bool,
     /// The field the inputs came in, for error messages (`input`, `prompt`).
     pub field: &'static str,
+    /// The inputs came as a list: errors name `input[i]` even when it holds one.
+    pub listed: bool,
 }
 
 /// The vectors of one request.
@@ -146,7 +148,7 @@ pub(crate) async fn embed(
         })?,
     };
     let max = (spec.max_tokens as usize).min(model.context_length).max(1);
-    let many = inputs.len() > 1;
+    let many = opts.listed || inputs.len() > 1;
     let at = |i: usize| {
         if many {
             format!("{field}[{i}]")
@@ -160,7 +162,7 @@ pub(crate) async fn embed(
             for (i, text) in texts.iter().enumerate() {
                 let (ids, n) = tokenize(model, &format!("{prompt}{text}"), max, opts.truncate);
                 if n > max && !opts.truncate {
-                    return Err(too_long(&at(i), i, n, max));
+                    return Err(too_long(&at(i), n, max));
                 }
                 sequences.push(ids);
             }
@@ -182,7 +184,7 @@ pub(crate) async fn embed(
                 }
                 let n = ids.len();
                 if n > max && !opts.truncate {
-                    return Err(too_long(&at(i), i, n, max));
+                    return Err(too_long(&at(i), n, max));
                 }
                 sequences.push(ids.into_iter().take(max).collect());
             }
@@ -231,10 +233,10 @@ pub(crate) async fn embed(
     Ok(EmbedOutcome { vectors, tokens })
 }
 
-fn too_long(at: &str, i: usize, n: usize, max: usize) -> ApiError {
+fn too_long(at: &str, n: usize, max: usize) -> ApiError {
     let mut e = ApiError::param(
         at,
-        format!("input {i} has {n} tokens; this model embeds at most {max} (send it shorter, or ask for truncation)"),
+        format!("{at} has {n} tokens; this model embeds at most {max} (send it shorter, or ask for truncation)"),
     );
     e.code = Some("context_length_exceeded");
     e
@@ -242,7 +244,7 @@ fn too_long(at: &str, i: usize, n: usize, max: usize) -> ApiError {
 
 /// Reads an `input` given as a string, an array of strings, an array of token ids or an array of
 /// token-id arrays (OpenAI's four forms); `field` names it in errors.
-fn inputs_of(v: &Value, field: &str, tokens_allowed: bool) -> Result<Inputs, ApiError> {
+fn inputs_of(v: &Value, field: &str, tokens_allowed: bool) -> Result<(Inputs, bool), ApiError> {
     let bad = |at: String, what: &str| ApiError::param(&at, format!("{at} must be {what}"));
     let ids = |v: &Value, at: String| -> Result<Vec<u32>, ApiError> {
         let arr = v
@@ -262,7 +264,8 @@ fn inputs_of(v: &Value, field: &str, tokens_allowed: bool) -> Result<Inputs, Api
     } else {
         "a string or a list of strings"
     };
-    match v {
+    let listed = matches!(v, Value::Array(a) if !a.first().is_some_and(Value::is_number));
+    let inputs = match v {
         Value::String(s) => Ok(Inputs::Texts(vec![s.clone()])),
         Value::Array(a) if a.is_empty() => Err(ApiError::param(field, format!("{field} is an empty list"))),
         Value::Array(a) => match &a[0] {
@@ -286,7 +289,8 @@ fn inputs_of(v: &Value, field: &str, tokens_allowed: bool) -> Result<Inputs, Api
             _ => Err(bad(format!("{field}[0]"), what)),
         },
         _ => Err(bad(field.to_string(), what)),
-    }
+    }?;
+    Ok((inputs, listed))
 }
 
 /// A `dimensions` field: a positive integer.
@@ -357,9 +361,10 @@ pub async fn openai(
         .model
         .as_deref()
         .ok_or_else(|| ApiError::param("model", "'model' is required"))?;
-    let inputs = inputs_of(req.input.as_ref().expect("validated"), "input", true)?;
+    let (inputs, listed) = inputs_of(req.input.as_ref().expect("validated"), "input", true)?;
     let model = model_for(&st, name, None).await?;
     let opts = EmbedOptions {
+        listed,
         prompt_name: req.prompt_name.clone(),
         truncate: req.truncate.unwrap_or(false),
         dimensions: dimensions_of(req.dimensions)?,
@@ -462,12 +467,17 @@ pub async fn ollama_embed(
         Some(Value::Array(a)) if a.is_empty() => None,
         Some(v) => Some(inputs_of(v, "input", false)?),
     };
+    let (inputs, listed) = match inputs {
+        Some((i, l)) => (Some(i), l),
+        None => (None, false),
+    };
     let (model, load) = ollama_model(&st, req.model.as_deref(), req.keep_alive).await?;
     embedding_model(&model)?;
     let Some(inputs) = inputs else {
         return Ok(axum::Json(json!({"model": model.reference, "embeddings": []})).into_response());
     };
     let opts = EmbedOptions {
+        listed,
         prompt_name: req.prompt_name.clone(),
         truncate: req.truncate.unwrap_or(true),
         dimensions: dimensions_of(req.dimensions)?,
@@ -515,7 +525,7 @@ mod tests {
 
     #[test]
     fn inputs_take_openais_four_forms_and_name_the_bad_element() {
-        let t = |v: Value| inputs_of(&v, "input", true);
+        let t = |v: Value| inputs_of(&v, "input", true).map(|(i, _)| i);
         assert_eq!(t(json!("hi")).unwrap(), Inputs::Texts(vec!["hi".into()]));
         assert_eq!(
             t(json!(["a", "b"])).unwrap(),

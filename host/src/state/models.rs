@@ -201,9 +201,13 @@ impl Model {
             }
         }
         let vocab = model.description().vocab_size as usize;
-        let constraints =
-            ConstraintFactory::new(&tokenizer, &detected, vocab, tools_enabled).map_err(|e| format!("{e:#}"));
-        if let Err(e) = &constraints {
+        // An embedding model generates nothing: no grammars to build for it.
+        let constraints = if embedding.is_some() {
+            Err("an embedding model does not generate".to_string())
+        } else {
+            ConstraintFactory::new(&tokenizer, &detected, vocab, tools_enabled).map_err(|e| format!("{e:#}"))
+        };
+        if let (Err(e), None) = (&constraints, &embedding) {
             tracing::warn!(model = %entry.reference, error = %e, "constrained decoding unavailable");
         }
         let engine = Engine::start(
