@@ -145,6 +145,32 @@ pub enum Command {
         #[arg(long = "image", value_name = "FILE")]
         images: Vec<std::path::PathBuf>,
     },
+    /// Embed texts with an embedding model: one JSON line per text, or the cosine similarity
+    /// matrix with `--similarity`.
+    Embed {
+        /// Pack reference, `name[:tag]`.
+        name: String,
+        /// The texts.
+        texts: Vec<String>,
+        /// A file with one text a line (`-` = stdin), after the texts given as arguments.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// A prompt of the model's, by name (EmbeddingGemma: `query`, `document`, ...).
+        #[arg(long)]
+        prompt_name: Option<String>,
+        /// Keep the first N dimensions (Matryoshka), renormalised.
+        #[arg(long)]
+        dimensions: Option<usize>,
+        /// Cut texts longer than the model embeds instead of failing.
+        #[arg(long)]
+        truncate: bool,
+        /// Print the cosine similarity matrix of the texts instead of their vectors.
+        #[arg(long)]
+        similarity: bool,
+        /// Compute threads (default: all cores, or BERTH_THREADS).
+        #[arg(long, env = "BERTH_THREADS")]
+        threads: Option<u32>,
+    },
     /// Measure prompt processing (ppN) and generation (tgN) tokens/s, as llama-bench does.
     Bench {
         /// Pack references.
@@ -386,6 +412,33 @@ pub fn run(cli: Cli) -> Result<()> {
                 threads,
             };
             crate::run::run(&store, &home, &name, prompt, opts)
+        }
+        Command::Embed {
+            name,
+            mut texts,
+            file,
+            prompt_name,
+            dimensions,
+            truncate,
+            similarity,
+            threads,
+        } => {
+            if let Some(f) = file {
+                let text = if f.as_os_str() == "-" {
+                    std::io::read_to_string(std::io::stdin())?
+                } else {
+                    std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?
+                };
+                texts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
+            }
+            let opts = crate::run::EmbedCliOptions {
+                prompt_name,
+                dimensions,
+                truncate,
+                similarity,
+                threads,
+            };
+            crate::run::embed(&store, &home, &name, texts, opts)
         }
         Command::Perplexity {
             name,

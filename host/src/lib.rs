@@ -9,6 +9,7 @@ pub mod chat;
 pub mod cli;
 pub mod constraint;
 pub mod decoding;
+pub mod embedding;
 pub mod engine;
 pub mod harmony;
 pub mod image;

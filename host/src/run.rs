@@ -119,6 +119,13 @@ pub fn run(
     let metrics = Arc::new(Metrics::default());
     let model = Model::load(store, home, reference, &settings, metrics.clone())?;
     let load_duration = started.elapsed();
+    if model.embedding.is_some() {
+        bail!(
+            "{} is an embedding model: it embeds text and does not generate; try `berth embed {} TEXT...`",
+            model.reference,
+            model.reference
+        );
+    }
     if opts.verbose {
         eprintln!("{}", model.detected);
     }
@@ -568,4 +575,96 @@ mod tests {
             "The capital is Paris."
         );
     }
+}
+
+/// What `berth embed` does besides the model and the texts.
+#[derive(Clone, Debug, Default)]
+pub struct EmbedCliOptions {
+    /// A prompt of the model's, by name (`query`, `document`, …).
+    pub prompt_name: Option<String>,
+    /// Keep the first this many dimensions (renormalised).
+    pub dimensions: Option<usize>,
+    /// Cut texts longer than the model embeds instead of failing.
+    pub truncate: bool,
+    /// Print the cosine similarity matrix instead of the vectors.
+    pub similarity: bool,
+    /// Compute threads (None: the plugin decides).
+    pub threads: Option<u32>,
+}
+
+/// `berth embed`: loads an embedding model, embeds `texts` (sharing forward passes, as the server
+/// does), and prints one JSON line per text (`{"index", "text", "embedding"}`) or, with
+/// `similarity`, the matrix of cosine similarities between them.
+pub fn embed(
+    store: &Store,
+    home: &Path,
+    reference: &str,
+    texts: Vec<String>,
+    opts: EmbedCliOptions,
+) -> Result<()> {
+    if texts.is_empty() {
+        bail!("nothing to embed: give texts, or -f FILE with one text a line");
+    }
+    let settings = LoadSettings {
+        threads: opts.threads,
+        slots: 16,
+        queue: RUN_QUEUE,
+        context: None,
+        keep_alive: None,
+        speculation: false,
+    };
+    let model = Model::load(store, home, reference, &settings, Arc::new(Metrics::default()))?;
+    let eopts = crate::embedding::EmbedOptions {
+        prompt_name: opts.prompt_name.clone(),
+        truncate: opts.truncate,
+        dimensions: opts.dimensions,
+        field: "text",
+        listed: true,
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let out = runtime
+        .block_on(crate::embedding::embed(
+            &model,
+            crate::embedding::Inputs::Texts(texts.clone()),
+            &eopts,
+        ))
+        .map_err(|e| anyhow!("{}", e.message))?;
+    let mut stdout = std::io::stdout().lock();
+    if !opts.similarity {
+        for (i, (t, v)) in texts.iter().zip(&out.vectors).enumerate() {
+            let line = serde_json::json!({"index": i, "text": t, "embedding": v});
+            writeln!(stdout, "{line}")?;
+        }
+        return Ok(());
+    }
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+        let na: f64 = a.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+        dot / (na * nb).max(f64::MIN_POSITIVE)
+    };
+    let label = |i: usize, t: &str| {
+        let short: String = t.chars().take(40).collect();
+        let more = if t.chars().count() > 40 { "…" } else { "" };
+        format!("[{i}] {short}{more}")
+    };
+    for (i, t) in texts.iter().enumerate() {
+        writeln!(stdout, "{}", label(i, t))?;
+    }
+    write!(stdout, "\n     ")?;
+    for j in 0..texts.len() {
+        write!(stdout, " {:>6}", format!("[{j}]"))?;
+    }
+    writeln!(stdout)?;
+    for (i, a) in out.vectors.iter().enumerate() {
+        write!(stdout, "{:<5}", format!("[{i}]"))?;
+        for b in &out.vectors {
+            write!(stdout, " {:>6.3}", cosine(a, b))?;
+        }
+        writeln!(stdout)?;
+    }
+    Ok(())
 }

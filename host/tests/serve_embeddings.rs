@@ -30,9 +30,17 @@ fn home() -> &'static Path {
             );
         }
         let emb = real_model("embeddinggemma-300m");
-        berth_ok(&dir, None, &["import", emb.to_str().unwrap(), "--name", "embeddinggemma:300m"]);
+        berth_ok(
+            &dir,
+            None,
+            &["import", emb.to_str().unwrap(), "--name", "embeddinggemma:300m"],
+        );
         let qwen = real_model("qwen2.5-coder-0.5b");
-        berth_ok(&dir, None, &["import", qwen.to_str().unwrap(), "--name", "qwen2.5-coder:0.5b"]);
+        berth_ok(
+            &dir,
+            None,
+            &["import", qwen.to_str().unwrap(), "--name", "qwen2.5-coder:0.5b"],
+        );
         dir
     })
 }
@@ -120,7 +128,10 @@ fn the_apis_match_sentence_transformers_and_refuse_what_they_should() {
         assert_eq!(out["object"], "list");
         assert_eq!(out["model"], "embeddinggemma:300m");
         let tokens: usize = group.iter().map(|t| t.3).sum();
-        assert_eq!(out["usage"]["prompt_tokens"], tokens, "the fixture's token ids, counted");
+        assert_eq!(
+            out["usage"]["prompt_tokens"], tokens,
+            "the fixture's token ids, counted"
+        );
         let data = out["data"].as_array().unwrap();
         assert_eq!(data.len(), group.len());
         for (d, t) in data.iter().zip(&group) {
@@ -143,7 +154,10 @@ fn the_apis_match_sentence_transformers_and_refuse_what_they_should() {
         let b = base64::engine::general_purpose::STANDARD
             .decode(out["data"][0]["embedding"].as_str().unwrap())
             .unwrap();
-        let v: Vec<f32> = b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let v: Vec<f32> = b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         assert!(cosine(&v, &full[group[0].0]) >= 0.9999);
     }
     assert!(worst >= 0.9999, "worst cosine {worst}");
@@ -157,11 +171,16 @@ fn the_apis_match_sentence_transformers_and_refuse_what_they_should() {
         json!({"model": "embeddinggemma:300m", "input": [ids[a], ids[b]]}),
     );
     assert!(cosine(&floats(&out["data"][1]["embedding"]), &full[b]) >= 0.9999);
-    let out = ok(&server, "/v1/embeddings", json!({"model": "embeddinggemma:300m", "input": ids[a]}));
+    let out = ok(
+        &server,
+        "/v1/embeddings",
+        json!({"model": "embeddinggemma:300m", "input": ids[a]}),
+    );
     assert!(cosine(&floats(&out["data"][0]["embedding"]), &full[a]) >= 0.9999);
 
     // Ollama /api/embed: normalised, durations and counts; dimensions.
-    let plain: Vec<&(usize, String, Option<String>, usize)> = texts.iter().filter(|t| t.2.is_none()).collect();
+    let plain: Vec<&(usize, String, Option<String>, usize)> =
+        texts.iter().filter(|t| t.2.is_none()).collect();
     let out = ok(
         &server,
         "/api/embed",
@@ -173,13 +192,21 @@ fn the_apis_match_sentence_transformers_and_refuse_what_they_should() {
     assert_eq!(out["prompt_eval_count"], plain[0].3 + plain[1].3);
     assert!(out["total_duration"].as_u64().unwrap() > 0);
     assert!(out["load_duration"].is_u64());
-    let out = ok(&server, "/api/embed", json!({"model": "embeddinggemma:300m", "input": plain[0].1}));
+    let out = ok(
+        &server,
+        "/api/embed",
+        json!({"model": "embeddinggemma:300m", "input": plain[0].1}),
+    );
     assert_eq!(out["embeddings"].as_array().unwrap().len(), 1);
     let out = ok(&server, "/api/embed", json!({"model": "embeddinggemma:300m"}));
     assert_eq!(out["embeddings"], json!([]), "no input loads the model");
 
     // Legacy /api/embeddings: one vector, not normalised (the model's last projection).
-    let out = ok(&server, "/api/embeddings", json!({"model": "embeddinggemma:300m", "prompt": plain[0].1}));
+    let out = ok(
+        &server,
+        "/api/embeddings",
+        json!({"model": "embeddinggemma:300m", "prompt": plain[0].1}),
+    );
     let raw = floats(&out["embedding"]);
     assert_eq!(raw.len(), 768);
     assert!((norm(&raw) - 1.0).abs() > 1e-3, "raw norm {}", norm(&raw));
@@ -200,7 +227,11 @@ fn the_apis_match_sentence_transformers_and_refuse_what_they_should() {
         json!({"model": "embeddinggemma:300m", "input": ["short", long], "truncate": true}),
     );
     assert_eq!(out["data"].as_array().unwrap().len(), 2);
-    let out = ok(&server, "/api/embed", json!({"model": "embeddinggemma:300m", "input": [long]}));
+    let out = ok(
+        &server,
+        "/api/embed",
+        json!({"model": "embeddinggemma:300m", "input": [long]}),
+    );
     assert_eq!(out["prompt_eval_count"], 2048);
     let e = refused(
         &server,
@@ -216,26 +247,62 @@ fn the_apis_match_sentence_transformers_and_refuse_what_they_should() {
         json!({"model": "embeddinggemma:300m", "messages": [{"role": "user", "content": "hi"}]}),
     );
     assert!(e.contains("embedding model"), "{e}");
-    let e = refused(&server, "/api/generate", json!({"model": "embeddinggemma:300m", "prompt": "hi"}));
+    let e = refused(
+        &server,
+        "/api/generate",
+        json!({"model": "embeddinggemma:300m", "prompt": "hi"}),
+    );
     assert!(e.contains("embedding model"), "{e}");
-    let e = refused(&server, "/v1/embeddings", json!({"model": "qwen2.5-coder:0.5b", "input": "hi"}));
+    let e = refused(
+        &server,
+        "/v1/embeddings",
+        json!({"model": "qwen2.5-coder:0.5b", "input": "hi"}),
+    );
     assert!(e.contains("does not embed"), "{e}");
-    let e = refused(&server, "/api/embed", json!({"model": "qwen2.5-coder:0.5b", "input": "hi"}));
+    let e = refused(
+        &server,
+        "/api/embed",
+        json!({"model": "qwen2.5-coder:0.5b", "input": "hi"}),
+    );
     assert!(e.contains("does not embed"), "{e}");
 
     // Malformed requests name their field.
     for (body, field) in [
         (json!({"model": "embeddinggemma:300m", "input": []}), "input"),
-        (json!({"model": "embeddinggemma:300m", "input": ["a", 1]}), "input[1]"),
-        (json!({"model": "embeddinggemma:300m", "input": "a", "dimensions": 1000}), "dimensions"),
-        (json!({"model": "embeddinggemma:300m", "input": "a", "dimensions": 0}), "dimensions"),
-        (json!({"model": "embeddinggemma:300m", "input": "a", "encoding_format": "int8"}), "encoding_format"),
-        (json!({"model": "embeddinggemma:300m", "input": "a", "prompt_name": "nope"}), "prompt_name"),
-        (json!({"model": "embeddinggemma:300m", "input": [[1, -2]]}), "input[0][1]"),
-        (json!({"model": "embeddinggemma:300m", "input": [[1, 999999999]]}), "input[0]"),
+        (
+            json!({"model": "embeddinggemma:300m", "input": ["a", 1]}),
+            "input[1]",
+        ),
+        (
+            json!({"model": "embeddinggemma:300m", "input": "a", "dimensions": 1000}),
+            "dimensions",
+        ),
+        (
+            json!({"model": "embeddinggemma:300m", "input": "a", "dimensions": 0}),
+            "dimensions",
+        ),
+        (
+            json!({"model": "embeddinggemma:300m", "input": "a", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
+        (
+            json!({"model": "embeddinggemma:300m", "input": "a", "prompt_name": "nope"}),
+            "prompt_name",
+        ),
+        (
+            json!({"model": "embeddinggemma:300m", "input": [[1, -2]]}),
+            "input[0][1]",
+        ),
+        (
+            json!({"model": "embeddinggemma:300m", "input": [[1, 999999999]]}),
+            "input[0]",
+        ),
         (json!({"model": "embeddinggemma:300m"}), "input"),
         (json!({"input": "a"}), "model"),
-        (json!({"model": "embeddinggemma:300m", "input": "a", "bogus": 1}), "bogus"),
+        (
+            json!({"model": "embeddinggemma:300m", "input": "a", "bogus": 1}),
+            "bogus",
+        ),
     ] {
         let e = refused(&server, "/v1/embeddings", body.clone());
         let v: Value = serde_json::from_str(&e).unwrap();
@@ -259,7 +326,9 @@ fn the_apis_match_sentence_transformers_and_refuse_what_they_should() {
 #[test]
 fn concurrent_requests_share_embed_calls() {
     let server = TestServer::start(home(), &["--threads", "2"]);
-    let texts: Vec<String> = (0..6).map(|i| format!("sentence number {i} about harbours")).collect();
+    let texts: Vec<String> = (0..6)
+        .map(|i| format!("sentence number {i} about harbours"))
+        .collect();
     // Alone first (also loads the model).
     let alone = ok(
         &server,
@@ -288,13 +357,21 @@ fn concurrent_requests_share_embed_calls() {
         let (status, text) = h.join().unwrap();
         assert_eq!(status, 200, "{text}");
         let out: Value = serde_json::from_str(&text).unwrap();
-        for (a, b) in out["data"].as_array().unwrap().iter().zip(alone["data"].as_array().unwrap()) {
+        for (a, b) in out["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(alone["data"].as_array().unwrap())
+        {
             assert!(cosine(&floats(&a["embedding"]), &floats(&b["embedding"])) > 0.999_999);
         }
     }
     let used = calls(&server) - before;
     // 48 inputs of 8 requests; one call per request would be 8, one per input 48.
-    assert!(used < 8, "{used} embed calls for 8 concurrent requests of 6 inputs");
+    assert!(
+        used < 8,
+        "{used} embed calls for 8 concurrent requests of 6 inputs"
+    );
 }
 
 #[test]
@@ -344,4 +421,77 @@ print("ok")
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn berth_embed_prints_vectors_and_the_similarity_matrix() {
+    let r = reference();
+    let texts = short_texts(&r);
+    let plain: Vec<&(usize, String, Option<String>, usize)> =
+        texts.iter().filter(|t| t.2.is_none()).collect();
+    let full = reference_vectors(768);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("texts.txt");
+    std::fs::write(&file, format!("{}\n\n{}\n", plain[1].1, plain[2].1)).unwrap();
+    let out = berth_ok(
+        home(),
+        Some(&home_plugins(home())),
+        &[
+            "embed",
+            "embeddinggemma:300m",
+            &plain[0].1,
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    );
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for (k, line) in lines.iter().enumerate() {
+        assert_eq!(line["index"], k);
+        assert_eq!(line["text"], plain[k].1);
+        assert!(cosine(&floats(&line["embedding"]), &full[plain[k].0]) >= 0.9999);
+    }
+    let out = berth_ok(
+        home(),
+        Some(&home_plugins(home())),
+        &[
+            "embed",
+            "embeddinggemma:300m",
+            "A cat sat on the mat",
+            "A kitten rested on the rug",
+            "Quarterly revenue grew",
+            "--similarity",
+        ],
+    );
+    // The matrix rows: `[i]` then one number per text (the label lines hold words).
+    let rows: Vec<Vec<f64>> = out
+        .lines()
+        .filter(|l| l.starts_with('['))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map(|x| x.parse().ok())
+                .collect::<Option<Vec<f64>>>()
+        })
+        .filter(|r| r.len() == 3)
+        .collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    assert!(
+        (rows[0][0] - 1.0).abs() < 1e-3 && rows[0][1] > rows[0][2],
+        "{out}"
+    );
+    let out = berth(
+        home(),
+        Some(&home_plugins(home())),
+        &["run", "embeddinggemma:300m", "hi"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("embedding model"));
+    let out = berth(
+        home(),
+        Some(&home_plugins(home())),
+        &["embed", "qwen2.5-coder:0.5b", "hi"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not embed"));
 }

@@ -11,7 +11,8 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 fn reference() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/embeddings/tiny-qwen3-last-token.json");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/embeddings/tiny-qwen3-last-token.json");
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
@@ -56,7 +57,10 @@ fn check(mode: &str, pooling: Pooling, key: &str) {
     };
     let mut m = QwenFamily::create(&cfg).unwrap();
     let spec = m.embedding().expect("modules.json makes it an embedding model");
-    assert_eq!((spec.dimensions, spec.pooling, spec.normalized), (64, pooling, true));
+    assert_eq!(
+        (spec.dimensions, spec.pooling, spec.normalized),
+        (64, pooling, true)
+    );
     let r = reference();
     let inputs: Vec<Vec<i32>> = serde_json::from_value(r["inputs"].clone()).unwrap();
     let want: Vec<Vec<f32>> = serde_json::from_value(r[key].clone()).unwrap();
