@@ -113,18 +113,18 @@ def text_for(set_id, i, words):
     people, things, places = AREAS[area]
     out, n = [], 0
     while n < words:
-        kind = r.randrange(4)
-        if kind == 0:
+        kind = r.randrange(7)
+        if kind in (0, 4):
             s = (f"{r.choice(TIMES).capitalize()}, {r.choice(people)} {r.choice(ADVERBS)} {r.choice(VERBS)} "
                  f"{r.choice(things)} near {r.choice(places)}.")
-        elif kind == 1:
+        elif kind in (1, 5):
             s = (f"{r.choice(people).capitalize()} {r.choice(VERBS)} {r.choice(NUMBERS)} {r.choice(ADJECTIVES)} "
-                 f"{r.choice(things).removeprefix('the ')} {r.choice(CLAUSES)}.")
-        elif kind == 2:
+                 f"{re.sub(r'^(the|a|an) ', '', r.choice(things))} {r.choice(CLAUSES)}.")
+        elif kind in (2, 6):
             s = (f"Near {r.choice(places)}, {r.choice(people)} found that {r.choice(things)} looked "
                  f"{r.choice(ADJECTIVES)}, {r.choice(CLAUSES)}.")
-        else:
-            s = r.choice(REMARKS)
+        else:  # kind 3
+            s = r.choice([x for x in REMARKS if x not in out])
         out.append(s)
         n += len(s.split())
     return " ".join(out)
@@ -141,6 +141,16 @@ class Client:
         u = urllib.parse.urlparse(url)
         self.host, self.port = u.hostname, u.port or 80
         self.conn = None
+
+    def get(self, path):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise SystemExit(f"{self.host}:{self.port}{path}: HTTP {resp.status}: {raw[:500]!r}")
+        return json.loads(raw)
 
     def post(self, path, body):
         data = json.dumps(body).encode()
@@ -287,13 +297,10 @@ def memory(args):
     embed(b, args.model, "Load the embedding model with one short text.")
     reply, _ = b.post("/v1/chat/completions", {"model": args.chat_model, "max_tokens": 8, "temperature": 0,
                                                 "messages": [{"role": "user", "content": "Say hi."}]})
-    loaded = []
-    try:
-        ps, _ = Client(args.berth).get("/api/ps") if hasattr(Client, "get") else (None, None)
-    except Exception:  # noqa: BLE001 — the list is a nicety
-        ps = None
+    ps = Client(args.berth).get("/api/ps")
     out = {"kind": "memory", "berth": memory_of(args.berth_pid), "berth_models": [args.model, args.chat_model],
-           "chat_reply": reply["choices"][0]["message"].get("content"), "loaded": loaded or ps}
+           "loaded": [m.get("name") for m in ps.get("models", [])],
+           "chat_reply": reply["choices"][0]["message"].get("content")}
     if args.llama:
         embed(Client(args.llama), args.llama_model, "Load the embedding model with one short text.")
         out["llama"] = memory_of(args.llama_pid)

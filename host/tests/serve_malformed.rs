@@ -360,7 +360,10 @@ const GENERATING: [&str; 6] = [
     "/api/chat",
     "/api/generate",
 ];
-const POST_ROUTES: [&str; 11] = [
+const POST_ROUTES: [&str; 14] = [
+    "/v1/embeddings",
+    "/api/embed",
+    "/api/embeddings",
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
@@ -578,6 +581,104 @@ fn cases() -> Vec<Case> {
         );
         form.content_type = "application/x-www-form-urlencoded";
         out.push(form);
+    }
+    // The embedding routes' own fields (the scripted model is no embedding model: a body that
+    // gets as far as the model is a 400 saying so; none may be a 5xx).
+    for (what, path, body) in [
+        ("input missing", "/v1/embeddings", json!({"model": SCRIPTED})),
+        (
+            "input an object",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": {"a": 1}}),
+        ),
+        (
+            "input empty list",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": []}),
+        ),
+        (
+            "input mixed list",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": ["a", 1]}),
+        ),
+        (
+            "negative token",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": [[1, -1]]}),
+        ),
+        (
+            "huge token",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": [1e300]}),
+        ),
+        (
+            "nested too deep",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": [[[1]]]}),
+        ),
+        (
+            "dimensions zero",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": "a", "dimensions": 0}),
+        ),
+        (
+            "dimensions string",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": "a", "dimensions": "8"}),
+        ),
+        (
+            "bad encoding",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": "a", "encoding_format": "int4"}),
+        ),
+        (
+            "unknown key",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": "a", "colour": 1}),
+        ),
+        (
+            "chat model",
+            "/v1/embeddings",
+            json!({"model": SCRIPTED, "input": "a"}),
+        ),
+        (
+            "input a number",
+            "/api/embed",
+            json!({"model": SCRIPTED, "input": 5}),
+        ),
+        (
+            "token ids",
+            "/api/embed",
+            json!({"model": SCRIPTED, "input": [1, 2]}),
+        ),
+        (
+            "truncate string",
+            "/api/embed",
+            json!({"model": SCRIPTED, "input": "a", "truncate": "no"}),
+        ),
+        (
+            "dimensions negative",
+            "/api/embed",
+            json!({"model": SCRIPTED, "input": "a", "dimensions": -3}),
+        ),
+        (
+            "chat model",
+            "/api/embed",
+            json!({"model": SCRIPTED, "input": "a"}),
+        ),
+        (
+            "prompt a list",
+            "/api/embeddings",
+            json!({"model": SCRIPTED, "prompt": ["a"]}),
+        ),
+        ("no model", "/api/embeddings", json!({"prompt": "a"})),
+        (
+            "chat model",
+            "/api/embeddings",
+            json!({"model": SCRIPTED, "prompt": "a"}),
+        ),
+    ] {
+        out.push(Case::json(format!("{path}: {what}"), path, &body, Is(bad)));
     }
     // Deep nesting inside an otherwise valid request.
     for path in GENERATING {

@@ -90,3 +90,107 @@ start_llamacpp_real() {
   echo "llama-server did not start" >&2
   return 1
 }
+
+# --- Embeddings (scripts/bench-embeddings) ---------------------------------------------------
+real_embedding_dir="${BERTH_CACHE:-$HOME/.cache/berth}/models/embeddinggemma-300m"
+real_embedding_gguf="${BERTH_CACHE:-$HOME/.cache/berth}/models/embeddinggemma-300m-f32.gguf"
+
+# real_import_berth NAME SOURCE PLUGIN_LIB PLUGIN_PACKAGE: imports SOURCE (a GGUF or a model
+# folder) as NAME into the temporary home, once per home, and installs target/release/PLUGIN_LIB
+# there. Servers started afterwards by start_berth_home serve it.
+real_import_berth() {
+  local name="$1" source="$2" berth="$root/target/release/berth" plugin="$root/target/release/$3" f
+  for f in "$berth" "$plugin"; do
+    [ -e "$f" ] || { echo "$f missing (cargo build --release -p berth -p $4)" >&2; return 1; }
+  done
+  [ -e "$source" ] || { echo "$source missing (scripts/fetch-models)" >&2; return 1; }
+  real_tmp_home
+  if [ ! -e "$real_home/.imported-${name//[:\/]/_}" ]; then
+    BERTH_HOME="$real_home" "$berth" import "$source" --name "$name" >/dev/null
+    touch "$real_home/.imported-${name//[:\/]/_}"
+  fi
+  BERTH_HOME="$real_home" "$berth" plugins install "$plugin" >/dev/null
+}
+
+# Starts the release `berth serve` on the temporary home as it is (what real_import_berth put
+# there); sets berth_url and berth_pid. Extra env (BERTH_THREADS, BERTH_KEEP_ALIVE, ...) passes
+# through. Stop it with stop_real_pid "$berth_pid" before starting another on the same home.
+start_berth_home() {
+  local berth="$root/target/release/berth" pid
+  real_tmp_home
+  BERTH_HOME="$real_home" BERTH_PLUGIN_PATH="$real_home/plugins" "$berth" serve --port 0 >"$real_home/serve.log" 2>&1 &
+  pid=$!
+  real_pids="$real_pids $pid"
+  berth_pid="$pid"
+  berth_url=""
+  for _ in $(seq 1 300); do
+    berth_url="$(grep -o 'listening on http://[0-9.:]*' "$real_home/serve.log" | head -1 | sed 's/listening on //' || true)"
+    [ -n "$berth_url" ] && return 0
+    kill -0 "$pid" 2>/dev/null || { cat "$real_home/serve.log" >&2; return 1; }
+    sleep 0.2
+  done
+  echo "berth serve did not start" >&2
+  return 1
+}
+
+# start_berth_embedding [NAME] [DIR]: `berth serve` with the sentence-transformers folder DIR
+# (default EmbeddingGemma-300M from scripts/fetch-models) imported as NAME (default
+# embeddinggemma:300m) and the Gemma plugin; sets berth_url and berth_pid.
+start_berth_embedding() {
+  real_import_berth "${1:-embeddinggemma:300m}" "${2:-$real_embedding_dir}" libberth_gemma.so berth-plugin-gemma
+  start_berth_home
+}
+
+# Makes $real_embedding_gguf (f32) from $real_embedding_dir with llama.cpp's own
+# convert_hf_to_gguf.py from the sdist scripts/llamacpp-reference unpacked, Dense modules
+# included (--sentence-transformers-dense-modules), in the sentence-transformers venv
+# (~/.cache/berth/st-venv, see scripts/embedding-reference) plus sentencepiece, protobuf and
+# requests. Does nothing when the GGUF is there.
+make_embedding_gguf() {
+  local cache="${BERTH_CACHE:-$HOME/.cache/berth}" conv py
+  [ -e "$real_embedding_gguf" ] && return 0
+  conv="$(ls -d "$cache"/llamacpp/src/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | tail -1)"
+  py="$cache/st-venv/bin/python"
+  [ -n "$conv" ] && [ -e "$conv/convert_hf_to_gguf.py" ] || { echo "llama.cpp source missing (scripts/llamacpp-reference build)" >&2; return 1; }
+  [ -x "$py" ] || { echo "$py missing (see scripts/embedding-reference)" >&2; return 1; }
+  "$py" -c 'import sentencepiece, google.protobuf, requests' 2>/dev/null ||
+    "$cache/st-venv/bin/pip" install --quiet sentencepiece protobuf requests >&2
+  "$py" "$conv/convert_hf_to_gguf.py" "$real_embedding_dir" --outtype f32 --sentence-transformers-dense-modules \
+    --outfile "$real_embedding_gguf.part" >&2
+  mv "$real_embedding_gguf.part" "$real_embedding_gguf"
+}
+
+# start_llamacpp_embedding THREADS [GGUF] [EXTRA llama-server ARGS...]: llama.cpp's server with
+# --embeddings --pooling mean on GGUF (default $real_embedding_gguf) and THREADS threads (batch
+# threads too); sets llamacpp_url and llamacpp_pid. The log is $real_home/llamacpp-embed.log.
+start_llamacpp_embedding() {
+  local threads="$1" gguf="${2:-$real_embedding_gguf}" bin port pid
+  shift; [ $# -gt 0 ] && shift
+  [ -e "$gguf" ] || { echo "$gguf missing (make_embedding_gguf)" >&2; return 1; }
+  "$root/scripts/llamacpp-reference" build >&2
+  bin="$(ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1)"
+  real_tmp_home
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  LD_LIBRARY_PATH="$bin" "$bin/llama-server" -m "$gguf" --embeddings --pooling mean --host 127.0.0.1 \
+    --port "$port" -t "$threads" -tb "$threads" "$@" >"$real_home/llamacpp-embed.log" 2>&1 &
+  pid=$!
+  real_pids="$real_pids $pid"
+  llamacpp_pid="$pid"
+  llamacpp_url="http://127.0.0.1:$port"
+  for _ in $(seq 1 600); do
+    curl -sf "$llamacpp_url/health" >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || { cat "$real_home/llamacpp-embed.log" >&2; return 1; }
+    sleep 0.2
+  done
+  echo "llama-server did not start" >&2
+  return 1
+}
+
+# stop_real_pid PID: stops one server started here (and forgets it).
+stop_real_pid() {
+  local p rest=""
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+  for p in $real_pids; do [ "$p" = "$1" ] || rest="$rest $p"; done
+  real_pids="$rest"
+}
