@@ -804,7 +804,8 @@ impl Decoder {
 
     /// The final-normed hidden states of whole sequences (an embedding model's token states),
     /// all in one forward pass: sequence `k` of `seqs` runs from position 0 in slot `k`, emptied
-    /// before and after. Returns `[row][hidden]`, the sequences' rows back to back.
+    /// before and released after (its keys and values are not needed once the states are out).
+    /// Returns `[row][hidden]`, the sequences' rows back to back.
     pub fn embed_states(&mut self, seqs: &[&[i32]]) -> Result<Vec<f32>, PluginError> {
         if self.states.is_recurrent() {
             return Err(PluginError::unsupported(
@@ -860,7 +861,7 @@ impl Decoder {
             Some(&mut hidden),
         );
         for k in 0..seqs.len() {
-            self.kv.set_len(k, 0);
+            self.kv.release(k);
         }
         Ok(hidden)
     }

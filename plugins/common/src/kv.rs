@@ -90,6 +90,17 @@ impl KvCache {
         self.seqs[seq].len = len;
     }
 
+    /// Empties sequence `seq` and gives its memory back (an embedding call's sequences: the next
+    /// call's may be of any length, and idle slots should not hold their longest input's keys).
+    pub fn release(&mut self, seq: usize) {
+        let s = &mut self.seqs[seq];
+        s.len = 0;
+        s.cap = 0;
+        for buf in s.k.iter_mut().chain(s.v.iter_mut()) {
+            *buf = Vec::new();
+        }
+    }
+
     /// Drops every position at or after `len` (keeps the memory).
     pub fn truncate(&mut self, seq: usize, len: usize) {
         let s = &mut self.seqs[seq];
