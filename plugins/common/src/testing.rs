@@ -9,6 +9,23 @@ use std::path::PathBuf;
 /// The input ids of every tiny reference model (`reference.json`).
 pub const TINY_IDS: [i32; 8] = [1, 17, 42, 256, 100, 31, 7, 511];
 
+/// A real model fetched (or found verified in the cache) by the repository's
+/// `scripts/fetch-models NAME`: the path it prints (a file, or EmbeddingGemma's directory).
+pub fn fetched_model(name: &str) -> PathBuf {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-models");
+    let out = std::process::Command::new(script)
+        .arg(name)
+        .output()
+        .expect("run scripts/fetch-models");
+    assert!(
+        out.status.success(),
+        "fetch-models {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = String::from_utf8(out.stdout).unwrap();
+    PathBuf::from(path.lines().last().expect("fetch-models prints the path").trim())
+}
+
 /// A tiny reference model's directory (`../shared/fixtures/reference-tiny/NAME`).
 pub fn tiny_fixture(name: &str) -> PathBuf {
     shared_fixtures().join("reference-tiny").join(name)

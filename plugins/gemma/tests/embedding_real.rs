@@ -22,17 +22,7 @@ fn repo_root() -> PathBuf {
 
 /// The model directory, fetched (or found verified in the cache) by the repository's script.
 fn model_dir() -> PathBuf {
-    let out = std::process::Command::new(repo_root().join("scripts/fetch-models"))
-        .arg("embeddinggemma-300m")
-        .output()
-        .expect("run scripts/fetch-models");
-    assert!(
-        out.status.success(),
-        "fetch-models failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = String::from_utf8(out.stdout).unwrap();
-    PathBuf::from(path.lines().last().expect("fetch-models prints the path").trim())
+    berth_plugin_common::testing::fetched_model("embeddinggemma-300m")
 }
 
 fn fixtures() -> PathBuf {

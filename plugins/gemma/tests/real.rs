@@ -26,20 +26,8 @@ fn repo_root() -> PathBuf {
 /// The model path, fetched (or found verified in the cache) by the repository's script.
 fn model_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let out = std::process::Command::new(repo_root().join("scripts/fetch-models"))
-            .arg("gemma3-270m")
-            .output()
-            .expect("run scripts/fetch-models");
-        assert!(
-            out.status.success(),
-            "fetch-models failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = String::from_utf8(out.stdout).unwrap();
-        PathBuf::from(path.lines().last().expect("fetch-models prints the path").trim())
-    })
-    .clone()
+    PATH.get_or_init(|| berth_plugin_common::testing::fetched_model("gemma3-270m"))
+        .clone()
 }
 
 fn load(threads: u32) -> GemmaModel {
