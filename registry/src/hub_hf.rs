@@ -399,6 +399,7 @@ pub(crate) fn pull(
         name: Some(local.to_string()),
         template: None,
         family: None,
+        quantize: None,
     };
     match selection {
         Selection::Gguf(_) => Ok(store.import(&paths[0], &import)?),

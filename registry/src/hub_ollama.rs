@@ -224,6 +224,7 @@ pub(crate) fn pull(
         name: Some(local.to_string()),
         template: None,
         family: None,
+        quantize: None,
     };
     let built = scratch_store.import(&paths[model_index], &import)?;
     let mut manifest = PackManifest::load(&built.dir).map_err(crate::store::StoreError::from)?;

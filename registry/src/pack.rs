@@ -301,6 +301,10 @@ pub struct PackManifest {
     /// The files of the pack.
     #[serde(default)]
     pub files: Vec<PackFile>,
+    /// Quantize the weights when the pack is loaded (`q8_0`: float projection matrices become
+    /// Q8_0, as llama.cpp's `--outtype q8_0`); the files stay as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<String>,
     /// Default sampling parameters (temperature, top_p, stop, ...), free-form.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub defaults: toml::Table,
@@ -334,6 +338,7 @@ impl PackManifest {
             capabilities: Vec::new(),
             created: Some(rfc3339(SystemTime::now())),
             files: Vec::new(),
+            quantize: None,
             defaults: toml::Table::new(),
         }
     }
@@ -401,6 +406,9 @@ impl PackManifest {
     /// Whether a family is served is the host's call: plugins bring families of their own.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if let Some(q) = self.quantize.as_deref().filter(|q| *q != "q8_0") {
+            out.push(format!("quantize {q:?} is not offered (q8_0 is)"));
+        }
         if let Err(e) = PackRef::new(&self.name, &self.tag) {
             out.push(e.reason);
         }

@@ -503,6 +503,7 @@ pub fn pull(
             name: Some(entry.name.clone()),
             template: None,
             family: Some(entry.family.clone()),
+            quantize: None,
         },
     )?;
     emit(progress, Phase::Success, 0, 0);

@@ -135,6 +135,8 @@ pub struct ImportOptions {
     pub template: Option<PathBuf>,
     /// The plugin family, overriding the architecture mapping.
     pub family: Option<String>,
+    /// Quantize the weights when the pack is loaded (`q8_0`; see [`PackManifest::quantize`]).
+    pub quantize: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -459,6 +461,9 @@ impl Store {
                 &mut stamps,
             )?);
         }
+        if opts.quantize.is_some() {
+            manifest.quantize = opts.quantize.clone();
+        }
         manifest.save(&staging.dir)?;
         save_stamps(&staging.dir, &stamps);
         self.install(staging, &r)
@@ -525,6 +530,9 @@ impl Store {
                 path: source.to_path_buf(),
                 problems,
             });
+        }
+        if opts.quantize.is_some() {
+            manifest.quantize = opts.quantize.clone();
         }
         manifest.save(&staging.dir)?;
         save_stamps(&staging.dir, &stamps);
@@ -670,6 +678,9 @@ impl Store {
                 FileRole::Template,
                 &mut stamps,
             )?);
+        }
+        if opts.quantize.is_some() {
+            manifest.quantize = opts.quantize.clone();
         }
         manifest.save(&staging.dir)?;
         save_stamps(&staging.dir, &stamps);

@@ -169,33 +169,42 @@ impl DecoderWeights {
     /// by f32 activations: the load option `dequantize`, the reference a quantised run's KL
     /// divergence is measured against. A tied head stays one matrix.
     pub fn dequantize(&mut self) {
+        self.convert(&Matrix::to_f32);
+    }
+
+    /// Quantizes every projection matrix (as [`DecoderWeights::dequantize`] lists them) to Q8_0,
+    /// as llama.cpp's `--outtype q8_0` does: the load option `quantize = "q8_0"` for f32 or bf16
+    /// packs, a quarter of the memory and the packed integer kernels. Matrices already quantized
+    /// stay as they are.
+    pub fn quantize_q8_0(&mut self) {
+        self.convert(&Matrix::to_q8_0);
+    }
+
+    /// Applies `f` to every projection matrix; a tied head stays one matrix.
+    fn convert(&mut self, f: &dyn Fn(&Matrix) -> Matrix) {
         let tied = self.output.bytes().as_ptr() == self.embed.bytes().as_ptr();
-        self.embed = self.embed.to_f32();
-        self.output = if tied {
-            self.embed.clone()
-        } else {
-            self.output.to_f32()
-        };
-        let ffn = |f: &mut GatedFfn| {
-            for m in [&mut f.gate, &mut f.up, &mut f.down] {
-                *m = m.to_f32();
+        self.embed = f(&self.embed);
+        self.output = if tied { self.embed.clone() } else { f(&self.output) };
+        let ffn = |g: &mut GatedFfn| {
+            for m in [&mut g.gate, &mut g.up, &mut g.down] {
+                *m = f(m);
             }
         };
         for l in &mut self.layers {
             match &mut l.mixer {
                 Mixer::Attention(a) => {
-                    a.wq = a.wq.to_f32();
-                    a.wo = a.wo.to_f32();
+                    a.wq = f(&a.wq);
+                    a.wo = f(&a.wo);
                     if let KvSource::Own { wk, wv, .. } = &mut a.kv {
-                        *wk = wk.to_f32();
+                        *wk = f(wk);
                         if let Some(v) = wv {
-                            *v = v.to_f32();
+                            *v = f(v);
                         }
                     }
                 }
                 Mixer::ShortConv(c) => {
-                    c.in_proj = c.in_proj.to_f32();
-                    c.out_proj = c.out_proj.to_f32();
+                    c.in_proj = f(&c.in_proj);
+                    c.out_proj = f(&c.out_proj);
                 }
                 Mixer::GatedDeltaNet(d) => {
                     for m in [
@@ -205,30 +214,30 @@ impl DecoderWeights {
                         &mut d.in_a,
                         &mut d.out_proj,
                     ] {
-                        *m = m.to_f32();
+                        *m = f(m);
                     }
                 }
             }
             match &mut l.ffn {
-                Ffn::Dense(f) => ffn(f),
+                Ffn::Dense(dense) => ffn(dense),
                 Ffn::Moe {
                     router,
                     experts,
                     shared,
                     ..
                 } => {
-                    *router = router.to_f32();
+                    *router = f(router);
                     experts.iter_mut().for_each(ffn);
                     if let Some(s) = shared {
                         ffn(&mut s.ffn);
                         if let Some(g) = &mut s.gate {
-                            *g = g.to_f32();
+                            *g = f(g);
                         }
                     }
                 }
                 Ffn::DenseMoe(d) => {
                     ffn(&mut d.dense);
-                    d.router = d.router.to_f32();
+                    d.router = f(&d.router);
                     d.experts.iter_mut().for_each(ffn);
                 }
             }

@@ -559,6 +559,15 @@ impl DecoderModel {
                 cfg.activation = Activation::GeluTanh;
             }
         }
+        match config.options.get("quantize").and_then(Value::as_str) {
+            None => {}
+            Some("q8_0") => weights.quantize_q8_0(),
+            Some(q) => {
+                return Err(PluginError::invalid_argument(format!(
+                    "quantize: {q:?} is not offered (q8_0 is)"
+                )))
+            }
+        }
         if let Some(n) = config.options.get("snapshots").and_then(Value::as_u64) {
             cfg.max_snapshots = n as usize;
         }

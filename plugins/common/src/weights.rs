@@ -111,6 +111,23 @@ impl Matrix {
         Matrix::from_f32(self.rows, self.cols, &data)
     }
 
+    /// An owned Q8_0 copy of a float matrix (f32, f16, bf16) whose rows are whole 32-element
+    /// blocks, quantized as llama.cpp's `quantize_row_q8_0` does; any other matrix is returned
+    /// as it is.
+    pub fn to_q8_0(&self) -> Matrix {
+        let float = matches!(self.wtype, WeightType::F32 | WeightType::F16 | WeightType::BF16);
+        if !float || !self.cols.is_multiple_of(WeightType::Q8_0.block_size()) {
+            return self.clone();
+        }
+        let mut bytes = Vec::with_capacity(self.rows * WeightType::Q8_0.row_bytes(self.cols));
+        let mut row = vec![0.0; self.cols];
+        for r in 0..self.rows {
+            self.dequantize_row(r, &mut row);
+            bytes.extend(berth_kernels::quant::quantize_row_q8_0(&row));
+        }
+        Matrix::new(Arc::new(bytes), 0, WeightType::Q8_0, self.rows, self.cols).expect("sized above")
+    }
+
     /// The raw bytes of all rows.
     pub fn bytes(&self) -> &[u8] {
         &self.source.bytes()[self.start..self.start + self.len]
