@@ -76,6 +76,30 @@ pub fn matmul_quantized_split(
         let r0 = c * per;
         let r1 = (r0 + per).min(rows);
         let outp = &outp;
+        if wtype == WeightType::F32 {
+            // Register tiles equal to single rows bit for bit: the gemm rows and the rest alike.
+            let mut xs: [&[f32]; DotTable::F32_ROWS] = [&[]; DotTable::F32_ROWS];
+            let mut buf = [0.0f32; MANY_CHUNK * DotTable::F32_ROWS];
+            for i0 in (0..m_all).step_by(DotTable::F32_ROWS) {
+                let na = (m_all - i0).min(DotTable::F32_ROWS);
+                for (d, i) in xs.iter_mut().zip(i0..i0 + na) {
+                    let ActRow::F32(x) = act.row(i) else {
+                        unreachable!("F32 weights take f32 rows")
+                    };
+                    *d = x;
+                }
+                let vals = &mut buf[..(r1 - r0) * na];
+                (table.f32_rows)(&w[r0 * rb..r1 * rb], r1 - r0, k, &xs[..na], vals);
+                for (ri, v) in vals.chunks_exact(na).enumerate() {
+                    for (di, &v) in v.iter().enumerate() {
+                        // SAFETY: i0 + di < m_all and r0 + ri < rows, so the index is < out.len()
+                        // (asserted); chunk c is the only writer of rows r0..r1.
+                        unsafe { *outp.0.add((i0 + di) * rows + r0 + ri) = v };
+                    }
+                }
+            }
+            return;
+        }
         let wrow = |r: usize| &w[r * rb..(r + 1) * rb];
         // Weight rows per tile call: what the table's tile kernel covers best (2 or 4).
         let tw = table.tile_rows.clamp(1, 4);

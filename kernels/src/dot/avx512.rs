@@ -298,6 +298,80 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
+/// `acc[a][c] += w[a][i..i + 16] * x[c][i..i + 16]` lane-wise in the lanes of `mask`, each
+/// weight and activation vector loaded once (only the masked lanes are read).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f32_tile_step<const R: usize, const C: usize>(
+    acc: &mut [[__m512; C]; R],
+    w: &[*const f32; R],
+    x: &[*const f32; C],
+    i: usize,
+    mask: __mmask16,
+) {
+    // SAFETY: the caller guarantees the masked lanes of [i, i + 16) readable at every pointer;
+    // masked-off lanes are neither read nor changed.
+    unsafe {
+        let mut wv = [_mm512_setzero_ps(); R];
+        for a in 0..R {
+            wv[a] = _mm512_maskz_loadu_ps(mask, w[a].add(i));
+        }
+        for c in 0..C {
+            let xv = _mm512_maskz_loadu_ps(mask, x[c].add(i));
+            for a in 0..R {
+                acc[a][c] = _mm512_mask3_fmadd_ps(wv[a], xv, acc[a][c], mask);
+            }
+        }
+    }
+}
+
+/// An `R` × `C` tile of the AVX2 single-row F32 kernel, bit for bit: its accumulators 0 and 1
+/// are the low and high halves of one 16-lane register fed from `32 t .. 32 t + 16` (and the
+/// 8-wide steps past the last 32 in the low half alone), its accumulators 2 and 3 another fed
+/// from `32 t + 16 .. 32 t + 32`; the two only meet in the final sum, so the tile makes one pass
+/// over `k` (from L1) per register, with one register per (weight row, activation row) pair.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f32_tile<const R: usize, const C: usize>(
+    w: [*const f32; R],
+    x: [*const f32; C],
+    n: usize,
+) -> [[f32; C]; R] {
+    let n32 = n / 32 * 32;
+    let n8 = n / 8 * 8;
+    let mut parts = [[[_mm512_setzero_ps(); C]; R]; 2];
+    // SAFETY (whole body): caller guarantees n readable f32 at every pointer (any alignment).
+    unsafe {
+        for (h, part) in parts.iter_mut().enumerate() {
+            // A local array, so the accumulators stay in registers.
+            let mut acc = [[_mm512_setzero_ps(); C]; R];
+            let mut i = 16 * h;
+            while i < n32 {
+                f32_tile_step(&mut acc, &w, &x, i, 0xffff);
+                i += 32;
+            }
+            // The 8-wide steps past the last 32 go to the AVX2 kernel's accumulator 0 only.
+            let mut i = n32;
+            while h == 0 && i < n8 {
+                f32_tile_step(&mut acc, &w, &x, i, 0x00ff);
+                i += 8;
+            }
+            *part = acc;
+        }
+        std::array::from_fn(|a| {
+            std::array::from_fn(|c| {
+                let [lo, hi] = parts.map(|p| p[a][c]);
+                let p01 = _mm256_add_ps(_mm512_castps512_ps256(lo), _mm512_extractf32x8_ps::<1>(lo));
+                let p23 = _mm256_add_ps(_mm512_castps512_ps256(hi), _mm512_extractf32x8_ps::<1>(hi));
+                let mut s = hsum_ps(_mm256_add_ps(p01, p23));
+                for i in n8..n {
+                    s += w[a].add(i).read_unaligned() * x[c].add(i).read_unaligned();
+                }
+                s
+            })
+        })
+    }
+}
+
 // Safe wrappers. SAFETY for all: these are only reachable through the dispatch table, which
 // installs them only after `supported()` confirmed every feature the kernels enable.
 
@@ -305,6 +379,12 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
 pub(crate) fn q6_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: see the note above the wrappers.
     unsafe { rows_q6_k::<1>(w, &[a], n)[0] }
+}
+
+/// AVX-512 F32 weight rows × many activation rows in 4 × 6 tiles, bit for bit the AVX2
+/// single-row F32 kernel (only call when [`supported`]).
+pub(crate) fn f32_rows(w: &[u8], nrows: usize, n: usize, acts: &[&[f32]], out: &mut [f32]) {
+    super::f32_rows_tiled::<4, 6>(w, nrows, n, acts, out, f32_tile::<4, 6>, super::avx2::f32_f32);
 }
 
 /// AVX-512 dot of one weight row against four activation rows; other types go to AVX2.
