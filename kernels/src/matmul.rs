@@ -18,6 +18,9 @@ struct OutPtr(*mut f32);
 // exactly one chunk) while the owning `&mut [f32]` is borrowed by the caller.
 unsafe impl Sync for OutPtr {}
 
+/// F32 weight bytes per pass over the activation rows: half of a small (1 MiB) L2.
+const F32_PASS_BYTES: usize = 512 * 1024;
+
 /// Most weight rows in one parallel chunk.
 const MANY_CHUNK: usize = 256;
 
@@ -80,21 +83,27 @@ pub fn matmul_quantized_split(
             // Register tiles equal to single rows bit for bit: the gemm rows and the rest alike.
             let mut xs: [&[f32]; DotTable::F32_ROWS] = [&[]; DotTable::F32_ROWS];
             let mut buf = [0.0f32; MANY_CHUNK * DotTable::F32_ROWS];
-            for i0 in (0..m_all).step_by(DotTable::F32_ROWS) {
-                let na = (m_all - i0).min(DotTable::F32_ROWS);
-                for (d, i) in xs.iter_mut().zip(i0..i0 + na) {
-                    let ActRow::F32(x) = act.row(i) else {
-                        unreachable!("F32 weights take f32 rows")
-                    };
-                    *d = x;
-                }
-                let vals = &mut buf[..(r1 - r0) * na];
-                (table.f32_rows)(&w[r0 * rb..r1 * rb], r1 - r0, k, &xs[..na], vals);
-                for (ri, v) in vals.chunks_exact(na).enumerate() {
-                    for (di, &v) in v.iter().enumerate() {
-                        // SAFETY: i0 + di < m_all and r0 + ri < rows, so the index is < out.len()
-                        // (asserted); chunk c is the only writer of rows r0..r1.
-                        unsafe { *outp.0.add((i0 + di) * rows + r0 + ri) = v };
+            // Weight rows per pass over the activations: few enough to stay in L2 while every
+            // activation tile streams past them (a chunk of 3072-long rows would not).
+            let sub = (F32_PASS_BYTES / rb).max(4) / 4 * 4;
+            for s0 in (r0..r1).step_by(sub) {
+                let s1 = (s0 + sub).min(r1);
+                for i0 in (0..m_all).step_by(DotTable::F32_ROWS) {
+                    let na = (m_all - i0).min(DotTable::F32_ROWS);
+                    for (d, i) in xs.iter_mut().zip(i0..i0 + na) {
+                        let ActRow::F32(x) = act.row(i) else {
+                            unreachable!("F32 weights take f32 rows")
+                        };
+                        *d = x;
+                    }
+                    let vals = &mut buf[..(s1 - s0) * na];
+                    (table.f32_rows)(&w[s0 * rb..s1 * rb], s1 - s0, k, &xs[..na], vals);
+                    for (ri, v) in vals.chunks_exact(na).enumerate() {
+                        for (di, &v) in v.iter().enumerate() {
+                            // SAFETY: i0 + di < m_all and s0 + ri < r1 <= rows, so the index is
+                            // < out.len() (asserted); chunk c is the only writer of rows r0..r1.
+                            unsafe { *outp.0.add((i0 + di) * rows + s0 + ri) = v };
+                        }
                     }
                 }
             }

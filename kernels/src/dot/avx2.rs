@@ -876,11 +876,35 @@ unsafe fn f32_tile_step<const R: usize, const C: usize>(
     }
 }
 
+/// [`f32_tile_step`] at `i`, `i + step`, ... below `end`, on accumulators kept in registers
+/// (a call of its own, so the tile's other state does not crowd them out).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f32_tile_run<const R: usize, const C: usize>(
+    acc: &mut [[__m256; C]; R],
+    w: &[*const f32; R],
+    x: &[*const f32; C],
+    (mut i, end, step): (usize, usize, usize),
+) {
+    let mut a = *acc;
+    while i < end {
+        // SAFETY: the caller guarantees every step's lanes readable at every pointer.
+        unsafe { f32_tile_step(&mut a, w, x, i) };
+        i += step;
+    }
+    *acc = a;
+}
+
+/// Elements of k per block of [`f32_tile`], whose four passes over a block read each cache line
+/// twice: the block of every row of a tile stays in L1 for the second read.
+const F32_K_BLOCK: usize = 512;
+
 /// An `R` × `C` tile of [`dot_f32_ptr`]s, each bit for bit the single row's: that kernel's
 /// lane `l` of accumulator `u` sums the products at `32 t + 8 u + l` in order of `t` (then, for
 /// `u = 0`, the 8-wide steps past the last 32), and the four accumulators only meet in the final
 /// sum, so the tile runs the same fused multiply-adds one accumulator at a time (four passes
-/// over `k`, from L1) with one register per (weight row, activation row) pair.
+/// over each block of `k`, the block in L1) with one register per (weight row, activation row)
+/// pair.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn f32_tile<const R: usize, const C: usize>(
     w: [*const f32; R],
@@ -892,25 +916,21 @@ pub(crate) unsafe fn f32_tile<const R: usize, const C: usize>(
     let mut parts = [[[_mm256_setzero_ps(); C]; R]; 4];
     // SAFETY (whole body): caller guarantees n readable f32 at every pointer (any alignment).
     unsafe {
-        for (u, part) in parts.iter_mut().enumerate() {
-            // A local array, so the accumulators stay in registers.
-            let mut acc = [[_mm256_setzero_ps(); C]; R];
-            let mut i = 8 * u;
-            while i < n32 {
-                f32_tile_step(&mut acc, &w, &x, i);
-                i += 32;
+        // Blocks of k that stay in L1 for every pass; each lane still takes its products in
+        // order of k.
+        let mut k0 = 0;
+        while k0 < n32 {
+            let k1 = (k0 + F32_K_BLOCK).min(n32);
+            for (u, part) in parts.iter_mut().enumerate() {
+                f32_tile_run(part, &w, &x, (k0 + 8 * u, k1, 32));
             }
-            // The 8-wide steps past the last 32 go to accumulator 0 only, as in `dot_f32_ptr`.
-            let mut i = n32;
-            while u == 0 && i < n8 {
-                f32_tile_step(&mut acc, &w, &x, i);
-                i += 8;
-            }
-            *part = acc;
+            k0 = k1;
         }
+        // The 8-wide steps past the last 32 go to accumulator 0 only, as in `dot_f32_ptr`.
+        f32_tile_run(&mut parts[0], &w, &x, (n32, n8, 8));
         std::array::from_fn(|a| {
             std::array::from_fn(|c| {
-                let [p0, p1, p2, p3] = parts.map(|p| p[a][c]);
+                let [p0, p1, p2, p3] = [0, 1, 2, 3].map(|u| parts[u][a][c]);
                 let mut s = hsum_ps(_mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3)));
                 for i in n8..n {
                     s += w[a].add(i).read_unaligned() * x[c].add(i).read_unaligned();

@@ -325,11 +325,30 @@ unsafe fn f32_tile_step<const R: usize, const C: usize>(
     }
 }
 
+/// The 8-wide steps from `n32` below `n8` in the low eight lanes, on accumulators loaded from and
+/// stored back to `acc` (a call of its own, so the tile's main passes keep every register).
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f32_tile_tail<const R: usize, const C: usize>(
+    acc: &mut [[__m512; C]; R],
+    w: &[*const f32; R],
+    x: &[*const f32; C],
+    n32: usize,
+    n8: usize,
+) {
+    let mut a = *acc;
+    for i in (n32..n8).step_by(8) {
+        // SAFETY: the caller guarantees n8 readable f32 at every pointer.
+        unsafe { f32_tile_step(&mut a, w, x, i, 0x00ff) };
+    }
+    *acc = a;
+}
+
 /// An `R` × `C` tile of the AVX2 single-row F32 kernel, bit for bit: its accumulators 0 and 1
 /// are the low and high halves of one 16-lane register fed from `32 t .. 32 t + 16` (and the
 /// 8-wide steps past the last 32 in the low half alone), its accumulators 2 and 3 another fed
 /// from `32 t + 16 .. 32 t + 32`; the two only meet in the final sum, so the tile makes one pass
-/// over `k` (from L1) per register, with one register per (weight row, activation row) pair.
+/// over `k` per register, with one register per (weight row, activation row) pair.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn f32_tile<const R: usize, const C: usize>(
     w: [*const f32; R],
@@ -341,6 +360,8 @@ unsafe fn f32_tile<const R: usize, const C: usize>(
     let mut parts = [[[_mm512_setzero_ps(); C]; R]; 2];
     // SAFETY (whole body): caller guarantees n readable f32 at every pointer (any alignment).
     unsafe {
+        // The two passes read disjoint cache lines (where rows start on a line), so blocks of k
+        // would save no reads, as AVX2's four passes do.
         for (h, part) in parts.iter_mut().enumerate() {
             // A local array, so the accumulators stay in registers.
             let mut acc = [[_mm512_setzero_ps(); C]; R];
@@ -349,17 +370,13 @@ unsafe fn f32_tile<const R: usize, const C: usize>(
                 f32_tile_step(&mut acc, &w, &x, i, 0xffff);
                 i += 32;
             }
-            // The 8-wide steps past the last 32 go to the AVX2 kernel's accumulator 0 only.
-            let mut i = n32;
-            while h == 0 && i < n8 {
-                f32_tile_step(&mut acc, &w, &x, i, 0x00ff);
-                i += 8;
-            }
             *part = acc;
         }
+        // The 8-wide steps past the last 32 go to the AVX2 kernel's accumulator 0 only.
+        f32_tile_tail(&mut parts[0], &w, &x, n32, n8);
         std::array::from_fn(|a| {
             std::array::from_fn(|c| {
-                let [lo, hi] = parts.map(|p| p[a][c]);
+                let (lo, hi) = (parts[0][a][c], parts[1][a][c]);
                 let p01 = _mm256_add_ps(_mm512_castps512_ps256(lo), _mm512_extractf32x8_ps::<1>(lo));
                 let p23 = _mm256_add_ps(_mm512_castps512_ps256(hi), _mm512_extractf32x8_ps::<1>(hi));
                 let mut s = hsum_ps(_mm256_add_ps(p01, p23));
