@@ -282,6 +282,32 @@ mod tests {
     }
 
     #[test]
+    fn f32_matmul_rows_equal_single_row_dots_bit_for_bit() {
+        let mut rng = XorShift::new(11);
+        let wtype = WeightType::F32;
+        // Long rows make several L2-sized passes per chunk; 29 and 53 activation rows end in a
+        // tile under half full and one over half full.
+        for (rows, k, m, threads) in [(37, 4096, 29, 2), (50, 96, 53, 3), (5, 40, 1, 1)] {
+            let pool = ThreadPool::new(threads);
+            let w = random_row(&mut rng, wtype, rows * k);
+            let x = rng.vec(m * k);
+            let mut act = QuantizedActivations::new();
+            act.quantize_into(wtype, &x, k);
+            for g in [0, m / 2, m] {
+                let mut out = vec![f32::NAN; m * rows];
+                matmul_quantized_split(wtype, &w, rows, k, &act, g, &mut out, &pool);
+                for i in 0..m {
+                    for r in 0..rows {
+                        let e = crate::dot::vec_dot_row(wtype, &w[r * 4 * k..(r + 1) * 4 * k], act.row(i), k);
+                        let got = out[i * rows + r];
+                        assert_eq!(got.to_bits(), e.to_bits(), "{rows}x{k} m={m} g={g} i={i} r={r}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn split_matmul_rows_equal_the_gemm_alone_and_single_rows_bit_for_bit() {
         let mut rng = XorShift::new(10);
         let pool = ThreadPool::new(2);

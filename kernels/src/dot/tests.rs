@@ -443,8 +443,11 @@ fn f32_row_tiles_equal_single_rows_bit_for_bit_and_the_exact_product() {
     let mut rng = XorShift::new(25);
     // Every table this CPU runs, the scalar reference included.
     for table in DotTable::available() {
-        // Lengths around the 8-, 16- and 32-wide steps, and EmbeddingGemma's 768.
-        for n in [1usize, 7, 8, 9, 16, 31, 32, 33, 40, 63, 64, 100, 255, 768, 777] {
+        // Lengths around the 8-, 16- and 32-wide steps and AVX2's 512-long blocks of k, and
+        // EmbeddingGemma's 768.
+        for n in [
+            1usize, 7, 8, 9, 16, 31, 32, 33, 40, 63, 64, 100, 255, 768, 777, 1100,
+        ] {
             for nrows in [1usize, 2, 3, 4, 5, 7, 13] {
                 let w = random_row(&mut rng, WeightType::F32, nrows * n);
                 let x: Vec<Vec<f32>> = (0..DotTable::F32_ROWS).map(|_| rng.vec(n)).collect();
