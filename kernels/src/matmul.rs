@@ -4,7 +4,8 @@
 //! activations are `[m][k]` f32. Output is `[m][rows]` with
 //! `out[i][r] = dot(W[r], x[i])`. Each activation row is quantized once, then weight rows
 //! are split in chunks over the thread pool; every weight row is reused across a tile of
-//! activation rows while it is hot in L1.
+//! activation rows while it is hot in L1. F32 weights go through register tiles of weight rows
+//! × activation rows ([`DotTable::f32_rows`]), whose results equal single rows' bit for bit.
 
 use crate::dot::{ActRow, DotTable, QuantizedActivations};
 use crate::pool::ThreadPool;

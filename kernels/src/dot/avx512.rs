@@ -1,6 +1,7 @@
 //! AVX-512 (F, BW, VL, DQ and VNNI) dot products for the weight types of the real model packs,
 //! where prompt processing spends its time: Q4_0/Q5_0/Q8_0 tiles (2 or 4 weight rows × 4
-//! activation rows), Q4_K and Q6_K four-row kernels, and Q6_K single rows. Every other entry of
+//! activation rows), Q4_K and Q6_K four-row kernels, Q6_K single rows, and F32 tiles (4 weight
+//! rows × 6 activation rows, for f32 embedding models' batches). Every other entry of
 //! the table is the AVX2 one (single rows of the other types stream weights from memory in
 //! decode, and measured no faster here).
 //!

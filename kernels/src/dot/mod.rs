@@ -230,8 +230,8 @@ impl DotTable {
     }
 
     /// The AVX-512 table (F/BW/VL/DQ + VNNI): the AVX2 table with the tiles, the four-row
-    /// kernels and the Q6_K single rows replaced (equal to AVX2's bit for bit); None when this
-    /// CPU lacks a feature.
+    /// kernels, the Q6_K single rows and the F32 tiles replaced (equal to AVX2's bit for bit);
+    /// None when this CPU lacks a feature.
     #[cfg(target_arch = "x86_64")]
     fn avx512() -> Option<DotTable> {
         if !avx512::supported() {
