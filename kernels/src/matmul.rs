@@ -4,7 +4,8 @@
 //! activations are `[m][k]` f32. Output is `[m][rows]` with
 //! `out[i][r] = dot(W[r], x[i])`. Each activation row is quantized once, then weight rows
 //! are split in chunks over the thread pool; every weight row is reused across a tile of
-//! activation rows while it is hot in L1.
+//! activation rows while it is hot in L1. F32 weights go through register tiles of weight rows
+//! × activation rows ([`DotTable::f32_rows`]), whose results equal single rows' bit for bit.
 
 use crate::dot::{ActRow, DotTable, QuantizedActivations};
 use crate::pool::ThreadPool;
@@ -17,6 +18,10 @@ struct OutPtr(*mut f32);
 // SAFETY: the pointer is only used to write disjoint elements (each (i, r) pair belongs to
 // exactly one chunk) while the owning `&mut [f32]` is borrowed by the caller.
 unsafe impl Sync for OutPtr {}
+
+/// F32 weight bytes per pass over the activation rows: a quarter of a small (1 MiB) L2, which
+/// leaves room for the activation rows streaming past (measured a little faster than half).
+const F32_PASS_BYTES: usize = 256 * 1024;
 
 /// Most weight rows in one parallel chunk.
 const MANY_CHUNK: usize = 256;
@@ -76,6 +81,36 @@ pub fn matmul_quantized_split(
         let r0 = c * per;
         let r1 = (r0 + per).min(rows);
         let outp = &outp;
+        if wtype == WeightType::F32 {
+            // Register tiles equal to single rows bit for bit: the gemm rows and the rest alike.
+            let mut xs: [&[f32]; DotTable::F32_ROWS] = [&[]; DotTable::F32_ROWS];
+            let mut buf = [0.0f32; MANY_CHUNK * DotTable::F32_ROWS];
+            // Weight rows per pass over the activations: few enough to stay in L2 while every
+            // activation tile streams past them (a chunk of 3072-long rows would not).
+            let sub = (F32_PASS_BYTES / rb).max(4) / 4 * 4;
+            for s0 in (r0..r1).step_by(sub) {
+                let s1 = (s0 + sub).min(r1);
+                for i0 in (0..m_all).step_by(DotTable::F32_ROWS) {
+                    let na = (m_all - i0).min(DotTable::F32_ROWS);
+                    for (d, i) in xs.iter_mut().zip(i0..i0 + na) {
+                        let ActRow::F32(x) = act.row(i) else {
+                            unreachable!("F32 weights take f32 rows")
+                        };
+                        *d = x;
+                    }
+                    let vals = &mut buf[..(s1 - s0) * na];
+                    (table.f32_rows)(&w[s0 * rb..s1 * rb], s1 - s0, k, &xs[..na], vals);
+                    for (ri, v) in vals.chunks_exact(na).enumerate() {
+                        for (di, &v) in v.iter().enumerate() {
+                            // SAFETY: i0 + di < m_all and s0 + ri < r1 <= rows, so the index is
+                            // < out.len() (asserted); chunk c is the only writer of rows r0..r1.
+                            unsafe { *outp.0.add((i0 + di) * rows + s0 + ri) = v };
+                        }
+                    }
+                }
+            }
+            return;
+        }
         let wrow = |r: usize| &w[r * rb..(r + 1) * rb];
         // Weight rows per tile call: what the table's tile kernel covers best (2 or 4).
         let tw = table.tile_rows.clamp(1, 4);
@@ -244,6 +279,32 @@ mod tests {
             matvec(wtype, &w, rows, k, &x[..k], &mut o1, &mut act, &pool);
             for (a, b) in o1.iter().zip(&out[..rows]) {
                 assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{wtype:?} matvec");
+            }
+        }
+    }
+
+    #[test]
+    fn f32_matmul_rows_equal_single_row_dots_bit_for_bit() {
+        let mut rng = XorShift::new(11);
+        let wtype = WeightType::F32;
+        // Long rows make several L2-sized passes per chunk; 29 and 53 activation rows end in a
+        // tile under half full and one over half full.
+        for (rows, k, m, threads) in [(37, 4096, 29, 2), (50, 96, 53, 3), (5, 40, 1, 1)] {
+            let pool = ThreadPool::new(threads);
+            let w = random_row(&mut rng, wtype, rows * k);
+            let x = rng.vec(m * k);
+            let mut act = QuantizedActivations::new();
+            act.quantize_into(wtype, &x, k);
+            for g in [0, m / 2, m] {
+                let mut out = vec![f32::NAN; m * rows];
+                matmul_quantized_split(wtype, &w, rows, k, &act, g, &mut out, &pool);
+                for i in 0..m {
+                    for r in 0..rows {
+                        let e = crate::dot::vec_dot_row(wtype, &w[r * 4 * k..(r + 1) * 4 * k], act.row(i), k);
+                        let got = out[i * rows + r];
+                        assert_eq!(got.to_bits(), e.to_bits(), "{rows}x{k} m={m} g={g} i={i} r={r}");
+                    }
+                }
             }
         }
     }

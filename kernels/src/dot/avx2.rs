@@ -851,6 +851,96 @@ pub(crate) unsafe fn dot_f32_ptr(w: *const f32, x: *const f32, n: usize) -> f32 
     }
 }
 
+/// `acc[a][c] += w[a][i..i + 8] * x[c][i..i + 8]` lane-wise, each weight and activation
+/// vector loaded once.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f32_tile_step<const R: usize, const C: usize>(
+    acc: &mut [[__m256; C]; R],
+    w: &[*const f32; R],
+    x: &[*const f32; C],
+    i: usize,
+) {
+    // SAFETY: the caller guarantees i + 8 <= n readable f32 at every pointer.
+    unsafe {
+        let mut wv = [_mm256_setzero_ps(); R];
+        for a in 0..R {
+            wv[a] = _mm256_loadu_ps(w[a].add(i));
+        }
+        for c in 0..C {
+            let xv = _mm256_loadu_ps(x[c].add(i));
+            for a in 0..R {
+                acc[a][c] = _mm256_fmadd_ps(wv[a], xv, acc[a][c]);
+            }
+        }
+    }
+}
+
+/// [`f32_tile_step`] at `i`, `i + step`, ... below `end`, on accumulators kept in registers
+/// (a call of its own, so the tile's other state does not crowd them out).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f32_tile_run<const R: usize, const C: usize>(
+    acc: &mut [[__m256; C]; R],
+    w: &[*const f32; R],
+    x: &[*const f32; C],
+    (mut i, end, step): (usize, usize, usize),
+) {
+    let mut a = *acc;
+    while i < end {
+        // SAFETY: the caller guarantees every step's lanes readable at every pointer.
+        unsafe { f32_tile_step(&mut a, w, x, i) };
+        i += step;
+    }
+    *acc = a;
+}
+
+/// Elements of k per block of [`f32_tile`], whose four passes over a block read each cache line
+/// twice: the block of every row of a tile stays in L1 for the second read.
+const F32_K_BLOCK: usize = 512;
+
+/// An `R` × `C` tile of [`dot_f32_ptr`]s, each bit for bit the single row's: that kernel's
+/// lane `l` of accumulator `u` sums the products at `32 t + 8 u + l` in order of `t` (then, for
+/// `u = 0`, the 8-wide steps past the last 32), and the four accumulators only meet in the final
+/// sum, so the tile runs the same fused multiply-adds one accumulator at a time (four passes
+/// over each block of `k`, the block in L1) with one register per (weight row, activation row)
+/// pair.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn f32_tile<const R: usize, const C: usize>(
+    w: [*const f32; R],
+    x: [*const f32; C],
+    n: usize,
+) -> [[f32; C]; R] {
+    let n32 = n / 32 * 32;
+    let n8 = n / 8 * 8;
+    let mut parts = [[[_mm256_setzero_ps(); C]; R]; 4];
+    // SAFETY (whole body): caller guarantees n readable f32 at every pointer (any alignment).
+    unsafe {
+        // Blocks of k that stay in L1 for every pass; each lane still takes its products in
+        // order of k.
+        let mut k0 = 0;
+        while k0 < n32 {
+            let k1 = (k0 + F32_K_BLOCK).min(n32);
+            for (u, part) in parts.iter_mut().enumerate() {
+                f32_tile_run(part, &w, &x, (k0 + 8 * u, k1, 32));
+            }
+            k0 = k1;
+        }
+        // The 8-wide steps past the last 32 go to accumulator 0 only, as in `dot_f32_ptr`.
+        f32_tile_run(&mut parts[0], &w, &x, (n32, n8, 8));
+        std::array::from_fn(|a| {
+            std::array::from_fn(|c| {
+                let [p0, p1, p2, p3] = [0, 1, 2, 3].map(|u| parts[u][a][c]);
+                let mut s = hsum_ps(_mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3)));
+                for i in n8..n {
+                    s += w[a].add(i).read_unaligned() * x[c].add(i).read_unaligned();
+                }
+                s
+            })
+        })
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16_f32_impl(w: &[u8], x: &[f32], n: usize) -> f32 {
     assert!(w.len() >= 2 * n && x.len() >= n);
@@ -1061,6 +1151,11 @@ pub(crate) fn f32_f32(w: &[u8], x: &[f32], n: usize) -> f32 {
     assert!(w.len() >= 4 * n && x.len() >= n);
     // SAFETY: see the note above the wrappers; bounds asserted; loads are unaligned.
     unsafe { dot_f32_ptr(w.as_ptr() as *const f32, x.as_ptr(), n) }
+}
+/// AVX2 F32 weight rows × many activation rows in 3 × 4 tiles, bit for bit [`f32_f32`]
+/// (only call when AVX2+FMA are present).
+pub(crate) fn f32_rows(w: &[u8], nrows: usize, n: usize, acts: &[&[f32]], out: &mut [f32]) {
+    super::f32_rows_tiled::<3, 4>(w, nrows, n, acts, out, f32_tile::<3, 4>, f32_f32);
 }
 /// AVX2 F16·F32 (only call when AVX2+FMA+F16C are present).
 pub(crate) fn f16_f32(w: &[u8], x: &[f32], n: usize) -> f32 {

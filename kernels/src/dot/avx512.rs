@@ -1,6 +1,7 @@
 //! AVX-512 (F, BW, VL, DQ and VNNI) dot products for the weight types of the real model packs,
 //! where prompt processing spends its time: Q4_0/Q5_0/Q8_0 tiles (2 or 4 weight rows × 4
-//! activation rows), Q4_K and Q6_K four-row kernels, and Q6_K single rows. Every other entry of
+//! activation rows), Q4_K and Q6_K four-row kernels, Q6_K single rows, and F32 tiles (4 weight
+//! rows × 6 activation rows, for f32 embedding models' batches). Every other entry of
 //! the table is the AVX2 one (single rows of the other types stream weights from memory in
 //! decode, and measured no faster here).
 //!
@@ -298,6 +299,97 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
+/// `acc[a][c] += w[a][i..i + 16] * x[c][i..i + 16]` lane-wise in the lanes of `mask`, each
+/// weight and activation vector loaded once (only the masked lanes are read).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f32_tile_step<const R: usize, const C: usize>(
+    acc: &mut [[__m512; C]; R],
+    w: &[*const f32; R],
+    x: &[*const f32; C],
+    i: usize,
+    mask: __mmask16,
+) {
+    // SAFETY: the caller guarantees the masked lanes of [i, i + 16) readable at every pointer;
+    // masked-off lanes are neither read nor changed.
+    unsafe {
+        let mut wv = [_mm512_setzero_ps(); R];
+        for a in 0..R {
+            wv[a] = _mm512_maskz_loadu_ps(mask, w[a].add(i));
+        }
+        for c in 0..C {
+            let xv = _mm512_maskz_loadu_ps(mask, x[c].add(i));
+            for a in 0..R {
+                acc[a][c] = _mm512_mask3_fmadd_ps(wv[a], xv, acc[a][c], mask);
+            }
+        }
+    }
+}
+
+/// The 8-wide steps from `n32` below `n8` in the low eight lanes, on accumulators loaded from and
+/// stored back to `acc` (a call of its own, so the tile's main passes keep every register).
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f32_tile_tail<const R: usize, const C: usize>(
+    acc: &mut [[__m512; C]; R],
+    w: &[*const f32; R],
+    x: &[*const f32; C],
+    n32: usize,
+    n8: usize,
+) {
+    let mut a = *acc;
+    for i in (n32..n8).step_by(8) {
+        // SAFETY: the caller guarantees n8 readable f32 at every pointer.
+        unsafe { f32_tile_step(&mut a, w, x, i, 0x00ff) };
+    }
+    *acc = a;
+}
+
+/// An `R` × `C` tile of the AVX2 single-row F32 kernel, bit for bit: its accumulators 0 and 1
+/// are the low and high halves of one 16-lane register fed from `32 t .. 32 t + 16` (and the
+/// 8-wide steps past the last 32 in the low half alone), its accumulators 2 and 3 another fed
+/// from `32 t + 16 .. 32 t + 32`; the two only meet in the final sum, so the tile makes one pass
+/// over `k` per register, with one register per (weight row, activation row) pair.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f32_tile<const R: usize, const C: usize>(
+    w: [*const f32; R],
+    x: [*const f32; C],
+    n: usize,
+) -> [[f32; C]; R] {
+    let n32 = n / 32 * 32;
+    let n8 = n / 8 * 8;
+    let mut parts = [[[_mm512_setzero_ps(); C]; R]; 2];
+    // SAFETY (whole body): caller guarantees n readable f32 at every pointer (any alignment).
+    unsafe {
+        // The two passes read disjoint cache lines (where rows start on a line), so blocks of k
+        // would save no reads, as AVX2's four passes do.
+        for (h, part) in parts.iter_mut().enumerate() {
+            // A local array, so the accumulators stay in registers.
+            let mut acc = [[_mm512_setzero_ps(); C]; R];
+            let mut i = 16 * h;
+            while i < n32 {
+                f32_tile_step(&mut acc, &w, &x, i, 0xffff);
+                i += 32;
+            }
+            *part = acc;
+        }
+        // The 8-wide steps past the last 32 go to the AVX2 kernel's accumulator 0 only.
+        f32_tile_tail(&mut parts[0], &w, &x, n32, n8);
+        std::array::from_fn(|a| {
+            std::array::from_fn(|c| {
+                let (lo, hi) = (parts[0][a][c], parts[1][a][c]);
+                let p01 = _mm256_add_ps(_mm512_castps512_ps256(lo), _mm512_extractf32x8_ps::<1>(lo));
+                let p23 = _mm256_add_ps(_mm512_castps512_ps256(hi), _mm512_extractf32x8_ps::<1>(hi));
+                let mut s = hsum_ps(_mm256_add_ps(p01, p23));
+                for i in n8..n {
+                    s += w[a].add(i).read_unaligned() * x[c].add(i).read_unaligned();
+                }
+                s
+            })
+        })
+    }
+}
+
 // Safe wrappers. SAFETY for all: these are only reachable through the dispatch table, which
 // installs them only after `supported()` confirmed every feature the kernels enable.
 
@@ -305,6 +397,12 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
 pub(crate) fn q6_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
     // SAFETY: see the note above the wrappers.
     unsafe { rows_q6_k::<1>(w, &[a], n)[0] }
+}
+
+/// AVX-512 F32 weight rows × many activation rows in 4 × 6 tiles, bit for bit the AVX2
+/// single-row F32 kernel (only call when [`supported`]).
+pub(crate) fn f32_rows(w: &[u8], nrows: usize, n: usize, acts: &[&[f32]], out: &mut [f32]) {
+    super::f32_rows_tiled::<4, 6>(w, nrows, n, acts, out, f32_tile::<4, 6>, super::avx2::f32_f32);
 }
 
 /// AVX-512 dot of one weight row against four activation rows; other types go to AVX2.

@@ -47,6 +47,9 @@ pub struct DotTable {
     pub bf16: FDotFn,
     /// Plain f32 slice dot product.
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    /// F32 weight rows × many f32 activation rows in register tiles that share their loads,
+    /// each result bit for bit [`DotTable::f32`]'s.
+    pub f32_rows: RowsF32Fn,
     /// Optional kernel for one quantized weight row against four activation rows
     /// (quantized-activation byte rows); returns None for types it does not cover.
     pub dot4: Option<Dot4Fn>,
@@ -67,6 +70,69 @@ pub struct DotTable {
 /// `nrows` consecutive weight rows (raw bytes) × quantized activation rows into
 /// `out[r * acts.len() + j]`: `(wtype, weights, nrows, n, acts, out)`.
 pub type RowsManyFn = fn(WeightType, &[u8], usize, usize, &[&[u8]], &mut [f32]) -> bool;
+
+/// `nrows` consecutive F32 weight rows (raw bytes) × f32 activation rows (any number) into
+/// `out[r * acts.len() + j]`: `(weights, nrows, n, acts, out)`.
+pub type RowsF32Fn = fn(&[u8], usize, usize, &[&[f32]], &mut [f32]);
+
+/// A register tile of `R` F32 weight rows × `C` activation rows, each `n` long: every result
+/// bit for bit the table's single-row F32 kernel's.
+#[cfg(target_arch = "x86_64")]
+type F32TileFn<const R: usize, const C: usize> =
+    unsafe fn([*const f32; R], [*const f32; C], usize) -> [[f32; C]; R];
+
+/// A [`RowsF32Fn`] over an `R` × `C` tile kernel: activation rows `C` at a time (the last tile
+/// padded with repeats of its last row, or, when under half full, `single` per pair), each
+/// against every weight row `R` at a time (the last tile padded likewise). The activation tile
+/// stays in L1 while the weight rows stream past it.
+#[cfg(target_arch = "x86_64")]
+fn f32_rows_tiled<const R: usize, const C: usize>(
+    w: &[u8],
+    nrows: usize,
+    n: usize,
+    acts: &[&[f32]],
+    out: &mut [f32],
+    tile: F32TileFn<R, C>,
+    single: FDotFn,
+) {
+    let na = acts.len();
+    let rb = 4 * n;
+    assert!(w.len() >= nrows * rb, "weight rows too short");
+    assert!(acts.iter().all(|a| a.len() >= n), "activation rows too short");
+    assert!(out.len() >= nrows * na, "output too short");
+    if nrows == 0 || n == 0 {
+        out[..nrows * na].fill(0.0);
+        return;
+    }
+    let wrow = |r: usize| w[r * rb..].as_ptr() as *const f32;
+    let mut j0 = 0;
+    while j0 < na {
+        let cc = (na - j0).min(C);
+        if 2 * cc < C {
+            // Results are the single-row kernel's either way; padding would waste more.
+            for r in 0..nrows {
+                for j in j0..na {
+                    out[r * na + j] = single(&w[r * rb..(r + 1) * rb], acts[j], n);
+                }
+            }
+            return;
+        }
+        let xs: [*const f32; C] = std::array::from_fn(|c| acts[j0 + c.min(cc - 1)].as_ptr());
+        let mut r0 = 0;
+        while r0 < nrows {
+            let rr = (nrows - r0).min(R);
+            let ws: [*const f32; R] = std::array::from_fn(|i| wrow(r0 + i.min(rr - 1)));
+            // SAFETY: every pointer starts a row of at least n f32 (asserted above); the tile
+            // kernels load unaligned.
+            let t = unsafe { tile(ws, xs, n) };
+            for (i, tr) in t.iter().enumerate().take(rr) {
+                out[(r0 + i) * na + j0..(r0 + i) * na + j0 + cc].copy_from_slice(&tr[..cc]);
+            }
+            r0 += rr;
+        }
+        j0 += cc;
+    }
+}
 
 /// The shape checks of every [`RowsManyFn`]: false for a call none takes (no activation rows,
 /// more than [`DotTable::MANY_MAX`], `n` not whole blocks); panics when a slice is shorter than
@@ -107,6 +173,7 @@ impl DotTable {
             f16: scalar::f16_f32,
             bf16: scalar::bf16_f32,
             dot_f32: scalar::dot_f32,
+            f32_rows: scalar::f32_rows,
             dot4: None,
             dot4_gemv: None,
             tile: None,
@@ -117,6 +184,10 @@ impl DotTable {
 
     /// Most activation rows one [`DotTable::rows_many`] call takes.
     pub const MANY_MAX: usize = 8;
+
+    /// Activation rows per [`DotTable::f32_rows`] call in [`crate::matmul`]: a multiple of
+    /// every table's tile width (4 and 6).
+    pub const F32_ROWS: usize = 24;
 
     /// Names of every table this build has, best first (whether or not this CPU runs them).
     pub const NAMES: [&'static str; 3] = ["avx512", "avx2", "scalar"];
@@ -159,8 +230,8 @@ impl DotTable {
     }
 
     /// The AVX-512 table (F/BW/VL/DQ + VNNI): the AVX2 table with the tiles, the four-row
-    /// kernels and the Q6_K single rows replaced (equal to AVX2's bit for bit); None when this
-    /// CPU lacks a feature.
+    /// kernels, the Q6_K single rows and the F32 tiles replaced (equal to AVX2's bit for bit);
+    /// None when this CPU lacks a feature.
     #[cfg(target_arch = "x86_64")]
     fn avx512() -> Option<DotTable> {
         if !avx512::supported() {
@@ -174,6 +245,7 @@ impl DotTable {
             tile: Some(avx512::tile),
             tile_rows: 4,
             rows_many: Some(avx512::rows_many),
+            f32_rows: avx512::f32_rows,
             ..DotTable::avx2()?
         })
     }
@@ -197,6 +269,7 @@ impl DotTable {
             f16: avx2::f16_f32,
             bf16: avx2::bf16_f32,
             dot_f32: avx2::dot_f32,
+            f32_rows: avx2::f32_rows,
             dot4: Some(avx2::dot4),
             dot4_gemv: Some(avx2::dot4_gemv),
             tile: Some(avx2::tile),

@@ -169,8 +169,48 @@ pub fn q6_k_q8_k(w: &[u8], a: &[u8], n: usize) -> f32 {
 }
 
 /// F32 weights (raw little-endian bytes) · f32 activations.
+///
+/// One sequential sum from `-0.0` (as `Iterator::sum`), which [`f32_rows`] repeats per pair.
 pub fn f32_f32(w: &[u8], x: &[f32], n: usize) -> f32 {
-    (0..n).map(|i| rd_f32(w, 4 * i) * x[i]).sum()
+    let mut s = -0.0f32;
+    for (i, &v) in x[..n].iter().enumerate() {
+        s += rd_f32(w, 4 * i) * v;
+    }
+    s
+}
+
+/// [`f32_f32`] of `nrows` consecutive F32 weight rows × each of `acts` into
+/// `out[r * acts.len() + j]`, bit for bit: tiles of four weight rows × four activation rows
+/// read each element once for the sixteen sums, each still one sequential sum from `-0.0`.
+// One index walks four weight rows and four activation rows at once.
+#[allow(clippy::needless_range_loop)]
+pub fn f32_rows(w: &[u8], nrows: usize, n: usize, acts: &[&[f32]], out: &mut [f32]) {
+    const T: usize = 4;
+    let na = acts.len();
+    let rb = 4 * n;
+    assert!(
+        w.len() >= nrows * rb && out.len() >= nrows * na,
+        "rows or output too short"
+    );
+    for r0 in (0..nrows).step_by(T) {
+        let rr = (nrows - r0).min(T);
+        for j0 in (0..na).step_by(T) {
+            let cc = (na - j0).min(T);
+            let mut acc = [[-0.0f32; T]; T];
+            for i in 0..n {
+                let wv: [f32; T] = std::array::from_fn(|a| rd_f32(w, (r0 + a.min(rr - 1)) * rb + 4 * i));
+                for c in 0..cc {
+                    let xv = acts[j0 + c][i];
+                    for (a, &wa) in wv.iter().enumerate() {
+                        acc[a][c] += wa * xv;
+                    }
+                }
+            }
+            for (a, row) in acc.iter().enumerate().take(rr) {
+                out[(r0 + a) * na + j0..(r0 + a) * na + j0 + cc].copy_from_slice(&row[..cc]);
+            }
+        }
+    }
 }
 
 /// F16 weights · f32 activations.

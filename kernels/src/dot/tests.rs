@@ -437,3 +437,52 @@ fn avx512_equals_avx2_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn f32_row_tiles_equal_single_rows_bit_for_bit_and_the_exact_product() {
+    let mut rng = XorShift::new(25);
+    // Every table this CPU runs, the scalar reference included.
+    for table in DotTable::available() {
+        // Lengths around the 8-, 16- and 32-wide steps and AVX2's 512-long blocks of k, and
+        // EmbeddingGemma's 768.
+        for n in [
+            1usize, 7, 8, 9, 16, 31, 32, 33, 40, 63, 64, 100, 255, 768, 777, 1100,
+        ] {
+            for nrows in [1usize, 2, 3, 4, 5, 7, 13] {
+                let w = random_row(&mut rng, WeightType::F32, nrows * n);
+                let x: Vec<Vec<f32>> = (0..DotTable::F32_ROWS).map(|_| rng.vec(n)).collect();
+                let rb = 4 * n;
+                for na in 1..=DotTable::F32_ROWS {
+                    let acts: Vec<&[f32]> = x[..na].iter().map(|v| v.as_slice()).collect();
+                    let mut out = vec![f32::NAN; nrows * na];
+                    (table.f32_rows)(&w, nrows, n, &acts, &mut out);
+                    for r in 0..nrows {
+                        let row = &w[r * rb..(r + 1) * rb];
+                        let wf: Vec<f32> = row
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                            .collect();
+                        for (j, a) in acts.iter().enumerate() {
+                            let got = out[r * na + j];
+                            let single = (table.f32)(row, a, n);
+                            assert_eq!(
+                                got.to_bits(),
+                                single.to_bits(),
+                                "{} n={n} nrows={nrows} na={na} r={r} j={j}: {got} vs single {single}",
+                                table.name
+                            );
+                            let exact: f64 =
+                                wf.iter().zip(a.iter()).map(|(p, q)| *p as f64 * *q as f64).sum();
+                            let tol = 1e-6 * n as f64 * abs_dot(&wf, a) as f64 + 1e-7;
+                            assert!(
+                                (got as f64 - exact).abs() <= tol,
+                                "{} n={n}: {got} vs exact {exact}",
+                                table.name
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
