@@ -239,6 +239,7 @@ def run(args):
     modes = ("batch1", "batch")
     rates = {(s, m): [] for s in servers for m in modes}
     secs_all = {(s, m): [] for s in servers for m in modes}
+    cpu_all = {(s, m): [] for s in servers for m in modes}
     cos_min = {m: 1.0 for m in modes}
     cos_all = []
     tokens = {"berth": [], "llama": []}
@@ -251,11 +252,13 @@ def run(args):
             got = {}
             for s in order:
                 other = next(o for o in servers if o != s)
-                c0 = cpu_seconds(servers[other][2])
+                c0, m0 = cpu_seconds(servers[other][2]), cpu_seconds(servers[s][2])
                 rate, secs, vectors, toks = measure(servers[s][0], servers[s][1], mode, texts)
-                c1 = cpu_seconds(servers[other][2])
+                c1, m1 = cpu_seconds(servers[other][2]), cpu_seconds(servers[s][2])
                 if c0 is not None and c1 is not None:
                     idle_cpu[other] += c1 - c0
+                if m0 is not None and m1 is not None:
+                    cpu_all[(s, mode)].append(m1 - m0)
                 rates[(s, mode)].append(rate)
                 secs_all[(s, mode)].append(secs)
                 got[s] = (vectors, toks)
@@ -275,6 +278,7 @@ def run(args):
         "rates": {f"{s}/{m}": v for (s, m), v in rates.items()},
         "seconds": {f"{s}/{m}": v for (s, m), v in secs_all.items()},
         "median": {f"{s}/{m}": statistics.median(v) for (s, m), v in rates.items()},
+        "cpu_seconds": {f"{s}/{m}": v for (s, m), v in cpu_all.items()},
         "cosine_min": cos_min, "cosine_mean": statistics.fmean(cos_all),
         "tokens_berth": {"mean": statistics.fmean(tokens["berth"]), "min": min(tokens["berth"]),
                          "max": max(tokens["berth"])} if tokens["berth"] else None,
@@ -295,12 +299,19 @@ def run(args):
 def memory(args):
     b = Client(args.berth)
     embed(b, args.model, "Load the embedding model with one short text.")
-    reply, _ = b.post("/v1/chat/completions", {"model": args.chat_model, "max_tokens": 8, "temperature": 0,
-                                                "messages": [{"role": "user", "content": "Say hi."}]})
+    try:
+        reply, _ = b.post("/v1/chat/completions", {"model": args.chat_model, "max_tokens": 8, "temperature": 0,
+                                                    "messages": [{"role": "user", "content": "Say hi."}]})
+        answer = reply["choices"][0]["message"].get("content")
+    except SystemExit as e:  # a pack without a chat template still completes
+        print(f"chat failed ({e}); loading {args.chat_model} by /v1/completions", file=sys.stderr)
+        reply, _ = b.post("/v1/completions", {"model": args.chat_model, "max_tokens": 8, "temperature": 0,
+                                               "prompt": "Say hi."})
+        answer = reply["choices"][0]["text"]
     ps = Client(args.berth).get("/api/ps")
     out = {"kind": "memory", "berth": memory_of(args.berth_pid), "berth_models": [args.model, args.chat_model],
            "loaded": [m.get("name") for m in ps.get("models", [])],
-           "chat_reply": reply["choices"][0]["message"].get("content")}
+           "chat_reply": answer}
     if args.llama:
         embed(Client(args.llama), args.llama_model, "Load the embedding model with one short text.")
         out["llama"] = memory_of(args.llama_pid)
@@ -404,6 +415,14 @@ def print_report(runs, mem, facts, extra):
                   f"{flops / 1e9:.1f} GFLOP per text -> batch {r['texts']}: Berth "
                   f"{flops * r['median']['berth/batch'] / 1e9:.1f}, llama.cpp "
                   f"{flops * r['median']['llama/batch'] / 1e9:.1f} GFLOP/s (attention not counted)")
+        busy = []
+        for s, name in (("berth", "Berth"), ("llama", "llama.cpp")):
+            cpu, wall = r.get("cpu_seconds", {}).get(f"{s}/batch"), r["seconds"][f"{s}/batch"]
+            if cpu:
+                busy.append(f"{name} {sum(cpu) / sum(wall):.2f} ({r['texts'] * len(cpu) / sum(cpu):.2f} texts per CPU-second)")
+        if busy:
+            print(f"  cores busy during batch {r['texts']} (server CPU time / wall time; the threads asked: "
+                  f"{r['threads']}): " + ", ".join(busy))
         idle = r["idle_cpu_seconds"]
         print(f"  CPU time the idle server used while the other was measured: Berth {idle['berth']:.2f} s, "
               f"llama.cpp {idle['llama']:.2f} s")
@@ -457,7 +476,7 @@ def main():
     r.add_argument("--llama-model", default="embeddinggemma", help="the model field sent to llama-server")
     r.add_argument("--threads", type=int, required=True, help="the servers' thread count (for the table)")
     r.add_argument("--texts", type=int, default=256)
-    r.add_argument("--words", type=int, default=72, help="words per generated text (~100 tokens)")
+    r.add_argument("--words", type=int, default=78, help="words per generated text (78: ~100 tokens)")
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--out", required=True)
     m = sub.add_parser("memory", help="RSS with the embedding and the chat model loaded")
@@ -480,7 +499,7 @@ def main():
     t = sub.add_parser("texts", help="print the texts of one set (for inspection)")
     t.add_argument("--set", default="0/batch")
     t.add_argument("--texts", type=int, default=4)
-    t.add_argument("--words", type=int, default=72)
+    t.add_argument("--words", type=int, default=78)
     args = ap.parse_args()
     if args.mode == "texts":
         for x in texts_for(args.set, args.texts, args.words):

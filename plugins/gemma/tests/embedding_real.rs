@@ -139,3 +139,44 @@ fn embeddinggemma_matches_sentence_transformers_at_every_dimension() {
         .unwrap_err();
     assert!(e.message.contains("embedding model"), "{e}");
 }
+
+/// What `berth import --quantize q8_0` costs: the same model with its projection matrices in
+/// Q8_0 (and activations quantized to Q8_0 in those products, as llama.cpp's q8_0 does), on the
+/// fixture texts of up to 100 tokens, against sentence-transformers' f32 vectors. The bound is
+/// the cost measured when the option was added (worst cosine 0.99934, mean 0.99980 over the 58 texts), with margin; the
+/// closing note and the benchmark page give the figures.
+#[test]
+fn q8_0_costs_little_accuracy() {
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("embeddinggemma-300m.json")).unwrap()).unwrap();
+    let ids: Vec<Vec<i32>> = serde_json::from_value(reference["token_ids"].clone()).unwrap();
+    let mut cfg = LoadConfig {
+        pack_dir: model_dir(),
+        family: "gemma".into(),
+        architecture: "gemma3_text".into(),
+        format: "safetensors".into(),
+        threads: Some(2),
+        max_sequences: Some(16),
+        ..Default::default()
+    };
+    cfg.options.insert("quantize".into(), "q8_0".into());
+    let mut m = GemmaFamily::create(&cfg).expect("EmbeddingGemma loads as Q8_0");
+    let want = read_npy_f32(fixtures().join("embeddinggemma-300m-768.npy")).unwrap();
+    let short: Vec<usize> = (0..ids.len()).filter(|&i| ids[i].len() <= 100).collect();
+    let (mut worst, mut sum) = (1.0f64, 0.0f64);
+    for chunk in short.chunks(16) {
+        let views: Vec<&[i32]> = chunk.iter().map(|&i| ids[i].as_slice()).collect();
+        let flat = m.embed(&views).unwrap();
+        for (&i, g) in chunk.iter().zip(flat.chunks_exact(768)) {
+            let c = cosine(g, &want.data[i * 768..(i + 1) * 768]);
+            worst = worst.min(c);
+            sum += c;
+        }
+    }
+    eprintln!(
+        "q8_0: worst cosine {worst:.6}, mean {:.6} over {} texts",
+        sum / short.len() as f64,
+        short.len()
+    );
+    assert!(worst >= 0.998, "q8_0 worst cosine {worst}");
+}
