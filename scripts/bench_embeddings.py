@@ -290,7 +290,7 @@ def run(args):
     for mode in modes:
         b, l = row["median"][f"berth/{mode}"], row["median"][f"llama/{mode}"]
         print(f"threads {args.threads} {mode}: Berth {b:.2f}, llama.cpp {l:.2f} texts/s, ratio {b / l:.3f}, "
-              f"min cosine {cos_min[mode]:.6f}", flush=True)
+              f"min cosine {cos_min[mode]:.7f}", flush=True)
     with open(args.out, "w") as f:
         json.dump({"kind": "run", **row}, f, indent=1)
     return 0
@@ -407,8 +407,8 @@ def print_report(runs, mem, facts, extra):
         print(f"\n{r['threads']} thread(s): tokens per text (Berth usage.prompt_tokens) mean {tb['mean']:.1f}, "
               f"min {tb['min']}, max {tb['max']}; llama.cpp mean {r['tokens_llama_mean'] or 0:.1f}; texts whose "
               f"counts differ: {r['token_count_mismatches']}")
-        print(f"  cosine Berth vs llama.cpp, per text: min {cos['batch1']:.6f} (batch 1), {cos['batch']:.6f} "
-              f"(batch {r['texts']}); mean {r['cosine_mean']:.6f}")
+        print(f"  cosine Berth vs llama.cpp, per text: min {cos['batch1']:.7f} (batch 1), {cos['batch']:.7f} "
+              f"(batch {r['texts']}); mean {r['cosine_mean']:.7f}")
         if params:
             flops = 2 * params * tb["mean"]
             print(f"  matrix work: {params / 1e6:.1f} M weights x 2 FLOP x {tb['mean']:.1f} tokens = "
@@ -434,7 +434,7 @@ def print_report(runs, mem, facts, extra):
     if mem:
         b, l = mem["berth"], mem.get("llama")
         print(f"\nmemory, one `berth serve` with {' and '.join(mem['berth_models'])} both loaded (one request "
-              f"each): VmRSS {mib(b, 'VmRSS')} MiB (anon {mib(b, 'RssAnon')}, file {mib(b, 'RssFile')}), "
+              f"each; /api/ps lists {', '.join(mem.get('loaded') or ['?'])}): VmRSS {mib(b, 'VmRSS')} MiB (anon {mib(b, 'RssAnon')}, file {mib(b, 'RssFile')}), "
               f"VmHWM {mib(b, 'VmHWM')} MiB")
         if l:
             print(f"memory, llama-server with the embedding GGUF only (one request): VmRSS {mib(l, 'VmRSS')} MiB "

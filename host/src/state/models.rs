@@ -23,6 +23,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+/// Sequences per plugin call an embedding model is loaded with, at least (see
+/// [`crate::engine::embed::EMBED_BATCH_TOKENS`] for the rows).
+const EMBED_SEQUENCES: usize = 64;
+
 /// How a server loads models.
 #[derive(Clone, Debug)]
 pub struct ModelsConfig {
@@ -168,7 +172,11 @@ impl Model {
         let start = Instant::now();
         let opened = open_pack(store, home, reference, |config, m| {
             config.threads = settings.threads;
-            config.max_sequences = Some(settings.slots as u32);
+            // An embedding model holds no sequence between calls: more sequences per call only
+            // make its shared forward passes larger (the engine's batches of many short texts).
+            let embeds = m.has_capability("embedding");
+            let slots = if embeds { settings.slots.max(EMBED_SEQUENCES) } else { settings.slots };
+            config.max_sequences = Some(slots as u32);
             if let Some(context) = settings.context {
                 config.context_length = Some(m.context_length.map_or(context, |c| (c as u32).min(context)));
             }
