@@ -246,7 +246,7 @@ def run(args):
     token_mismatch = 0
     idle_cpu = {s: 0.0 for s in servers}
     for rep in range(args.repeats):
-        for mi, mode in enumerate(modes):
+        for mode in modes:
             texts = texts_for(f"{rep}/{mode}", args.texts, args.words)
             order = ["berth", "llama"] if rep % 2 == 0 else ["llama", "berth"]
             got = {}
@@ -354,6 +354,15 @@ def machine(load_before, bandwidth_file):
                 b = json.loads(line)
                 bandwidth[str(b["threads"])] = b["read_gb_per_s"]
     mem_total = re.search(r"^MemTotal:\s*(\d+)", open("/proc/meminfo").read(), re.M)
+    # The numbers are the binary's, not necessarily HEAD's: say when it was built and which commit
+    # was HEAD then (others may commit while a run goes on).
+    built = {}
+    for name in ("berth", "libberth_gemma.so"):
+        path = os.path.join("target", "release", name)
+        if os.path.exists(path):
+            built[name] = int(os.path.getmtime(path))
+    head_time = run_("git", "log", "-1", "--format=%ct")
+    oldest = min(built.values()) if built else None
     return {
         "cpu": model.group(1) if model else "?", "cores": os.cpu_count(), "simd": simd,
         "mem_total_gib": int(mem_total.group(1)) / 2**20 if mem_total else None,
@@ -361,6 +370,9 @@ def machine(load_before, bandwidth_file):
         "read_bandwidth_gb_s": bandwidth,
         "load_before": load_before, "uptime_after": run_("uptime"), "commit": run_("git", "rev-parse", "--short", "HEAD"),
         "dirty": bool(run_("git", "status", "--porcelain", "--untracked-files=no")),
+        "binaries_built": {k: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v)) for k, v in built.items()},
+        "commit_at_build": run_("git", "log", "-1", f"--before=@{oldest}", "--format=%h") if oldest else "",
+        "binary_older_than_head": bool(oldest and head_time and oldest < int(head_time)),
     }
 
 
@@ -378,9 +390,15 @@ def print_report(runs, mem, facts, extra):
                  else "not measured (cargo build --release -p berth-kernels --example read_bandwidth)"))
         print(f"kernels: BERTH_KERNELS={facts['kernels']}; commit {facts['commit']}"
               + (" (with uncommitted changes)" if facts["dirty"] else ""))
+        if facts["binaries_built"]:
+            print("release build: " + ", ".join(f"{k} {v}" for k, v in facts["binaries_built"].items())
+                  + (f"; OLDER than HEAD's commit: these numbers are of the tree at about {facts['commit_at_build']} "
+                     "(rebuild to measure HEAD)" if facts["binary_older_than_head"] else " (newer than HEAD's commit)"))
         print(f"load average before: {facts['load_before'] or '?'}; after: {facts['uptime_after']}")
         if extra.get("llama_settings"):
             print(f"llama-server: {extra['llama_settings']}")
+        if extra.get("weights"):
+            print(f"weights on both servers: {extra['weights']}")
         print()
     n = runs[0]["texts"] if runs else 256
     print(f"| threads | mode | Berth texts/s | llama.cpp texts/s | ratio | target |")
@@ -454,7 +472,7 @@ def report(args):
         else:
             runs.append(d)
     facts = machine(args.load_before, args.bandwidth)
-    extra = {"llama_settings": args.llama_settings, "command": args.command,
+    extra = {"weights": args.weights, "llama_settings": args.llama_settings, "command": args.command,
              "matmul_params": matmul_params(args.params_from) if args.params_from else None}
     code = print_report(runs, mem, facts, extra)
     if args.json:
@@ -494,6 +512,7 @@ def main():
     p.add_argument("--load-before", default="")
     p.add_argument("--bandwidth", help="read_bandwidth's JSON lines")
     p.add_argument("--llama-settings", default="", help="llama-server's flags, for the record")
+    p.add_argument("--weights", default="f32", help="f32, or q8_0 on both servers")
     p.add_argument("--command", default="", help="the command line that made these numbers")
     p.add_argument("--params-from", help="the sentence-transformers folder (for the GFLOP/s line)")
     t = sub.add_parser("texts", help="print the texts of one set (for inspection)")

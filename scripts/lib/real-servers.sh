@@ -106,7 +106,8 @@ real_import_berth() {
   [ -e "$source" ] || { echo "$source missing (scripts/fetch-models)" >&2; return 1; }
   real_tmp_home
   if [ ! -e "$real_home/.imported-${name//[:\/]/_}" ]; then
-    BERTH_HOME="$real_home" "$berth" import "$source" --name "$name" >/dev/null
+    # shellcheck disable=SC2086 # BERTH_IMPORT_ARGS is a list of flags (e.g. --quantize q8_0)
+    BERTH_HOME="$real_home" "$berth" import "$source" --name "$name" ${BERTH_IMPORT_ARGS:-} >/dev/null
     touch "$real_home/.imported-${name//[:\/]/_}"
   fi
   BERTH_HOME="$real_home" "$berth" plugins install "$plugin" >/dev/null
@@ -141,23 +142,25 @@ start_berth_embedding() {
   start_berth_home
 }
 
-# Makes $real_embedding_gguf (f32) from $real_embedding_dir with llama.cpp's own
+# make_embedding_gguf [OUTTYPE]: makes $real_embedding_gguf (f32; with OUTTYPE q8_0 the file
+# named -q8_0.gguf beside it) from $real_embedding_dir with llama.cpp's own
 # convert_hf_to_gguf.py from the sdist scripts/llamacpp-reference unpacked, Dense modules
 # included (--sentence-transformers-dense-modules), in the sentence-transformers venv
 # (~/.cache/berth/st-venv, see scripts/embedding-reference) plus sentencepiece, protobuf and
 # requests. Does nothing when the GGUF is there.
 make_embedding_gguf() {
-  local cache="${BERTH_CACHE:-$HOME/.cache/berth}" conv py
-  [ -e "$real_embedding_gguf" ] && return 0
+  local cache="${BERTH_CACHE:-$HOME/.cache/berth}" conv py outtype="${1:-f32}"
+  local out="${real_embedding_gguf%-f32.gguf}-$outtype.gguf"
+  [ -e "$out" ] && return 0
   conv="$(ls -d "$cache"/llamacpp/src/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | tail -1)"
   py="$cache/st-venv/bin/python"
   [ -n "$conv" ] && [ -e "$conv/convert_hf_to_gguf.py" ] || { echo "llama.cpp source missing (scripts/llamacpp-reference build)" >&2; return 1; }
   [ -x "$py" ] || { echo "$py missing (see scripts/embedding-reference)" >&2; return 1; }
   "$py" -c 'import sentencepiece, google.protobuf, requests' 2>/dev/null ||
     "$cache/st-venv/bin/pip" install --quiet sentencepiece protobuf requests >&2
-  "$py" "$conv/convert_hf_to_gguf.py" "$real_embedding_dir" --outtype f32 --sentence-transformers-dense-modules \
-    --outfile "$real_embedding_gguf.part" >&2
-  mv "$real_embedding_gguf.part" "$real_embedding_gguf"
+  "$py" "$conv/convert_hf_to_gguf.py" "$real_embedding_dir" --outtype "$outtype" --sentence-transformers-dense-modules \
+    --outfile "$out.part" >&2
+  mv "$out.part" "$out"
 }
 
 # start_llamacpp_embedding THREADS [GGUF] [EXTRA llama-server ARGS...]: llama.cpp's server with
