@@ -1142,9 +1142,16 @@ mod tests {
             name: Some("ns/custom:v1".into()),
             template: Some(tpl),
             family: Some("scripted".into()),
+            quantize: Some("q8_0".into()),
         };
         let e = store.import(&src, &opts).unwrap();
         assert_eq!(e.reference, "ns/custom:v1");
+        let m = e.manifest.as_ref().unwrap();
+        assert_eq!(
+            m.quantize.as_deref(),
+            Some("q8_0"),
+            "the pack says how it is loaded"
+        );
         assert!(e.is_ok(), "{:?}", e.problems);
         let m = e.manifest.unwrap();
         assert_eq!(m.family, "scripted");

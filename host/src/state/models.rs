@@ -175,7 +175,11 @@ impl Model {
             // An embedding model holds no sequence between calls: more sequences per call only
             // make its shared forward passes larger (the engine's batches of many short texts).
             let embeds = m.has_capability("embedding");
-            let slots = if embeds { settings.slots.max(EMBED_SEQUENCES) } else { settings.slots };
+            let slots = if embeds {
+                settings.slots.max(EMBED_SEQUENCES)
+            } else {
+                settings.slots
+            };
             config.max_sequences = Some(slots as u32);
             if let Some(context) = settings.context {
                 config.context_length = Some(m.context_length.map_or(context, |c| (c as u32).min(context)));
