@@ -113,7 +113,7 @@ fn a_panic_in_decode_is_contained_and_the_next_call_runs_on_a_reloaded_instance(
 }
 
 #[test]
-fn a_1_3_plugin_reports_vision_and_receives_each_image_bit_for_bit() {
+fn a_plugin_of_this_abi_reports_vision_and_receives_each_image_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     let plugins = tmp.path().join("plugins");
     berth_ok(
@@ -129,7 +129,7 @@ fn a_1_3_plugin_reports_vision_and_receives_each_image_bit_for_bit() {
     );
     let set = PluginSet::discover(&[plugins]);
     let plugin = set.records[0].ready().unwrap().clone();
-    assert_eq!(plugin.abi_version(), (1, 3));
+    assert_eq!(plugin.abi_version(), (1, berth_plugin_api::abi::ABI_MINOR));
 
     let pack = tmp.path().join("pack");
     let log = tmp.path().join("images.jsonl");
