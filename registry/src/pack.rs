@@ -305,9 +305,28 @@ pub struct PackManifest {
     /// Q8_0, as llama.cpp's `--outtype q8_0`); the files stay as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantize: Option<String>,
-    /// Default sampling parameters (temperature, top_p, stop, ...), free-form.
+    /// Default sampling parameters under Ollama's names (temperature, top_p, stop, num_ctx, ...);
+    /// a request's own values win over them.
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub defaults: toml::Table,
+    /// The system prompt used when a request has none (a Modelfile's `SYSTEM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// Messages put before every conversation (a Modelfile's `MESSAGE` lines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<PackMessage>,
+    /// The model's license text (a Modelfile's `LICENSE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub license: Option<String>,
+}
+
+/// One message a pack puts before every conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
 }
 
 fn default_tag() -> String {
@@ -340,6 +359,9 @@ impl PackManifest {
             files: Vec::new(),
             quantize: None,
             defaults: toml::Table::new(),
+            system: None,
+            messages: Vec::new(),
+            license: None,
         }
     }
 
@@ -611,6 +633,20 @@ stop = ["<|im_end|>"]
         assert!(m.files.is_empty());
         assert!(m.problems().is_empty());
         assert!(!m.to_toml().unwrap().contains("format"));
+    }
+
+    #[test]
+    fn system_messages_and_license_round_trip() {
+        let mut m = PackManifest::new(&PackRef::parse("a:b").unwrap(), "qwen3");
+        m.defaults.insert("temperature".into(), toml::Value::Float(0.0));
+        m.system = Some("Be brief.\nAlways.".into());
+        m.messages = vec![PackMessage {
+            role: "user".into(),
+            content: "Hi \"there\"".into(),
+        }];
+        m.license = Some("MIT".into());
+        let back = PackManifest::parse(&m.to_toml().unwrap(), Path::new("p")).unwrap();
+        assert_eq!(back, m);
     }
 
     #[test]
