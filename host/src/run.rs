@@ -1,5 +1,9 @@
 //! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
 
+mod params;
+mod repl;
+mod session;
+
 use crate::chat::{Delta, ParsedMessage};
 use crate::constraint::RequestConstraints;
 use crate::decoding::DecodeOptions;
@@ -13,11 +17,14 @@ use crate::turn::{ChatRequest, Content, ImageRef, ImageSource, Message, Prompt, 
 use anyhow::{anyhow, bail, Context, Result};
 use berth_registry::store::Store;
 use futures_util::StreamExt;
-use std::io::{BufRead, Write};
-use std::path::Path;
+use params::SessionParams;
+use session::PackSession;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
 
 /// Options of `berth run`.
 #[derive(Clone, Debug)]
@@ -99,7 +106,8 @@ fn images_in_prompt(text: &str) -> Result<(String, Vec<RequestImage>)> {
 const RUN_QUEUE: usize = 4;
 
 /// Runs `berth run`: loads the model onto an engine of one slot, the same scheduler `berth serve`
-/// runs, and submits each turn to it.
+/// runs, and submits each turn to it. The pack's system prompt, messages and parameters start
+/// the conversation (`--system` replaces the pack's system prompt).
 pub fn run(
     store: &Store,
     home: &Path,
@@ -108,34 +116,21 @@ pub fn run(
     opts: RunOptions,
 ) -> Result<()> {
     let started = Instant::now();
+    let pack = session::from_pack(store, reference)?;
     let settings = LoadSettings {
         threads: opts.threads,
         slots: 1,
         queue: RUN_QUEUE,
-        context: None,
+        context: pack.params.num_ctx(),
         keep_alive: None,
         speculation: opts.speculation,
     };
     let metrics = Arc::new(Metrics::default());
     let model = Model::load(store, home, reference, &settings, metrics.clone())?;
     let load_duration = started.elapsed();
-    if model.embedding.is_some() {
-        bail!(
-            "{} is an embedding model: it embeds text and does not generate; try `berth embed {} TEXT...`",
-            model.reference,
-            model.reference
-        );
-    }
+    check_generates(&model, opts.raw)?;
     if opts.verbose {
         eprintln!("{}", model.detected);
-    }
-    if !opts.raw && model.template.is_none() && model.harmony.is_none() {
-        bail!(
-            "{} has no chat template (a base model?); complete text with `berth run --raw {} PROMPT`, \
-             or re-import it with `--template FILE`",
-            model.reference,
-            model.reference
-        );
     }
     let constraints = match &opts.format {
         Some(f) if !opts.raw => Some(format_constraints(&model, f)?),
@@ -161,20 +156,48 @@ pub fn run(
         load_duration,
         turns: 0,
         runtime,
+        store: store.clone(),
+        home: home.to_path_buf(),
+        settings,
+        pack_params: SessionParams::default(),
+        user_params: SessionParams::default(),
+        stop_on_interrupt: false,
     };
-    if let Some(s) = &chat.opts.system {
-        chat.history.push(Message::text(Role::System, s.clone()));
-    }
+    let system = chat.opts.system.clone();
+    chat.start(PackSession {
+        system: system.or(pack.system),
+        ..pack
+    });
     match prompt {
         Some(p) => chat.turn(&p),
         None => chat.interactive(),
     }
 }
 
+/// Refuses a model `berth run` cannot chat with (or, raw, complete text with).
+fn check_generates(model: &Model, raw: bool) -> Result<()> {
+    if model.embedding.is_some() {
+        bail!(
+            "{} is an embedding model: it embeds text and does not generate; try `berth embed {} TEXT...`",
+            model.reference,
+            model.reference
+        );
+    }
+    if !raw && model.template.is_none() && model.harmony.is_none() {
+        bail!(
+            "{} has no chat template (a base model?); complete text with `berth run --raw {} PROMPT`, \
+             or re-import it with `--template FILE`",
+            model.reference,
+            model.reference
+        );
+    }
+    Ok(())
+}
+
 struct Chat {
     opts: RunOptions,
     think: Option<bool>,
-    /// The conversation so far (images included, as their bytes).
+    /// The conversation so far (images included, as their bytes); a system prompt comes first.
     history: Vec<Message>,
     /// The `--format` request, when one was asked for (the model's factory builds its grammar).
     constraints: Option<RequestConstraints>,
@@ -190,6 +213,17 @@ struct Chat {
     turns: usize,
     /// Drives the reply's events (the engine runs on its own thread).
     runtime: tokio::runtime::Runtime,
+    /// The store and home the model came from (`/load`, `/save`).
+    store: Store,
+    home: PathBuf,
+    /// How the model was loaded (`num_ctx` and `/load` reload with these).
+    settings: LoadSettings,
+    /// The pack's own parameters (its manifest's `defaults`), over the command line's options.
+    pack_params: SessionParams,
+    /// What `/set parameter` set, over the pack's.
+    user_params: SessionParams,
+    /// Whether Ctrl-C stops the answer being written (a chat on a terminal) rather than the program.
+    stop_on_interrupt: bool,
 }
 
 /// Parses `--format` (Ollama's `format`: `json`, or a schema inline or in a file) into a
@@ -214,16 +248,42 @@ fn format_constraints(model: &Model, format: &str) -> Result<RequestConstraints>
     Ok(req)
 }
 
+/// How the end of one answer went.
+enum Ending {
+    /// The engine finished it.
+    Finished(Finish),
+    /// Ctrl-C stopped it.
+    Stopped,
+}
+
 impl Chat {
+    /// Starts the conversation from a pack's session: its system prompt, messages and parameters.
+    fn start(&mut self, pack: PackSession) {
+        self.history.clear();
+        if let Some(s) = pack.system {
+            self.history.push(Message::text(Role::System, s));
+        }
+        self.history.extend(pack.messages);
+        self.pack_params = pack.params;
+    }
+
     /// Builds the turn of a new user message (or the raw text), submits it to the engine, and
-    /// prints the reply as it streams: the same turn and the same engine as `berth serve`.
+    /// prints the reply as it streams: the same turn and the same engine as `berth serve`. A
+    /// turn that fails leaves the conversation as it was.
     fn turn(&mut self, text: &str) -> Result<()> {
-        let req = self.request(text)?;
+        let before = self.history.len();
+        let result = self.answer(text);
+        if result.is_err() && self.history.len() > before {
+            // The message that failed is not part of the conversation.
+            self.history.pop();
+        }
+        result
+    }
+
+    fn answer(&mut self, text: &str) -> Result<()> {
+        let prompt = self.prompt(text)?;
+        let mut turn = self.fitted_turn(prompt)?;
         let model = &self.model;
-        let mut turn = self
-            .runtime
-            .block_on(Turn::prepare(model, req, UrlPolicy::default()))
-            .map_err(|e| anyhow!("{}", e.message))?;
         self.turns += 1;
         let drafts_before = self.drafts();
         let rx = turn
@@ -231,34 +291,59 @@ impl Chat {
             .map_err(|e| anyhow!("{}", e.message))?
             .remove(0);
         let mut events = Box::pin(reply::events(rx, turn.parser()));
+        // Ctrl-C stops the answer, not the program. Once taken, the signal stays with the process
+        // (a Ctrl-C between answers is ignored); at the prompt the line editor reads it as a key.
+        let mut interrupt = if self.stop_on_interrupt {
+            let _guard = self.runtime.enter();
+            Some(signal(SignalKind::interrupt()).context("listening for Ctrl-C")?)
+        } else {
+            None
+        };
         let mut out = std::io::stdout().lock();
         let mut printer = ReplyPrinter::default();
-        let finish = loop {
-            match self.runtime.block_on(events.next()) {
-                Some(ReplyEvent::Grew { deltas, .. }) => printer.show(&mut out, &deltas),
-                Some(ReplyEvent::Ended { deltas, end, .. }) => {
-                    printer.show(&mut out, &deltas);
-                    break end.finish;
+        let ending = loop {
+            let next = self.runtime.block_on(async {
+                match &mut interrupt {
+                    Some(i) => tokio::select! {
+                        e = events.next() => Some(e),
+                        _ = i.recv() => None,
+                    },
+                    None => Some(events.next().await),
                 }
-                Some(ReplyEvent::Failed(e)) => bail!("{e}"),
-                None => bail!("the engine stopped before the answer ended"),
+            });
+            match next {
+                None => break Ending::Stopped,
+                Some(Some(ReplyEvent::Grew { deltas, .. })) => printer.show(&mut out, &deltas),
+                Some(Some(ReplyEvent::Ended { deltas, end, .. })) => {
+                    printer.show(&mut out, &deltas);
+                    break Ending::Finished(end.finish);
+                }
+                Some(Some(ReplyEvent::Failed(e))) => bail!("{e}"),
+                Some(None) => bail!("the engine stopped before the answer ended"),
             }
         };
+        // Dropping the events closes the job's channel: the engine frees its slot, as it does
+        // when a client of `berth serve` disconnects.
+        drop(events);
         printer.finish(&mut out);
         let _ = writeln!(out);
         drop(out);
         if !self.opts.raw {
             // The reply goes back into the conversation as a client sends it: its content,
-            // reasoning and calls, never its markup.
+            // reasoning and calls, never its markup (a stopped answer as far as it was shown).
             self.history.push(printer.message.into_message());
         }
-        if self.opts.verbose {
-            let (drafted, accepted) = self.drafts();
-            print_stats(
-                self.load_duration,
-                &finish,
-                (drafted - drafts_before.0, accepted - drafts_before.1),
-            );
+        match ending {
+            Ending::Finished(finish) if self.opts.verbose => {
+                let (drafted, accepted) = self.drafts();
+                print_stats(
+                    self.load_duration,
+                    &finish,
+                    (drafted - drafts_before.0, accepted - drafts_before.1),
+                );
+            }
+            Ending::Finished(_) => {}
+            Ending::Stopped => eprintln!("(stopped)"),
         }
         Ok(())
     }
@@ -271,9 +356,9 @@ impl Chat {
         )
     }
 
-    /// The typed turn of a new user message (or the raw text): its images (files named in it,
-    /// then `--image` files for the first) before its text, the options of the command line.
-    fn request(&mut self, text: &str) -> Result<ChatRequest> {
+    /// The prompt of a new user message (added to the conversation) or of the raw text: its
+    /// images (files named in it, then `--image` files for the first) before its text.
+    fn prompt(&mut self, text: &str) -> Result<Prompt> {
         let (text, found) = images_in_prompt(text)?;
         let mut new: Vec<RequestImage> = std::mem::take(&mut self.pending);
         new.extend(found);
@@ -284,21 +369,56 @@ impl Chat {
                 source: ImageSource::Bytes(i.bytes),
             })
             .collect();
-        let prompt = if self.opts.raw {
-            Prompt::Raw { text, images: refs }
-        } else {
-            self.history.push(Message {
-                content: Some(Content::images_then_text(refs, text)),
-                ..Message::text(Role::User, "")
-            });
-            Prompt::Chat(self.history.clone())
-        };
+        if self.opts.raw {
+            return Ok(Prompt::Raw { text, images: refs });
+        }
+        self.history.push(Message {
+            content: Some(Content::images_then_text(refs, text)),
+            ..Message::text(Role::User, "")
+        });
+        Ok(Prompt::Chat(self.history.clone()))
+    }
+
+    /// The turn of `prompt`; a conversation that no longer fits the context (with room for an
+    /// answer) loses its oldest exchanges, the system prompt kept, with a notice.
+    fn fitted_turn(&mut self, mut prompt: Prompt) -> Result<Turn> {
+        let context = self.model.context_length;
+        let mut dropped = 0;
+        loop {
+            let req = self.request(prompt)?;
+            let room = answer_room(req.decode.max_tokens, context);
+            let turn = self
+                .runtime
+                .block_on(Turn::prepare(&self.model, req, UrlPolicy::default()))
+                .map_err(|e| anyhow!("{}", e.message))?;
+            let fits = turn.prompt.len() + room <= context;
+            // With nothing left to drop, the engine says why the prompt does not fit.
+            let n = if fits || self.opts.raw { 0 } else { drop_oldest_exchange(&mut self.history) };
+            if n == 0 {
+                if dropped > 0 {
+                    eprintln!(
+                        "(the conversation no longer fits the {context}-token context: the oldest \
+                         {dropped} message(s) were dropped; the system prompt is kept)"
+                    );
+                }
+                return Ok(turn);
+            }
+            dropped += n;
+            prompt = Prompt::Chat(self.history.clone());
+        }
+    }
+
+    /// The typed turn of a prompt: the command line's options, then the pack's parameters, then
+    /// the session's own (`/set parameter`).
+    fn request(&self, prompt: Prompt) -> Result<ChatRequest> {
         let mut req = ChatRequest::new(prompt);
         req.decode = DecodeOptions {
             sampling: self.opts.sampling.clone(),
             max_tokens: Some(self.opts.max_tokens),
             ..DecodeOptions::default()
         };
+        self.pack_params.overlay(&mut req.decode)?;
+        self.user_params.overlay(&mut req.decode)?;
         if let Some(c) = &self.constraints {
             req.constraints = c.clone();
         }
@@ -310,28 +430,40 @@ impl Chat {
     }
 
     fn interactive(&mut self) -> Result<()> {
-        let stdin = std::io::stdin();
-        let mut lines = stdin.lock().lines();
+        let mut input = repl::Input::open(repl::history_file(&self.home));
+        self.stop_on_interrupt = input.is_terminal();
+        if input.is_terminal() {
+            self.print_conversation();
+        }
         loop {
-            eprint!(">>> ");
-            let _ = std::io::stderr().flush();
-            let Some(line) = lines.next() else {
-                eprintln!();
-                return Ok(());
+            let text = match input.next()? {
+                repl::Entry::Text(t) => t,
+                repl::Entry::Interrupted => continue,
+                repl::Entry::Eof => return Ok(()),
             };
-            let line = line?;
-            let input = line.trim();
-            if input.is_empty() {
+            let text = text.trim();
+            if text.is_empty() {
                 continue;
             }
-            if let Some(cmd) = input.strip_prefix('/') {
+            if let Some(cmd) = text.strip_prefix('/') {
                 if self.command(cmd) {
                     return Ok(());
                 }
                 continue;
             }
-            if let Err(e) = self.turn(input) {
+            if let Err(e) = self.turn(text) {
                 eprintln!("error: {e:#}");
+            }
+        }
+    }
+
+    /// Prints the conversation a pack brought (its messages), as `ollama run` shows them.
+    fn print_conversation(&self) {
+        for m in &self.history {
+            match m.role {
+                Role::User => println!(">>> {}", session::text_of(m)),
+                Role::Assistant => println!("{}\n", session::text_of(m)),
+                _ => {}
             }
         }
     }
@@ -355,21 +487,202 @@ impl Chat {
                 self.think = Some(false);
                 eprintln!("Set 'nothink' mode.");
             }
-            ["set", "verbose"] => self.opts.verbose = true,
-            ["set", "quiet"] => self.opts.verbose = false,
-            ["show", "info"] => show_info(&self.model),
-            ["?"] | ["help"] => {
+            ["set", "verbose"] => {
+                self.opts.verbose = true;
+                eprintln!("Set 'verbose' mode.");
+            }
+            ["set", "quiet"] => {
+                self.opts.verbose = false;
+                eprintln!("Set 'quiet' mode.");
+            }
+            ["set", "parameter", name, values @ ..] if !values.is_empty() => self.set_parameter(name, values),
+            ["set", "parameter", ..] => {
+                eprintln!("Available parameters:");
+                for l in params::usage() {
+                    eprintln!("{l}");
+                }
+            }
+            ["set", "system", ..] => {
+                // The text as typed (a `"""` block keeps its lines).
+                let text = cmd.trim_start()["set".len()..].trim_start()["system".len()..].trim();
+                if text.is_empty() {
+                    eprintln!("Usage: /set system TEXT");
+                } else {
+                    self.set_system(text);
+                    eprintln!("Set system message.");
+                }
+            }
+            ["set", ..] => {
                 eprintln!("Available commands:");
-                eprintln!("  /set think on|off   Enable or disable thinking");
-                eprintln!("  /set verbose|quiet  Show or hide generation statistics");
-                eprintln!("  /show info          Show details for this model");
-                eprintln!("  /clear              Clear session context");
-                eprintln!("  /bye                Exit");
+                eprintln!("  /set parameter NAME VALUE  Set a parameter (/set parameter lists them)");
+                eprintln!("  /set system TEXT           Set the system message");
+                eprintln!("  /set think on|off          Enable or disable thinking");
+                eprintln!("  /set verbose|quiet         Show or hide generation statistics");
+            }
+            ["show", "info"] => show_info(&self.model),
+            ["show", "parameters"] => self.show_parameters(),
+            ["show", "system"] => match self.history.first().filter(|m| m.role == Role::System) {
+                Some(m) => println!("{}\n", session::text_of(m)),
+                None => println!("No system message was specified for this model."),
+            },
+            ["show", "template"] => match (&self.model.template, &self.model.harmony) {
+                (Some(t), _) => println!("{}", t.source()),
+                (None, Some(_)) => println!("The openai-harmony format (rendered by OpenAI's renderer)."),
+                (None, None) => println!("No prompt template was specified for this model."),
+            },
+            ["show", "license"] => match self.store.get(&self.model.reference).ok().and_then(|e| e.manifest?.license) {
+                Some(l) => println!("{l}"),
+                None => println!("No license was specified for this model."),
+            },
+            ["show", ..] => {
+                eprintln!("Available commands:");
+                eprintln!("  /show info         Show details for this model");
+                eprintln!("  /show license      Show the model's license");
+                eprintln!("  /show parameters   Show the parameters in use");
+                eprintln!("  /show system       Show the system message");
+                eprintln!("  /show template     Show the prompt template");
+            }
+            ["load", name] => {
+                if let Err(e) = self.load(name) {
+                    eprintln!("error: {e:#}");
+                }
+            }
+            ["load", ..] => eprintln!("Usage: /load MODEL"),
+            ["save", name] => match self.save(name) {
+                Ok(entry) => eprintln!("Created new model '{}'", entry.reference),
+                Err(e) => eprintln!("error: {e:#}"),
+            },
+            ["save", ..] => eprintln!("Usage: /save NAME"),
+            ["?"] | ["help"] | ["?", ..] | ["help", ..] => {
+                eprintln!("Available commands:");
+                eprintln!("  /set            Set session variables (parameters, system message, think)");
+                eprintln!("  /show           Show model information");
+                eprintln!("  /load MODEL     Load a session or model");
+                eprintln!("  /save NAME      Save the session as a new model");
+                eprintln!("  /clear          Clear session context");
+                eprintln!("  /bye            Exit");
+                eprintln!("  /?, /help       Help for a command");
+                eprintln!();
+                eprintln!("Use \"\"\" to begin a multi-line message.");
+                eprintln!("Ctrl + c stops an answer; Ctrl + d (or /bye) exits.");
             }
             _ => eprintln!("Unknown command '/{cmd}'. Type /? for help"),
         }
         false
     }
+
+    /// `/set parameter NAME VALUE...`; a new `num_ctx` reloads the model with that context.
+    fn set_parameter(&mut self, name: &str, values: &[&str]) {
+        if let Err(e) = self.user_params.set(name, values) {
+            eprintln!("Couldn't set parameter: {e}");
+            return;
+        }
+        eprintln!("Set parameter '{name}' to '{}'", values.join(", "));
+        let context = self.pack_params.merged(&self.user_params).num_ctx();
+        if context != self.settings.context {
+            let mut settings = self.settings.clone();
+            settings.context = context;
+            let reference = self.model.reference.clone();
+            match Model::load(&self.store, &self.home, &reference, &settings, self.metrics.clone()) {
+                Ok(model) => {
+                    self.model = model;
+                    self.settings = settings;
+                }
+                Err(e) => eprintln!("error: reloading {reference} with the new context: {e:#}"),
+            }
+        }
+    }
+
+    /// Replaces the system message (or puts one first).
+    fn set_system(&mut self, text: &str) {
+        let message = Message::text(Role::System, text);
+        match self.history.first_mut() {
+            Some(m) if m.role == Role::System => *m = message,
+            _ => self.history.insert(0, message),
+        }
+    }
+
+    /// `/show parameters`: the pack's, then the session's, as `ollama run` lists them.
+    fn show_parameters(&self) {
+        println!("Model defined parameters:");
+        if self.pack_params.is_empty() {
+            println!("  No additional parameters were specified for this model.");
+        }
+        for l in self.pack_params.lines() {
+            println!("  {l}");
+        }
+        println!();
+        if !self.user_params.is_empty() {
+            println!("User defined parameters:");
+            for l in self.user_params.lines() {
+                println!("  {l}");
+            }
+            println!();
+        }
+    }
+
+    /// `/load NAME`: another model, or a saved session, with its system prompt, messages and
+    /// parameters (the session's own parameters are dropped). On failure the session goes on.
+    fn load(&mut self, name: &str) -> Result<()> {
+        let pack = session::from_pack(&self.store, name)?;
+        eprintln!("Loading model '{name}'");
+        let mut settings = self.settings.clone();
+        settings.context = pack.params.num_ctx();
+        let started = Instant::now();
+        let model = Model::load(&self.store, &self.home, name, &settings, self.metrics.clone())?;
+        check_generates(&model, self.opts.raw)?;
+        let constraints = match &self.opts.format {
+            Some(f) if !self.opts.raw => Some(format_constraints(&model, f)?),
+            _ => None,
+        };
+        self.model = model;
+        self.load_duration = started.elapsed();
+        self.settings = settings;
+        self.constraints = constraints;
+        self.user_params = SessionParams::default();
+        self.start(pack);
+        self.print_conversation();
+        Ok(())
+    }
+
+    /// `/save NAME`: the session as a new pack (see [`session::save_pack`]).
+    fn save(&self, name: &str) -> Result<berth_registry::store::PackEntry> {
+        let system = self
+            .history
+            .first()
+            .filter(|m| m.role == Role::System)
+            .map(session::text_of);
+        let saved = PackSession {
+            system,
+            messages: self.history.iter().filter(|m| m.role != Role::System).cloned().collect(),
+            params: self.pack_params.merged(&self.user_params),
+        };
+        session::save_pack(&self.store, &self.model.reference, name, &saved)
+    }
+}
+
+/// Tokens kept free for the answer when the conversation is fitted to the context: the answer's
+/// limit, at most a quarter of the context.
+fn answer_room(max_tokens: Option<usize>, context: usize) -> usize {
+    let quarter = context / 4;
+    max_tokens.map_or(quarter, |m| m.min(quarter))
+}
+
+/// Drops the oldest exchange of the conversation (a user message and what answered it), never
+/// a system message nor the last user message; returns how many messages went (0: none could).
+fn drop_oldest_exchange(history: &mut Vec<Message>) -> usize {
+    let Some(first) = history.iter().position(|m| m.role != Role::System) else {
+        return 0;
+    };
+    let Some(next_user) = history[first + 1..]
+        .iter()
+        .position(|m| m.role == Role::User)
+        .map(|i| first + 1 + i)
+    else {
+        return 0;
+    };
+    history.drain(first..next_user);
+    next_user - first
 }
 
 fn show_info(model: &Model) {
