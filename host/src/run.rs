@@ -393,7 +393,11 @@ impl Chat {
                 .map_err(|e| anyhow!("{}", e.message))?;
             let fits = turn.prompt.len() + room <= context;
             // With nothing left to drop, the engine says why the prompt does not fit.
-            let n = if fits || self.opts.raw { 0 } else { drop_oldest_exchange(&mut self.history) };
+            let n = if fits || self.opts.raw {
+                0
+            } else {
+                drop_oldest_exchange(&mut self.history)
+            };
             if n == 0 {
                 if dropped > 0 {
                     eprintln!(
@@ -530,7 +534,12 @@ impl Chat {
                 (None, Some(_)) => println!("The openai-harmony format (rendered by OpenAI's renderer)."),
                 (None, None) => println!("No prompt template was specified for this model."),
             },
-            ["show", "license"] => match self.store.get(&self.model.reference).ok().and_then(|e| e.manifest?.license) {
+            ["show", "license"] => match self
+                .store
+                .get(&self.model.reference)
+                .ok()
+                .and_then(|e| e.manifest?.license)
+            {
                 Some(l) => println!("{l}"),
                 None => println!("No license was specified for this model."),
             },
@@ -583,7 +592,13 @@ impl Chat {
             let mut settings = self.settings.clone();
             settings.context = context;
             let reference = self.model.reference.clone();
-            match Model::load(&self.store, &self.home, &reference, &settings, self.metrics.clone()) {
+            match Model::load(
+                &self.store,
+                &self.home,
+                &reference,
+                &settings,
+                self.metrics.clone(),
+            ) {
                 Ok(model) => {
                     self.model = model;
                     self.settings = settings;
@@ -654,7 +669,12 @@ impl Chat {
             .map(session::text_of);
         let saved = PackSession {
             system,
-            messages: self.history.iter().filter(|m| m.role != Role::System).cloned().collect(),
+            messages: self
+                .history
+                .iter()
+                .filter(|m| m.role != Role::System)
+                .cloned()
+                .collect(),
             params: self.pack_params.merged(&self.user_params),
         };
         session::save_pack(&self.store, &self.model.reference, name, &saved)

@@ -19,16 +19,52 @@ enum Kind {
 const PARAMETERS: [(&str, Kind, &str); 12] = [
     ("temperature", Kind::Float, "sampling temperature; 0 is greedy"),
     ("top_k", Kind::Int, "keep only the k most likely tokens (0: all)"),
-    ("top_p", Kind::Float, "keep the tokens whose probabilities sum to p"),
-    ("min_p", Kind::Float, "drop tokens below min_p times the most likely one"),
+    (
+        "top_p",
+        Kind::Float,
+        "keep the tokens whose probabilities sum to p",
+    ),
+    (
+        "min_p",
+        Kind::Float,
+        "drop tokens below min_p times the most likely one",
+    ),
     ("seed", Kind::Int, "seed for reproducible sampling"),
-    ("repeat_penalty", Kind::Float, "how strongly to penalise repetitions (1: off)"),
-    ("repeat_last_n", Kind::Int, "how far back the repeat penalty looks (-1: all)"),
-    ("presence_penalty", Kind::Float, "penalty for tokens already generated"),
-    ("frequency_penalty", Kind::Float, "penalty per earlier occurrence of a token"),
-    ("stop", Kind::Strings, "stop strings: the answer ends before the first"),
-    ("num_predict", Kind::Int, "most tokens per answer (-1: until the context is full)"),
-    ("num_ctx", Kind::Int, "context length in tokens (reloads the model)"),
+    (
+        "repeat_penalty",
+        Kind::Float,
+        "how strongly to penalise repetitions (1: off)",
+    ),
+    (
+        "repeat_last_n",
+        Kind::Int,
+        "how far back the repeat penalty looks (-1: all)",
+    ),
+    (
+        "presence_penalty",
+        Kind::Float,
+        "penalty for tokens already generated",
+    ),
+    (
+        "frequency_penalty",
+        Kind::Float,
+        "penalty per earlier occurrence of a token",
+    ),
+    (
+        "stop",
+        Kind::Strings,
+        "stop strings: the answer ends before the first",
+    ),
+    (
+        "num_predict",
+        Kind::Int,
+        "most tokens per answer (-1: until the context is full)",
+    ),
+    (
+        "num_ctx",
+        Kind::Int,
+        "context length in tokens (reloads the model)",
+    ),
 ];
 
 /// Ollama parameters Berth does not implement: naming one is a clear message, not "unknown".
@@ -109,7 +145,9 @@ impl SessionParams {
         let mut next = self.clone();
         next.0.insert(name.to_string(), value);
         // Checked as the Ollama API checks `options` (ranges, stop count).
-        next.options()?.decode_options().map_err(|e| anyhow!("{}", e.message))?;
+        next.options()?
+            .decode_options()
+            .map_err(|e| anyhow!("{}", e.message))?;
         *self = next;
         Ok(())
     }
@@ -203,9 +241,7 @@ fn show_value(v: &toml::Value) -> String {
 
 /// A value typed between double quotes, without them (`"<|im_end|>"`).
 fn unquote(s: &str) -> &str {
-    s.strip_prefix('"')
-        .and_then(|s| s.strip_suffix('"'))
-        .unwrap_or(s)
+    s.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(s)
 }
 
 /// The `/set parameter` help: each parameter with what it does.
