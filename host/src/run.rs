@@ -271,17 +271,18 @@ impl Chat {
     /// prints the reply as it streams: the same turn and the same engine as `berth serve`. A
     /// turn that fails leaves the conversation as it was.
     fn turn(&mut self, text: &str) -> Result<()> {
-        let before = self.history.len();
-        let result = self.answer(text);
-        if result.is_err() && self.history.len() > before {
-            // The message that failed is not part of the conversation.
+        let prompt = self.prompt(text)?;
+        let result = self.answer(prompt);
+        if result.is_err() && !self.opts.raw {
+            // The message is still the last one (the reply goes in only once it has ended; fitting
+            // drops from the front): it is not part of the conversation.
             self.history.pop();
         }
         result
     }
 
-    fn answer(&mut self, text: &str) -> Result<()> {
-        let prompt = self.prompt(text)?;
+    /// Submits the turn of `prompt` and prints its reply until it ends or Ctrl-C stops it.
+    fn answer(&mut self, prompt: Prompt) -> Result<()> {
         let mut turn = self.fitted_turn(prompt)?;
         let model = &self.model;
         self.turns += 1;
@@ -328,10 +329,19 @@ impl Chat {
         printer.finish(&mut out);
         let _ = writeln!(out);
         drop(out);
+        let m = &printer.message;
+        let nothing = m.content.as_deref().unwrap_or_default().is_empty()
+            && m.reasoning_content.is_none()
+            && m.tool_calls.is_empty();
         if !self.opts.raw {
-            // The reply goes back into the conversation as a client sends it: its content,
-            // reasoning and calls, never its markup (a stopped answer as far as it was shown).
-            self.history.push(printer.message.into_message());
+            if nothing && matches!(ending, Ending::Stopped) {
+                // Stopped before a word: the question goes too, as if it was never asked.
+                self.history.pop();
+            } else {
+                // The reply goes back into the conversation as a client sends it: its content,
+                // reasoning and calls, never its markup (a stopped answer as far as it was shown).
+                self.history.push(printer.message.into_message());
+            }
         }
         match ending {
             Ending::Finished(finish) if self.opts.verbose => {
@@ -856,6 +866,41 @@ mod tests {
         }
         p.finish(&mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn fitting_drops_whole_exchanges_from_the_front_and_keeps_the_system_prompt() {
+        let m = |role, text: &str| Message::text(role, text);
+        let mut history = vec![
+            m(Role::System, "terse"),
+            m(Role::User, "a"),
+            m(Role::Assistant, "A"),
+            m(Role::User, "b"),
+            m(Role::Assistant, "B"),
+            m(Role::User, "c"),
+        ];
+        assert_eq!(drop_oldest_exchange(&mut history), 2);
+        assert_eq!(
+            history,
+            [
+                m(Role::System, "terse"),
+                m(Role::User, "b"),
+                m(Role::Assistant, "B"),
+                m(Role::User, "c")
+            ]
+        );
+        assert_eq!(drop_oldest_exchange(&mut history), 2);
+        // The question being asked is never dropped.
+        assert_eq!(drop_oldest_exchange(&mut history), 0);
+        assert_eq!(history, [m(Role::System, "terse"), m(Role::User, "c")]);
+        assert_eq!(
+            (
+                answer_room(Some(40), 160),
+                answer_room(Some(1024), 160),
+                answer_room(None, 160)
+            ),
+            (40, 40, 40)
+        );
     }
 
     #[test]
