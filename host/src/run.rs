@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::signal::unix::{signal, SignalKind};
 
 /// Options of `berth run`.
 #[derive(Clone, Debug)]
@@ -294,12 +293,9 @@ impl Chat {
         let mut events = Box::pin(reply::events(rx, turn.parser()));
         // Ctrl-C stops the answer, not the program. Once taken, the signal stays with the process
         // (a Ctrl-C between answers is ignored); at the prompt the line editor reads it as a key.
-        let mut interrupt = if self.stop_on_interrupt {
-            let _guard = self.runtime.enter();
-            Some(signal(SignalKind::interrupt()).context("listening for Ctrl-C")?)
-        } else {
-            None
-        };
+        // One listener for the whole answer (polled across the reads below), so no Ctrl-C between
+        // two events is missed.
+        let mut interrupt = self.stop_on_interrupt.then(|| Box::pin(tokio::signal::ctrl_c()));
         let mut out = std::io::stdout().lock();
         let mut printer = ReplyPrinter::default();
         let ending = loop {
@@ -307,7 +303,7 @@ impl Chat {
                 match &mut interrupt {
                     Some(i) => tokio::select! {
                         e = events.next() => Some(e),
-                        _ = i.recv() => None,
+                        _ = i => None,
                     },
                     None => Some(events.next().await),
                 }

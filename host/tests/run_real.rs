@@ -183,6 +183,9 @@ impl Terminal {
         let home_env = format!("BERTH_HOME={}", home.display());
         let plugins_env = format!("BERTH_PLUGIN_PATH={}", home_plugins(home).display());
         let exe = berth_exe();
+        // A shell runs `berth` and prints its exit status (tmux may not reap a pane's process
+        // in time to report it); its no-op trap keeps it alive when Ctrl-C reaches the group.
+        let script = "trap : INT; \"$@\"; echo \"[berth exited with $?]\"";
         let mut command = vec![
             "new-session",
             "-d",
@@ -190,19 +193,16 @@ impl Terminal {
             "120",
             "-y",
             "50",
-            "env",
-            "-u",
-            "BERTH_LOG",
+            "sh",
+            "-c",
+            script,
+            "sh",
         ];
-        command.extend([
-            home_env.as_str(),
-            plugins_env.as_str(),
-            exe.to_str().unwrap(),
-            "run",
-        ]);
+        command.extend(["env", "-u", "BERTH_LOG", home_env.as_str(), plugins_env.as_str()]);
+        command.extend([exe.to_str().unwrap(), "run"]);
         command.extend(args);
         t.tmux(&command);
-        // The pane stays after `berth` exits, so its exit status can be read.
+        // The pane (and its screen) stays after the shell exits.
         t.tmux(&["set-option", "-g", "remain-on-exit", "on"]);
         Some(t)
     }
@@ -269,12 +269,14 @@ impl Terminal {
         })
     }
 
-    /// Waits for the pane's program to exit; returns its exit status.
+    /// Waits for `berth` to exit; returns its exit status.
     fn wait_exit(&self) -> i32 {
-        // The status is there once tmux has reaped the process (the pane may be dead before).
-        let status = || self.tmux(&["display-message", "-p", "#{pane_dead_status}"]);
-        self.wait("berth to exit", |_| !status().trim().is_empty());
-        status().trim().parse().unwrap()
+        const EXITED: &str = "[berth exited with ";
+        let screen = self.wait("berth to exit", |s| {
+            s.rsplit_once(EXITED).is_some_and(|(_, rest)| rest.contains(']'))
+        });
+        let status = screen.rsplit(EXITED).next().unwrap();
+        status.split(']').next().unwrap().parse().unwrap()
     }
 }
 
