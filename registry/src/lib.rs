@@ -39,4 +39,4 @@ pub use pack::{
 };
 pub use pull::{pull, Phase, Progress, PullError, PullOptions};
 pub use safetensors::{Dtype, SafetensorsFile, SafetensorsTensor};
-pub use store::{ImportOptions, PackEntry, Store, StoreError};
+pub use store::{CreateBase, ImportOptions, PackEntry, Store, StoreError};
