@@ -286,8 +286,20 @@ fn read_value<'a>(rest: &'a str, line: &mut usize) -> Result<(String, &'a str), 
 }
 
 impl Modelfile {
-    /// Parses Modelfile text; each error names its line.
+    /// Parses Modelfile text; each error names its line, and a Modelfile without `FROM` is one.
     pub fn parse(text: &str) -> Result<Modelfile, ModelfileError> {
+        let mf = Modelfile::parse_partial(text)?;
+        if mf.from.is_none() {
+            return Err(ModelfileError {
+                line: 0,
+                message: "the Modelfile has no FROM line".into(),
+            });
+        }
+        Ok(mf)
+    }
+
+    /// Parses Modelfile text that may leave `FROM` to its caller (`/api/create`'s `from`).
+    pub fn parse_partial(text: &str) -> Result<Modelfile, ModelfileError> {
         let mut mf = Modelfile::default();
         let mut rest = text;
         let mut line = 1usize;
@@ -369,12 +381,6 @@ impl Modelfile {
             }
             rest = &after[end..];
         }
-        if mf.from.is_none() {
-            return Err(ModelfileError {
-                line: 0,
-                message: "the Modelfile has no FROM line".into(),
-            });
-        }
         Ok(mf)
     }
 
@@ -405,7 +411,14 @@ fn quote(value: &str) -> String {
             .all(|c| !c.is_whitespace() && c != '"' && c != '\\');
     if plain {
         value.to_string()
-    } else if value.contains('\n') && !value.contains("\"\"\"") && !value.ends_with('"') {
+    } else {
+        quoted(value)
+    }
+}
+
+/// A value always in quotes: `"..."`, or `"""..."""` when it spans lines.
+fn quoted(value: &str) -> String {
+    if value.contains('\n') && !value.contains("\"\"\"") && !value.ends_with('"') {
         format!("\"\"\"{value}\"\"\"")
     } else {
         format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
@@ -435,7 +448,7 @@ fn values(v: &toml::Value, json_quote: bool) -> Vec<String> {
     match v {
         toml::Value::Array(items) => items.iter().flat_map(|i| values(i, json_quote)).collect(),
         toml::Value::String(s) if json_quote => vec![serde_json::Value::String(s.clone()).to_string()],
-        toml::Value::String(s) => vec![quote(s)],
+        toml::Value::String(s) => vec![quoted(s)],
         toml::Value::Float(x) => vec![number(*x)],
         toml::Value::Integer(i) => vec![i.to_string()],
         toml::Value::Boolean(b) => vec![b.to_string()],
@@ -475,7 +488,7 @@ pub fn render(from: &str, template: Option<&str>, manifest: &PackManifest) -> St
         }
     }
     for m in &manifest.messages {
-        out.push_str(&format!("MESSAGE {} {}\n", m.role, block(&m.content)));
+        out.push_str(&format!("MESSAGE {} {}\n", m.role, quote(&m.content)));
     }
     if let Some(l) = &manifest.license {
         out.push_str(&format!("LICENSE {}\n", block(l)));
