@@ -159,12 +159,17 @@ pub fn pack_template(entry: &PackEntry) -> Option<String> {
 /// `berth show NAME --modelfile` (and `/api/show`'s `modelfile`): the pack as a Modelfile that
 /// `berth create` takes, `FROM` the pack itself as Ollama writes it.
 pub fn modelfile_text(entry: &PackEntry) -> String {
+    render_modelfile(entry, pack_template(entry).as_deref())
+}
+
+/// [`modelfile_text`] with the pack's template already read.
+pub fn render_modelfile(entry: &PackEntry, template: Option<&str>) -> String {
     let Some(m) = &entry.manifest else {
         return format!("FROM {}\n", entry.reference);
     };
-    let template = pack_template(entry)
-        .filter(|t| berth_registry::modelfile::check_template(t).is_ok());
-    berth_registry::modelfile::render(&entry.reference, template.as_deref(), m)
+    // A template `create` would refuse is left out: the pack keeps it through FROM anyway.
+    let template = template.filter(|t| !t.is_empty() && berth_registry::modelfile::check_template(t).is_ok());
+    berth_registry::modelfile::render(&entry.reference, template, m)
 }
 
 /// Checks what the store cannot: that a Modelfile's Jinja `TEMPLATE` compiles.

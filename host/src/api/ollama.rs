@@ -873,10 +873,7 @@ pub async fn show(
         .filter(|e| e.manifest.is_some())
         .ok_or_else(|| ApiError::model_not_found(name))?;
     let m = e.manifest.as_ref().expect("filtered");
-    let template = crate::pack::load_text_side(&e)
-        .ok()
-        .and_then(|(_, t)| t.map(|t| t.source().to_string()))
-        .unwrap_or_default();
+    let template = crate::inspect::pack_template(&e).unwrap_or_default();
     let mut info = Map::new();
     info.insert("general.architecture".into(), m.architecture.clone().into());
     if let Some(p) = m.parameters {
@@ -886,7 +883,7 @@ pub async fn show(
         info.insert(format!("{}.context_length", m.architecture), c.into());
     }
     let mut answer = json!({
-        "modelfile": crate::inspect::modelfile_text(&e),
+        "modelfile": crate::inspect::render_modelfile(&e, Some(&template)),
         "parameters": modelfile::parameters_text(&m.defaults),
         "template": template,
         "details": details(&e),
