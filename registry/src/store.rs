@@ -343,28 +343,28 @@ impl Store {
         self.install(staging, &dst)
     }
 
-    /// Resolves a Modelfile's `FROM`: a file or folder that exists (a relative path is taken
-    /// against `dir`, the Modelfile's folder; without one only absolute paths are), else a pack.
+    /// Resolves a Modelfile's `FROM`: with `dir` (the Modelfile's folder, which relative paths
+    /// are taken against) a file or folder that exists, else a pack in the store. Without `dir`
+    /// (`/api/create`) only packs: a client does not name files on the server's disk.
     pub fn create_base(&self, from: &str, dir: Option<&Path>) -> Result<CreateBase, StoreError> {
         let from = from.trim();
-        let expanded = match from.strip_prefix("~/") {
-            Some(rest) => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(rest)),
-            None => Some(PathBuf::from(from)),
-        };
-        let candidate = expanded.and_then(|p| match dir {
-            _ if p.is_absolute() => Some(p),
-            Some(d) => Some(d.join(p)),
-            None => None,
-        });
-        if let Some(p) = candidate.filter(|p| p.exists()) {
-            return Ok(CreateBase::Path(p));
+        if let Some(dir) = dir {
+            let p = match from.strip_prefix("~/") {
+                Some(rest) => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(rest),
+                None => PathBuf::from(from),
+            };
+            let p = if p.is_absolute() { p } else { dir.join(p) };
+            if p.exists() {
+                return Ok(CreateBase::Path(p));
+            }
         }
-        let path_like = from.starts_with(['/', '.', '~']) || from.ends_with(".gguf");
-        if path_like {
-            let msg = if dir.is_none() && !Path::new(from).is_absolute() {
-                "a relative path needs a Modelfile's folder; give an absolute path or a pack name"
-            } else {
-                "no such file or folder"
+        if from.starts_with(['/', '.', '~']) || from.ends_with(".gguf") {
+            let msg = match dir {
+                Some(_) => "no such file or folder",
+                None => {
+                    "a file path is not a model here: name a pack in the store (`berth create` or \
+                     `berth import` on the server makes one from a file)"
+                }
             };
             return Err(StoreError::Unsupported {
                 path: PathBuf::from(from),
@@ -1586,8 +1586,10 @@ mod tests {
         ));
         let e = store.create_base("./missing.gguf", Some(tmp.path())).unwrap_err();
         assert!(e.to_string().contains("no such file"), "{e}");
-        let e = store.create_base("./Tiny.gguf", None).unwrap_err();
-        assert!(e.to_string().contains("absolute path"), "{e}");
+        for path in ["./Tiny.gguf", "/etc/passwd", "../../etc/passwd"] {
+            let e = store.create_base(path, None).unwrap_err();
+            assert!(e.to_string().contains("name a pack"), "{e}");
+        }
         assert!(store.create("bad name", &base, &over, &mut |_| {}).is_err());
         assert!(!store.home().join("tmp").read_dir().unwrap().any(|_| true), "no staging left");
     }

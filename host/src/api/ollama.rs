@@ -406,7 +406,7 @@ pub struct CreateRequest {
     pub model: Option<String>,
     /// The new pack's name (the older name of the field).
     pub name: Option<String>,
-    /// The base: a pack in the store, or an absolute path to a `.gguf` file or a model folder.
+    /// The base: a pack in the store (files on the server's disk are `berth create`'s).
     pub from: Option<String>,
     /// Modelfile text (the older form).
     pub modelfile: Option<String>,
@@ -447,8 +447,8 @@ impl RequestBody for CreateRequest {
         if self.files.as_ref().is_some_and(|f| !f.is_null() && f != &json!({})) {
             return refuse(
                 "files",
-                "uploaded blobs are not supported by Berth; name a pack in 'from', or give a \
-                 Modelfile's FROM an absolute path",
+                "uploaded blobs are not supported by Berth; name a pack in 'from' (`berth create` \
+                 or `berth import` on the server makes one from a file)",
             );
         }
         if self.adapters.as_ref().is_some_and(|a| !a.is_null() && a != &json!({})) {
@@ -975,8 +975,8 @@ pub async fn copy(
     Ok(StatusCode::OK.into_response())
 }
 
-/// `POST /api/create`: makes a pack from a base pack (or an absolute path to a GGUF file or a
-/// model folder) with a template, system prompt, parameters, messages and license, streaming
+/// `POST /api/create`: makes a pack from a pack in the store with a template, system prompt,
+/// parameters, messages and license (its files hard-linked), streaming
 /// `{"status"}` lines that end in `success`. Every client mistake (a bad parameter, a Go
 /// template, an unknown base) is a 400 before the stream starts.
 pub async fn create(
