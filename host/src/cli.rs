@@ -341,7 +341,9 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Show {
-            name, modelfile: true, ..
+            name,
+            modelfile: true,
+            ..
         } => {
             print!("{}", crate::inspect::modelfile_text(&store.get(&name)?));
             Ok(())

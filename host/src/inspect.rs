@@ -175,7 +175,9 @@ pub fn render_modelfile(entry: &PackEntry, template: Option<&str>) -> String {
 /// Checks what the store cannot: that a Modelfile's Jinja `TEMPLATE` compiles.
 pub fn check_modelfile(mf: &Modelfile) -> Result<(), String> {
     match &mf.template {
-        Some(t) => ChatTemplate::new(t.clone()).map(|_| ()).map_err(|e| format!("TEMPLATE: {e}")),
+        Some(t) => ChatTemplate::new(t.clone())
+            .map(|_| ())
+            .map_err(|e| format!("TEMPLATE: {e}")),
         None => Ok(()),
     }
 }

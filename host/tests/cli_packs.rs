@@ -247,18 +247,30 @@ fn create_from_a_modelfile_then_show_modelfile_creates_the_same_pack_again() {
          MESSAGE user \"Hi there\"\nMESSAGE assistant Hello\nLICENSE MIT\n",
     )
     .unwrap();
-    let out = berth_ok(&home, None, &["create", "mine:v1", "-f", modelfile.to_str().unwrap()]);
+    let out = berth_ok(
+        &home,
+        None,
+        &["create", "mine:v1", "-f", modelfile.to_str().unwrap()],
+    );
     let steps: Vec<&str> = out.lines().collect();
     assert_eq!(steps.first(), Some(&"parsing modelfile"), "{out}");
     assert_eq!(steps.last(), Some(&"success"), "{out}");
-    for step in ["reading model metadata", "writing system prompt", "writing parameters", "writing manifest"] {
+    for step in [
+        "reading model metadata",
+        "writing system prompt",
+        "writing parameters",
+        "writing manifest",
+    ] {
         assert!(steps.contains(&step), "{step} missing from {out}");
     }
 
     let text = berth_ok(&home, None, &["show", "mine:v1", "--modelfile"]);
     assert!(text.contains("FROM mine:v1\n"), "{text}");
     assert!(text.contains("PARAMETER stop \"<|im_end|>\"\n"), "{text}");
-    assert!(text.contains(&format!("TEMPLATE \"\"\"{template}\"\"\"")), "{text}");
+    assert!(
+        text.contains(&format!("TEMPLATE \"\"\"{template}\"\"\"")),
+        "{text}"
+    );
     let again = tmp.path().join("Modelfile.again");
     std::fs::write(&again, &text).unwrap();
     berth_ok(&home, None, &["create", "mine:v2", "-f", again.to_str().unwrap()]);
@@ -277,16 +289,32 @@ fn create_from_a_modelfile_then_show_modelfile_creates_the_same_pack_again() {
     );
 
     for (body, expected) in [
-        ("FROM mine:v1\nTEMPLATE \"{{ .Prompt }}\"\n", "line 2: TEMPLATE looks like a Go template"),
-        ("FROM mine:v1\n\nADAPTER ./lora.gguf\n", "line 3: ADAPTER: adapters are not supported yet"),
-        ("FROM mine:v1\nPARAMETER num_gpu 1\n", "line 2: parameter num_gpu is not supported by Berth"),
+        (
+            "FROM mine:v1\nTEMPLATE \"{{ .Prompt }}\"\n",
+            "line 2: TEMPLATE looks like a Go template",
+        ),
+        (
+            "FROM mine:v1\n\nADAPTER ./lora.gguf\n",
+            "line 3: ADAPTER: adapters are not supported yet",
+        ),
+        (
+            "FROM mine:v1\nPARAMETER num_gpu 1\n",
+            "line 2: parameter num_gpu is not supported by Berth",
+        ),
         ("FROM ./nothing.gguf\n", "no such file or folder"),
         ("FROM mine:v1\nTEMPLATE \"{% if %}\"\n", "TEMPLATE: chat template"),
     ] {
         std::fs::write(dir.join("Bad"), body).unwrap();
-        let out = berth(&home, None, &["create", "bad", "-f", dir.join("Bad").to_str().unwrap()]);
+        let out = berth(
+            &home,
+            None,
+            &["create", "bad", "-f", dir.join("Bad").to_str().unwrap()],
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && stderr.contains(expected), "{body}: {stderr}");
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "{body}: {stderr}"
+        );
     }
     let list = berth_ok(&home, None, &["list"]);
     assert!(!list.contains("bad"), "{list}");

@@ -15,7 +15,8 @@ fn start_hub(gguf: Vec<u8>) -> String {
     let template = b"{{ .Prompt }}".to_vec();
     let params = br#"{"temperature": 0.3, "stop": ["<|im_end|>", "END"], "num_keep": 24}"#.to_vec();
     let system = b"You are a tiny model.".to_vec();
-    let messages = br#"[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]"#.to_vec();
+    let messages =
+        br#"[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]"#.to_vec();
     let license = b"MIT License".to_vec();
     let layer = |media: &str, data: &[u8]| serde_json::json!({"mediaType": media, "digest": format!("sha256:{}", sha256_hex(data)), "size": data.len()});
     let manifest = serde_json::to_vec(&serde_json::json!({

@@ -1323,8 +1323,18 @@ fn cases() -> Vec<Case> {
             json!({"model": "/etc/passwd"}),
             Is(404),
         ),
-        ("create without a name", "/api/create", json!({"from": SCRIPTED}), Is(bad)),
-        ("create without a base", "/api/create", json!({"model": "new"}), Is(bad)),
+        (
+            "create without a name",
+            "/api/create",
+            json!({"from": SCRIPTED}),
+            Is(bad),
+        ),
+        (
+            "create without a base",
+            "/api/create",
+            json!({"model": "new"}),
+            Is(bad),
+        ),
         (
             "create from a server file",
             "/api/create",

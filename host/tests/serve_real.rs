@@ -284,7 +284,11 @@ fn api_create_takes_a_modelfile_and_show_gives_it_back() {
         .collect();
     assert_eq!(
         params,
-        [["stop", "\"<|im_end|>\""], ["stop", "\"###\""], ["temperature", "0"]]
+        [
+            ["stop", "\"<|im_end|>\""],
+            ["stop", "\"###\""],
+            ["temperature", "0"]
+        ]
     );
     assert!(a["template"].as_str().unwrap().contains("<|im_start|>"));
 
@@ -301,5 +305,8 @@ fn api_create_takes_a_modelfile_and_show_gives_it_back() {
     assert_eq!(status, 400, "{body}");
     let err: serde_json::Value = serde_json::from_str(&body).unwrap();
     let msg = err["error"].as_str().unwrap();
-    assert!(msg.contains("line 2") && msg.contains("Go template") && msg.contains("Jinja"), "{msg}");
+    assert!(
+        msg.contains("line 2") && msg.contains("Go template") && msg.contains("Jinja"),
+        "{msg}"
+    );
 }

@@ -347,7 +347,12 @@ mod tests {
     #[test]
     fn text_layers_fill_the_manifest() {
         let mut m = PackManifest::new(&PackRef::parse("a:b").unwrap(), "qwen3");
-        apply_layer(&mut m, "params", r#"{"stop": ["<|im_end|>", "<|endoftext|>"], "temperature": 0.2}"#).unwrap();
+        apply_layer(
+            &mut m,
+            "params",
+            r#"{"stop": ["<|im_end|>", "<|endoftext|>"], "temperature": 0.2}"#,
+        )
+        .unwrap();
         apply_layer(&mut m, "system", "You are Ollama's.\n").unwrap();
         apply_layer(
             &mut m,
@@ -357,11 +362,17 @@ mod tests {
         .unwrap();
         apply_layer(&mut m, "license", "MIT").unwrap();
         apply_layer(&mut m, "license", "Apache-2.0").unwrap();
-        assert_eq!(m.defaults["stop"].as_array().map(Vec::len), Some(2), "stop stays an array");
+        assert_eq!(
+            m.defaults["stop"].as_array().map(Vec::len),
+            Some(2),
+            "stop stays an array"
+        );
         assert_eq!(m.system.as_deref(), Some("You are Ollama's.\n"));
         assert_eq!(m.messages[1].content, "hello");
         assert_eq!(m.license.as_deref(), Some("MIT\n\nApache-2.0"));
-        assert!(apply_layer(&mut m, "messages", "{}").unwrap_err().contains("messages layer"));
+        assert!(apply_layer(&mut m, "messages", "{}")
+            .unwrap_err()
+            .contains("messages layer"));
         assert!(apply_layer(&mut m, "params", "nope").is_err());
     }
 }

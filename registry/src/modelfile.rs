@@ -141,7 +141,9 @@ pub fn add_parameter(table: &mut toml::Table, name: &str, value: &str) -> Result
                 .filter(|x: &f64| x.is_finite())
                 .ok_or_else(|| format!("parameter {lower}: {v:?} is not a number"))?;
             if !(*lo..=*hi).contains(&x) {
-                return Err(format!("parameter {lower} must be between {lo} and {hi}; got {v}"));
+                return Err(format!(
+                    "parameter {lower} must be between {lo} and {hi}; got {v}"
+                ));
             }
             toml::Value::Float(x)
         }
@@ -150,7 +152,9 @@ pub fn add_parameter(table: &mut toml::Table, name: &str, value: &str) -> Result
                 .parse()
                 .map_err(|_| format!("parameter {lower}: {v:?} is not an integer"))?;
             if !(*lo..=*hi).contains(&x) {
-                return Err(format!("parameter {lower} must be between {lo} and {hi}; got {v}"));
+                return Err(format!(
+                    "parameter {lower} must be between {lo} and {hi}; got {v}"
+                ));
             }
             toml::Value::Integer(x)
         }
@@ -176,7 +180,11 @@ pub fn add_parameter(table: &mut toml::Table, name: &str, value: &str) -> Result
 }
 
 /// Checks one parameter given as JSON (`/api/create`'s `parameters`) and adds it to `table`.
-pub fn add_json_parameter(table: &mut toml::Table, name: &str, value: &serde_json::Value) -> Result<(), String> {
+pub fn add_json_parameter(
+    table: &mut toml::Table,
+    name: &str,
+    value: &serde_json::Value,
+) -> Result<(), String> {
     use serde_json::Value;
     match value {
         Value::String(s) => add_parameter(table, name, s),
@@ -200,7 +208,9 @@ pub fn add_json_parameter(table: &mut toml::Table, name: &str, value: &serde_jso
 
 /// Refuses a Go template (Ollama's `{{ .Prompt }}`, `{{ if .System }}`): Berth renders Jinja.
 pub fn check_template(template: &str) -> Result<(), String> {
-    let go_words = ["if", "range", "end", "else", "with", "template", "define", "block"];
+    let go_words = [
+        "if", "range", "end", "else", "with", "template", "define", "block",
+    ];
     let mut rest = template;
     while let Some(i) = rest.find("{{") {
         let action = rest[i + 2..].trim_start_matches('-').trim_start();
@@ -329,7 +339,9 @@ impl Modelfile {
                     match instruction.as_str() {
                         "FROM" => {
                             if value.is_empty() {
-                                return Err(err("FROM needs a model: a pack name, a .gguf file or a folder".into()));
+                                return Err(err(
+                                    "FROM needs a model: a pack name, a .gguf file or a folder".into()
+                                ));
                             }
                             if mf.from.is_some() {
                                 return Err(err("a second FROM: a Modelfile has one base".into()));
@@ -406,9 +418,7 @@ impl Modelfile {
 fn quote(value: &str) -> String {
     let plain = !value.is_empty()
         && !value.starts_with('#')
-        && value
-            .chars()
-            .all(|c| !c.is_whitespace() && c != '"' && c != '\\');
+        && value.chars().all(|c| !c.is_whitespace() && c != '"' && c != '\\');
     if plain {
         value.to_string()
     } else {
@@ -473,7 +483,10 @@ pub fn parameters_text(defaults: &toml::Table) -> String {
 /// (an Ollama-registry pull may carry `num_keep`) is written as a comment.
 pub fn render(from: &str, template: Option<&str>, manifest: &PackManifest) -> String {
     let mut out = String::new();
-    out.push_str(&format!("# Modelfile of {}, written by Berth\n", manifest.reference()));
+    out.push_str(&format!(
+        "# Modelfile of {}, written by Berth\n",
+        manifest.reference()
+    ));
     out.push_str(&format!("FROM {}\n", quote(from)));
     if let Some(t) = template {
         out.push_str(&format!("TEMPLATE {}\n", block(t)));
@@ -482,7 +495,11 @@ pub fn render(from: &str, template: Option<&str>, manifest: &PackManifest) -> St
         out.push_str(&format!("SYSTEM {}\n", block(s)));
     }
     for (k, v) in &manifest.defaults {
-        let comment = if is_supported_parameter(k) { "" } else { "# (not supported by Berth) " };
+        let comment = if is_supported_parameter(k) {
+            ""
+        } else {
+            "# (not supported by Berth) "
+        };
         for text in values(v, false) {
             out.push_str(&format!("{comment}PARAMETER {k} {text}\n"));
         }
@@ -551,7 +568,10 @@ TEMPLATE "{% for m in messages %}{{ m.content }}{% endfor %}"
         assert!(e.message.contains("mirostat is not supported"), "{e}");
         for name in ["num_gpu", "tfs_z", "typical_p", "num_keep", "penalize_newline"] {
             let e = err(&format!("FROM x\nPARAMETER {name} 1\n"));
-            assert!(e.message.contains(name) && e.message.contains("not supported"), "{e}");
+            assert!(
+                e.message.contains(name) && e.message.contains("not supported"),
+                "{e}"
+            );
         }
         let e = err("FROM x\nPARAMETER temperature hot\n");
         assert_eq!(e.line, 2);
@@ -586,7 +606,10 @@ TEMPLATE "{% for m in messages %}{{ m.content }}{% endfor %}"
             "{{- range .Messages }}{{ .Content }}{{ end }}",
         ] {
             let e = err(&format!("FROM x\nTEMPLATE \"\"\"{go}\"\"\"\n"));
-            assert!(e.message.contains("Go template") && e.message.contains("Jinja"), "{e}");
+            assert!(
+                e.message.contains("Go template") && e.message.contains("Jinja"),
+                "{e}"
+            );
         }
         for jinja in [
             "{% for message in messages %}{{ message['content'] }}{% endfor %}",
@@ -626,7 +649,10 @@ TEMPLATE "{% for m in messages %}{{ m.content }}{% endfor %}"
         mf.apply(&mut m);
         m.defaults.insert("num_keep".into(), toml::Value::Integer(24));
         let text = render("mine:v1", Some("{{ messages[0].content }}\n"), &m);
-        assert!(text.contains("# (not supported by Berth) PARAMETER num_keep 24"), "{text}");
+        assert!(
+            text.contains("# (not supported by Berth) PARAMETER num_keep 24"),
+            "{text}"
+        );
         let back = Modelfile::parse(&text).unwrap();
         let mut again = PackManifest::new(&PackRef::parse("mine:v1").unwrap(), "qwen3");
         back.apply(&mut again);
@@ -645,8 +671,18 @@ TEMPLATE "{% for m in messages %}{{ m.content }}{% endfor %}"
         let text = parameters_text(&mf.parameters);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
-        assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["stop", "\"<|im_end|>\""]);
-        assert_eq!(lines[2].split_whitespace().collect::<Vec<_>>(), ["temperature", "0"]);
-        assert_eq!(lines[0].find('"'), Some(31), "names padded to 30 columns as Ollama's");
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            ["stop", "\"<|im_end|>\""]
+        );
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["temperature", "0"]
+        );
+        assert_eq!(
+            lines[0].find('"'),
+            Some(31),
+            "names padded to 30 columns as Ollama's"
+        );
     }
 }

@@ -15,8 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::modelfile::Modelfile;
 use crate::gguf::{file_type_name, GgmlType, GgufError, GgufFile};
+use crate::modelfile::Modelfile;
 use crate::pack::{
     family_for_architecture, is_safe_relative, sanitize_name, FileRole, PackError, PackFile, PackFormat,
     PackManifest, PackRef, PackRefError, MANIFEST_FILE,
@@ -144,7 +144,7 @@ pub struct ImportOptions {
 #[derive(Debug, Clone)]
 pub enum CreateBase {
     /// A pack in the store: its files are hard-linked, its manifest values are the starting point.
-    Pack(PackEntry),
+    Pack(Box<PackEntry>),
     /// A `.gguf` file or a model folder, imported as `berth import` would.
     Path(PathBuf),
 }
@@ -378,7 +378,7 @@ impl Store {
                 problems: entry.problems,
             });
         }
-        Ok(CreateBase::Pack(entry))
+        Ok(CreateBase::Pack(Box::new(entry)))
     }
 
     /// Creates pack `name` from `base` with a Modelfile's values over the base's (see
@@ -1566,8 +1566,15 @@ mod tests {
         let mb = b.manifest.clone().unwrap();
         assert_eq!(mb.defaults["temperature"].as_float(), Some(0.5));
         assert_eq!(mb.defaults["stop"], m.defaults["stop"]);
-        assert_eq!((&mb.system, &mb.messages, &mb.license), (&m.system, &m.messages, &m.license));
-        assert_eq!(mb.capabilities, ["completion", "chat"], "the new template has no tools");
+        assert_eq!(
+            (&mb.system, &mb.messages, &mb.license),
+            (&m.system, &m.messages, &m.license)
+        );
+        assert_eq!(
+            mb.capabilities,
+            ["completion", "chat"],
+            "the new template has no tools"
+        );
         assert_eq!(
             fs::read_to_string(b.dir.join(TEMPLATE_FILE)).unwrap(),
             "{{ messages[0].content }}"
@@ -1591,7 +1598,10 @@ mod tests {
             assert!(e.to_string().contains("name a pack"), "{e}");
         }
         assert!(store.create("bad name", &base, &over, &mut |_| {}).is_err());
-        assert!(!store.home().join("tmp").read_dir().unwrap().any(|_| true), "no staging left");
+        assert!(
+            !store.home().join("tmp").read_dir().unwrap().any(|_| true),
+            "no staging left"
+        );
     }
 
     #[test]

@@ -444,14 +444,22 @@ impl RequestBody for CreateRequest {
     fn validate(&self) -> Result<(), ApiError> {
         pack_name(&self.model, &self.name)?;
         let refuse = |key: &str, why: &str| Err(ApiError::param(key, format!("'{key}': {why}")));
-        if self.files.as_ref().is_some_and(|f| !f.is_null() && f != &json!({})) {
+        if self
+            .files
+            .as_ref()
+            .is_some_and(|f| !f.is_null() && f != &json!({}))
+        {
             return refuse(
                 "files",
                 "uploaded blobs are not supported by Berth; name a pack in 'from' (`berth create` \
                  or `berth import` on the server makes one from a file)",
             );
         }
-        if self.adapters.as_ref().is_some_and(|a| !a.is_null() && a != &json!({})) {
+        if self
+            .adapters
+            .as_ref()
+            .is_some_and(|a| !a.is_null() && a != &json!({}))
+        {
             return refuse("adapters", "adapters are not supported yet");
         }
         if self.quantize.is_some() {
@@ -506,7 +514,11 @@ impl CreateRequest {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) => mf.license = vec![s.clone()],
             Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
-                mf.license = items.iter().filter_map(Value::as_str).map(str::to_string).collect()
+                mf.license = items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
             }
             Some(_) => {
                 return Err(ApiError::param(
