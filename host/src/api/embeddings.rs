@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::body::{self, field_names, Int, KeepAlive, RequestBody};
-use super::ollama::OllamaOptions;
+use crate::options::OllamaOptions;
 use super::pipeline::{body as request_body, model_for};
 use super::{ApiError, OllamaError};
 use crate::embedding::{embed, embedding_model, EmbedOptions, Inputs};

@@ -1,7 +1,7 @@
 //! The Ollama API: `/api/chat` and `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`,
 //! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`, `/api/create`.
 
-use super::body::{self, int_in, num_in, Int, KeepAlive, RequestBody, Think};
+use super::body::{self, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
 use super::pipeline::{body, capabilities, prepare, rfc3339, GenerationBody, Prepared};
 use super::{ApiError, OllamaError};
@@ -9,7 +9,8 @@ use crate::chat::{Delta, ParsedMessage, ToolCall};
 use crate::constraint::RequestConstraints;
 use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::Finish;
-use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::options::OllamaOptions;
+use crate::sampling::TokenLogprobs;
 use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
@@ -29,131 +30,16 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-/// Ollama `options`: sampling and stopping, plus load-time settings Berth sets per server (checked
-/// so that a bad value is never silently taken). Samplers Berth does not implement (`mirostat`,
-/// `typical_p`, `tfs_z`) are a 400 unless set to their "off" value; other keys (runner settings
-/// such as `use_mmap`, `numa`, `main_gpu`) are ignored, as Ollama ignores keys it does not use.
-#[derive(Debug, Default, Deserialize)]
-#[serde(remote = "Self")]
-pub struct OllamaOptions {
-    /// Context length (the server's applies).
-    pub num_ctx: Option<Int>,
-    /// Batch size (the server's applies).
-    pub num_batch: Option<Int>,
-    /// Threads (the server's applies).
-    pub num_thread: Option<Int>,
-    /// Tokens kept on a context shift (the server's applies).
-    pub num_keep: Option<Int>,
-    /// Layers on the GPU (the server's applies).
-    pub num_gpu: Option<Int>,
-    /// 0-100.
-    pub temperature: Option<f64>,
-    /// 0-1.
-    pub top_p: Option<f64>,
-    /// -1 (off) to 2^20.
-    pub top_k: Option<Int>,
-    /// 0-1.
-    pub min_p: Option<f64>,
-    /// Seed for reproducible sampling.
-    pub seed: Option<Int>,
-    /// 0-100.
-    pub repeat_penalty: Option<f64>,
-    /// Tokens the repeat penalty looks back over (-1: all, taken as 0).
-    pub repeat_last_n: Option<Int>,
-    /// -100 to 100.
-    pub presence_penalty: Option<f64>,
-    /// -100 to 100.
-    pub frequency_penalty: Option<f64>,
-    /// Most tokens to generate (-1, -2: until the context is full).
-    pub num_predict: Option<Int>,
-    /// Up to 16 stop strings.
-    pub stop: Option<Value>,
-    /// Not implemented: only 0 (off) is taken.
-    pub mirostat: Option<Int>,
-    /// Only with `mirostat`; checked as a number.
-    pub mirostat_tau: Option<f64>,
-    /// Only with `mirostat`; checked as a number.
-    pub mirostat_eta: Option<f64>,
-    /// Not implemented: only 1 (off) is taken.
-    pub typical_p: Option<f64>,
-    /// Not implemented (and gone from Ollama): only 1 (off) is taken.
-    pub tfs_z: Option<f64>,
-}
-
-/// A 400 for a sampler Berth does not implement, unless the value is its "off" value.
-fn refuse_unless_off(field: &str, value: Option<f64>, off: f64) -> Result<(), ApiError> {
-    match value {
-        Some(v) if v != off => Err(ApiError::param(
-            field,
-            format!("'{field}' is not supported by Berth (only {off}, which turns it off)"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-impl OllamaOptions {
-    /// The decode options these ask for; each value out of range is a 400 naming `options.X`.
-    pub fn decode_options(&self) -> Result<DecodeOptions, ApiError> {
-        int_in("options.num_ctx", self.num_ctx, 1, u32::MAX as i64)?;
-        int_in("options.num_batch", self.num_batch, 1, u32::MAX as i64)?;
-        int_in("options.num_thread", self.num_thread, 0, 4096)?;
-        int_in("options.num_keep", self.num_keep, -1, u32::MAX as i64)?;
-        int_in("options.num_gpu", self.num_gpu, -1, 1 << 20)?;
-        refuse_unless_off("options.mirostat", self.mirostat.map(|Int(m)| m as f64), 0.0)?;
-        refuse_unless_off("options.typical_p", self.typical_p, 1.0)?;
-        refuse_unless_off("options.tfs_z", self.tfs_z, 1.0)?;
-        let mut s = SamplingParams::default();
-        if let Some(t) = num_in("options.temperature", self.temperature, 0.0, 100.0)? {
-            s.temperature = t as f32;
-        }
-        if let Some(p) = num_in("options.top_p", self.top_p, 0.0, 1.0)? {
-            s.top_p = p as f32;
-        }
-        if let Some(k) = int_in("options.top_k", self.top_k, -1, 1 << 20)? {
-            s.top_k = k.max(0) as usize;
-        }
-        if let Some(p) = num_in("options.min_p", self.min_p, 0.0, 1.0)? {
-            s.min_p = p as f32;
-        }
-        if let Some(Int(seed)) = self.seed {
-            s.seed = Some(seed as u64);
-        }
-        if let Some(p) = num_in("options.repeat_penalty", self.repeat_penalty, 0.0, 100.0)? {
-            s.repeat_penalty = p as f32;
-        }
-        if let Some(n) = int_in("options.repeat_last_n", self.repeat_last_n, -1, 1 << 20)? {
-            // -1 looks at the whole context, as Ollama's `repeat_last_n: -1` does.
-            s.repeat_last_n = if n < 0 { usize::MAX } else { n as usize };
-        }
-        if let Some(p) = num_in("options.presence_penalty", self.presence_penalty, -100.0, 100.0)? {
-            s.presence_penalty = p as f32;
-        }
-        if let Some(p) = num_in("options.frequency_penalty", self.frequency_penalty, -100.0, 100.0)? {
-            s.frequency_penalty = p as f32;
-        }
-        let max_tokens = int_in("options.num_predict", self.num_predict, -2, u32::MAX as i64)?
-            .filter(|&n| n >= 0)
-            .map(|n| n as usize);
-        Ok(DecodeOptions {
-            sampling: s,
-            max_tokens,
-            stop: crate::decoding::parse_stop(self.stop.as_ref(), "options.stop", 16)
-                .map_err(ApiError::from)?,
-            constraint: None,
-            logprobs: None,
-        })
-    }
-}
-
 /// The decode options of an Ollama body's `options` and `logprobs` / `top_logprobs`.
 fn ollama_decode(
     options: &Option<OllamaOptions>,
     logprobs: Option<bool>,
     top_logprobs: Option<Int>,
+    base: &DecodeOptions,
 ) -> Result<DecodeOptions, ApiError> {
     let mut decode = match options {
-        Some(o) => o.decode_options()?,
-        None => DecodeOptions::default(),
+        Some(o) => o.over(base, "options.")?,
+        None => base.settings(),
     };
     decode.logprobs = super::logprobs::request(logprobs, top_logprobs)?;
     Ok(decode)
@@ -197,6 +83,9 @@ pub struct ChatRequest {
     pub think: Option<Think>,
     /// Stream NDJSON lines (the default) or answer once.
     pub stream: Option<bool>,
+    /// A conversation longer than the context drops its oldest turns (the default) or, `false`,
+    /// fails.
+    pub truncate: Option<bool>,
 }
 
 impl RequestBody for ChatRequest {
@@ -217,10 +106,11 @@ impl GenerationBody for ChatRequest {
         self.keep_alive.map(|KeepAlive(k)| k)
     }
 
-    fn turn(&mut self, _json: &Map<String, Value>) -> Result<TurnRequest, ApiError> {
+    fn turn(&mut self, _json: &Map<String, Value>, base: &DecodeOptions) -> Result<TurnRequest, ApiError> {
         let messages = messages::to_turn(self.messages.as_ref());
         let mut req = TurnRequest::new(Prompt::Chat(messages));
-        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs)?;
+        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs, base)?;
+        req.truncate = self.truncate != Some(false);
         req.constraints = RequestConstraints::from_ollama(self.tools.as_ref(), self.format.as_ref())?;
         apply_think(&self.think, &mut req);
         Ok(req)
@@ -261,6 +151,9 @@ pub struct GenerateRequest {
     pub think: Option<Think>,
     /// Stream NDJSON lines (the default) or answer once.
     pub stream: Option<bool>,
+    /// A conversation longer than the context drops its oldest turns (the default) or, `false`,
+    /// fails.
+    pub truncate: Option<bool>,
 }
 
 impl RequestBody for GenerateRequest {
@@ -292,7 +185,7 @@ impl GenerationBody for GenerateRequest {
         self.keep_alive.map(|KeepAlive(k)| k)
     }
 
-    fn turn(&mut self, _json: &Map<String, Value>) -> Result<TurnRequest, ApiError> {
+    fn turn(&mut self, _json: &Map<String, Value>, base: &DecodeOptions) -> Result<TurnRequest, ApiError> {
         let text = self.prompt.clone().unwrap_or_default();
         let mut images = Vec::new();
         for (j, v) in self.images.iter().flatten().enumerate() {
@@ -319,7 +212,8 @@ impl GenerationBody for GenerateRequest {
             Prompt::Chat(messages)
         };
         let mut req = TurnRequest::new(prompt);
-        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs)?;
+        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs, base)?;
+        req.truncate = self.truncate != Some(false);
         req.constraints = RequestConstraints::from_ollama(None, self.format.as_ref())?;
         apply_think(&self.think, &mut req);
         Ok(req)
@@ -534,7 +428,6 @@ impl CreateRequest {
 
 crate::object_only!(
     CreateRequest,
-    OllamaOptions,
     ChatRequest,
     GenerateRequest,
     ShowRequest,
@@ -1152,13 +1045,13 @@ mod tests {
     /// The template variables of an `/api/chat` body (with a model, as the preamble wants).
     fn chat_extra(body: &str) -> Result<Map<String, serde_json::Value>, ApiError> {
         let mut p = parse::<ChatRequest>(body.as_bytes())?;
-        Ok(p.request.turn(&p.json)?.template_extra())
+        Ok(p.request.turn(&p.json, &DecodeOptions::default())?.template_extra())
     }
 
     /// The decode options of an `/api/chat` body, as the preamble builds them.
     fn chat_decode(body: &serde_json::Value) -> Result<DecodeOptions, ApiError> {
         let mut p = parse::<ChatRequest>(body.to_string().as_bytes())?;
-        Ok(p.request.turn(&p.json)?.decode)
+        Ok(p.request.turn(&p.json, &DecodeOptions::default())?.decode)
     }
 
     /// The reasoning effort a gpt-oss model renders for an `/api/chat` body, or the error.

@@ -7,6 +7,7 @@ use super::sampling::{openai_decode, OpenAiSampling, SamplingExtensions};
 use super::ApiError;
 use crate::chat::{openai_delta, Delta};
 use crate::constraint::RequestConstraints;
+use crate::decoding::DecodeOptions;
 use crate::engine::Finish;
 use crate::sampling::TokenLogprobs;
 use crate::state::models::Model;
@@ -142,14 +143,14 @@ impl GenerationBody for ChatCompletionRequest {
         self.model.as_deref()
     }
 
-    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    fn turn(&mut self, json: &Map<String, Value>, base: &DecodeOptions) -> Result<ChatRequest, ApiError> {
         let max = max_tokens(&[
             ("max_tokens", self.max_tokens),
             ("max_completion_tokens", self.max_completion_tokens),
         ])?;
         let messages = messages::to_turn(self.messages.as_ref());
         let mut req = ChatRequest::new(TurnPrompt::Chat(messages));
-        req.decode = openai_decode(json, max)?;
+        req.decode = openai_decode(json, max, base)?;
         req.decode.logprobs = super::logprobs::request(self.logprobs, self.top_logprobs)?;
         req.constraints = RequestConstraints::from_openai(
             self.tools.as_ref(),
@@ -241,14 +242,14 @@ impl GenerationBody for CompletionRequest {
         self.model.as_deref()
     }
 
-    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    fn turn(&mut self, json: &Map<String, Value>, base: &DecodeOptions) -> Result<ChatRequest, ApiError> {
         let max = max_tokens(&[("max_tokens", self.max_tokens)])?.or(Some(16));
         let text = self.prompt.take().map(|Prompt(p)| p).unwrap_or_default();
         let mut req = ChatRequest::new(TurnPrompt::Raw {
             text,
             images: Vec::new(),
         });
-        req.decode = openai_decode(json, max)?;
+        req.decode = openai_decode(json, max, base)?;
         req.decode.logprobs = self.logprobs.map(|Int(n)| n as usize);
         req.logit_bias = self.logit_bias.take();
         req.n = self.n.map_or(1, |Int(n)| n as usize);

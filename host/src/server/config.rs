@@ -41,7 +41,8 @@ pub struct ServeArgs {
     /// Most models loaded at once; the least recently used is unloaded (default 2).
     #[arg(long, env = "BERTH_MAX_LOADED_MODELS")]
     pub max_loaded_models: Option<usize>,
-    /// Context length per sequence, capped by the model's (default 8192).
+    /// Context of a request that does not ask for one (`num_ctx`), capped by the model's (default
+    /// 8192).
     #[arg(long, env = "BERTH_CONTEXT")]
     pub context: Option<u32>,
     /// Compute threads per model (default: all cores, or BERTH_THREADS).
