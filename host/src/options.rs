@@ -202,7 +202,6 @@ impl OllamaOptions {
     }
 }
 
-
 /// What a pack asks for when a request does not say: its options (the manifest's `defaults`,
 /// under Ollama's names) over Berth's own, its system prompt and its messages.
 #[derive(Debug, Default)]
@@ -280,21 +279,42 @@ mod tests {
         // Unset fields stay Berth's.
         assert_eq!(d.decode.sampling.top_p, DecodeOptions::default().sampling.top_p);
 
-        let req: OllamaOptions = serde_json::from_value(serde_json::json!({"temperature": 0.5, "stop": ["z"]})).unwrap();
+        let req: OllamaOptions =
+            serde_json::from_value(serde_json::json!({"temperature": 0.5, "stop": ["z"]})).unwrap();
         let r = req.over(&d.decode, "options.").unwrap();
-        assert_eq!((r.sampling.temperature, r.stop.clone()), (0.5, vec!["z".to_string()]));
-        assert_eq!((r.sampling.top_k, r.context, r.max_tokens), (3, Some(2048), Some(7)));
-        let unlimited: OllamaOptions = serde_json::from_value(serde_json::json!({"num_predict": -1})).unwrap();
+        assert_eq!(
+            (r.sampling.temperature, r.stop.clone()),
+            (0.5, vec!["z".to_string()])
+        );
+        assert_eq!(
+            (r.sampling.top_k, r.context, r.max_tokens),
+            (3, Some(2048), Some(7))
+        );
+        let unlimited: OllamaOptions =
+            serde_json::from_value(serde_json::json!({"num_predict": -1})).unwrap();
         assert_eq!(unlimited.over(&d.decode, "options.").unwrap().max_tokens, None);
     }
 
     #[test]
     fn a_bad_default_is_left_out_and_said() {
-        let d = PackDefaults::from_manifest(&manifest("temperature = 500.0\ntop_k = 5\nmirostat = 2\nnum_keep = 4"));
+        let d = PackDefaults::from_manifest(&manifest(
+            "temperature = 500.0\ntop_k = 5\nmirostat = 2\nnum_keep = 4",
+        ));
         assert_eq!(d.decode.sampling.top_k, 5);
-        assert_eq!(d.decode.sampling.temperature, DecodeOptions::default().sampling.temperature);
+        assert_eq!(
+            d.decode.sampling.temperature,
+            DecodeOptions::default().sampling.temperature
+        );
         assert_eq!(d.problems.len(), 2, "{:?}", d.problems);
-        assert!(d.problems.iter().any(|p| p.contains("defaults.temperature")), "{:?}", d.problems);
-        assert!(d.problems.iter().any(|p| p.contains("defaults.mirostat")), "{:?}", d.problems);
+        assert!(
+            d.problems.iter().any(|p| p.contains("defaults.temperature")),
+            "{:?}",
+            d.problems
+        );
+        assert!(
+            d.problems.iter().any(|p| p.contains("defaults.mirostat")),
+            "{:?}",
+            d.problems
+        );
     }
 }

@@ -10,7 +10,12 @@ use serde_json::{json, Value};
 use std::path::Path;
 
 /// Sets a pack's manifest fields (the store reads `pack.toml` on every listing).
-fn edit_manifest(home: &Path, name: &str, tag: &str, edit: impl FnOnce(&mut berth_registry::pack::PackManifest)) {
+fn edit_manifest(
+    home: &Path,
+    name: &str,
+    tag: &str,
+    edit: impl FnOnce(&mut berth_registry::pack::PackManifest),
+) {
     let dir = home.join("packs").join(name).join(tag);
     let mut m = berth_registry::pack::PackManifest::load(&dir).unwrap();
     edit(&mut m);
@@ -32,9 +37,18 @@ const SURFACES: usize = 4;
 fn ask(server: &TestServer, surface: usize, model: &str, extra: &Value, question: &str) -> (String, u64) {
     let user = json!([{"role": "user", "content": question}]);
     let (path, mut body) = match surface {
-        0 => ("/v1/chat/completions", json!({"model": model, "messages": user, "max_tokens": 24})),
-        1 => ("/v1/responses", json!({"model": model, "input": question, "max_output_tokens": 24})),
-        2 => ("/v1/messages", json!({"model": model, "messages": user, "max_tokens": 24})),
+        0 => (
+            "/v1/chat/completions",
+            json!({"model": model, "messages": user, "max_tokens": 24}),
+        ),
+        1 => (
+            "/v1/responses",
+            json!({"model": model, "input": question, "max_output_tokens": 24}),
+        ),
+        2 => (
+            "/v1/messages",
+            json!({"model": model, "messages": user, "max_tokens": 24}),
+        ),
         _ => (
             "/api/chat",
             json!({"model": model, "messages": user, "stream": false, "options": {"num_predict": 24}}),
@@ -46,7 +60,10 @@ fn ask(server: &TestServer, surface: usize, model: &str, extra: &Value, question
     let v = post_ok(server, path, &body);
     match surface {
         0 => (
-            v["choices"][0]["message"]["content"].as_str().unwrap().to_string(),
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string(),
             v["usage"]["prompt_tokens"].as_u64().unwrap(),
         ),
         1 => (
@@ -77,7 +94,11 @@ const SYSTEM: &str = "You are Berthy. You answer in one short sentence.";
 fn pack_parameters_system_prompt_and_messages_apply_on_every_surface_and_requests_win() {
     let home = home_with_qwen("berth-defaults-", "qwen:plain");
     let qwen = real_model("qwen2.5-coder-0.5b");
-    berth_ok(home.path(), None, &["import", qwen.to_str().unwrap(), "--name", "qwen:pack"]);
+    berth_ok(
+        home.path(),
+        None,
+        &["import", qwen.to_str().unwrap(), "--name", "qwen:pack"],
+    );
     edit_manifest(home.path(), "qwen", "pack", |m| {
         m.defaults = toml::from_str("temperature = 0.0\nstop = [\"!\", \".\"]\nnum_ctx = 4096").unwrap();
         m.system = Some(SYSTEM.into());
@@ -110,7 +131,9 @@ fn pack_parameters_system_prompt_and_messages_apply_on_every_surface_and_request
             0 => json!({"messages": [{"role": "system", "content": SYSTEM}, turns[0], turns[1], turns[2]],
                         "temperature": 0.0, "stop": ["!", "."]}),
             1 => json!({"instructions": SYSTEM, "input": turns, "temperature": 0.0}),
-            2 => json!({"system": SYSTEM, "messages": turns, "temperature": 0.0, "stop_sequences": ["!", "."]}),
+            2 => {
+                json!({"system": SYSTEM, "messages": turns, "temperature": 0.0, "stop_sequences": ["!", "."]})
+            }
             _ => json!({"messages": [{"role": "system", "content": SYSTEM}, turns[0], turns[1], turns[2]],
                         "options": {"temperature": 0.0, "stop": ["!", "."], "num_predict": 24}}),
         }
@@ -118,11 +141,15 @@ fn pack_parameters_system_prompt_and_messages_apply_on_every_surface_and_request
     let by_request: Vec<(String, u64)> = (0..SURFACES)
         .map(|k| ask(&server, k, "qwen:plain", &explicit(k), question))
         .collect();
-    for (k, ((pack_text, pack_tokens), (req_text, req_tokens))) in by_pack.iter().zip(&by_request).enumerate() {
+    for (k, ((pack_text, pack_tokens), (req_text, req_tokens))) in by_pack.iter().zip(&by_request).enumerate()
+    {
         eprintln!("surface {k}: pack {pack_text:?} ({pack_tokens}), request {req_text:?} ({req_tokens})");
         // Same prompt: the pack's system prompt and messages were put in; same greedy reply.
         assert_eq!(pack_tokens, req_tokens, "surface {k}");
-        assert!(!pack_text.contains('!') && !pack_text.contains('.'), "surface {k}: {pack_text:?}");
+        assert!(
+            !pack_text.contains('!') && !pack_text.contains('.'),
+            "surface {k}: {pack_text:?}"
+        );
         if k != 1 {
             // (Responses has no stop field: there the pack's stop strings stand alone.)
             assert_eq!(pack_text, req_text, "surface {k}");
@@ -148,7 +175,10 @@ fn pack_parameters_system_prompt_and_messages_apply_on_every_surface_and_request
                              {"role": "user", "content": question}],
                 "options": {"stop": ["\n"], "num_predict": 24, "temperature": 0.0}}),
     );
-    assert_eq!(mine["prompt_eval_count"], plain["prompt_eval_count"], "{mine}\n{plain}");
+    assert_eq!(
+        mine["prompt_eval_count"], plain["prompt_eval_count"],
+        "{mine}\n{plain}"
+    );
     assert_eq!(mine["message"]["content"], plain["message"]["content"]);
 }
 

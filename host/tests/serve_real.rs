@@ -249,7 +249,7 @@ fn api_create_takes_a_modelfile_and_show_gives_it_back() {
     let modelfile = format!(
         "FROM {MODEL}\nSYSTEM \"\"\"Reply in French.\"\"\"\nPARAMETER temperature 0\n\
          PARAMETER stop \"<|im_end|>\"\nPARAMETER stop \"###\"\nMESSAGE user Bonjour\n\
-         MESSAGE assistant \"Salut !\"\nLICENSE MIT\n"
+         MESSAGE assistant \"Salut !\"\nLICENSE MIT\nPARAMETER num_predict 3\n"
     );
     let create = serde_json::json!({"name": "fr", "modelfile": modelfile}).to_string();
     let (status, body) = server.post("/api/create", &create);
@@ -285,12 +285,25 @@ fn api_create_takes_a_modelfile_and_show_gives_it_back() {
     assert_eq!(
         params,
         [
+            ["num_predict", "3"],
             ["stop", "\"<|im_end|>\""],
             ["stop", "\"###\""],
             ["temperature", "0"]
         ]
     );
     assert!(a["template"].as_str().unwrap().contains("<|im_start|>"));
+
+    // The created pack's defaults apply: its num_predict caps an answer that sets none.
+    let chat = serde_json::json!({"model": "fr", "stream": false,
+        "messages": [{"role": "user", "content": "Count from 1 to 20."}]});
+    let (status, body) = server.post("/api/chat", &chat.to_string());
+    assert_eq!(status, 200, "{body}");
+    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (reply["eval_count"].as_u64(), reply["done_reason"].as_str()),
+        (Some(3), Some("length")),
+        "{body}"
+    );
 
     let again = serde_json::json!({"model": "fr2", "modelfile": a["modelfile"], "stream": false});
     let (status, body) = server.post("/api/create", &again.to_string());

@@ -1045,7 +1045,9 @@ mod tests {
     /// The template variables of an `/api/chat` body (with a model, as the preamble wants).
     fn chat_extra(body: &str) -> Result<Map<String, serde_json::Value>, ApiError> {
         let mut p = parse::<ChatRequest>(body.as_bytes())?;
-        Ok(p.request.turn(&p.json, &DecodeOptions::default())?.template_extra())
+        Ok(p.request
+            .turn(&p.json, &DecodeOptions::default())?
+            .template_extra())
     }
 
     /// The decode options of an `/api/chat` body, as the preamble builds them.

@@ -7,8 +7,8 @@
 
 use super::body::{int_in, num_in, Int, RequestBody};
 use super::ApiError;
-use crate::sampling::SamplingParams;
 use crate::decoding::DecodeOptions;
+use crate::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -90,7 +90,11 @@ impl SamplingExtensions {
 impl OpenAiSampling {
     /// The decode options these fields ask for over `base` (the pack's defaults), with a token
     /// cap; each value out of range is a 400 naming its field.
-    pub fn decode_options(&self, max_tokens: Option<usize>, base: &DecodeOptions) -> Result<DecodeOptions, ApiError> {
+    pub fn decode_options(
+        &self,
+        max_tokens: Option<usize>,
+        base: &DecodeOptions,
+    ) -> Result<DecodeOptions, ApiError> {
         let mut s = base.sampling.clone();
         if let Some(t) = num_in("temperature", self.temperature, 0.0, 2.0)? {
             s.temperature = t as f32;

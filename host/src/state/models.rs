@@ -8,11 +8,11 @@
 //! dropped (a streamed answer ends, or its client disconnects). Releasing the last hold on a
 //! model starts its keep-alive.
 
-use crate::options::PackDefaults;
 use crate::chat::Detected;
 use crate::constraint::ConstraintFactory;
 use crate::engine::metrics::Metrics;
 use crate::engine::{Engine, EngineConfig, TextSide};
+use crate::options::PackDefaults;
 use crate::pack::{open_pack, OpenedPack};
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;

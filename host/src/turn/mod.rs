@@ -98,7 +98,9 @@ impl Turn {
             Prompt::Chat(messages) => {
                 // The template shows the tools the parser reads calls of (none with `tool_choice: none`).
                 let tools = parser_tools.clone();
-                let draw = |messages: &[Message]| render(model, template_json(messages), tools.clone(), extra.clone());
+                let draw = |messages: &[Message]| {
+                    render(model, template_json(messages), tools.clone(), extra.clone())
+                };
                 let (mut rendered, mut prompt) = draw(messages)?;
                 let mut loaded = loaded;
                 if req.truncate && prompt.len() >= context {
@@ -111,7 +113,12 @@ impl Turn {
                         messages.drain(kept.first..kept.first + kept.dropped);
                         loaded = &loaded[gone.min(loaded.len())..];
                         (rendered, prompt) = draw(messages)?;
-                        tracing::debug!(dropped = kept.dropped, tokens = prompt.len(), context, "oldest turns dropped to fit the context");
+                        tracing::debug!(
+                            dropped = kept.dropped,
+                            tokens = prompt.len(),
+                            context,
+                            "oldest turns dropped to fit the context"
+                        );
                     }
                 }
                 let mut slices = Vec::new();
@@ -557,7 +564,10 @@ mod tests {
         with_pack_turns(&defaults, &mut ms);
         let texts: Vec<String> = ms.iter().map(text_of).collect();
         assert_eq!(texts, ["pack system", "pack question", "pack answer", "hi"]);
-        let mut ms = vec![Message::text(Role::System, "mine"), Message::text(Role::User, "hi")];
+        let mut ms = vec![
+            Message::text(Role::System, "mine"),
+            Message::text(Role::User, "hi"),
+        ];
         with_pack_turns(&defaults, &mut ms);
         let texts: Vec<String> = ms.iter().map(text_of).collect();
         assert_eq!(texts, ["mine", "pack question", "pack answer", "hi"]);
