@@ -44,6 +44,18 @@ pub enum Command {
         /// Print only the chat template text.
         #[arg(long, conflicts_with = "json")]
         template: bool,
+        /// Print the pack as a Modelfile (`berth create` takes it back).
+        #[arg(long, conflicts_with_all = ["json", "template"])]
+        modelfile: bool,
+    },
+    /// Create a pack from a Modelfile: FROM a pack, a GGUF file or a model folder, with TEMPLATE
+    /// (Jinja), SYSTEM, PARAMETER, MESSAGE and LICENSE, as Ollama's `create`.
+    Create {
+        /// Reference to give the new pack, `name[:tag]`.
+        name: String,
+        /// The Modelfile.
+        #[arg(short = 'f', long = "file", default_value = "Modelfile")]
+        file: PathBuf,
     },
     /// Render a conversation with a pack's chat template and print the exact prompt.
     Render {
@@ -328,7 +340,16 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Show {
+            name,
+            modelfile: true,
+            ..
+        } => {
+            print!("{}", crate::inspect::modelfile_text(&store.get(&name)?));
+            Ok(())
+        }
         Command::Show { name, json, .. } => show(&store, &home, &name, json),
+        Command::Create { name, file } => crate::inspect::create(&store, &name, &file),
         Command::Render {
             name,
             messages,

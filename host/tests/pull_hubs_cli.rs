@@ -1,5 +1,6 @@
 //! `berth pull` of an Ollama-registry name and a Hugging Face name, end to end through the CLI,
 //! against a loopback server speaking both protocols; a second pull says the pack is installed.
+//! The Ollama model's params, system, messages and license layers reach the pack's manifest.
 
 mod common;
 
@@ -12,7 +13,11 @@ use std::process::{Command, Output};
 /// Serves `library/tiny:1b` (manifest + blobs) and `acme/tiny` (tree + resolve); returns its URL.
 fn start_hub(gguf: Vec<u8>) -> String {
     let template = b"{{ .Prompt }}".to_vec();
-    let params = br#"{"temperature": 0.3}"#.to_vec();
+    let params = br#"{"temperature": 0.3, "stop": ["<|im_end|>", "END"], "num_keep": 24}"#.to_vec();
+    let system = b"You are a tiny model.".to_vec();
+    let messages =
+        br#"[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]"#.to_vec();
+    let license = b"MIT License".to_vec();
     let layer = |media: &str, data: &[u8]| serde_json::json!({"mediaType": media, "digest": format!("sha256:{}", sha256_hex(data)), "size": data.len()});
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
@@ -20,6 +25,9 @@ fn start_hub(gguf: Vec<u8>) -> String {
             layer("application/vnd.ollama.image.model", &gguf),
             layer("application/vnd.ollama.image.template", &template),
             layer("application/vnd.ollama.image.params", &params),
+            layer("application/vnd.ollama.image.system", &system),
+            layer("application/vnd.ollama.image.messages", &messages),
+            layer("application/vnd.ollama.image.license", &license),
         ],
     }))
     .unwrap();
@@ -33,7 +41,7 @@ fn start_hub(gguf: Vec<u8>) -> String {
         ("/api/models/acme/tiny/tree/main?recursive=true".into(), tree),
         ("/acme/tiny/resolve/main/tiny-Q4_K_M.gguf".into(), gguf.clone()),
     ];
-    for data in [gguf, template, params] {
+    for data in [gguf, template, params, system, messages, license] {
         routes.push((
             format!("/v2/library/tiny/blobs/sha256:{}", sha256_hex(&data)),
             data,
@@ -101,13 +109,36 @@ fn cli_pulls_from_an_ollama_registry_and_hugging_face_then_reports_installed_pac
     assert!(stdout.starts_with("pulled 'tiny:1b' into "), "{stdout}");
     for status in [
         "pulling manifest",
-        "(1/3)",
-        "(3/3)",
+        "(1/6)",
+        "(6/6)",
         "verifying sha256 digest",
         "success",
     ] {
         assert!(stderr.contains(status), "{status} missing from {stderr}");
     }
+    // The text layers reach the manifest: the lead's defaults, system prompt and messages apply.
+    let show = run(dir.path(), &hub, &["show", "tiny:1b", "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    let m = &shown["manifest"];
+    assert_eq!(m["system"], "You are a tiny model.");
+    assert_eq!(m["license"], "MIT License");
+    assert_eq!(
+        m["messages"],
+        serde_json::json!([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])
+    );
+    assert_eq!(m["defaults"]["stop"], serde_json::json!(["<|im_end|>", "END"]));
+    assert_eq!(m["defaults"]["temperature"], 0.3);
+    let modelfile = text(&run(dir.path(), &hub, &["show", "tiny:1b", "--modelfile"]).stdout);
+    for line in [
+        "FROM tiny:1b\n",
+        "SYSTEM \"\"\"You are a tiny model.\"\"\"\n",
+        "PARAMETER stop \"END\"\n",
+        "# (not supported by Berth) PARAMETER num_keep 24\n",
+        "MESSAGE assistant Hello!\n",
+    ] {
+        assert!(modelfile.contains(line), "{line:?} missing from {modelfile}");
+    }
+
     let again = run(dir.path(), &hub, &["pull", "ollama.com/library/tiny:1b"]);
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert!(

@@ -238,3 +238,88 @@ fn keep_alive_zero_unloads_the_model() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `/api/create`'s older form (a Modelfile's text) streams its steps, the pack is listed at once,
+/// `/api/show` reports its values as Ollama does, and its `modelfile` creates the same pack again.
+#[test]
+fn api_create_takes_a_modelfile_and_show_gives_it_back() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let home = home_with_qwen(MODEL);
+    let server = Server::start(home.path(), &[]);
+    let modelfile = format!(
+        "FROM {MODEL}\nSYSTEM \"\"\"Reply in French.\"\"\"\nPARAMETER temperature 0\n\
+         PARAMETER stop \"<|im_end|>\"\nPARAMETER stop \"###\"\nMESSAGE user Bonjour\n\
+         MESSAGE assistant \"Salut !\"\nLICENSE MIT\nPARAMETER num_predict 3\n"
+    );
+    let create = serde_json::json!({"name": "fr", "modelfile": modelfile}).to_string();
+    let (status, body) = server.post("/api/create", &create);
+    assert_eq!(status, 200, "{body}");
+    for line in [
+        format!("{{\"status\":\"using pack {MODEL}\"}}"),
+        "{\"status\":\"writing system prompt\"}".to_string(),
+        "{\"status\":\"success\"}".to_string(),
+    ] {
+        assert!(body.contains(&line), "{line} missing from {body}");
+    }
+    let (_, tags) = server.http("GET", "/api/tags", None);
+    assert!(tags.contains("\"fr:latest\""), "{tags}");
+
+    let show = |name: &str| -> serde_json::Value {
+        let (status, body) = server.post("/api/show", &serde_json::json!({"model": name}).to_string());
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let a = show("fr");
+    assert_eq!(a["system"], "Reply in French.");
+    assert_eq!(a["license"], "MIT");
+    assert_eq!(
+        a["messages"],
+        serde_json::json!([{"role": "user", "content": "Bonjour"}, {"role": "assistant", "content": "Salut !"}])
+    );
+    let params: Vec<Vec<&str>> = a["parameters"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        params,
+        [
+            ["num_predict", "3"],
+            ["stop", "\"<|im_end|>\""],
+            ["stop", "\"###\""],
+            ["temperature", "0"]
+        ]
+    );
+    assert!(a["template"].as_str().unwrap().contains("<|im_start|>"));
+
+    // The created pack's defaults apply: its num_predict caps an answer that sets none.
+    let chat = serde_json::json!({"model": "fr", "stream": false,
+        "messages": [{"role": "user", "content": "Count from 1 to 20."}]});
+    let (status, body) = server.post("/api/chat", &chat.to_string());
+    assert_eq!(status, 200, "{body}");
+    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (reply["eval_count"].as_u64(), reply["done_reason"].as_str()),
+        (Some(3), Some("length")),
+        "{body}"
+    );
+
+    let again = serde_json::json!({"model": "fr2", "modelfile": a["modelfile"], "stream": false});
+    let (status, body) = server.post("/api/create", &again.to_string());
+    assert_eq!((status, body.as_str()), (200, "{\"status\":\"success\"}"));
+    let b = show("fr2");
+    for key in ["system", "license", "messages", "parameters", "template"] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+
+    let go = serde_json::json!({"model": "go", "modelfile": format!("FROM {MODEL}\nTEMPLATE {{{{ .Prompt }}}}\n")});
+    let (status, body) = server.post("/api/create", &go.to_string());
+    assert_eq!(status, 400, "{body}");
+    let err: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let msg = err["error"].as_str().unwrap();
+    assert!(
+        msg.contains("line 2") && msg.contains("Go template") && msg.contains("Jinja"),
+        "{msg}"
+    );
+}

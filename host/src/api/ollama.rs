@@ -1,5 +1,5 @@
 //! The Ollama API: `/api/chat` and `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`,
-//! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`.
+//! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`, `/api/create`.
 
 use super::body::{self, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
@@ -21,6 +21,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use berth_registry::modelfile::{self, Modelfile};
+use berth_registry::pack::PackMessage;
 use berth_registry::store::PackEntry;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -288,7 +290,144 @@ pub struct CopyRequest {
     pub destination: Option<String>,
 }
 
+/// The body of `POST /api/create`: the current JSON form (`from`, `template`, `system`,
+/// `parameters`, `messages`, `license`) or the older one (`modelfile` text); both may be mixed,
+/// the JSON fields then win over the Modelfile's.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct CreateRequest {
+    /// The new pack's name.
+    pub model: Option<String>,
+    /// The new pack's name (the older name of the field).
+    pub name: Option<String>,
+    /// The base: a pack in the store (files on the server's disk are `berth create`'s).
+    pub from: Option<String>,
+    /// Modelfile text (the older form).
+    pub modelfile: Option<String>,
+    /// A Jinja chat template.
+    pub template: Option<String>,
+    /// The system prompt.
+    pub system: Option<String>,
+    /// Default parameters under Ollama's names.
+    pub parameters: Option<Map<String, Value>>,
+    /// Messages put before every conversation.
+    pub messages: Option<Vec<CreateMessage>>,
+    /// License text: a string or a list of them.
+    pub license: Option<Value>,
+    /// Stream status lines (the default) or answer once.
+    pub stream: Option<bool>,
+    /// Uploaded blobs by file name: refused (Berth has no blob upload).
+    pub files: Option<Value>,
+    /// LoRA adapters: refused.
+    pub adapters: Option<Value>,
+    /// Quantize while creating: refused.
+    pub quantize: Option<String>,
+}
+
+/// One of `/api/create`'s `messages`.
+#[derive(Debug, Deserialize)]
+pub struct CreateMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    #[serde(default)]
+    pub content: String,
+}
+
+impl RequestBody for CreateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        pack_name(&self.model, &self.name)?;
+        let refuse = |key: &str, why: &str| Err(ApiError::param(key, format!("'{key}': {why}")));
+        if self
+            .files
+            .as_ref()
+            .is_some_and(|f| !f.is_null() && f != &json!({}))
+        {
+            return refuse(
+                "files",
+                "uploaded blobs are not supported by Berth; name a pack in 'from' (`berth create` \
+                 or `berth import` on the server makes one from a file)",
+            );
+        }
+        if self
+            .adapters
+            .as_ref()
+            .is_some_and(|a| !a.is_null() && a != &json!({}))
+        {
+            return refuse("adapters", "adapters are not supported yet");
+        }
+        if self.quantize.is_some() {
+            return refuse(
+                "quantize",
+                "quantizing on create is not supported by Berth (`berth import --quantize q8_0` \
+                 quantizes at load time)",
+            );
+        }
+        if self.from.is_none() && self.modelfile.is_none() {
+            return refuse("from", "'from' (or a 'modelfile' with FROM) is required");
+        }
+        Ok(())
+    }
+}
+
+impl CreateRequest {
+    /// The Modelfile this body asks for: the `modelfile` text's, then the JSON fields over it.
+    fn modelfile(&self) -> Result<Modelfile, ApiError> {
+        let mut mf = match &self.modelfile {
+            Some(text) if self.from.is_some() => Modelfile::parse_partial(text),
+            Some(text) => Modelfile::parse(text),
+            None => Ok(Modelfile::default()),
+        }
+        .map_err(|e| ApiError::param("modelfile", e.to_string()))?;
+        if let Some(f) = &self.from {
+            mf.from = Some(f.clone());
+        }
+        if let Some(t) = &self.template {
+            modelfile::check_template(t).map_err(|e| ApiError::param("template", e))?;
+            mf.template = Some(t.clone());
+        }
+        if let Some(s) = &self.system {
+            mf.system = Some(s.clone());
+        }
+        for (k, v) in self.parameters.iter().flatten() {
+            modelfile::add_json_parameter(&mut mf.parameters, k, v)
+                .map_err(|e| ApiError::param(&format!("parameters.{k}"), e))?;
+        }
+        if let Some(ms) = &self.messages {
+            mf.messages = ms
+                .iter()
+                .map(|m| {
+                    Ok(PackMessage {
+                        role: modelfile::check_role(&m.role).map_err(|e| ApiError::param("messages", e))?,
+                        content: m.content.clone(),
+                    })
+                })
+                .collect::<Result<_, ApiError>>()?;
+        }
+        match &self.license {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => mf.license = vec![s.clone()],
+            Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
+                mf.license = items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            }
+            Some(_) => {
+                return Err(ApiError::param(
+                    "license",
+                    "'license' must be a string or a list of strings",
+                ))
+            }
+        }
+        crate::inspect::check_modelfile(&mf).map_err(|e| ApiError::param("template", e))?;
+        Ok(mf)
+    }
+}
+
 crate::object_only!(
+    CreateRequest,
     ChatRequest,
     GenerateRequest,
     ShowRequest,
@@ -639,10 +778,7 @@ pub async fn show(
         .filter(|e| e.manifest.is_some())
         .ok_or_else(|| ApiError::model_not_found(name))?;
     let m = e.manifest.as_ref().expect("filtered");
-    let template = crate::pack::load_text_side(&e)
-        .ok()
-        .and_then(|(_, t)| t.map(|t| t.source().to_string()))
-        .unwrap_or_default();
+    let template = crate::inspect::pack_template(&e).unwrap_or_default();
     let mut info = Map::new();
     info.insert("general.architecture".into(), m.architecture.clone().into());
     if let Some(p) = m.parameters {
@@ -651,16 +787,26 @@ pub async fn show(
     if let Some(c) = m.context_length {
         info.insert(format!("{}.context_length", m.architecture), c.into());
     }
-    Ok(axum::Json(json!({
-        "modelfile": format!("FROM {}\n", e.dir.display()),
-        "parameters": "",
+    let mut answer = json!({
+        "modelfile": crate::inspect::render_modelfile(&e, Some(&template)),
+        "parameters": modelfile::parameters_text(&m.defaults),
         "template": template,
         "details": details(&e),
         "model_info": info,
         "capabilities": super::pipeline::capabilities(&st, &e),
         "modified_at": rfc3339(e.modified),
-    }))
-    .into_response())
+    });
+    // Present only when the pack has them, as Ollama leaves them out.
+    if let Some(s) = &m.system {
+        answer["system"] = s.clone().into();
+    }
+    if let Some(l) = &m.license {
+        answer["license"] = l.clone().into();
+    }
+    if !m.messages.is_empty() {
+        answer["messages"] = json!(m.messages);
+    }
+    Ok(axum::Json(answer).into_response())
 }
 
 /// `GET /api/ps`: loaded models, with their queue and running sequences.
@@ -732,6 +878,63 @@ pub async fn copy(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     st.models.tick();
     Ok(StatusCode::OK.into_response())
+}
+
+/// `POST /api/create`: makes a pack from a pack in the store with a template, system prompt,
+/// parameters, messages and license (its files hard-linked), streaming
+/// `{"status"}` lines that end in `success`. Every client mistake (a bad parameter, a Go
+/// template, an unknown base) is a 400 before the stream starts.
+pub async fn create(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
+    let req = parse_ollama::<CreateRequest>(b)?;
+    let name = pack_name(&req.model, &req.name)?.to_string();
+    berth_registry::PackRef::parse(&name).map_err(|e| ApiError::param("model", e.to_string()))?;
+    let mf = req.modelfile()?;
+    let stream = req.stream.unwrap_or(true);
+    let store = st.models.store().clone();
+    let from = mf.from.clone().unwrap_or_default();
+    let lookup = store.clone();
+    let base = tokio::task::spawn_blocking(move || lookup.create_base(&from, None))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError::param("from", e.to_string()))?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let shared = st.clone();
+    tokio::task::spawn_blocking(move || {
+        let result = store.create(&name, &base, &mf, &mut |s| {
+            let _ = tx.send(json!({"status": s}));
+        });
+        match result {
+            Ok(entry) => {
+                // A model loaded under this name holds the old values: the next request reloads.
+                shared.models.unload(&entry.reference);
+                // Listed in /api/tags before the client hears `success`.
+                shared.models.tick();
+                let _ = tx.send(json!({"status": "success"}));
+            }
+            Err(e) => {
+                tracing::warn!("create {name}: {e}");
+                let _ = tx.send(json!({"error": e.to_string()}));
+            }
+        }
+    });
+    if !stream {
+        let mut last = json!({"error": "create ended without a result"});
+        while let Some(v) = rx.recv().await {
+            last = v;
+        }
+        if let Some(e) = last.get("error").and_then(Value::as_str) {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).into());
+        }
+        return Ok(axum::Json(last).into_response());
+    }
+    let s = futures_util::stream::unfold(rx, |mut rx| async move {
+        let v = rx.recv().await?;
+        Some((Ok::<_, Infallible>(line(&v)), rx))
+    });
+    Ok(ndjson(s))
 }
 
 /// One `/api/pull` progress line, as Ollama writes it.

@@ -77,6 +77,7 @@ fn routes(state: Shared, max_body: usize) -> Router {
         .route("/api/delete", axum::routing::delete(api::ollama::delete))
         .route("/api/copy", post(api::ollama::copy))
         .route("/api/pull", post(api::ollama::pull))
+        .route("/api/create", post(api::ollama::create))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
