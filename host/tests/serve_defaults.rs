@@ -1,5 +1,6 @@
-//! Pack defaults and context end to end, on Qwen2.5-Coder 0.5B: a pack's parameters, system
-//! prompt and messages apply on all four APIs with the request's own values winning; Ollama's
+//! Pack defaults and context end to end, on Qwen2.5-Coder 0.5B: a pack made from a Modelfile
+//! (`SYSTEM`, `PARAMETER temperature`, `PARAMETER stop`, `MESSAGE` pairs) answers with them on all
+//! four APIs, the request's own values winning; Ollama's
 //! `num_ctx` per request (above the server's default, up to the model's) and its truncation of
 //! conversations longer than the context, where the OpenAI surfaces keep their 400.
 
@@ -7,20 +8,6 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use std::path::Path;
-
-/// Sets a pack's manifest fields (the store reads `pack.toml` on every listing).
-fn edit_manifest(
-    home: &Path,
-    name: &str,
-    tag: &str,
-    edit: impl FnOnce(&mut berth_registry::pack::PackManifest),
-) {
-    let dir = home.join("packs").join(name).join(tag);
-    let mut m = berth_registry::pack::PackManifest::load(&dir).unwrap();
-    edit(&mut m);
-    m.save(&dir).unwrap();
-}
 
 /// A POST whose answer must be a 200 JSON body.
 fn post_ok(server: &TestServer, path: &str, body: &Value) -> Value {
@@ -93,26 +80,21 @@ const SYSTEM: &str = "You are Berthy. You answer in one short sentence.";
 #[test]
 fn pack_parameters_system_prompt_and_messages_apply_on_every_surface_and_requests_win() {
     let home = home_with_qwen("berth-defaults-", "qwen:plain");
-    let qwen = real_model("qwen2.5-coder-0.5b");
+    // The pack is made as an Ollama user makes one: a Modelfile over an installed pack.
+    let modelfile = home.path().join("Modelfile");
+    std::fs::write(
+        &modelfile,
+        format!(
+            "FROM qwen:plain\nSYSTEM \"\"\"{SYSTEM}\"\"\"\nPARAMETER temperature 0\nPARAMETER stop \"!\"\nPARAMETER stop .\n\
+             PARAMETER num_ctx 4096\nMESSAGE user My name is Ann.\nMESSAGE assistant Hello Ann\n"
+        ),
+    )
+    .unwrap();
     berth_ok(
         home.path(),
         None,
-        &["import", qwen.to_str().unwrap(), "--name", "qwen:pack"],
+        &["create", "qwen:pack", "-f", modelfile.to_str().unwrap()],
     );
-    edit_manifest(home.path(), "qwen", "pack", |m| {
-        m.defaults = toml::from_str("temperature = 0.0\nstop = [\"!\", \".\"]\nnum_ctx = 4096").unwrap();
-        m.system = Some(SYSTEM.into());
-        m.messages = vec![
-            berth_registry::pack::PackMessage {
-                role: "user".into(),
-                content: "My name is Ann.".into(),
-            },
-            berth_registry::pack::PackMessage {
-                role: "assistant".into(),
-                content: "Hello Ann".into(),
-            },
-        ];
-    });
     let server = TestServer::start(home.path(), &[]);
     let question = "Say hello to me, using my name";
 
