@@ -12,6 +12,7 @@ use crate::engine::Finish;
 use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
+use crate::turn::fim::{self, Fill};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
 use crate::turn::{ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn};
 use axum::body::{Body, Bytes};
@@ -241,7 +242,7 @@ pub struct GenerateRequest {
     pub images: Option<Vec<Value>>,
     /// A Go template override: refused when given.
     pub template: Option<String>,
-    /// Fill-in-the-middle text: refused when given.
+    /// Fill-in-the-middle: the text after the gap (`prompt` is the text before it).
     pub suffix: Option<String>,
     /// The deprecated context tokens: refused when not empty.
     pub context: Option<Vec<u64>>,
@@ -262,14 +263,11 @@ pub struct GenerateRequest {
 }
 
 impl RequestBody for GenerateRequest {
-    /// Keys Berth takes but does not implement (a Go `template` override, a `suffix` for
-    /// fill-in-the-middle, the deprecated `context` tokens): given with a value, each is a 400
-    /// saying so.
+    /// Keys Berth takes but does not implement (a Go `template` override, the deprecated
+    /// `context` tokens): given with a value, each is a 400 saying so.
     fn validate(&self) -> Result<(), ApiError> {
-        for (key, v) in [("template", &self.template), ("suffix", &self.suffix)] {
-            if v.as_deref().is_some_and(|s| !s.is_empty()) {
-                return Err(ApiError::param(key, format!("'{key}' is not supported by Berth")));
-            }
+        if self.template.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::param("template", "'template' is not supported by Berth"));
         }
         if self.context.as_ref().is_some_and(|c| !c.is_empty()) {
             return Err(ApiError::param(
@@ -485,11 +483,19 @@ pub async fn generate(
         model,
         keep_alive,
     } = prepare::<GenerateRequest>(&st, b).await?;
-    if req.prompt.as_deref().unwrap_or("").is_empty() {
+    let suffix = req.suffix.as_deref().unwrap_or("");
+    if req.prompt.as_deref().unwrap_or("").is_empty() && suffix.is_empty() {
         return Ok(loaded(&st, &model, keep_alive, false));
     }
-    // A model without a template completes the prompt as it is.
-    if model.template.is_none() {
+    if !suffix.is_empty() {
+        let fill = Fill {
+            prefix: req.prompt.clone().unwrap_or_default(),
+            suffix: suffix.to_string(),
+            files: Vec::new(),
+        };
+        fim::apply(&model, &mut turn, &fill, "suffix")?;
+    } else if model.template.is_none() {
+        // A model without a template completes the prompt as it is.
         if let Prompt::Chat(_) = &turn.prompt {
             let images = turn_images(&turn.prompt);
             turn.prompt = Prompt::Raw {
@@ -509,14 +515,16 @@ fn turn_images(prompt: &Prompt) -> Vec<ImageRef> {
     }
 }
 
-/// Ollama's answer to a request without a prompt: the model is loaded (or, with `keep_alive` 0,
-/// unloaded).
+/// Ollama's answer to a request without a prompt: the model is loaded (`done_reason: "load"`)
+/// or, with `keep_alive` 0, unloaded (`"unload"`).
 fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat: bool) -> Response {
-    if keep_alive == Some(Some(Duration::ZERO)) {
+    let unload = keep_alive == Some(Some(Duration::ZERO));
+    if unload {
         st.models.unload(&model.reference);
     }
+    let reason = if unload { "unload" } else { "load" };
     let mut v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
-        "done_reason": "load", "done": true});
+        "done_reason": reason, "done": true});
     if chat {
         v["message"] = json!({"role": "assistant", "content": ""});
     } else {
@@ -1080,7 +1088,6 @@ mod tests {
         for (body, param) in [
             (r#"{"template": {"a": 1}}"#, "template"),
             (r#"{"template": "{{ .Prompt }}"}"#, "template"),
-            (r#"{"suffix": "end"}"#, "suffix"),
             (r#"{"context": "x"}"#, "context"),
             (r#"{"context": [1, 2]}"#, "context"),
             (r#"{"context": [1, -2]}"#, "context[1]"),
@@ -1098,7 +1105,7 @@ mod tests {
                 "{body}"
             );
         }
-        let ok = parse::<GenerateRequest>(br#"{"template": "", "context": [], "keep_alive": "5m"}"#).unwrap();
+        let ok = parse::<GenerateRequest>(br#"{"template": "", "context": [], "keep_alive": "5m", "suffix": "x"}"#).unwrap();
         assert_eq!(ok.request.keep_alive(), Some(Some(Duration::from_secs(300))));
         let forever = parse::<GenerateRequest>(br#"{"keep_alive": -1}"#).unwrap();
         assert_eq!(forever.request.keep_alive(), Some(None));

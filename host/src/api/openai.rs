@@ -186,7 +186,7 @@ pub struct CompletionRequest {
     pub user: Option<IgnoredAny>,
     /// Echo the prompt: only `false` is served.
     pub echo: Option<bool>,
-    /// Text after the completion (fill-in-the-middle): only empty is served.
+    /// Text after the completion: fill-in-the-middle, with `prompt` the text before the gap.
     pub suffix: Option<String>,
     /// Candidates to pick the best of: only `n` is served.
     pub best_of: Option<Int>,
@@ -217,12 +217,6 @@ impl RequestBody for CompletionRequest {
         let n = int_in("n", self.n, 1, MAX_CHOICES as i64)?.unwrap_or(1);
         if self.echo == Some(true) {
             return Err(ApiError::param("echo", "'echo' is not supported"));
-        }
-        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::param(
-                "suffix",
-                "'suffix' (fill-in-the-middle) is not supported by Berth",
-            ));
         }
         if let Some(best_of) = int_in("best_of", self.best_of, 1, MAX_CHOICES as i64)? {
             if best_of != n {
@@ -621,10 +615,22 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let Prepared {
         request: req,
-        turn: chat,
+        turn: mut chat,
         model,
         ..
     } = prepare::<CompletionRequest>(&st, b).await?;
+    if let Some(suffix) = req.suffix.as_deref().filter(|s| !s.is_empty()) {
+        let prefix = match &chat.prompt {
+            TurnPrompt::Raw { text, .. } => text.clone(),
+            TurnPrompt::Chat(_) => String::new(),
+        };
+        let fill = crate::turn::fim::Fill {
+            prefix,
+            suffix: suffix.to_string(),
+            files: Vec::new(),
+        };
+        crate::turn::fim::apply(&model, &mut chat, &fill, "suffix")?;
+    }
     let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
     let rxs = turn.submit(&model, &id)?;
     let stream = req.stream.unwrap_or(false);
@@ -1144,7 +1150,6 @@ mod tests {
             (r#"{"prompt": "x", "best_of": 2}"#, "best_of"),
             (r#"{"prompt": "x", "best_of": -1}"#, "best_of"),
             (r#"{"prompt": "x", "logprobs": -1}"#, "logprobs"),
-            (r#"{"prompt": "x", "suffix": "}"}"#, "suffix"),
             (
                 r#"{"prompt": "x", "max_completion_tokens": 5}"#,
                 "max_completion_tokens",
@@ -1189,6 +1194,7 @@ mod tests {
         }
         let completion = |body: &str| parse::<CompletionRequest>(body.as_bytes());
         assert!(completion(r#"{"prompt": "x", "suffix": ""}"#).is_ok());
+        assert!(completion(r#"{"prompt": "x", "suffix": "}"}"#).is_ok());
         assert!(completion(r#"{"prompt": "x", "suffix": null}"#).is_ok());
     }
 

@@ -60,6 +60,7 @@ pub fn router(state: Shared, max_body: usize) -> Router {
 /// Every route behind auth, request ids and the body limit, without CORS.
 fn routes(state: Shared, max_body: usize) -> Router {
     Router::new()
+        .route("/", get(running))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(openai_routes("/v1"))
@@ -77,6 +78,9 @@ fn routes(state: Shared, max_body: usize) -> Router {
         .route("/api/delete", axum::routing::delete(api::ollama::delete))
         .route("/api/copy", post(api::ollama::copy))
         .route("/api/pull", post(api::ollama::pull))
+        .route("/infill", post(api::llama_server::infill))
+        .route("/tokenize", post(api::llama_server::tokenize))
+        .route("/detokenize", post(api::llama_server::detokenize))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -201,7 +205,8 @@ fn has_key(req: &Request, key: &str) -> bool {
 async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let id = st.request_id();
-    let open = matches!(path.as_str(), "/health" | "/metrics");
+    // `/` is open as Ollama's is: clients probe it to find the server before they have a key.
+    let open = matches!(path.as_str(), "/" | "/health" | "/metrics");
     match (&st.api_key, open) {
         (Some(key), false) if !has_key(&req, key) => {
             st.metrics.request(&route_label(&req), 401);
@@ -334,6 +339,11 @@ fn route_label(req: &Request) -> String {
         Some(m) => m.as_str().to_string(),
         None => "unmatched".into(),
     }
+}
+
+/// `GET /` and `HEAD /`: clients probe it, as they probe Ollama's "Ollama is running".
+async fn running() -> &'static str {
+    "Berth is running"
 }
 
 async fn health(State(st): State<Shared>) -> Response {
