@@ -801,9 +801,15 @@ pub async fn ps(State(st): State<Shared>) -> Response {
     axum::Json(json!({"models": models})).into_response()
 }
 
-/// `GET /api/version`.
+/// The Ollama version `/api/version` reports: one whose API Berth serves (think, tools, JSON
+/// schema formats, images, `/api/embed`, logprobs), recent enough for the clients that gate on
+/// it (editor plugins ask for 0.6.4 or later); Berth's own version is `berth_version`.
+pub const OLLAMA_COMPAT_VERSION: &str = "0.12.6";
+
+/// `GET /api/version`: the Ollama version Berth stands in for, and Berth's own.
 pub async fn version() -> Response {
-    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+    axum::Json(json!({"version": OLLAMA_COMPAT_VERSION, "berth_version": env!("CARGO_PKG_VERSION")}))
+        .into_response()
 }
 
 /// `DELETE /api/delete`: removes a pack (a loaded one is drained and unloaded by the watcher).

@@ -26,7 +26,9 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_API_KEY")]
     pub api_key: Option<String>,
     /// Let browser pages from this origin call the API (CORS); repeatable, `*` for any origin.
-    /// Off by default. BERTH_CORS_ORIGINS takes a comma-separated list.
+    /// Pages from loopback origins (localhost, 127.0.0.1, [::1], any port) and desktop-app
+    /// origins (app://, file://, tauri://, vscode-webview://) are always allowed, as Ollama
+    /// allows them. BERTH_CORS_ORIGINS takes a comma-separated list.
     #[arg(long = "cors-origin", env = "BERTH_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origin: Vec<String>,
     /// Sequences decoded at once per model (default 8).
