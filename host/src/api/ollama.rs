@@ -3,7 +3,7 @@
 
 use super::body::{self, int_in, num_in, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
-use super::pipeline::{body, capabilities, prepare, rfc3339, GenerationBody, Prepared};
+use super::pipeline::{body, capabilities, check_body, prepare, rfc3339, GenerationBody, Prepared};
 use super::{ApiError, OllamaError};
 use crate::chat::{Delta, ParsedMessage, ToolCall};
 use crate::constraint::RequestConstraints;
@@ -458,12 +458,17 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
+    let bytes = body(b)?;
+    let empty = |r: &ChatRequest| r.messages.as_ref().is_none_or(|m| m.is_empty());
+    if let Some(r) = unload_only(&st, &bytes, empty, true)? {
+        return Ok(r);
+    }
     let Prepared {
         request: req,
         turn,
         model,
         keep_alive,
-    } = prepare::<ChatRequest>(&st, b).await?;
+    } = prepare::<ChatRequest>(&st, Ok(bytes)).await?;
     if req.messages.as_ref().is_none_or(|m| m.is_empty()) {
         return Ok(loaded(&st, &model, keep_alive, true));
     }
@@ -477,12 +482,19 @@ pub async fn generate(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
+    let bytes = body(b)?;
+    let empty = |r: &GenerateRequest| {
+        r.prompt.as_deref().unwrap_or("").is_empty() && r.suffix.as_deref().unwrap_or("").is_empty()
+    };
+    if let Some(r) = unload_only(&st, &bytes, empty, false)? {
+        return Ok(r);
+    }
     let Prepared {
         request: req,
         mut turn,
         model,
         keep_alive,
-    } = prepare::<GenerateRequest>(&st, b).await?;
+    } = prepare::<GenerateRequest>(&st, Ok(bytes)).await?;
     let suffix = req.suffix.as_deref().unwrap_or("");
     if req.prompt.as_deref().unwrap_or("").is_empty() && suffix.is_empty() {
         return Ok(loaded(&st, &model, keep_alive, false));
@@ -515,15 +527,41 @@ fn turn_images(prompt: &Prompt) -> Vec<ImageRef> {
     }
 }
 
-/// Ollama's answer to a request without a prompt: the model is loaded (`done_reason: "load"`)
-/// or, with `keep_alive` 0, unloaded (`"unload"`).
-fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat: bool) -> Response {
-    let unload = keep_alive == Some(Some(Duration::ZERO));
-    if unload {
-        st.models.unload(&model.reference);
+/// Ollama's `keep_alive: 0` without a prompt (what `ollama stop` and `berth stop` send): the
+/// model is unloaded when loaded, and never loaded for it; `None` for any other request. An
+/// unknown model is a 404.
+fn unload_only<T: GenerationBody>(
+    st: &Shared,
+    bytes: &[u8],
+    empty: impl Fn(&T) -> bool,
+    chat: bool,
+) -> Result<Option<Response>, ApiError> {
+    let (req, _) = check_body::<T>(bytes)?;
+    if req.keep_alive() != Some(Some(Duration::ZERO)) || !empty(&req) {
+        return Ok(None);
     }
-    let reason = if unload { "unload" } else { "load" };
-    let mut v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
+    let name = req.model_name().unwrap_or_default();
+    let reference = st
+        .models
+        .resolve(name)
+        .ok_or_else(|| ApiError::model_not_found(name))?;
+    st.models.unload(&reference);
+    Ok(Some(done(&reference, "unload", chat)))
+}
+
+/// Ollama's answer to a request without a prompt: the model is loaded.
+fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat: bool) -> Response {
+    // `keep_alive: 0` was answered before the load; a zero from elsewhere still unloads.
+    if keep_alive == Some(Some(Duration::ZERO)) {
+        st.models.unload(&model.reference);
+        return done(&model.reference, "unload", chat);
+    }
+    done(&model.reference, "load", chat)
+}
+
+/// The one line of a request without a prompt: `done_reason` `load` or `unload`.
+fn done(reference: &str, reason: &str, chat: bool) -> Response {
+    let mut v = json!({"model": reference, "created_at": rfc3339(SystemTime::now()),
         "done_reason": reason, "done": true});
     if chat {
         v["message"] = json!({"role": "assistant", "content": ""});
