@@ -185,8 +185,10 @@ fn a_browser_page_calls_berth_only_when_cors_allows_its_origin() {
         ));
         assert!(pre.starts_with("HTTP/1.1 204"), "{o}: {pre}");
         assert!(
-            pre.to_ascii_lowercase()
-                .contains(&format!("access-control-allow-origin: {}", o.to_ascii_lowercase())),
+            pre.to_ascii_lowercase().contains(&format!(
+                "access-control-allow-origin: {}",
+                o.to_ascii_lowercase()
+            )),
             "{o}: {pre}"
         );
     }

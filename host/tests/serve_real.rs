@@ -234,10 +234,18 @@ fn keep_alive_zero_unloads_the_model() {
     // On /api/chat too, and without loading a model that is not loaded.
     let (status, body) = server.http("POST", "/api/chat", Some(&unload));
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains(r#""done_reason":"unload""#) && body.contains(r#""message""#), "{body}");
+    assert!(
+        body.contains(r#""done_reason":"unload""#) && body.contains(r#""message""#),
+        "{body}"
+    );
     // Clients probe the root and the version.
-    assert_eq!(server.http("GET", "/", None), (200, "Berth is running".to_string()));
-    assert!(server.raw("HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        server.http("GET", "/", None),
+        (200, "Berth is running".to_string())
+    );
+    assert!(server
+        .raw("HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .starts_with("HTTP/1.1 200"));
     let (_, version) = server.http("GET", "/api/version", None);
     let v: serde_json::Value = serde_json::from_str(&version).unwrap();
     assert!(v["version"].as_str().unwrap().starts_with("0.12."), "{version}");
@@ -256,21 +264,35 @@ fn keep_alive_zero_unloads_the_model() {
 /// Ten small Python functions cut around a gap Qwen2.5-Coder 0.5B fills greedily: (prefix,
 /// suffix). Each suffix goes on to a `main` so the model sees where the middle ends.
 fn fim_cases() -> Vec<(String, String)> {
-    let main = |call: &str| format!("\n\n\ndef main():\n    print({call})\n\n\nif __name__ == '__main__':\n    main()\n");
+    let main = |call: &str| {
+        format!("\n\n\ndef main():\n    print({call})\n\n\nif __name__ == '__main__':\n    main()\n")
+    };
     [
         ("def add(a, b):\n    return ", "", "add(1, 2)"),
         ("def is_even(n):\n    return ", "", "is_even(4)"),
         ("def greet(", "):\n    return 'Hello, ' + name", "greet('Bob')"),
-        ("def maximum(a, b):\n    if a > b:\n        return a\n    ", "", "maximum(1, 2)"),
+        (
+            "def maximum(a, b):\n    if a > b:\n        return a\n    ",
+            "",
+            "maximum(1, 2)",
+        ),
         ("def first(xs):\n    return ", "", "first([4, 5])"),
         ("def mean(xs):\n    return sum(xs) / ", "", "mean([1, 2, 3])"),
-        ("def celsius_to_fahrenheit(c):\n    return ", "", "celsius_to_fahrenheit(100)"),
+        (
+            "def celsius_to_fahrenheit(c):\n    return ",
+            "",
+            "celsius_to_fahrenheit(100)",
+        ),
         (
             "def contains(xs, item):\n    for x in xs:\n        if x == item:\n            return True\n    ",
             "",
             "contains([1, 2], 2)",
         ),
-        ("def factorial(n):\n    if n == 0:\n        return 1\n    return n * ", "", "factorial(5)"),
+        (
+            "def factorial(n):\n    if n == 0:\n        return 1\n    return n * ",
+            "",
+            "factorial(5)",
+        ),
         ("def double(x):\n    return ", "", "double(4)"),
     ]
     .into_iter()
@@ -310,24 +332,30 @@ fn suffix_and_infill_fill_the_middle_so_the_function_parses_on_three_surfaces() 
     let cases = fim_cases();
     let mut sources = Vec::new();
     for (prefix, suffix) in &cases {
-        let generate = json(server.post(
-            "/api/generate",
-            &serde_json::json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "stream": false,
+        let generate = json(
+            server.post(
+                "/api/generate",
+                &serde_json::json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "stream": false,
                 "options": {"temperature": 0, "num_predict": 64}})
-            .to_string(),
-        ));
-        let completion = json(server.post(
-            "/v1/completions",
-            &serde_json::json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "temperature": 0,
+                .to_string(),
+            ),
+        );
+        let completion = json(
+            server.post(
+                "/v1/completions",
+                &serde_json::json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "temperature": 0,
                 "max_tokens": 64})
-            .to_string(),
-        ));
-        let infill = json(server.post(
-            "/infill",
-            &serde_json::json!({"model": MODEL, "input_prefix": prefix, "input_suffix": suffix,
+                .to_string(),
+            ),
+        );
+        let infill = json(
+            server.post(
+                "/infill",
+                &serde_json::json!({"model": MODEL, "input_prefix": prefix, "input_suffix": suffix,
                 "temperature": 0, "n_predict": 64, "samplers": ["top_k"], "cache_prompt": true})
-            .to_string(),
-        ));
+                .to_string(),
+            ),
+        );
         assert_eq!(infill["stop"], true, "{infill}");
         for middle in [
             &generate["response"],
@@ -343,7 +371,10 @@ fn suffix_and_infill_fill_the_middle_so_the_function_parses_on_three_surfaces() 
     assert!(
         bad.is_empty(),
         "these do not parse:\n{}",
-        bad.iter().map(|&i| sources[i].as_str()).collect::<Vec<_>>().join("\n-----\n")
+        bad.iter()
+            .map(|&i| sources[i].as_str())
+            .collect::<Vec<_>>()
+            .join("\n-----\n")
     );
 
     // Other files go before the code (the repository-level layout); streamed, the pieces make
@@ -368,13 +399,25 @@ fn suffix_and_infill_fill_the_middle_so_the_function_parses_on_three_surfaces() 
 
     // A model without FIM tokens says so, in each surface's shape.
     for (path, body) in [
-        ("/api/generate", r#"{"model": "gemma3:270m", "prompt": "def f(", "suffix": ")"}"#),
-        ("/v1/completions", r#"{"model": "gemma3:270m", "prompt": "def f(", "suffix": ")"}"#),
-        ("/infill", r#"{"model": "gemma3:270m", "input_prefix": "def f(", "input_suffix": ")"}"#),
+        (
+            "/api/generate",
+            r#"{"model": "gemma3:270m", "prompt": "def f(", "suffix": ")"}"#,
+        ),
+        (
+            "/v1/completions",
+            r#"{"model": "gemma3:270m", "prompt": "def f(", "suffix": ")"}"#,
+        ),
+        (
+            "/infill",
+            r#"{"model": "gemma3:270m", "input_prefix": "def f(", "input_suffix": ")"}"#,
+        ),
     ] {
         let (status, answer) = server.post(path, body);
         assert_eq!(status, 400, "{path}: {answer}");
-        assert!(answer.contains("suffix") && answer.contains("FIM"), "{path}: {answer}");
+        assert!(
+            answer.contains("suffix") && answer.contains("FIM"),
+            "{path}: {answer}"
+        );
     }
     // llama-server's routes need `model` when the store has more than one pack.
     let (status, answer) = server.post("/infill", r#"{"input_prefix": "a", "input_suffix": "b"}"#);
@@ -444,7 +487,12 @@ fn tokenize_then_detokenize_gives_back_every_byte_and_pieces_split_characters_as
             &serde_json::json!({"content": text, "with_pieces": true, "model": MODEL}).to_string(),
         ));
         let mut bytes = Vec::new();
-        for (p, id) in pieces["tokens"].as_array().unwrap().iter().zip(tokens["tokens"].as_array().unwrap()) {
+        for (p, id) in pieces["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(tokens["tokens"].as_array().unwrap())
+        {
             assert_eq!(&p["id"], id);
             match &p["piece"] {
                 serde_json::Value::String(s) => bytes.extend_from_slice(s.as_bytes()),
@@ -463,7 +511,13 @@ fn tokenize_then_detokenize_gives_back_every_byte_and_pieces_split_characters_as
 
     // Special-token text is one token, unless `parse_special` is false.
     let ids = |body: serde_json::Value| json(server.post("/tokenize", &body.to_string()))["tokens"].clone();
-    assert_eq!(ids(serde_json::json!({"content": "<|im_start|>"})).as_array().unwrap().len(), 1);
+    assert_eq!(
+        ids(serde_json::json!({"content": "<|im_start|>"}))
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     let literal = ids(serde_json::json!({"content": "<|im_start|>", "parse_special": false}));
     assert!(literal.as_array().unwrap().len() > 1, "{literal}");
     let back = json(server.post("/detokenize", &serde_json::json!({"tokens": literal}).to_string()));

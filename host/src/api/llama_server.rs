@@ -37,7 +37,10 @@ async fn model_of(st: &Shared, name: Option<&str>) -> Result<Arc<Model>, ApiErro
     let catalog = st.models.catalog();
     match catalog.as_slice() {
         [only] if loaded.is_empty() => model_for(st, &only.reference, None).await,
-        [] => Err(ApiError::param("model", "'model' is required: the store has no packs")),
+        [] => Err(ApiError::param(
+            "model",
+            "'model' is required: the store has no packs",
+        )),
         _ => Err(ApiError::param(
             "model",
             format!(
@@ -144,7 +147,10 @@ fn piece(model: &Model, id: u32) -> Value {
 }
 
 /// `POST /tokenize`: `{"tokens": [ids]}`, or `[{"id", "piece"}]` with `with_pieces`.
-pub async fn tokenize(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn tokenize(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req = body::parse::<TokenizeRequest>(&body(b)?)?.request;
     let model = model_of(&st, req.model.as_deref()).await?;
     let content = req.content.unwrap_or_default();
@@ -163,7 +169,10 @@ pub async fn tokenize(State(st): State<Shared>, b: Result<Bytes, BytesRejection>
 }
 
 /// `POST /detokenize`: `{"content": text}`; an id outside the vocabulary is a 400 naming it.
-pub async fn detokenize(State(st): State<Shared>, b: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn detokenize(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req = body::parse::<DetokenizeRequest>(&body(b)?)?.request;
     let model = model_of(&st, req.model.as_deref()).await?;
     let tokens = req.tokens.unwrap_or_default();
@@ -172,7 +181,11 @@ pub async fn detokenize(State(st): State<Shared>, b: Result<Bytes, BytesRejectio
         let place = format!("tokens[{i}]");
         return Err(ApiError::param(
             &place,
-            format!("'{place}' is {}, outside the vocabulary (0 to {})", tokens[i], vocab - 1),
+            format!(
+                "'{place}' is {}, outside the vocabulary (0 to {})",
+                tokens[i],
+                vocab - 1
+            ),
         ));
     }
     let content = model.tokenizer.decode(&tokens, false);
@@ -213,7 +226,10 @@ pub async fn infill(
     if model.embedding.is_some() {
         return Err(ApiError::param(
             "model",
-            format!("model '{}' is an embedding model: it does not generate", model.reference),
+            format!(
+                "model '{}' is an embedding model: it does not generate",
+                model.reference
+            ),
         ));
     }
     fim::apply(&model, &mut turn, &fill, "input_suffix")?;
@@ -248,10 +264,7 @@ impl Infill {
     /// The final object: the stop, the counts and the timings.
     fn last(&self, content: &str, end: &End) -> Value {
         let f: &Finish = &end.finish;
-        let word = f
-            .stop_sequence
-            .clone()
-            .filter(|w| self.user_stops.contains(w));
+        let word = f.stop_sequence.clone().filter(|w| self.user_stops.contains(w));
         let stop_type = match (f.reason, &word) {
             (FinishReason::Length, _) => "limit",
             (_, Some(_)) => "word",
@@ -336,22 +349,37 @@ mod tests {
     fn bodies_need_their_one_field_and_take_llama_server_extras() {
         for (e, param) in [
             (parse::<TokenizeRequest>(b"{}").unwrap_err(), "content"),
-            (parse::<TokenizeRequest>(br#"{"content": 5}"#).unwrap_err(), "content"),
+            (
+                parse::<TokenizeRequest>(br#"{"content": 5}"#).unwrap_err(),
+                "content",
+            ),
             (parse::<DetokenizeRequest>(b"{}").unwrap_err(), "tokens"),
-            (parse::<DetokenizeRequest>(br#"{"tokens": [1, -1]}"#).unwrap_err(), "tokens[1]"),
-            (parse::<InfillRequest>(br#"{"n_predict": -2}"#).unwrap_err(), "n_predict"),
+            (
+                parse::<DetokenizeRequest>(br#"{"tokens": [1, -1]}"#).unwrap_err(),
+                "tokens[1]",
+            ),
+            (
+                parse::<InfillRequest>(br#"{"n_predict": -2}"#).unwrap_err(),
+                "n_predict",
+            ),
             (
                 parse::<InfillRequest>(br#"{"input_extra": [{"text": 1}]}"#).unwrap_err(),
                 "input_extra[0].text",
             ),
         ] {
-            assert_eq!((e.status, e.param.as_deref()), (StatusCode::BAD_REQUEST, Some(param)));
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (StatusCode::BAD_REQUEST, Some(param))
+            );
         }
         let ok = parse::<InfillRequest>(
             br#"{"input_prefix": "a", "input_suffix": "b", "samplers": ["top_k"], "cache_prompt": true,
                 "input_extra": [{"filename": "x.py", "text": "y"}], "n_predict": -1}"#,
         )
         .unwrap();
-        assert_eq!(ok.request.input_extra.unwrap()[0].filename.as_deref(), Some("x.py"));
+        assert_eq!(
+            ok.request.input_extra.unwrap()[0].filename.as_deref(),
+            Some("x.py")
+        );
     }
 }

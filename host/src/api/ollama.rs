@@ -267,7 +267,10 @@ impl RequestBody for GenerateRequest {
     /// `context` tokens): given with a value, each is a 400 saying so.
     fn validate(&self) -> Result<(), ApiError> {
         if self.template.as_deref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::param("template", "'template' is not supported by Berth"));
+            return Err(ApiError::param(
+                "template",
+                "'template' is not supported by Berth",
+            ));
         }
         if self.context.as_ref().is_some_and(|c| !c.is_empty()) {
             return Err(ApiError::param(
@@ -1149,7 +1152,10 @@ mod tests {
                 "{body}"
             );
         }
-        let ok = parse::<GenerateRequest>(br#"{"template": "", "context": [], "keep_alive": "5m", "suffix": "x"}"#).unwrap();
+        let ok = parse::<GenerateRequest>(
+            br#"{"template": "", "context": [], "keep_alive": "5m", "suffix": "x"}"#,
+        )
+        .unwrap();
         assert_eq!(ok.request.keep_alive(), Some(Some(Duration::from_secs(300))));
         let forever = parse::<GenerateRequest>(br#"{"keep_alive": -1}"#).unwrap();
         assert_eq!(forever.request.keep_alive(), Some(None));

@@ -201,14 +201,17 @@ pub fn ps(json: bool, api_key: Option<&str>) -> Result<()> {
 /// Ollama `keep_alive: 0` request without a prompt (the model is not loaded for it).
 pub fn stop(name: &str, api_key: Option<&str>) -> Result<()> {
     let body = serde_json::json!({"model": name, "keep_alive": 0});
-    ask_server("/api/generate", Some(body), api_key)
-        .with_context(|| format!("stopping '{name}'"))?;
+    ask_server("/api/generate", Some(body), api_key).with_context(|| format!("stopping '{name}'"))?;
     Ok(())
 }
 
 /// Asks the local server (`BERTH_HOST`, `BERTH_PORT`) for `path`: a GET, or a POST of `body`;
 /// its JSON answer, or an error that says why (no server, a refused key, the server's message).
-fn ask_server(path: &str, body: Option<serde_json::Value>, api_key: Option<&str>) -> Result<serde_json::Value> {
+fn ask_server(
+    path: &str,
+    body: Option<serde_json::Value>,
+    api_key: Option<&str>,
+) -> Result<serde_json::Value> {
     let host = std::env::var("BERTH_HOST").unwrap_or_else(|_| DEFAULT_HOST.into());
     let port = std::env::var("BERTH_PORT")
         .ok()

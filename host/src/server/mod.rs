@@ -128,12 +128,18 @@ fn origin_allowed(allowed: &[String], origin: &HeaderValue) -> bool {
 /// desktop app's or editor's web view (`app:`, `file:`, `tauri:`, `vscode-webview:`, `vscode-file:`).
 fn default_origin(origin: &str) -> bool {
     let o = origin.to_ascii_lowercase();
-    let Some((scheme, rest)) = o.split_once("://") else { return false };
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return false;
+    };
     match scheme {
         "http" | "https" => {
             let host = match rest.rsplit_once(':') {
                 // `[::1]` has colons of its own: a port follows its closing bracket.
-                Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') => h,
+                Some((h, port))
+                    if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') =>
+                {
+                    h
+                }
                 _ => rest,
             };
             matches!(host, "localhost" | "127.0.0.1" | "0.0.0.0" | "[::1]")

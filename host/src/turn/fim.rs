@@ -106,7 +106,11 @@ impl FimTokens {
     }
 
     /// The FIM tokens of a model's tokenizer, or a 400 naming `param` that says the model has none.
-    pub fn of(tokenizer: &crate::tokenizer::Tokenizer, reference: &str, param: &str) -> Result<FimTokens, ApiError> {
+    pub fn of(
+        tokenizer: &crate::tokenizer::Tokenizer,
+        reference: &str,
+        param: &str,
+    ) -> Result<FimTokens, ApiError> {
         FimTokens::detect(&|t| tokenizer.token_id(t).is_some()).ok_or_else(|| {
             ApiError::param(
                 param,
@@ -232,7 +236,13 @@ mod tests {
         );
         assert_eq!(
             t.ends,
-            ["<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|fim_prefix|>", "<|endoftext|>"]
+            [
+                "<|fim_pad|>",
+                "<|file_sep|>",
+                "<|repo_name|>",
+                "<|fim_prefix|>",
+                "<|endoftext|>"
+            ]
         );
     }
 
@@ -273,7 +283,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((gemma.repo, gemma.file_sep), (None, Some("<|file_separator|>")));
-        assert_eq!(gemma.ends, ["<|file_separator|>"]);
+        assert_eq!(gemma.ends, ["<|file_separator|>", "<|fim_prefix|>"]);
         let star = FimTokens::detect(&vocab(&[
             "<fim_prefix>",
             "<fim_suffix>",
