@@ -377,6 +377,33 @@ fn suffix_and_infill_fill_the_middle_so_the_function_parses_on_three_surfaces() 
             .join("\n-----\n")
     );
 
+    // Special-token text in the code is text: the prompt is the three FIM tokens and the literal
+    // tokens of the prefix and the suffix.
+    let prefix = "EOS = '<|endoftext|>'\nSTART = '<|im_start|>'\n\n\ndef end_token():\n    return ";
+    let suffix = "\n";
+    let literal = |text: &str| {
+        json(server.post(
+            "/tokenize",
+            &serde_json::json!({"model": MODEL, "content": text, "parse_special": false}).to_string(),
+        ))["tokens"]
+            .as_array()
+            .unwrap()
+            .len() as u64
+    };
+    let generate = json(
+        server.post(
+            "/api/generate",
+            &serde_json::json!({"model": MODEL, "prompt": prefix, "suffix": suffix, "stream": false,
+            "options": {"temperature": 0, "num_predict": 8}})
+            .to_string(),
+        ),
+    );
+    assert_eq!(
+        generate["prompt_eval_count"].as_u64(),
+        Some(3 + literal(prefix) + literal(suffix)),
+        "{generate}"
+    );
+
     // Other files go before the code (the repository-level layout); streamed, the pieces make
     // the content and the last event has the stop and the counts.
     let (status, body) = server.post(

@@ -232,8 +232,9 @@ pub async fn infill(
             ),
         ));
     }
-    fim::apply(&model, &mut turn, &fill, "input_suffix")?;
+    let prompt = fim::apply(&model, &mut turn, &fill, "input_suffix")?;
     let mut turn = Turn::prepare(&model, turn, st.image_urls).await?;
+    fim::place(&mut turn, prompt);
     let rxs = turn.submit(&model, &id)?;
     let enc = Infill {
         model: model.reference.clone(),

@@ -475,7 +475,17 @@ pub async fn chat(
     if req.messages.as_ref().is_none_or(|m| m.is_empty()) {
         return Ok(loaded(&st, &model, keep_alive, true));
     }
-    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), true, started).await?)
+    Ok(respond(
+        &st,
+        &id,
+        model,
+        turn,
+        None,
+        req.stream.unwrap_or(true),
+        true,
+        started,
+    )
+    .await?)
 }
 
 /// `POST /api/generate`.
@@ -502,13 +512,14 @@ pub async fn generate(
     if req.prompt.as_deref().unwrap_or("").is_empty() && suffix.is_empty() {
         return Ok(loaded(&st, &model, keep_alive, false));
     }
+    let mut fim_prompt = None;
     if !suffix.is_empty() {
         let fill = Fill {
             prefix: req.prompt.clone().unwrap_or_default(),
             suffix: suffix.to_string(),
             files: Vec::new(),
         };
-        fim::apply(&model, &mut turn, &fill, "suffix")?;
+        fim_prompt = Some(fim::apply(&model, &mut turn, &fill, "suffix")?);
     } else if model.template.is_none() {
         // A model without a template completes the prompt as it is.
         if let Prompt::Chat(_) = &turn.prompt {
@@ -519,7 +530,8 @@ pub async fn generate(
             };
         }
     }
-    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), false, started).await?)
+    let stream = req.stream.unwrap_or(true);
+    Ok(respond(&st, &id, model, turn, fim_prompt, stream, false, started).await?)
 }
 
 /// The images of a prompt, in order.
@@ -575,17 +587,22 @@ fn done(reference: &str, reason: &str, chat: bool) -> Response {
 }
 
 /// Runs a turn and answers it as Ollama chat messages (`chat`) or generate responses, streamed
-/// as NDJSON lines or whole.
+/// as NDJSON lines or whole. `fim`: the tokens of a fill-in-the-middle prompt ([`fim::apply`]).
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     st: &Shared,
     id: &str,
     model: Arc<Model>,
     req: TurnRequest,
+    fim: Option<Vec<u32>>,
     stream: bool,
     chat: bool,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let mut turn = Turn::prepare(&model, req, st.image_urls).await?;
+    if let Some(prompt) = fim {
+        fim::place(&mut turn, prompt);
+    }
     let rxs = turn.submit(&model, id)?;
     let mut lines = Lines {
         reference: model.reference.clone(),

@@ -619,6 +619,7 @@ pub async fn completions(
         model,
         ..
     } = prepare::<CompletionRequest>(&st, b).await?;
+    let mut fim_prompt = None;
     if let Some(suffix) = req.suffix.as_deref().filter(|s| !s.is_empty()) {
         let prefix = match &chat.prompt {
             TurnPrompt::Raw { text, .. } => text.clone(),
@@ -629,9 +630,12 @@ pub async fn completions(
             suffix: suffix.to_string(),
             files: Vec::new(),
         };
-        crate::turn::fim::apply(&model, &mut chat, &fill, "suffix")?;
+        fim_prompt = Some(crate::turn::fim::apply(&model, &mut chat, &fill, "suffix")?);
     }
     let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
+    if let Some(prompt) = fim_prompt {
+        crate::turn::fim::place(&mut turn, prompt);
+    }
     let rxs = turn.submit(&model, &id)?;
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);

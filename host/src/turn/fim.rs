@@ -121,39 +121,79 @@ impl FimTokens {
         })
     }
 
-    /// The prompt that asks for the middle of `fill`.
+    /// The prompt that asks for the middle of `fill`, as text.
     pub fn render(&self, fill: &Fill) -> String {
-        let mut out = String::new();
+        self.segments(fill)
+            .iter()
+            .map(|s| match s {
+                Segment::Token(t) => *t,
+                Segment::Text(t) => t.as_str(),
+            })
+            .collect()
+    }
+
+    /// The prompt that asks for the middle of `fill`, as tokens: the FIM tokens by id, and the
+    /// client's text with special-token text in it read as plain text (a file that mentions
+    /// `<|endoftext|>` does not end the context), as llama-server tokenizes it.
+    pub fn tokenize(&self, tokenizer: &crate::tokenizer::Tokenizer, fill: &Fill) -> Vec<u32> {
+        let mut ids = Vec::new();
+        if tokenizer.add_bos() {
+            ids.extend(tokenizer.bos_id());
+        }
+        for s in self.segments(fill) {
+            match s {
+                Segment::Token(t) => ids.extend(tokenizer.token_id(t)),
+                Segment::Text(t) => ids.extend(tokenizer.encode_literal(&t, false)),
+            }
+        }
+        ids
+    }
+
+    /// The prompt in order: FIM tokens and text.
+    fn segments(&self, fill: &Fill) -> Vec<Segment> {
+        let text = |t: &str| Segment::Text(t.to_string());
+        let mut out = Vec::new();
         if !fill.files.is_empty() {
             match self.file_sep {
                 Some(sep) => {
                     if let Some(repo) = self.repo {
-                        out.push_str(&format!("{repo}{REPO_NAME}\n"));
+                        out.extend([Segment::Token(repo), text(&format!("{REPO_NAME}\n"))]);
                     }
                     for f in &fill.files {
-                        out.push_str(&format!("{sep}{}\n{}", f.name, f.text));
-                        if !f.text.ends_with('\n') {
-                            out.push('\n');
-                        }
+                        let nl = if f.text.ends_with('\n') { "" } else { "\n" };
+                        out.extend([Segment::Token(sep), text(&format!("{}\n{}{nl}", f.name, f.text))]);
                     }
-                    out.push_str(&format!("{sep}{CURRENT_FILE}\n"));
+                    out.extend([Segment::Token(sep), text(&format!("{CURRENT_FILE}\n"))]);
                 }
                 // Without a file separator the other files read as plain snippets before the code.
                 None => {
+                    let mut t = String::new();
                     for f in &fill.files {
-                        out.push_str(&format!("\n\n// file: {}\n\n{}", f.name, f.text));
+                        t.push_str(&format!("\n\n// file: {}\n\n{}", f.name, f.text));
                     }
-                    out.push_str("\n\n");
+                    t.push_str("\n\n");
+                    out.push(Segment::Text(t));
                 }
             }
         }
-        out.push_str(self.prefix);
-        out.push_str(&fill.prefix);
-        out.push_str(self.suffix);
-        out.push_str(&fill.suffix);
-        out.push_str(self.middle);
+        out.extend([
+            Segment::Token(self.prefix),
+            text(&fill.prefix),
+            Segment::Token(self.suffix),
+            text(&fill.suffix),
+            Segment::Token(self.middle),
+        ]);
+        out.retain(|s| !matches!(s, Segment::Text(t) if t.is_empty()));
         out
     }
+}
+
+/// A part of a FIM prompt.
+enum Segment {
+    /// A FIM token, by its text.
+    Token(&'static str),
+    /// The client's text.
+    Text(String),
 }
 
 /// Another file of the project, given as context (`/infill`'s `input_extra`).
@@ -176,31 +216,44 @@ pub struct Fill {
     pub files: Vec<File>,
 }
 
-/// Rebuilds `req` as the FIM prompt of `fill` for `model`: a raw prompt (images kept before it)
-/// and the FIM end tokens as stop strings. A model without FIM tokens is a 400 naming `param`.
+/// Rebuilds `req` as the FIM prompt of `fill` for `model`: a raw prompt and the FIM end tokens
+/// as stop strings. Returns the prompt's tokens, which the caller puts on the prepared turn
+/// ([`place`]): the raw text would read special-token text in the client's code as tokens. A
+/// model without FIM tokens is a 400 naming `param`, and so are images (code has none).
 pub fn apply(
     model: &crate::state::models::Model,
     req: &mut super::ChatRequest,
     fill: &Fill,
     param: &str,
-) -> Result<(), ApiError> {
+) -> Result<Vec<u32>, ApiError> {
     let tokens = FimTokens::of(&model.tokenizer, &model.reference, param)?;
-    let images = match &req.prompt {
-        super::Prompt::Chat(messages) => messages.iter().flat_map(|m| m.images().cloned()).collect(),
-        super::Prompt::Raw { images, .. } => images.clone(),
+    let has_images = match &req.prompt {
+        super::Prompt::Chat(messages) => messages.iter().any(|m| m.images().next().is_some()),
+        super::Prompt::Raw { images, .. } => !images.is_empty(),
     };
+    if has_images {
+        return Err(ApiError::param(
+            param,
+            format!("'{param}' (fill-in-the-middle) cannot be used with images"),
+        ));
+    }
     req.prompt = super::Prompt::Raw {
         text: tokens.render(fill),
-        images,
+        images: Vec::new(),
     };
-    for end in tokens.ends {
-        if !req.decode.stop.contains(&end) {
-            req.decode.stop.push(end);
+    for end in &tokens.ends {
+        if !req.decode.stop.contains(end) {
+            req.decode.stop.push(end.clone());
         }
     }
     // The middle is code as the model writes it: no chat format reads it.
     req.parse_reply = false;
-    Ok(())
+    Ok(tokens.tokenize(&model.tokenizer, fill))
+}
+
+/// Puts the FIM prompt's tokens (from [`apply`]) on a prepared turn.
+pub fn place(turn: &mut super::Turn, prompt: Vec<u32>) {
+    turn.prompt = prompt;
 }
 
 #[cfg(test)]
