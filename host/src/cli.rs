@@ -271,6 +271,14 @@ pub enum Command {
         #[arg(long, env = "BERTH_API_KEY", hide_env_values = true)]
         api_key: Option<String>,
     },
+    /// Unload a model from a running `berth serve` (as `ollama stop` does).
+    Stop {
+        /// The model to unload.
+        name: String,
+        /// The server's API key, sent as `Authorization: Bearer KEY`.
+        #[arg(long, env = "BERTH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+    },
     /// Parse model output from stdin into the OpenAI message (or its stream deltas).
     Parse {
         /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, minicpm_xml, content_only.
@@ -372,6 +380,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Serve(args) => crate::server::serve(crate::server::config::resolve(args, &home)?),
         Command::Ps { json, api_key } => crate::server::config::ps(json, api_key.as_deref()),
+        Command::Stop { name, api_key } => crate::server::config::stop(&name, api_key.as_deref()),
         Command::Pull { name } => crate::pull::pull(&store, &name),
         Command::Catalog { json } => crate::pull::catalog(&store, json),
         Command::Rm { names } => {

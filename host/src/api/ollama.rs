@@ -3,7 +3,7 @@
 
 use super::body::{self, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
-use super::pipeline::{body, capabilities, prepare, rfc3339, GenerationBody, Prepared};
+use super::pipeline::{body, capabilities, check_fields, prepare, rfc3339, GenerationBody, Prepared};
 use super::{ApiError, OllamaError};
 use crate::chat::{Delta, ParsedMessage, ToolCall};
 use crate::constraint::RequestConstraints;
@@ -13,6 +13,7 @@ use crate::options::OllamaOptions;
 use crate::sampling::TokenLogprobs;
 use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
+use crate::turn::fim::{self, Fill};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
 use crate::turn::{ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn};
 use axum::body::{Body, Bytes};
@@ -133,7 +134,7 @@ pub struct GenerateRequest {
     pub images: Option<Vec<Value>>,
     /// A Go template override: refused when given.
     pub template: Option<String>,
-    /// Fill-in-the-middle text: refused when given.
+    /// Fill-in-the-middle: the text after the gap (`prompt` is the text before it).
     pub suffix: Option<String>,
     /// The deprecated context tokens: refused when not empty.
     pub context: Option<Vec<u64>>,
@@ -157,14 +158,14 @@ pub struct GenerateRequest {
 }
 
 impl RequestBody for GenerateRequest {
-    /// Keys Berth takes but does not implement (a Go `template` override, a `suffix` for
-    /// fill-in-the-middle, the deprecated `context` tokens): given with a value, each is a 400
-    /// saying so.
+    /// Keys Berth takes but does not implement (a Go `template` override, the deprecated
+    /// `context` tokens): given with a value, each is a 400 saying so.
     fn validate(&self) -> Result<(), ApiError> {
-        for (key, v) in [("template", &self.template), ("suffix", &self.suffix)] {
-            if v.as_deref().is_some_and(|s| !s.is_empty()) {
-                return Err(ApiError::param(key, format!("'{key}' is not supported by Berth")));
-            }
+        if self.template.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::param(
+                "template",
+                "'template' is not supported by Berth",
+            ));
         }
         if self.context.as_ref().is_some_and(|c| !c.is_empty()) {
             return Err(ApiError::param(
@@ -492,16 +493,31 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
+    let bytes = body(b)?;
+    let empty = |r: &ChatRequest| r.messages.as_ref().is_none_or(|m| m.is_empty());
+    if let Some(r) = unload_only(&st, &bytes, empty, true)? {
+        return Ok(r);
+    }
     let Prepared {
         request: req,
         turn,
         model,
         keep_alive,
-    } = prepare::<ChatRequest>(&st, b).await?;
+    } = prepare::<ChatRequest>(&st, Ok(bytes)).await?;
     if req.messages.as_ref().is_none_or(|m| m.is_empty()) {
         return Ok(loaded(&st, &model, keep_alive, true));
     }
-    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), true, started).await?)
+    Ok(respond(
+        &st,
+        &id,
+        model,
+        turn,
+        None,
+        req.stream.unwrap_or(true),
+        true,
+        started,
+    )
+    .await?)
 }
 
 /// `POST /api/generate`.
@@ -511,17 +527,33 @@ pub async fn generate(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
+    let bytes = body(b)?;
+    let empty = |r: &GenerateRequest| {
+        r.prompt.as_deref().unwrap_or("").is_empty() && r.suffix.as_deref().unwrap_or("").is_empty()
+    };
+    if let Some(r) = unload_only(&st, &bytes, empty, false)? {
+        return Ok(r);
+    }
     let Prepared {
         request: req,
         mut turn,
         model,
         keep_alive,
-    } = prepare::<GenerateRequest>(&st, b).await?;
-    if req.prompt.as_deref().unwrap_or("").is_empty() {
+    } = prepare::<GenerateRequest>(&st, Ok(bytes)).await?;
+    let suffix = req.suffix.as_deref().unwrap_or("");
+    if req.prompt.as_deref().unwrap_or("").is_empty() && suffix.is_empty() {
         return Ok(loaded(&st, &model, keep_alive, false));
     }
-    // A model without a template completes the prompt as it is.
-    if model.template.is_none() {
+    let mut fim_prompt = None;
+    if !suffix.is_empty() {
+        let fill = Fill {
+            prefix: req.prompt.clone().unwrap_or_default(),
+            suffix: suffix.to_string(),
+            files: Vec::new(),
+        };
+        fim_prompt = Some(fim::apply(&model, &mut turn, &fill, "suffix")?);
+    } else if model.template.is_none() {
+        // A model without a template completes the prompt as it is.
         if let Prompt::Chat(_) = &turn.prompt {
             let images = turn_images(&turn.prompt);
             turn.prompt = Prompt::Raw {
@@ -530,7 +562,8 @@ pub async fn generate(
             };
         }
     }
-    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), false, started).await?)
+    let stream = req.stream.unwrap_or(true);
+    Ok(respond(&st, &id, model, turn, fim_prompt, stream, false, started).await?)
 }
 
 /// The images of a prompt, in order.
@@ -541,14 +574,42 @@ fn turn_images(prompt: &Prompt) -> Vec<ImageRef> {
     }
 }
 
-/// Ollama's answer to a request without a prompt: the model is loaded (or, with `keep_alive` 0,
-/// unloaded).
+/// Ollama's `keep_alive: 0` without a prompt (what `ollama stop` and `berth stop` send): the
+/// model is unloaded when loaded, and never loaded for it; `None` for any other request. An
+/// unknown model is a 404.
+fn unload_only<T: GenerationBody>(
+    st: &Shared,
+    bytes: &[u8],
+    empty: impl Fn(&T) -> bool,
+    chat: bool,
+) -> Result<Option<Response>, ApiError> {
+    let (req, _) = check_fields::<T>(bytes)?;
+    if req.keep_alive() != Some(Some(Duration::ZERO)) || !empty(&req) {
+        return Ok(None);
+    }
+    let name = req.model_name().unwrap_or_default();
+    let reference = st
+        .models
+        .resolve(name)
+        .ok_or_else(|| ApiError::model_not_found(name))?;
+    st.models.unload(&reference);
+    Ok(Some(done(&reference, "unload", chat)))
+}
+
+/// Ollama's answer to a request without a prompt: the model is loaded.
 fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat: bool) -> Response {
+    // `keep_alive: 0` was answered before the load; a zero from elsewhere still unloads.
     if keep_alive == Some(Some(Duration::ZERO)) {
         st.models.unload(&model.reference);
+        return done(&model.reference, "unload", chat);
     }
-    let mut v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
-        "done_reason": "load", "done": true});
+    done(&model.reference, "load", chat)
+}
+
+/// The one line of a request without a prompt: `done_reason` `load` or `unload`.
+fn done(reference: &str, reason: &str, chat: bool) -> Response {
+    let mut v = json!({"model": reference, "created_at": rfc3339(SystemTime::now()),
+        "done_reason": reason, "done": true});
     if chat {
         v["message"] = json!({"role": "assistant", "content": ""});
     } else {
@@ -558,17 +619,22 @@ fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat
 }
 
 /// Runs a turn and answers it as Ollama chat messages (`chat`) or generate responses, streamed
-/// as NDJSON lines or whole.
+/// as NDJSON lines or whole. `fim`: the tokens of a fill-in-the-middle prompt ([`fim::apply`]).
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     st: &Shared,
     id: &str,
     model: Arc<Model>,
     req: TurnRequest,
+    fim: Option<Vec<u32>>,
     stream: bool,
     chat: bool,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let mut turn = Turn::prepare(&model, req, st.image_urls).await?;
+    if let Some(prompt) = fim {
+        fim::place(&mut turn, prompt);
+    }
     let rxs = turn.submit(&model, id)?;
     let mut lines = Lines {
         reference: model.reference.clone(),
@@ -832,9 +898,15 @@ pub async fn ps(State(st): State<Shared>) -> Response {
     axum::Json(json!({"models": models})).into_response()
 }
 
-/// `GET /api/version`.
+/// The Ollama version `/api/version` reports: one whose API Berth serves (think, tools, JSON
+/// schema formats, images, `/api/embed`, logprobs), recent enough for the clients that gate on
+/// it (editor plugins ask for 0.6.4 or later); Berth's own version is `berth_version`.
+pub const OLLAMA_COMPAT_VERSION: &str = "0.12.6";
+
+/// `GET /api/version`: the Ollama version Berth stands in for, and Berth's own.
 pub async fn version() -> Response {
-    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+    axum::Json(json!({"version": OLLAMA_COMPAT_VERSION, "berth_version": env!("CARGO_PKG_VERSION")}))
+        .into_response()
 }
 
 /// `DELETE /api/delete`: removes a pack (a loaded one is drained and unloaded by the watcher).
@@ -1178,7 +1250,6 @@ mod tests {
         for (body, param) in [
             (r#"{"template": {"a": 1}}"#, "template"),
             (r#"{"template": "{{ .Prompt }}"}"#, "template"),
-            (r#"{"suffix": "end"}"#, "suffix"),
             (r#"{"context": "x"}"#, "context"),
             (r#"{"context": [1, 2]}"#, "context"),
             (r#"{"context": [1, -2]}"#, "context[1]"),
@@ -1196,7 +1267,10 @@ mod tests {
                 "{body}"
             );
         }
-        let ok = parse::<GenerateRequest>(br#"{"template": "", "context": [], "keep_alive": "5m"}"#).unwrap();
+        let ok = parse::<GenerateRequest>(
+            br#"{"template": "", "context": [], "keep_alive": "5m", "suffix": "x"}"#,
+        )
+        .unwrap();
         assert_eq!(ok.request.keep_alive(), Some(Some(Duration::from_secs(300))));
         let forever = parse::<GenerateRequest>(br#"{"keep_alive": -1}"#).unwrap();
         assert_eq!(forever.request.keep_alive(), Some(None));

@@ -187,7 +187,7 @@ pub struct CompletionRequest {
     pub user: Option<IgnoredAny>,
     /// Echo the prompt: only `false` is served.
     pub echo: Option<bool>,
-    /// Text after the completion (fill-in-the-middle): only empty is served.
+    /// Text after the completion: fill-in-the-middle, with `prompt` the text before the gap.
     pub suffix: Option<String>,
     /// Candidates to pick the best of: only `n` is served.
     pub best_of: Option<Int>,
@@ -218,12 +218,6 @@ impl RequestBody for CompletionRequest {
         let n = int_in("n", self.n, 1, MAX_CHOICES as i64)?.unwrap_or(1);
         if self.echo == Some(true) {
             return Err(ApiError::param("echo", "'echo' is not supported"));
-        }
-        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::param(
-                "suffix",
-                "'suffix' (fill-in-the-middle) is not supported by Berth",
-            ));
         }
         if let Some(best_of) = int_in("best_of", self.best_of, 1, MAX_CHOICES as i64)? {
             if best_of != n {
@@ -622,11 +616,27 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let Prepared {
         request: req,
-        turn: chat,
+        turn: mut chat,
         model,
         ..
     } = prepare::<CompletionRequest>(&st, b).await?;
+    let mut fim_prompt = None;
+    if let Some(suffix) = req.suffix.as_deref().filter(|s| !s.is_empty()) {
+        let prefix = match &chat.prompt {
+            TurnPrompt::Raw { text, .. } => text.clone(),
+            TurnPrompt::Chat(_) => String::new(),
+        };
+        let fill = crate::turn::fim::Fill {
+            prefix,
+            suffix: suffix.to_string(),
+            files: Vec::new(),
+        };
+        fim_prompt = Some(crate::turn::fim::apply(&model, &mut chat, &fill, "suffix")?);
+    }
     let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
+    if let Some(prompt) = fim_prompt {
+        crate::turn::fim::place(&mut turn, prompt);
+    }
     let rxs = turn.submit(&model, &id)?;
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
@@ -1145,7 +1155,6 @@ mod tests {
             (r#"{"prompt": "x", "best_of": 2}"#, "best_of"),
             (r#"{"prompt": "x", "best_of": -1}"#, "best_of"),
             (r#"{"prompt": "x", "logprobs": -1}"#, "logprobs"),
-            (r#"{"prompt": "x", "suffix": "}"}"#, "suffix"),
             (
                 r#"{"prompt": "x", "max_completion_tokens": 5}"#,
                 "max_completion_tokens",
@@ -1190,6 +1199,7 @@ mod tests {
         }
         let completion = |body: &str| parse::<CompletionRequest>(body.as_bytes());
         assert!(completion(r#"{"prompt": "x", "suffix": ""}"#).is_ok());
+        assert!(completion(r#"{"prompt": "x", "suffix": "}"}"#).is_ok());
         assert!(completion(r#"{"prompt": "x", "suffix": null}"#).is_ok());
     }
 

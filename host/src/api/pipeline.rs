@@ -130,7 +130,7 @@ pub(crate) async fn prepare<T: GenerationBody>(
 }
 
 /// The part of [`prepare`] before the model: parse, validate, a model named.
-fn check_fields<T: GenerationBody>(bytes: &[u8]) -> Result<(T, Map<String, Value>), ApiError> {
+pub(crate) fn check_fields<T: GenerationBody>(bytes: &[u8]) -> Result<(T, Map<String, Value>), ApiError> {
     let Parsed { request, json } = body::parse::<T>(bytes)?;
     if request.model_name().is_none() {
         return Err(ApiError::param("model", "'model' is required"));

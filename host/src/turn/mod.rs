@@ -7,6 +7,7 @@
 //! engine.
 
 pub mod error;
+pub mod fim;
 pub mod images;
 pub mod reply;
 pub mod request;
