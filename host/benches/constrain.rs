@@ -261,6 +261,7 @@ fn main() {
                 },
                 max_tokens: Some(n),
                 stop: Vec::new(),
+                context: None,
                 constraint,
                 logprobs: None,
             };

@@ -44,6 +44,18 @@ pub enum Command {
         /// Print only the chat template text.
         #[arg(long, conflicts_with = "json")]
         template: bool,
+        /// Print the pack as a Modelfile (`berth create` takes it back).
+        #[arg(long, conflicts_with_all = ["json", "template"])]
+        modelfile: bool,
+    },
+    /// Create a pack from a Modelfile: FROM a pack, a GGUF file or a model folder, with TEMPLATE
+    /// (Jinja), SYSTEM, PARAMETER, MESSAGE and LICENSE, as Ollama's `create`.
+    Create {
+        /// Reference to give the new pack, `name[:tag]`.
+        name: String,
+        /// The Modelfile.
+        #[arg(short = 'f', long = "file", default_value = "Modelfile")]
+        file: PathBuf,
     },
     /// Render a conversation with a pack's chat template and print the exact prompt.
     Render {
@@ -259,6 +271,14 @@ pub enum Command {
         #[arg(long, env = "BERTH_API_KEY", hide_env_values = true)]
         api_key: Option<String>,
     },
+    /// Unload a model from a running `berth serve` (as `ollama stop` does).
+    Stop {
+        /// The model to unload.
+        name: String,
+        /// The server's API key, sent as `Authorization: Bearer KEY`.
+        #[arg(long, env = "BERTH_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+    },
     /// Parse model output from stdin into the OpenAI message (or its stream deltas).
     Parse {
         /// Chat format: hermes_json, qwen_xml, gemma4, lfm2_pythonic, harmony, minicpm_xml, content_only.
@@ -328,7 +348,16 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Show {
+            name,
+            modelfile: true,
+            ..
+        } => {
+            print!("{}", crate::inspect::modelfile_text(&store.get(&name)?));
+            Ok(())
+        }
         Command::Show { name, json, .. } => show(&store, &home, &name, json),
+        Command::Create { name, file } => crate::inspect::create(&store, &name, &file),
         Command::Render {
             name,
             messages,
@@ -351,6 +380,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Serve(args) => crate::server::serve(crate::server::config::resolve(args, &home)?),
         Command::Ps { json, api_key } => crate::server::config::ps(json, api_key.as_deref()),
+        Command::Stop { name, api_key } => crate::server::config::stop(&name, api_key.as_deref()),
         Command::Pull { name } => crate::pull::pull(&store, &name),
         Command::Catalog { json } => crate::pull::catalog(&store, json),
         Command::Rm { names } => {

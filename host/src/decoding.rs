@@ -92,11 +92,29 @@ pub struct DecodeOptions {
     pub max_tokens: Option<usize>,
     /// Stop strings (OpenAI allows up to 4): output ends before the first match.
     pub stop: Vec<String>,
+    /// The context this request may fill, prompt and reply (Ollama's `num_ctx`, a pack's
+    /// default); `None`: the server's. Never more than the model is loaded with.
+    pub context: Option<usize>,
     /// The grammar constraint, if the request has one.
     pub constraint: Option<SequenceConstraint>,
     /// Report each generated token's log-probability and this many alternatives (`logprobs` /
     /// `top_logprobs`); `None`: no log-probabilities.
     pub logprobs: Option<usize>,
+}
+
+impl DecodeOptions {
+    /// The sampling and stopping settings alone (no constraint, no log-probabilities): a base a
+    /// request's own fields are applied over.
+    pub fn settings(&self) -> DecodeOptions {
+        DecodeOptions {
+            sampling: self.sampling.clone(),
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            context: self.context,
+            constraint: None,
+            logprobs: None,
+        }
+    }
 }
 
 /// The result of accepting one token.
@@ -407,6 +425,7 @@ pub(crate) mod tests {
                 sampling: SamplingParams::greedy(),
                 max_tokens: max,
                 stop: stop.iter().map(|s| s.to_string()).collect(),
+                context: None,
                 constraint: None,
                 logprobs: None,
             },

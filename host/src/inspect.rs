@@ -2,11 +2,14 @@
 //! pack is rendered with, `berth render NAME --messages FILE` the exact prompt a conversation
 //! becomes (and, on stderr, the chat format detected and where parsing of the reply starts). A
 //! harmony (gpt-oss) pack is rendered by openai-harmony, as `berth serve` renders it.
+//! `berth create` and `berth show --modelfile` (and `/api/create`, `/api/show`) share the
+//! Modelfile helpers at the end.
 
 use crate::template::{ChatTemplate, RenderInput};
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
-use berth_registry::store::Store;
+use berth_registry::modelfile::Modelfile;
+use berth_registry::store::{PackEntry, Store};
 use serde_json::Value;
 use std::path::Path;
 
@@ -135,4 +138,67 @@ pub fn read_json(path: &Path) -> Result<Value> {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
     };
     serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
+}
+
+/// The pack's chat template source: its own file, its tokenizer config's or its GGUF's.
+pub fn pack_template(entry: &PackEntry) -> Option<String> {
+    let m = entry.manifest.as_ref()?;
+    let gguf = match m.format {
+        berth_registry::pack::PackFormat::Gguf => m
+            .weights()
+            .next()
+            .and_then(|w| berth_registry::gguf::GgufFile::open(entry.dir.join(&w.path)).ok()),
+        _ => None,
+    };
+    ChatTemplate::from_pack_or_gguf(&entry.dir, gguf.as_ref())
+        .ok()
+        .flatten()
+        .map(|t| t.source().to_owned())
+}
+
+/// `berth show NAME --modelfile` (and `/api/show`'s `modelfile`): the pack as a Modelfile that
+/// `berth create` takes, `FROM` the pack itself as Ollama writes it.
+pub fn modelfile_text(entry: &PackEntry) -> String {
+    render_modelfile(entry, pack_template(entry).as_deref())
+}
+
+/// [`modelfile_text`] with the pack's template already read.
+pub fn render_modelfile(entry: &PackEntry, template: Option<&str>) -> String {
+    let Some(m) = &entry.manifest else {
+        return format!("FROM {}\n", entry.reference);
+    };
+    // A template `create` would refuse is left out: the pack keeps it through FROM anyway.
+    let template = template.filter(|t| !t.is_empty() && berth_registry::modelfile::check_template(t).is_ok());
+    berth_registry::modelfile::render(&entry.reference, template, m)
+}
+
+/// Checks what the store cannot: that a Modelfile's Jinja `TEMPLATE` compiles.
+pub fn check_modelfile(mf: &Modelfile) -> Result<(), String> {
+    match &mf.template {
+        Some(t) => ChatTemplate::new(t.clone())
+            .map(|_| ())
+            .map_err(|e| format!("TEMPLATE: {e}")),
+        None => Ok(()),
+    }
+}
+
+/// `berth create NAME -f FILE`: parses the Modelfile, resolves `FROM` against its folder and
+/// writes the pack, printing Ollama's kind of progress lines.
+pub fn create(store: &Store, name: &str, file: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    println!("parsing modelfile");
+    let mf = Modelfile::parse(&text).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+    check_modelfile(&mf).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+    let dir = match file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => std::env::current_dir()?,
+    };
+    let from = mf.from.as_deref().unwrap_or_default();
+    let base = store.create_base(from, Some(&dir))?;
+    let entry = store.create(name, &base, &mf, &mut |s| println!("{s}"))?;
+    println!("success");
+    if !entry.is_ok() {
+        bail!("{}: {}", entry.reference, entry.problems.join("; "));
+    }
+    Ok(())
 }

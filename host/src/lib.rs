@@ -15,6 +15,7 @@ pub mod harmony;
 pub mod image;
 pub mod inspect;
 pub mod models;
+pub mod options;
 pub mod pack;
 pub mod packs;
 pub mod perplexity;

@@ -114,6 +114,8 @@ enum PieceStyle {
 
 struct Inner {
     hf: tokenizers::Tokenizer,
+    /// `hf` with control-token text read as plain text, made on first use ([`Tokenizer::encode_literal`]).
+    literal: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// The raw bytes each id decodes to.
     pieces: Vec<Vec<u8>>,
     /// Ids skipped when decoding with `skip_special`.
@@ -358,6 +360,7 @@ impl Tokenizer {
         Tokenizer {
             inner: Arc::new(Inner {
                 hf,
+                literal: std::sync::OnceLock::new(),
                 pieces,
                 special,
                 ids,
@@ -384,6 +387,30 @@ impl Tokenizer {
         if !text.is_empty() {
             // Byte-level and byte-fallback models cannot fail to encode text.
             if let Ok(enc) = inner.hf.encode_fast(text, false) {
+                ids.extend_from_slice(enc.get_ids());
+            }
+        }
+        if add_special && inner.add_eos {
+            ids.extend(inner.eos);
+        }
+        ids
+    }
+
+    /// Encode text with control-token text (`<|im_start|>`) read as plain text, as llama.cpp's
+    /// `parse_special: false` does; user-defined added tokens still match, as they do there.
+    pub fn encode_literal(&self, text: &str, add_special: bool) -> Vec<u32> {
+        let inner = &self.inner;
+        let hf = inner.literal.get_or_init(|| {
+            let mut hf = inner.hf.clone();
+            hf.set_encode_special_tokens(true);
+            hf
+        });
+        let mut ids = Vec::new();
+        if add_special && inner.add_bos {
+            ids.extend(inner.bos);
+        }
+        if !text.is_empty() {
+            if let Ok(enc) = hf.encode_fast(text, false) {
                 ids.extend_from_slice(enc.get_ids());
             }
         }

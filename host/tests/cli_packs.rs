@@ -225,3 +225,97 @@ fn output_piped_into_a_reader_that_stops_early_ends_quietly() {
         );
     }
 }
+
+#[test]
+fn create_from_a_modelfile_then_show_modelfile_creates_the_same_pack_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let dir = tmp.path().join("models");
+    std::fs::create_dir(&dir).unwrap();
+    let template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+    std::fs::write(
+        dir.join("tiny.gguf"),
+        berth_registry::testutil::sample_gguf(Some(template)),
+    )
+    .unwrap();
+    let modelfile = dir.join("Modelfile");
+    std::fs::write(
+        &modelfile,
+        "# FROM resolves against the Modelfile's folder\nfrom ./tiny.gguf\n\
+         SYSTEM \"\"\"You are terse.\nVery terse.\"\"\"\nPARAMETER temperature 0\n\
+         PARAMETER stop \"<|im_end|>\"\nPARAMETER stop \"say \\\"stop\\\"\"\nPARAMETER num_ctx 2048\n\
+         MESSAGE user \"Hi there\"\nMESSAGE assistant Hello\nLICENSE MIT\n",
+    )
+    .unwrap();
+    let out = berth_ok(
+        &home,
+        None,
+        &["create", "mine:v1", "-f", modelfile.to_str().unwrap()],
+    );
+    let steps: Vec<&str> = out.lines().collect();
+    assert_eq!(steps.first(), Some(&"parsing modelfile"), "{out}");
+    assert_eq!(steps.last(), Some(&"success"), "{out}");
+    for step in [
+        "reading model metadata",
+        "writing system prompt",
+        "writing parameters",
+        "writing manifest",
+    ] {
+        assert!(steps.contains(&step), "{step} missing from {out}");
+    }
+
+    let text = berth_ok(&home, None, &["show", "mine:v1", "--modelfile"]);
+    assert!(text.contains("FROM mine:v1\n"), "{text}");
+    assert!(text.contains("PARAMETER stop \"<|im_end|>\"\n"), "{text}");
+    assert!(
+        text.contains(&format!("TEMPLATE \"\"\"{template}\"\"\"")),
+        "{text}"
+    );
+    let again = tmp.path().join("Modelfile.again");
+    std::fs::write(&again, &text).unwrap();
+    berth_ok(&home, None, &["create", "mine:v2", "-f", again.to_str().unwrap()]);
+    let load = |tag: &str| berth_registry::PackManifest::load(&home.join("packs/mine").join(tag)).unwrap();
+    let (a, b) = (load("v1"), load("v2"));
+    assert_eq!(a.system.as_deref(), Some("You are terse.\nVery terse."));
+    assert_eq!(a.defaults["stop"].as_array().map(Vec::len), Some(2));
+    assert_eq!(a.messages[0].content, "Hi there");
+    assert_eq!(
+        (&a.defaults, &a.system, &a.messages, &a.license, &a.capabilities),
+        (&b.defaults, &b.system, &b.messages, &b.license, &b.capabilities)
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join("packs/mine/v2/chat_template.jinja")).unwrap(),
+        template
+    );
+
+    for (body, expected) in [
+        (
+            "FROM mine:v1\nTEMPLATE \"{{ .Prompt }}\"\n",
+            "line 2: TEMPLATE looks like a Go template",
+        ),
+        (
+            "FROM mine:v1\n\nADAPTER ./lora.gguf\n",
+            "line 3: ADAPTER: adapters are not supported yet",
+        ),
+        (
+            "FROM mine:v1\nPARAMETER num_gpu 1\n",
+            "line 2: parameter num_gpu is not supported by Berth",
+        ),
+        ("FROM ./nothing.gguf\n", "no such file or folder"),
+        ("FROM mine:v1\nTEMPLATE \"{% if %}\"\n", "TEMPLATE: chat template"),
+    ] {
+        std::fs::write(dir.join("Bad"), body).unwrap();
+        let out = berth(
+            &home,
+            None,
+            &["create", "bad", "-f", dir.join("Bad").to_str().unwrap()],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "{body}: {stderr}"
+        );
+    }
+    let list = berth_ok(&home, None, &["list"]);
+    assert!(!list.contains("bad"), "{list}");
+}

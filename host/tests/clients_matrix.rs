@@ -46,3 +46,54 @@ fn client_libraries_run_their_first_scenarios_without_a_protocol_failure() {
     );
     assert!(table.contains(" 0 FAIL"), "no summary line in:\n{table}");
 }
+
+/// The `ollama` Python client's `create`, `show` and `delete` (issue 32) against a real `berth
+/// serve`: a pack FROM the served one with a system prompt, parameters and messages, another FROM
+/// that one streamed, both listed and shown back with their values, an unimplemented parameter
+/// refused with a 400 naming it, then both deleted.
+#[test]
+fn ollama_python_client_creates_shows_and_deletes_packs() {
+    let Some(deps) = client_deps() else { return };
+    let home = home_with_qwen("berth-clients-create-", MODEL);
+    let server = TestServer::start(home.path(), &[]);
+    let script = r#"
+import sys, ollama
+c = ollama.Client(host=sys.argv[1])
+r = c.create(model='terse:v1', from_=sys.argv[2], system='Answer in one word.',
+             parameters={'temperature': 0, 'stop': ['<|im_end|>'], 'num_ctx': 2048},
+             messages=[{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello'}])
+assert r.status == 'success', r
+steps = [p.status for p in c.create(model='terse:v2', from_='terse:v1', system='Be kind.', stream=True)]
+assert steps[0] == 'using pack terse:v1' and steps[-1] == 'success', steps
+names = [m.model for m in c.list().models]
+assert 'terse:v1' in names and 'terse:v2' in names, names
+s = c.show('terse:v1')
+params = [l.split(None, 1) for l in s.parameters.splitlines()]
+assert ['stop', '"<|im_end|>"'] in params and ['temperature', '0'] in params, s.parameters
+assert ['num_ctx', '2048'] in params, s.parameters
+assert 'FROM terse:v1' in s.modelfile and 'SYSTEM """Answer in one word."""' in s.modelfile, s.modelfile
+assert 'MESSAGE user Hi' in s.modelfile and 'MESSAGE assistant Hello' in s.modelfile, s.modelfile
+assert '<|im_start|>' in s.template, s.template
+assert 'SYSTEM """Be kind."""' in c.show('terse:v2').modelfile
+try:
+    c.create(model='bad', from_='terse:v1', parameters={'mirostat': 1})
+    raise SystemExit('mirostat was accepted')
+except ollama.ResponseError as e:
+    assert e.status_code == 400 and 'mirostat' in e.error, (e.status_code, e.error)
+assert c.delete('terse:v2').status == 'success'
+assert c.delete('terse:v1').status == 'success'
+names = [m.model for m in c.list().models]
+assert 'terse:v1' not in names and 'terse:v2' not in names, names
+print('ok')
+"#;
+    let out = Command::new(&deps.py)
+        .args(["-c", script, &server.base, MODEL])
+        .output()
+        .expect("the ollama client runs");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

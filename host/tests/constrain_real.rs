@@ -118,6 +118,7 @@ fn ask(prompt: &str, tools: &[Value], req: &RequestConstraints, seed: u64, max_t
         },
         max_tokens: Some(max_tokens),
         stop: Vec::new(),
+        context: None,
         constraint,
         logprobs: None,
     };

@@ -1,5 +1,6 @@
 //! `berth pull` of an Ollama-registry name and a Hugging Face name, end to end through the CLI,
 //! against a loopback server speaking both protocols; a second pull says the pack is installed.
+//! The Ollama model's params, system, messages and license layers reach the pack's manifest.
 
 mod common;
 
@@ -8,11 +9,20 @@ use common::*;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::{Command, Output};
+use std::sync::Arc;
 
-/// Serves `library/tiny:1b` (manifest + blobs) and `acme/tiny` (tree + resolve); returns its URL.
-fn start_hub(gguf: Vec<u8>) -> String {
+/// The params layer of `library/tiny:1b` in the first test.
+const PARAMS: &[u8] = br#"{"temperature": 0.3, "stop": ["<|im_end|>", "END"], "num_keep": 24}"#;
+
+/// Serves `library/tiny:1b` (manifest + blobs, with `params` as its params layer) and
+/// `acme/tiny` (tree + resolve); returns its URL.
+fn start_hub(gguf: Vec<u8>, params: &[u8]) -> String {
     let template = b"{{ .Prompt }}".to_vec();
-    let params = br#"{"temperature": 0.3}"#.to_vec();
+    let params = params.to_vec();
+    let system = b"You are a tiny model.".to_vec();
+    let messages =
+        br#"[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]"#.to_vec();
+    let license = b"MIT License".to_vec();
     let layer = |media: &str, data: &[u8]| serde_json::json!({"mediaType": media, "digest": format!("sha256:{}", sha256_hex(data)), "size": data.len()});
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
@@ -20,6 +30,9 @@ fn start_hub(gguf: Vec<u8>) -> String {
             layer("application/vnd.ollama.image.model", &gguf),
             layer("application/vnd.ollama.image.template", &template),
             layer("application/vnd.ollama.image.params", &params),
+            layer("application/vnd.ollama.image.system", &system),
+            layer("application/vnd.ollama.image.messages", &messages),
+            layer("application/vnd.ollama.image.license", &license),
         ],
     }))
     .unwrap();
@@ -28,12 +41,20 @@ fn start_hub(gguf: Vec<u8>) -> String {
         "lfs": {"oid": sha256_hex(&gguf), "size": gguf.len(), "pointerSize": 134},
     }]))
     .unwrap();
-    let mut routes: Vec<(String, Vec<u8>)> = vec![
-        ("/v2/library/tiny/manifests/1b".into(), manifest),
-        ("/api/models/acme/tiny/tree/main?recursive=true".into(), tree),
+    let gguf = Arc::new(gguf);
+    let mut routes: Vec<(String, Arc<Vec<u8>>)> = vec![
+        ("/v2/library/tiny/manifests/1b".into(), Arc::new(manifest)),
+        (
+            "/api/models/acme/tiny/tree/main?recursive=true".into(),
+            Arc::new(tree),
+        ),
         ("/acme/tiny/resolve/main/tiny-Q4_K_M.gguf".into(), gguf.clone()),
     ];
-    for data in [gguf, template, params] {
+    routes.push((
+        format!("/v2/library/tiny/blobs/sha256:{}", sha256_hex(&gguf)),
+        gguf,
+    ));
+    for data in [template, params, system, messages, license].map(Arc::new) {
         routes.push((
             format!("/v2/library/tiny/blobs/sha256:{}", sha256_hex(&data)),
             data,
@@ -56,7 +77,7 @@ fn start_hub(gguf: Vec<u8>) -> String {
             let path = line.split_whitespace().nth(1).unwrap_or("");
             let (status, body) = match routes.iter().find(|(p, _)| p == path) {
                 Some((_, b)) => ("200 OK", b.clone()),
-                None => ("404 Not Found", b"{}".to_vec()),
+                None => ("404 Not Found", Arc::new(b"{}".to_vec())),
             };
             let _ = write!(
                 conn,
@@ -93,7 +114,7 @@ fn cli_pulls_from_an_ollama_registry_and_hugging_face_then_reports_installed_pac
         .prefix("berth-pull-hubs-")
         .tempdir()
         .unwrap();
-    let hub = start_hub(sample_gguf(Some("{{ messages }}")));
+    let hub = start_hub(sample_gguf(Some("{{ messages }}")), PARAMS);
 
     let out = run(dir.path(), &hub, &["pull", "ollama.com/library/tiny:1b"]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
@@ -101,13 +122,36 @@ fn cli_pulls_from_an_ollama_registry_and_hugging_face_then_reports_installed_pac
     assert!(stdout.starts_with("pulled 'tiny:1b' into "), "{stdout}");
     for status in [
         "pulling manifest",
-        "(1/3)",
-        "(3/3)",
+        "(1/6)",
+        "(6/6)",
         "verifying sha256 digest",
         "success",
     ] {
         assert!(stderr.contains(status), "{status} missing from {stderr}");
     }
+    // The text layers reach the manifest: the lead's defaults, system prompt and messages apply.
+    let show = run(dir.path(), &hub, &["show", "tiny:1b", "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    let m = &shown["manifest"];
+    assert_eq!(m["system"], "You are a tiny model.");
+    assert_eq!(m["license"], "MIT License");
+    assert_eq!(
+        m["messages"],
+        serde_json::json!([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}])
+    );
+    assert_eq!(m["defaults"]["stop"], serde_json::json!(["<|im_end|>", "END"]));
+    assert_eq!(m["defaults"]["temperature"], 0.3);
+    let modelfile = text(&run(dir.path(), &hub, &["show", "tiny:1b", "--modelfile"]).stdout);
+    for line in [
+        "FROM tiny:1b\n",
+        "SYSTEM \"\"\"You are a tiny model.\"\"\"\n",
+        "PARAMETER stop \"END\"\n",
+        "# (not supported by Berth) PARAMETER num_keep 24\n",
+        "MESSAGE assistant Hello!\n",
+    ] {
+        assert!(modelfile.contains(line), "{line:?} missing from {modelfile}");
+    }
+
     let again = run(dir.path(), &hub, &["pull", "ollama.com/library/tiny:1b"]);
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert!(
@@ -137,4 +181,73 @@ fn cli_pulls_from_an_ollama_registry_and_hugging_face_then_reports_installed_pac
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["acme/tiny:latest", "tiny:1b"]);
+}
+
+/// A POST to a test server whose answer must be a 200 JSON body.
+fn post_ok(server: &TestServer, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let (status, text) = server.post(path, &body.to_string());
+    assert_eq!(status, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The real Qwen2.5-Coder GGUF pulled from the loopback registry with params, a system prompt and
+/// messages: served, they apply (the same prompt and greedy reply as a plain import of the GGUF
+/// given the same values by the request), and the request's own values win.
+#[test]
+fn a_pulled_packs_parameters_system_prompt_and_messages_apply_when_served() {
+    let dir = tempfile::Builder::new()
+        .prefix("berth-pull-applies-")
+        .tempdir()
+        .unwrap();
+    let qwen = real_model("qwen2.5-coder-0.5b");
+    let hub = start_hub(
+        std::fs::read(&qwen).unwrap(),
+        br#"{"temperature": 0, "num_predict": 5, "stop": ["<|im_end|>"]}"#,
+    );
+    let out = run(dir.path(), &hub, &["pull", "ollama.com/library/tiny:1b"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let home = dir.path().join("home");
+    let plugin = plugin_library("qwen3");
+    for args in [
+        vec!["plugins", "install", plugin.to_str().unwrap()],
+        vec!["import", qwen.to_str().unwrap(), "--name", "plain:latest"],
+    ] {
+        let out = run(dir.path(), &hub, &args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let server = TestServer::start(&home, &[]);
+    let question = serde_json::json!({"role": "user", "content": "Write a haiku about the sea."});
+    let pulled = post_ok(
+        &server,
+        "/api/chat",
+        serde_json::json!({"model": "tiny:1b", "messages": [question], "stream": false}),
+    );
+    let plain = post_ok(
+        &server,
+        "/api/chat",
+        serde_json::json!({"model": "plain", "stream": false,
+            "messages": [{"role": "system", "content": "You are a tiny model."},
+                         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, question],
+            "options": {"temperature": 0, "num_predict": 5}}),
+    );
+    assert_eq!(
+        pulled["prompt_eval_count"], plain["prompt_eval_count"],
+        "{pulled}\n{plain}"
+    );
+    assert_eq!(
+        pulled["message"]["content"], plain["message"]["content"],
+        "{pulled}\n{plain}"
+    );
+    assert_eq!(
+        (pulled["eval_count"].as_u64(), pulled["done_reason"].as_str()),
+        (Some(5), Some("length")),
+        "{pulled}"
+    );
+    // The request's own values win over the pack's.
+    let longer = post_ok(
+        &server,
+        "/api/chat",
+        serde_json::json!({"model": "tiny:1b", "messages": [question], "stream": false, "options": {"num_predict": 9}}),
+    );
+    assert_eq!(longer["eval_count"].as_u64(), Some(9), "{longer}");
 }

@@ -1,7 +1,9 @@
-//! CORS end to end: a page served on the loopback interface calls `berth serve` from headless
-//! Chromium (installed by scripts/browser-deps). With `--cors-origin` naming the page's origin
-//! (and `--api-key`), its `fetch` calls read Berth's answers; without it, or with another
-//! origin, the browser refuses them. Preflights are answered before authentication.
+//! CORS end to end: a page calls `berth serve` from headless Chromium (installed by
+//! scripts/browser-deps). A page from a loopback origin (`http://127.0.0.1:PORT`) reads Berth's
+//! answers without configuration, as Ollama allows it; a page from another origin
+//! (`http://page.example:PORT`, which Chromium resolves to the loopback interface) needs
+//! `--cors-origin` naming it (or `*`), else the browser refuses its calls. Preflights are
+//! answered before authentication (`--api-key`).
 
 mod common;
 
@@ -69,11 +71,20 @@ fn serve_page(listener: TcpListener, html: String) {
     });
 }
 
-/// Starts a server with `cors` flags and a page (on its own loopback port) that calls it;
-/// returns the server, the page's origin and what the page saw in Chromium.
-fn page_against(chromium: &str, home: &Path, cors: &[&str], allow_page: bool) -> (Server, String, String) {
+/// The host of a page whose origin is not a loopback one.
+const PAGE_HOST: &str = "page.example";
+
+/// Starts a server with `cors` flags and a page (on its own loopback port, its origin's host
+/// `host`) that calls it; returns the server, the page's origin and what the page saw in Chromium.
+fn page_against(
+    chromium: &str,
+    home: &Path,
+    cors: &[&str],
+    allow_page: bool,
+    host: &str,
+) -> (Server, String, String) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let origin = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let origin = format!("http://{host}:{}", listener.local_addr().unwrap().port());
     let mut flags: Vec<&str> = cors.to_vec();
     if allow_page {
         flags.extend(["--cors-origin", origin.as_str()]);
@@ -96,6 +107,7 @@ fn run_page(chromium: &str, origin: &str) -> String {
             "--virtual-time-budget=15000",
             "--dump-dom",
         ])
+        .arg(format!("--host-resolver-rules=MAP {PAGE_HOST} 127.0.0.1"))
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("{origin}/"))
         .output()
@@ -117,6 +129,7 @@ fn run_page(chromium: &str, origin: &str) -> String {
 fn a_browser_page_calls_berth_only_when_cors_allows_its_origin() {
     let chromium = script_stdout("browser-deps", &[]).trim().to_string();
     let home = tempfile::tempdir().unwrap();
+    let works = "models:200:list:id chat:404:model_not_found nokey:401:invalid_api_key";
 
     // Allowed (next to another origin): the page reads the answers, errors included.
     let (server, origin, seen) = page_against(
@@ -124,11 +137,9 @@ fn a_browser_page_calls_berth_only_when_cors_allows_its_origin() {
         home.path(),
         &["--cors-origin", "http://elsewhere.example"],
         true,
+        PAGE_HOST,
     );
-    assert_eq!(
-        seen, "models:200:list:id chat:404:model_not_found nokey:401:invalid_api_key",
-        "with CORS allowed"
-    );
+    assert_eq!(seen, works, "with CORS allowed");
     // Preflight: answered before authentication, echoing the origin and the asked headers.
     let pre = server.raw(&format!(
         "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n"
@@ -161,21 +172,38 @@ fn a_browser_page_calls_berth_only_when_cors_allows_its_origin() {
     drop(server);
 
     // `*` allows any page.
-    let (_s, _, seen) = page_against(&chromium, home.path(), &["--cors-origin", "*"], false);
-    assert_eq!(
-        seen, "models:200:list:id chat:404:model_not_found nokey:401:invalid_api_key",
-        "with *"
-    );
+    let (_s, _, seen) = page_against(&chromium, home.path(), &["--cors-origin", "*"], false, PAGE_HOST);
+    assert_eq!(seen, works, "with *");
 
-    // Off (the default) or another origin only: the browser refuses every call.
+    // Without configuration, a page from a loopback origin works, as with Ollama; its preflight
+    // is answered (an app's web view origin too).
+    let (server, origin, seen) = page_against(&chromium, home.path(), &[], false, "127.0.0.1");
+    assert_eq!(seen, works, "a loopback page without configuration");
+    for o in [origin.as_str(), "http://localhost:1234", "vscode-webview://abc"] {
+        let pre = server.raw(&format!(
+            "OPTIONS /api/chat HTTP/1.1\r\nHost: x\r\nOrigin: {o}\r\nAccess-Control-Request-Method: POST\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(pre.starts_with("HTTP/1.1 204"), "{o}: {pre}");
+        assert!(
+            pre.to_ascii_lowercase().contains(&format!(
+                "access-control-allow-origin: {}",
+                o.to_ascii_lowercase()
+            )),
+            "{o}: {pre}"
+        );
+    }
+    drop(server);
+
+    // Any other origin is refused by default, or when another origin is allowed.
     let blocked = "models:blocked chat:blocked nokey:blocked";
-    let (_s, _, seen) = page_against(&chromium, home.path(), &[], false);
+    let (_s, _, seen) = page_against(&chromium, home.path(), &[], false, PAGE_HOST);
     assert_eq!(seen, blocked, "without CORS");
     let (_s, _, seen) = page_against(
         &chromium,
         home.path(),
         &["--cors-origin", "http://elsewhere.example"],
         false,
+        PAGE_HOST,
     );
     assert_eq!(seen, blocked, "with another origin allowed");
 }

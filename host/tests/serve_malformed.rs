@@ -360,7 +360,7 @@ const GENERATING: [&str; 6] = [
     "/api/chat",
     "/api/generate",
 ];
-const POST_ROUTES: [&str; 14] = [
+const POST_ROUTES: [&str; 15] = [
     "/v1/embeddings",
     "/api/embed",
     "/api/embeddings",
@@ -375,6 +375,7 @@ const POST_ROUTES: [&str; 14] = [
     "/api/pull",
     "/api/delete",
     "/api/copy",
+    "/api/create",
 ];
 
 /// The field holding a route's conversation or prompt.
@@ -1321,6 +1322,72 @@ fn cases() -> Vec<Case> {
             "/api/delete",
             json!({"model": "/etc/passwd"}),
             Is(404),
+        ),
+        (
+            "create without a name",
+            "/api/create",
+            json!({"from": SCRIPTED}),
+            Is(bad),
+        ),
+        (
+            "create without a base",
+            "/api/create",
+            json!({"model": "new"}),
+            Is(bad),
+        ),
+        (
+            "create from a server file",
+            "/api/create",
+            json!({"model": "new", "from": "/etc/passwd", "stream": false}),
+            Is(bad),
+        ),
+        (
+            "create from a traversal",
+            "/api/create",
+            json!({"model": "new", "from": "../../etc/passwd"}),
+            Is(bad),
+        ),
+        (
+            "create a traversal",
+            "/api/create",
+            json!({"model": "../../x", "from": SCRIPTED}),
+            Is(bad),
+        ),
+        (
+            "create with a Go template",
+            "/api/create",
+            json!({"model": "new", "from": SCRIPTED, "template": "{{ .Prompt }}"}),
+            Is(bad),
+        ),
+        (
+            "create with mirostat",
+            "/api/create",
+            json!({"model": "new", "from": SCRIPTED, "parameters": {"mirostat": 2}}),
+            Is(bad),
+        ),
+        (
+            "create with a stop number",
+            "/api/create",
+            json!({"model": "new", "from": SCRIPTED, "parameters": {"stop": [1]}}),
+            Is(bad),
+        ),
+        (
+            "create with files",
+            "/api/create",
+            json!({"model": "new", "files": {"m.gguf": "sha256:00"}}),
+            Is(bad),
+        ),
+        (
+            "create with a broken Modelfile",
+            "/api/create",
+            json!({"model": "new", "modelfile": "FROM x\nSYSTEM \"\"\"open"}),
+            Is(bad),
+        ),
+        (
+            "create with a tool message",
+            "/api/create",
+            json!({"model": "new", "from": SCRIPTED, "messages": [{"role": "tool", "content": "x"}]}),
+            Is(bad),
         ),
         ("copy without fields", "/api/copy", json!({}), Is(bad)),
         (

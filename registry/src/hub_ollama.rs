@@ -5,8 +5,9 @@
 //! The model layer (a GGUF) is imported as the pack's weights. Berth renders Jinja chat templates,
 //! so the GGUF's own `tokenizer.chat_template` stays the pack's template; Ollama's Go template is
 //! kept beside it as `ollama.template` for reference. The params layer (JSON) becomes the
-//! manifest's `defaults` and `params.json`; the system, license, messages and projector layers and
-//! the image config are kept as files.
+//! manifest's `defaults` and `params.json`; the system, messages and license layers become the
+//! manifest's `system`, `messages` and `license` (and stay as files, with the projector layer and
+//! the image config).
 
 use std::fs;
 
@@ -14,7 +15,7 @@ use sha2::Digest as _;
 
 use crate::download::{Blob, Digest};
 use crate::hub::{fetch_all, link_or_copy, request_error, status_error, HubOptions, Scratch};
-use crate::pack::{FileRole, PackFile, PackManifest, PackRef};
+use crate::pack::{FileRole, PackFile, PackManifest, PackMessage, PackRef};
 use crate::pull::{Phase, Progress, PullError};
 use crate::store::{ImportOptions, PackEntry, Store};
 
@@ -188,6 +189,35 @@ fn json_to_toml(v: &serde_json::Value) -> Option<toml::Value> {
     })
 }
 
+/// Writes a text layer into the manifest: `params` (JSON) become the defaults, `system` the
+/// system prompt, `messages` (a JSON list of `{role, content}`) the pack's messages, and each
+/// `license` layer is added to the license text.
+fn apply_layer(manifest: &mut PackManifest, kind: &str, text: &str) -> Result<(), String> {
+    match kind {
+        "params" => {
+            let params: serde_json::Value =
+                serde_json::from_str(text).map_err(|e| format!("the params layer is not JSON: {e}"))?;
+            if let Some(toml::Value::Table(t)) = json_to_toml(&params) {
+                manifest.defaults.extend(t);
+            }
+        }
+        "system" => manifest.system = Some(text.to_string()),
+        "messages" => {
+            let messages: Vec<PackMessage> = serde_json::from_str(text)
+                .map_err(|e| format!("the messages layer is not a list of {{role, content}}: {e}"))?;
+            manifest.messages = messages;
+        }
+        "license" => {
+            manifest.license = Some(match manifest.license.take() {
+                Some(before) => format!("{before}\n\n{text}"),
+                None => text.to_string(),
+            })
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Pulls `model` into the store as `local`.
 pub(crate) fn pull(
     store: &Store,
@@ -242,18 +272,15 @@ pub(crate) fn pull(
             size: Some(layer.size),
             sha256: Some(layer.digest.hex().to_string()),
         });
-        if layer.kind == "params" {
+        if matches!(layer.kind.as_str(), "params" | "system" | "messages" | "license") {
             let text = fs::read_to_string(path).map_err(|source| PullError::Io {
                 path: path.clone(),
                 source,
             })?;
-            let params: serde_json::Value = serde_json::from_str(&text).map_err(|e| PullError::Hub {
+            apply_layer(&mut manifest, &layer.kind, &text).map_err(|message| PullError::Hub {
                 reference: model.reference.clone(),
-                message: format!("the params layer is not JSON: {e}"),
+                message,
             })?;
-            if let Some(toml::Value::Table(t)) = json_to_toml(&params) {
-                manifest.defaults.extend(t);
-            }
         }
     }
     manifest
@@ -315,5 +342,37 @@ mod tests {
         assert_eq!(t["num_ctx"].as_integer(), Some(4096));
         assert_eq!(t["stop"].as_array().unwrap()[0].as_str(), Some("<|im_end|>"));
         assert!(!t.contains_key("x"));
+    }
+
+    #[test]
+    fn text_layers_fill_the_manifest() {
+        let mut m = PackManifest::new(&PackRef::parse("a:b").unwrap(), "qwen3");
+        apply_layer(
+            &mut m,
+            "params",
+            r#"{"stop": ["<|im_end|>", "<|endoftext|>"], "temperature": 0.2}"#,
+        )
+        .unwrap();
+        apply_layer(&mut m, "system", "You are Ollama's.\n").unwrap();
+        apply_layer(
+            &mut m,
+            "messages",
+            r#"[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]"#,
+        )
+        .unwrap();
+        apply_layer(&mut m, "license", "MIT").unwrap();
+        apply_layer(&mut m, "license", "Apache-2.0").unwrap();
+        assert_eq!(
+            m.defaults["stop"].as_array().map(Vec::len),
+            Some(2),
+            "stop stays an array"
+        );
+        assert_eq!(m.system.as_deref(), Some("You are Ollama's.\n"));
+        assert_eq!(m.messages[1].content, "hello");
+        assert_eq!(m.license.as_deref(), Some("MIT\n\nApache-2.0"));
+        assert!(apply_layer(&mut m, "messages", "{}")
+            .unwrap_err()
+            .contains("messages layer"));
+        assert!(apply_layer(&mut m, "params", "nope").is_err());
     }
 }

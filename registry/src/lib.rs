@@ -9,7 +9,7 @@
 //! models from Hugging Face and Ollama registries ([`hub`], over the resumable [`download`]s),
 //! and formats sizes and ages for the CLI ([`format`](mod@format)). Sentence-transformers
 //! embedding models keep their pooling and dense modules in folders [`sentence_transformers`]
-//! reads from `modules.json`.
+//! reads from `modules.json`. Ollama's Modelfiles are parsed and written back by [`modelfile`].
 
 #![warn(missing_docs)]
 
@@ -19,6 +19,7 @@ pub mod format;
 pub mod hub;
 mod hub_hf;
 mod hub_ollama;
+pub mod modelfile;
 pub mod pack;
 pub mod pull;
 pub mod sentence_transformers;
@@ -38,4 +39,4 @@ pub use pack::{
 };
 pub use pull::{pull, Phase, Progress, PullError, PullOptions};
 pub use safetensors::{Dtype, SafetensorsFile, SafetensorsTensor};
-pub use store::{ImportOptions, PackEntry, Store, StoreError};
+pub use store::{CreateBase, ImportOptions, PackEntry, Store, StoreError};

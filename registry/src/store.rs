@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::gguf::{file_type_name, GgmlType, GgufError, GgufFile};
+use crate::modelfile::Modelfile;
 use crate::pack::{
     family_for_architecture, is_safe_relative, sanitize_name, FileRole, PackError, PackFile, PackFormat,
     PackManifest, PackRef, PackRefError, MANIFEST_FILE,
@@ -137,6 +138,15 @@ pub struct ImportOptions {
     pub family: Option<String>,
     /// Quantize the weights when the pack is loaded (`q8_0`; see [`PackManifest::quantize`]).
     pub quantize: Option<String>,
+}
+
+/// Where `berth create` takes a new pack's weights and settings from (a Modelfile's `FROM`).
+#[derive(Debug, Clone)]
+pub enum CreateBase {
+    /// A pack in the store: its files are hard-linked, its manifest values are the starting point.
+    Pack(Box<PackEntry>),
+    /// A `.gguf` file or a model folder, imported as `berth import` would.
+    Path(PathBuf),
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -331,6 +341,128 @@ impl Store {
         manifest.tag = dst.tag.clone();
         manifest.save(&staging.dir)?;
         self.install(staging, &dst)
+    }
+
+    /// Resolves a Modelfile's `FROM`: with `dir` (the Modelfile's folder, which relative paths
+    /// are taken against) a file or folder that exists, else a pack in the store. Without `dir`
+    /// (`/api/create`) only packs: a client does not name files on the server's disk.
+    pub fn create_base(&self, from: &str, dir: Option<&Path>) -> Result<CreateBase, StoreError> {
+        let from = from.trim();
+        if let Some(dir) = dir {
+            let p = match from.strip_prefix("~/") {
+                Some(rest) => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(rest),
+                None => PathBuf::from(from),
+            };
+            let p = if p.is_absolute() { p } else { dir.join(p) };
+            if p.exists() {
+                return Ok(CreateBase::Path(p));
+            }
+        }
+        if from.starts_with(['/', '.', '~']) || from.ends_with(".gguf") {
+            let msg = match dir {
+                Some(_) => "no such file or folder",
+                None => {
+                    "a file path is not a model here: name a pack in the store (`berth create` or \
+                     `berth import` on the server makes one from a file)"
+                }
+            };
+            return Err(StoreError::Unsupported {
+                path: PathBuf::from(from),
+                msg: msg.into(),
+            });
+        }
+        let entry = self.get(from)?;
+        if !entry.is_ok() {
+            return Err(StoreError::Broken {
+                path: entry.dir,
+                problems: entry.problems,
+            });
+        }
+        Ok(CreateBase::Pack(Box::new(entry)))
+    }
+
+    /// Creates pack `name` from `base` with a Modelfile's values over the base's (see
+    /// [`Modelfile::apply`]); `progress` hears one status line per step, as Ollama's create.
+    pub fn create(
+        &self,
+        name: &str,
+        base: &CreateBase,
+        mf: &Modelfile,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<PackEntry, StoreError> {
+        let r = PackRef::parse(name)?;
+        let staging = self.staging("create")?;
+        match base {
+            CreateBase::Pack(entry) => {
+                progress(&format!("using pack {}", entry.reference));
+                copy_tree(&entry.dir, &staging.dir, true)?;
+            }
+            CreateBase::Path(path) => {
+                progress("reading model metadata");
+                // Imported into a scratch store, then linked over: the pack appears whole.
+                let scratch_home = self.staging_path("create-import")?;
+                let scratch = Store::new(scratch_home.clone());
+                let import = ImportOptions {
+                    name: Some(r.to_string()),
+                    ..ImportOptions::default()
+                };
+                let result = scratch
+                    .import(path, &import)
+                    .and_then(|built| copy_tree(&built.dir, &staging.dir, true));
+                let _ = fs::remove_dir_all(&scratch_home);
+                result?;
+            }
+        }
+        let mut manifest = PackManifest::load(&staging.dir)?;
+        manifest.name = r.name.clone();
+        manifest.tag = r.tag.clone();
+        manifest.created = Some(crate::pack::rfc3339(SystemTime::now()));
+        let mut stamps = load_stamps(&staging.dir);
+        if let Some(t) = &mf.template {
+            progress("writing chat template");
+            let p = staging.dir.join(TEMPLATE_FILE);
+            // The copy may be a hard link to the base's file: replace it, never write through it.
+            if p.exists() {
+                fs::remove_file(&p).map_err(io_err(&p))?;
+            }
+            fs::write(&p, t).map_err(io_err(&p))?;
+            manifest.files.retain(|f| f.path != TEMPLATE_FILE);
+            manifest.files.push(hashed_file(
+                &staging.dir,
+                TEMPLATE_FILE,
+                FileRole::Template,
+                &mut stamps,
+            )?);
+            manifest
+                .capabilities
+                .retain(|c| !matches!(c.as_str(), "completion" | "chat" | "tools" | "thinking"));
+            let implied = capabilities(Some(t));
+            let rest = std::mem::take(&mut manifest.capabilities);
+            manifest.capabilities = implied;
+            manifest.capabilities.extend(rest);
+        }
+        for (given, what) in [
+            (mf.system.is_some(), "writing system prompt"),
+            (!mf.parameters.is_empty(), "writing parameters"),
+            (!mf.messages.is_empty(), "writing messages"),
+            (!mf.license.is_empty(), "writing license"),
+        ] {
+            if given {
+                progress(what);
+            }
+        }
+        mf.apply(&mut manifest);
+        let problems = manifest.problems();
+        if !problems.is_empty() {
+            return Err(StoreError::Broken {
+                path: staging.dir.clone(),
+                problems,
+            });
+        }
+        progress("writing manifest");
+        manifest.save(&staging.dir)?;
+        save_stamps(&staging.dir, &stamps);
+        self.install(staging, &r)
     }
 
     /// Import a GGUF file, an existing pack directory or a Hugging Face model directory (with
@@ -1396,6 +1528,80 @@ mod tests {
             store.remove("lib/mine:x"),
             Err(StoreError::NotFound { .. })
         ));
+    }
+
+    #[test]
+    fn create_from_a_gguf_then_from_that_pack_overrides_and_links() {
+        let (tmp, store, _src) = setup(Some(TEMPLATE));
+        let mf = Modelfile::parse(
+            "FROM ./Tiny.gguf\nSYSTEM Be brief.\nPARAMETER temperature 0\nPARAMETER stop \"<|im_end|>\"\n\
+             MESSAGE user hi\nMESSAGE assistant hello\nLICENSE MIT\n",
+        )
+        .unwrap();
+        let base = store.create_base("./Tiny.gguf", Some(tmp.path())).unwrap();
+        assert!(matches!(&base, CreateBase::Path(p) if p.ends_with("Tiny.gguf")));
+        let mut steps = Vec::new();
+        let a = store
+            .create("mine", &base, &mf, &mut |s| steps.push(s.to_string()))
+            .unwrap();
+        assert!(a.is_ok(), "{:?}", a.problems);
+        assert_eq!(steps.first().map(String::as_str), Some("reading model metadata"));
+        assert_eq!(steps.last().map(String::as_str), Some("writing manifest"));
+        let m = a.manifest.clone().unwrap();
+        assert_eq!(m.reference(), "mine:latest");
+        assert_eq!(m.system.as_deref(), Some("Be brief."));
+        assert_eq!(m.defaults["temperature"].as_float(), Some(0.0));
+        assert_eq!(m.messages.len(), 2);
+        assert_eq!(m.license.as_deref(), Some("MIT"));
+        assert_eq!(m.family, "qwen3");
+
+        // From the pack: its values stay unless overridden; a new template replaces its own.
+        let over = Modelfile::parse(
+            "FROM mine\nPARAMETER temperature 0.5\nTEMPLATE \"{{ messages[0].content }}\"\n",
+        )
+        .unwrap();
+        let base = store.create_base("mine", None).unwrap();
+        let b = store.create("lib/other:v2", &base, &over, &mut |_| {}).unwrap();
+        assert!(b.is_ok(), "{:?}", b.problems);
+        let mb = b.manifest.clone().unwrap();
+        assert_eq!(mb.defaults["temperature"].as_float(), Some(0.5));
+        assert_eq!(mb.defaults["stop"], m.defaults["stop"]);
+        assert_eq!(
+            (&mb.system, &mb.messages, &mb.license),
+            (&m.system, &m.messages, &m.license)
+        );
+        assert_eq!(
+            mb.capabilities,
+            ["completion", "chat"],
+            "the new template has no tools"
+        );
+        assert_eq!(
+            fs::read_to_string(b.dir.join(TEMPLATE_FILE)).unwrap(),
+            "{{ messages[0].content }}"
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let x = fs::metadata(a.dir.join(GGUF_WEIGHTS_FILE)).unwrap();
+            let y = fs::metadata(b.dir.join(GGUF_WEIGHTS_FILE)).unwrap();
+            assert_eq!(x.ino(), y.ino(), "weights are hard-linked");
+        }
+
+        assert!(matches!(
+            store.create_base("nothing-here", None),
+            Err(StoreError::NotFound { .. })
+        ));
+        let e = store.create_base("./missing.gguf", Some(tmp.path())).unwrap_err();
+        assert!(e.to_string().contains("no such file"), "{e}");
+        for path in ["./Tiny.gguf", "/etc/passwd", "../../etc/passwd"] {
+            let e = store.create_base(path, None).unwrap_err();
+            assert!(e.to_string().contains("name a pack"), "{e}");
+        }
+        assert!(store.create("bad name", &base, &over, &mut |_| {}).is_err());
+        assert!(
+            !store.home().join("tmp").read_dir().unwrap().any(|_| true),
+            "no staging left"
+        );
     }
 
     #[test]

@@ -14,7 +14,6 @@ use crate::chat::{Delta, ParsedMessage};
 use crate::constraint::{ParamError, RequestConstraints};
 use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::Finish;
-use crate::sampling::SamplingParams;
 use crate::state::{RequestId, Shared};
 use crate::turn::reply::{self, Encoder, End, ReplyEvent};
 use crate::turn::{
@@ -271,7 +270,7 @@ impl RequestBody for MessagesRequest {
     }
 
     fn validate(&self) -> Result<(), ApiError> {
-        self.decode_options().map(|_| ())
+        self.decode_options(&DecodeOptions::default()).map(|_| ())
     }
 }
 
@@ -280,8 +279,8 @@ impl GenerationBody for MessagesRequest {
         self.model.as_deref()
     }
 
-    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
-        let mut decode = self.decode_options()?;
+    fn turn(&mut self, json: &Map<String, Value>, base: &DecodeOptions) -> Result<ChatRequest, ApiError> {
+        let mut decode = self.decode_options(base)?;
         // llama.cpp's extension fields (`min_p`, `seed`, the penalties, ...), as every flat surface.
         body::part::<SamplingExtensions>(json)?.apply(&mut decode.sampling)?;
         let max = decode.max_tokens.map(|m| m as i64);
@@ -302,7 +301,7 @@ impl GenerationBody for CountRequest {
         self.model.as_deref()
     }
 
-    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    fn turn(&mut self, json: &Map<String, Value>, _base: &DecodeOptions) -> Result<ChatRequest, ApiError> {
         body::part::<Conversation>(json)?.turn(None)
     }
 }
@@ -310,11 +309,12 @@ impl GenerationBody for CountRequest {
 impl RequestBody for Conversation {}
 
 impl MessagesRequest {
-    /// Sampling, the token cap and the stop sequences, each out of range a 400 naming its field.
-    fn decode_options(&self) -> Result<DecodeOptions, ApiError> {
+    /// Sampling, the token cap and the stop sequences over `base` (the pack's defaults), each out
+    /// of range a 400 naming its field.
+    fn decode_options(&self, base: &DecodeOptions) -> Result<DecodeOptions, ApiError> {
         let max_tokens = int_in("max_tokens", self.max_tokens, 1, u32::MAX as i64)?
             .ok_or_else(|| required("max_tokens"))?;
-        let mut s = SamplingParams::default();
+        let mut s = base.sampling.clone();
         if let Some(t) = num_in("temperature", self.temperature, 0.0, 1.0)? {
             s.temperature = t as f32;
         }
@@ -324,21 +324,24 @@ impl MessagesRequest {
         if let Some(k) = int_in("top_k", self.top_k, 0, 1 << 20)? {
             s.top_k = k as usize;
         }
-        let stop = self.stop_sequences.clone().unwrap_or_default();
-        if stop.len() > MAX_STOP_SEQUENCES {
-            return Err(ApiError::param(
-                "stop_sequences",
-                format!(
-                    "'stop_sequences' takes at most {MAX_STOP_SEQUENCES} sequences; got {}",
-                    stop.len()
-                ),
-            ));
-        }
+        let stop = match &self.stop_sequences {
+            Some(stop) if stop.len() > MAX_STOP_SEQUENCES => {
+                return Err(ApiError::param(
+                    "stop_sequences",
+                    format!(
+                        "'stop_sequences' takes at most {MAX_STOP_SEQUENCES} sequences; got {}",
+                        stop.len()
+                    ),
+                ))
+            }
+            Some(stop) => stop.clone(),
+            None => base.stop.clone(),
+        };
         Ok(DecodeOptions {
             sampling: s,
             max_tokens: Some(max_tokens as usize),
             stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
-            ..DecodeOptions::default()
+            ..base.settings()
         })
     }
 }
@@ -1433,7 +1436,7 @@ mod tests {
         let s = &r.decode.sampling;
         assert_eq!((s.top_k, s.min_p, s.seed), (40, 0.05, Some(42)));
         let r = checked(json!({"messages": [{"role": "user", "content": "Hi"}]})).unwrap();
-        let d = SamplingParams::default();
+        let d = crate::sampling::SamplingParams::default();
         assert_eq!((r.decode.sampling.min_p, r.decode.sampling.seed), (d.min_p, None));
     }
 

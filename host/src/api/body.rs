@@ -225,63 +225,7 @@ impl<'de> Deserializer<'de> for FieldNames<'_> {
     }
 }
 
-/// A whole number as the APIs take it: a JSON integer, or a number with no fraction (`10.0`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Int(pub i64);
-
-impl<'de> Deserialize<'de> for Int {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Int, D::Error> {
-        struct IntVisitor;
-        impl Visitor<'_> for IntVisitor {
-            type Value = Int;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an integer")
-            }
-
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Int, E> {
-                Ok(Int(v))
-            }
-
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Int, E> {
-                i64::try_from(v)
-                    .map(Int)
-                    .map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
-            }
-
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Int, E> {
-                if v.fract() == 0.0 && v.abs() < 9e15 {
-                    Ok(Int(v as i64))
-                } else {
-                    Err(E::invalid_value(Unexpected::Float(v), &self))
-                }
-            }
-        }
-        d.deserialize_any(IntVisitor)
-    }
-}
-
-/// A whole number field within `[lo, hi]` (400 naming `name` outside it).
-pub fn int_in(name: &str, v: Option<Int>, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
-    match v {
-        Some(Int(x)) if !(lo..=hi).contains(&x) => Err(ApiError::param(
-            name,
-            format!("'{name}' must be between {lo} and {hi}; got {x}"),
-        )),
-        other => Ok(other.map(|Int(x)| x)),
-    }
-}
-
-/// A number field within `[lo, hi]` (400 naming `name` outside it).
-pub fn num_in(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
-    match v {
-        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::param(
-            name,
-            format!("'{name}' must be between {lo} and {hi}; got {x}"),
-        )),
-        other => Ok(other),
-    }
-}
+pub use crate::options::{int_in, num_in, Int};
 
 /// `think`: a boolean, or a reasoning level (`low`, `medium`, `high`).
 #[derive(Clone, Debug, PartialEq, Eq)]

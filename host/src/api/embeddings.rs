@@ -13,10 +13,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::body::{self, field_names, Int, KeepAlive, RequestBody};
-use super::ollama::OllamaOptions;
 use super::pipeline::{body as request_body, model_for};
 use super::{ApiError, OllamaError};
 use crate::embedding::{embed, embedding_model, EmbedOptions, Inputs};
+use crate::options::OllamaOptions;
 use crate::state::models::Model;
 use crate::state::Shared;
 

@@ -5,6 +5,7 @@
 pub mod anthropic;
 pub mod body;
 pub mod embeddings;
+pub mod llama_server;
 pub mod logprobs;
 pub mod messages;
 pub mod ollama;

@@ -1,17 +1,19 @@
 //! The Ollama API: `/api/chat` and `/api/generate` (NDJSON streams), `/api/tags`, `/api/show`,
-//! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`.
+//! `/api/ps`, `/api/version`, `/api/delete`, `/api/copy`, `/api/pull`, `/api/create`.
 
-use super::body::{self, int_in, num_in, Int, KeepAlive, RequestBody, Think};
+use super::body::{self, Int, KeepAlive, RequestBody, Think};
 use super::messages::{self, ChatMessage};
-use super::pipeline::{body, capabilities, prepare, rfc3339, GenerationBody, Prepared};
+use super::pipeline::{body, capabilities, check_fields, prepare, rfc3339, GenerationBody, Prepared};
 use super::{ApiError, OllamaError};
 use crate::chat::{Delta, ParsedMessage, ToolCall};
 use crate::constraint::RequestConstraints;
 use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::Finish;
-use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::options::OllamaOptions;
+use crate::sampling::TokenLogprobs;
 use crate::state::models::Model;
 use crate::state::{RequestId, Shared};
+use crate::turn::fim::{self, Fill};
 use crate::turn::reply::{self, Encoder, ReplyEvent};
 use crate::turn::{ChatRequest as TurnRequest, Content, ImageRef, ImageSource, Message, Prompt, Role, Turn};
 use axum::body::{Body, Bytes};
@@ -20,6 +22,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use berth_registry::modelfile::{self, Modelfile};
+use berth_registry::pack::PackMessage;
 use berth_registry::store::PackEntry;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -27,131 +31,16 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-/// Ollama `options`: sampling and stopping, plus load-time settings Berth sets per server (checked
-/// so that a bad value is never silently taken). Samplers Berth does not implement (`mirostat`,
-/// `typical_p`, `tfs_z`) are a 400 unless set to their "off" value; other keys (runner settings
-/// such as `use_mmap`, `numa`, `main_gpu`) are ignored, as Ollama ignores keys it does not use.
-#[derive(Debug, Default, Deserialize)]
-#[serde(remote = "Self")]
-pub struct OllamaOptions {
-    /// Context length (the server's applies).
-    pub num_ctx: Option<Int>,
-    /// Batch size (the server's applies).
-    pub num_batch: Option<Int>,
-    /// Threads (the server's applies).
-    pub num_thread: Option<Int>,
-    /// Tokens kept on a context shift (the server's applies).
-    pub num_keep: Option<Int>,
-    /// Layers on the GPU (the server's applies).
-    pub num_gpu: Option<Int>,
-    /// 0-100.
-    pub temperature: Option<f64>,
-    /// 0-1.
-    pub top_p: Option<f64>,
-    /// -1 (off) to 2^20.
-    pub top_k: Option<Int>,
-    /// 0-1.
-    pub min_p: Option<f64>,
-    /// Seed for reproducible sampling.
-    pub seed: Option<Int>,
-    /// 0-100.
-    pub repeat_penalty: Option<f64>,
-    /// Tokens the repeat penalty looks back over (-1: all, taken as 0).
-    pub repeat_last_n: Option<Int>,
-    /// -100 to 100.
-    pub presence_penalty: Option<f64>,
-    /// -100 to 100.
-    pub frequency_penalty: Option<f64>,
-    /// Most tokens to generate (-1, -2: until the context is full).
-    pub num_predict: Option<Int>,
-    /// Up to 16 stop strings.
-    pub stop: Option<Value>,
-    /// Not implemented: only 0 (off) is taken.
-    pub mirostat: Option<Int>,
-    /// Only with `mirostat`; checked as a number.
-    pub mirostat_tau: Option<f64>,
-    /// Only with `mirostat`; checked as a number.
-    pub mirostat_eta: Option<f64>,
-    /// Not implemented: only 1 (off) is taken.
-    pub typical_p: Option<f64>,
-    /// Not implemented (and gone from Ollama): only 1 (off) is taken.
-    pub tfs_z: Option<f64>,
-}
-
-/// A 400 for a sampler Berth does not implement, unless the value is its "off" value.
-fn refuse_unless_off(field: &str, value: Option<f64>, off: f64) -> Result<(), ApiError> {
-    match value {
-        Some(v) if v != off => Err(ApiError::param(
-            field,
-            format!("'{field}' is not supported by Berth (only {off}, which turns it off)"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-impl OllamaOptions {
-    /// The decode options these ask for; each value out of range is a 400 naming `options.X`.
-    pub fn decode_options(&self) -> Result<DecodeOptions, ApiError> {
-        int_in("options.num_ctx", self.num_ctx, 1, u32::MAX as i64)?;
-        int_in("options.num_batch", self.num_batch, 1, u32::MAX as i64)?;
-        int_in("options.num_thread", self.num_thread, 0, 4096)?;
-        int_in("options.num_keep", self.num_keep, -1, u32::MAX as i64)?;
-        int_in("options.num_gpu", self.num_gpu, -1, 1 << 20)?;
-        refuse_unless_off("options.mirostat", self.mirostat.map(|Int(m)| m as f64), 0.0)?;
-        refuse_unless_off("options.typical_p", self.typical_p, 1.0)?;
-        refuse_unless_off("options.tfs_z", self.tfs_z, 1.0)?;
-        let mut s = SamplingParams::default();
-        if let Some(t) = num_in("options.temperature", self.temperature, 0.0, 100.0)? {
-            s.temperature = t as f32;
-        }
-        if let Some(p) = num_in("options.top_p", self.top_p, 0.0, 1.0)? {
-            s.top_p = p as f32;
-        }
-        if let Some(k) = int_in("options.top_k", self.top_k, -1, 1 << 20)? {
-            s.top_k = k.max(0) as usize;
-        }
-        if let Some(p) = num_in("options.min_p", self.min_p, 0.0, 1.0)? {
-            s.min_p = p as f32;
-        }
-        if let Some(Int(seed)) = self.seed {
-            s.seed = Some(seed as u64);
-        }
-        if let Some(p) = num_in("options.repeat_penalty", self.repeat_penalty, 0.0, 100.0)? {
-            s.repeat_penalty = p as f32;
-        }
-        if let Some(n) = int_in("options.repeat_last_n", self.repeat_last_n, -1, 1 << 20)? {
-            // -1 looks at the whole context, as Ollama's `repeat_last_n: -1` does.
-            s.repeat_last_n = if n < 0 { usize::MAX } else { n as usize };
-        }
-        if let Some(p) = num_in("options.presence_penalty", self.presence_penalty, -100.0, 100.0)? {
-            s.presence_penalty = p as f32;
-        }
-        if let Some(p) = num_in("options.frequency_penalty", self.frequency_penalty, -100.0, 100.0)? {
-            s.frequency_penalty = p as f32;
-        }
-        let max_tokens = int_in("options.num_predict", self.num_predict, -2, u32::MAX as i64)?
-            .filter(|&n| n >= 0)
-            .map(|n| n as usize);
-        Ok(DecodeOptions {
-            sampling: s,
-            max_tokens,
-            stop: crate::decoding::parse_stop(self.stop.as_ref(), "options.stop", 16)
-                .map_err(ApiError::from)?,
-            constraint: None,
-            logprobs: None,
-        })
-    }
-}
-
 /// The decode options of an Ollama body's `options` and `logprobs` / `top_logprobs`.
 fn ollama_decode(
     options: &Option<OllamaOptions>,
     logprobs: Option<bool>,
     top_logprobs: Option<Int>,
+    base: &DecodeOptions,
 ) -> Result<DecodeOptions, ApiError> {
     let mut decode = match options {
-        Some(o) => o.decode_options()?,
-        None => DecodeOptions::default(),
+        Some(o) => o.over(base, "options.")?,
+        None => base.settings(),
     };
     decode.logprobs = super::logprobs::request(logprobs, top_logprobs)?;
     Ok(decode)
@@ -195,6 +84,9 @@ pub struct ChatRequest {
     pub think: Option<Think>,
     /// Stream NDJSON lines (the default) or answer once.
     pub stream: Option<bool>,
+    /// A conversation longer than the context drops its oldest turns (the default) or, `false`,
+    /// fails.
+    pub truncate: Option<bool>,
 }
 
 impl RequestBody for ChatRequest {
@@ -215,10 +107,11 @@ impl GenerationBody for ChatRequest {
         self.keep_alive.map(|KeepAlive(k)| k)
     }
 
-    fn turn(&mut self, _json: &Map<String, Value>) -> Result<TurnRequest, ApiError> {
+    fn turn(&mut self, _json: &Map<String, Value>, base: &DecodeOptions) -> Result<TurnRequest, ApiError> {
         let messages = messages::to_turn(self.messages.as_ref());
         let mut req = TurnRequest::new(Prompt::Chat(messages));
-        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs)?;
+        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs, base)?;
+        req.truncate = self.truncate != Some(false);
         req.constraints = RequestConstraints::from_ollama(self.tools.as_ref(), self.format.as_ref())?;
         apply_think(&self.think, &mut req);
         Ok(req)
@@ -241,7 +134,7 @@ pub struct GenerateRequest {
     pub images: Option<Vec<Value>>,
     /// A Go template override: refused when given.
     pub template: Option<String>,
-    /// Fill-in-the-middle text: refused when given.
+    /// Fill-in-the-middle: the text after the gap (`prompt` is the text before it).
     pub suffix: Option<String>,
     /// The deprecated context tokens: refused when not empty.
     pub context: Option<Vec<u64>>,
@@ -259,17 +152,20 @@ pub struct GenerateRequest {
     pub think: Option<Think>,
     /// Stream NDJSON lines (the default) or answer once.
     pub stream: Option<bool>,
+    /// A conversation longer than the context drops its oldest turns (the default) or, `false`,
+    /// fails.
+    pub truncate: Option<bool>,
 }
 
 impl RequestBody for GenerateRequest {
-    /// Keys Berth takes but does not implement (a Go `template` override, a `suffix` for
-    /// fill-in-the-middle, the deprecated `context` tokens): given with a value, each is a 400
-    /// saying so.
+    /// Keys Berth takes but does not implement (a Go `template` override, the deprecated
+    /// `context` tokens): given with a value, each is a 400 saying so.
     fn validate(&self) -> Result<(), ApiError> {
-        for (key, v) in [("template", &self.template), ("suffix", &self.suffix)] {
-            if v.as_deref().is_some_and(|s| !s.is_empty()) {
-                return Err(ApiError::param(key, format!("'{key}' is not supported by Berth")));
-            }
+        if self.template.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::param(
+                "template",
+                "'template' is not supported by Berth",
+            ));
         }
         if self.context.as_ref().is_some_and(|c| !c.is_empty()) {
             return Err(ApiError::param(
@@ -290,7 +186,7 @@ impl GenerationBody for GenerateRequest {
         self.keep_alive.map(|KeepAlive(k)| k)
     }
 
-    fn turn(&mut self, _json: &Map<String, Value>) -> Result<TurnRequest, ApiError> {
+    fn turn(&mut self, _json: &Map<String, Value>, base: &DecodeOptions) -> Result<TurnRequest, ApiError> {
         let text = self.prompt.clone().unwrap_or_default();
         let mut images = Vec::new();
         for (j, v) in self.images.iter().flatten().enumerate() {
@@ -317,7 +213,8 @@ impl GenerationBody for GenerateRequest {
             Prompt::Chat(messages)
         };
         let mut req = TurnRequest::new(prompt);
-        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs)?;
+        req.decode = ollama_decode(&self.options, self.logprobs, self.top_logprobs, base)?;
+        req.truncate = self.truncate != Some(false);
         req.constraints = RequestConstraints::from_ollama(None, self.format.as_ref())?;
         apply_think(&self.think, &mut req);
         Ok(req)
@@ -394,8 +291,144 @@ pub struct CopyRequest {
     pub destination: Option<String>,
 }
 
+/// The body of `POST /api/create`: the current JSON form (`from`, `template`, `system`,
+/// `parameters`, `messages`, `license`) or the older one (`modelfile` text); both may be mixed,
+/// the JSON fields then win over the Modelfile's.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub struct CreateRequest {
+    /// The new pack's name.
+    pub model: Option<String>,
+    /// The new pack's name (the older name of the field).
+    pub name: Option<String>,
+    /// The base: a pack in the store (files on the server's disk are `berth create`'s).
+    pub from: Option<String>,
+    /// Modelfile text (the older form).
+    pub modelfile: Option<String>,
+    /// A Jinja chat template.
+    pub template: Option<String>,
+    /// The system prompt.
+    pub system: Option<String>,
+    /// Default parameters under Ollama's names.
+    pub parameters: Option<Map<String, Value>>,
+    /// Messages put before every conversation.
+    pub messages: Option<Vec<CreateMessage>>,
+    /// License text: a string or a list of them.
+    pub license: Option<Value>,
+    /// Stream status lines (the default) or answer once.
+    pub stream: Option<bool>,
+    /// Uploaded blobs by file name: refused (Berth has no blob upload).
+    pub files: Option<Value>,
+    /// LoRA adapters: refused.
+    pub adapters: Option<Value>,
+    /// Quantize while creating: refused.
+    pub quantize: Option<String>,
+}
+
+/// One of `/api/create`'s `messages`.
+#[derive(Debug, Deserialize)]
+pub struct CreateMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    #[serde(default)]
+    pub content: String,
+}
+
+impl RequestBody for CreateRequest {
+    fn validate(&self) -> Result<(), ApiError> {
+        pack_name(&self.model, &self.name)?;
+        let refuse = |key: &str, why: &str| Err(ApiError::param(key, format!("'{key}': {why}")));
+        if self
+            .files
+            .as_ref()
+            .is_some_and(|f| !f.is_null() && f != &json!({}))
+        {
+            return refuse(
+                "files",
+                "uploaded blobs are not supported by Berth; name a pack in 'from' (`berth create` \
+                 or `berth import` on the server makes one from a file)",
+            );
+        }
+        if self
+            .adapters
+            .as_ref()
+            .is_some_and(|a| !a.is_null() && a != &json!({}))
+        {
+            return refuse("adapters", "adapters are not supported yet");
+        }
+        if self.quantize.is_some() {
+            return refuse(
+                "quantize",
+                "quantizing on create is not supported by Berth (`berth import --quantize q8_0` \
+                 quantizes at load time)",
+            );
+        }
+        if self.from.is_none() && self.modelfile.is_none() {
+            return refuse("from", "'from' (or a 'modelfile' with FROM) is required");
+        }
+        Ok(())
+    }
+}
+
+impl CreateRequest {
+    /// The Modelfile this body asks for: the `modelfile` text's, then the JSON fields over it.
+    fn modelfile(&self) -> Result<Modelfile, ApiError> {
+        let mut mf = match &self.modelfile {
+            Some(text) if self.from.is_some() => Modelfile::parse_partial(text),
+            Some(text) => Modelfile::parse(text),
+            None => Ok(Modelfile::default()),
+        }
+        .map_err(|e| ApiError::param("modelfile", e.to_string()))?;
+        if let Some(f) = &self.from {
+            mf.from = Some(f.clone());
+        }
+        if let Some(t) = &self.template {
+            modelfile::check_template(t).map_err(|e| ApiError::param("template", e))?;
+            mf.template = Some(t.clone());
+        }
+        if let Some(s) = &self.system {
+            mf.system = Some(s.clone());
+        }
+        for (k, v) in self.parameters.iter().flatten() {
+            modelfile::add_json_parameter(&mut mf.parameters, k, v)
+                .map_err(|e| ApiError::param(&format!("parameters.{k}"), e))?;
+        }
+        if let Some(ms) = &self.messages {
+            mf.messages = ms
+                .iter()
+                .map(|m| {
+                    Ok(PackMessage {
+                        role: modelfile::check_role(&m.role).map_err(|e| ApiError::param("messages", e))?,
+                        content: m.content.clone(),
+                    })
+                })
+                .collect::<Result<_, ApiError>>()?;
+        }
+        match &self.license {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => mf.license = vec![s.clone()],
+            Some(Value::Array(items)) if items.iter().all(Value::is_string) => {
+                mf.license = items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            }
+            Some(_) => {
+                return Err(ApiError::param(
+                    "license",
+                    "'license' must be a string or a list of strings",
+                ))
+            }
+        }
+        crate::inspect::check_modelfile(&mf).map_err(|e| ApiError::param("template", e))?;
+        Ok(mf)
+    }
+}
+
 crate::object_only!(
-    OllamaOptions,
+    CreateRequest,
     ChatRequest,
     GenerateRequest,
     ShowRequest,
@@ -460,16 +493,31 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
+    let bytes = body(b)?;
+    let empty = |r: &ChatRequest| r.messages.as_ref().is_none_or(|m| m.is_empty());
+    if let Some(r) = unload_only(&st, &bytes, empty, true)? {
+        return Ok(r);
+    }
     let Prepared {
         request: req,
         turn,
         model,
         keep_alive,
-    } = prepare::<ChatRequest>(&st, b).await?;
+    } = prepare::<ChatRequest>(&st, Ok(bytes)).await?;
     if req.messages.as_ref().is_none_or(|m| m.is_empty()) {
         return Ok(loaded(&st, &model, keep_alive, true));
     }
-    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), true, started).await?)
+    Ok(respond(
+        &st,
+        &id,
+        model,
+        turn,
+        None,
+        req.stream.unwrap_or(true),
+        true,
+        started,
+    )
+    .await?)
 }
 
 /// `POST /api/generate`.
@@ -479,17 +527,33 @@ pub async fn generate(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let started = Instant::now();
+    let bytes = body(b)?;
+    let empty = |r: &GenerateRequest| {
+        r.prompt.as_deref().unwrap_or("").is_empty() && r.suffix.as_deref().unwrap_or("").is_empty()
+    };
+    if let Some(r) = unload_only(&st, &bytes, empty, false)? {
+        return Ok(r);
+    }
     let Prepared {
         request: req,
         mut turn,
         model,
         keep_alive,
-    } = prepare::<GenerateRequest>(&st, b).await?;
-    if req.prompt.as_deref().unwrap_or("").is_empty() {
+    } = prepare::<GenerateRequest>(&st, Ok(bytes)).await?;
+    let suffix = req.suffix.as_deref().unwrap_or("");
+    if req.prompt.as_deref().unwrap_or("").is_empty() && suffix.is_empty() {
         return Ok(loaded(&st, &model, keep_alive, false));
     }
-    // A model without a template completes the prompt as it is.
-    if model.template.is_none() {
+    let mut fim_prompt = None;
+    if !suffix.is_empty() {
+        let fill = Fill {
+            prefix: req.prompt.clone().unwrap_or_default(),
+            suffix: suffix.to_string(),
+            files: Vec::new(),
+        };
+        fim_prompt = Some(fim::apply(&model, &mut turn, &fill, "suffix")?);
+    } else if model.template.is_none() {
+        // A model without a template completes the prompt as it is.
         if let Prompt::Chat(_) = &turn.prompt {
             let images = turn_images(&turn.prompt);
             turn.prompt = Prompt::Raw {
@@ -498,7 +562,8 @@ pub async fn generate(
             };
         }
     }
-    Ok(respond(&st, &id, model, turn, req.stream.unwrap_or(true), false, started).await?)
+    let stream = req.stream.unwrap_or(true);
+    Ok(respond(&st, &id, model, turn, fim_prompt, stream, false, started).await?)
 }
 
 /// The images of a prompt, in order.
@@ -509,14 +574,42 @@ fn turn_images(prompt: &Prompt) -> Vec<ImageRef> {
     }
 }
 
-/// Ollama's answer to a request without a prompt: the model is loaded (or, with `keep_alive` 0,
-/// unloaded).
+/// Ollama's `keep_alive: 0` without a prompt (what `ollama stop` and `berth stop` send): the
+/// model is unloaded when loaded, and never loaded for it; `None` for any other request. An
+/// unknown model is a 404.
+fn unload_only<T: GenerationBody>(
+    st: &Shared,
+    bytes: &[u8],
+    empty: impl Fn(&T) -> bool,
+    chat: bool,
+) -> Result<Option<Response>, ApiError> {
+    let (req, _) = check_fields::<T>(bytes)?;
+    if req.keep_alive() != Some(Some(Duration::ZERO)) || !empty(&req) {
+        return Ok(None);
+    }
+    let name = req.model_name().unwrap_or_default();
+    let reference = st
+        .models
+        .resolve(name)
+        .ok_or_else(|| ApiError::model_not_found(name))?;
+    st.models.unload(&reference);
+    Ok(Some(done(&reference, "unload", chat)))
+}
+
+/// Ollama's answer to a request without a prompt: the model is loaded.
 fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat: bool) -> Response {
+    // `keep_alive: 0` was answered before the load; a zero from elsewhere still unloads.
     if keep_alive == Some(Some(Duration::ZERO)) {
         st.models.unload(&model.reference);
+        return done(&model.reference, "unload", chat);
     }
-    let mut v = json!({"model": model.reference, "created_at": rfc3339(SystemTime::now()),
-        "done_reason": "load", "done": true});
+    done(&model.reference, "load", chat)
+}
+
+/// The one line of a request without a prompt: `done_reason` `load` or `unload`.
+fn done(reference: &str, reason: &str, chat: bool) -> Response {
+    let mut v = json!({"model": reference, "created_at": rfc3339(SystemTime::now()),
+        "done_reason": reason, "done": true});
     if chat {
         v["message"] = json!({"role": "assistant", "content": ""});
     } else {
@@ -526,17 +619,22 @@ fn loaded(st: &Shared, model: &Model, keep_alive: Option<Option<Duration>>, chat
 }
 
 /// Runs a turn and answers it as Ollama chat messages (`chat`) or generate responses, streamed
-/// as NDJSON lines or whole.
+/// as NDJSON lines or whole. `fim`: the tokens of a fill-in-the-middle prompt ([`fim::apply`]).
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     st: &Shared,
     id: &str,
     model: Arc<Model>,
     req: TurnRequest,
+    fim: Option<Vec<u32>>,
     stream: bool,
     chat: bool,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let mut turn = Turn::prepare(&model, req, st.image_urls).await?;
+    if let Some(prompt) = fim {
+        fim::place(&mut turn, prompt);
+    }
     let rxs = turn.submit(&model, id)?;
     let mut lines = Lines {
         reference: model.reference.clone(),
@@ -746,10 +844,7 @@ pub async fn show(
         .filter(|e| e.manifest.is_some())
         .ok_or_else(|| ApiError::model_not_found(name))?;
     let m = e.manifest.as_ref().expect("filtered");
-    let template = crate::pack::load_text_side(&e)
-        .ok()
-        .and_then(|(_, t)| t.map(|t| t.source().to_string()))
-        .unwrap_or_default();
+    let template = crate::inspect::pack_template(&e).unwrap_or_default();
     let mut info = Map::new();
     info.insert("general.architecture".into(), m.architecture.clone().into());
     if let Some(p) = m.parameters {
@@ -758,16 +853,26 @@ pub async fn show(
     if let Some(c) = m.context_length {
         info.insert(format!("{}.context_length", m.architecture), c.into());
     }
-    Ok(axum::Json(json!({
-        "modelfile": format!("FROM {}\n", e.dir.display()),
-        "parameters": "",
+    let mut answer = json!({
+        "modelfile": crate::inspect::render_modelfile(&e, Some(&template)),
+        "parameters": modelfile::parameters_text(&m.defaults),
         "template": template,
         "details": details(&e),
         "model_info": info,
         "capabilities": super::pipeline::capabilities(&st, &e),
         "modified_at": rfc3339(e.modified),
-    }))
-    .into_response())
+    });
+    // Present only when the pack has them, as Ollama leaves them out.
+    if let Some(s) = &m.system {
+        answer["system"] = s.clone().into();
+    }
+    if let Some(l) = &m.license {
+        answer["license"] = l.clone().into();
+    }
+    if !m.messages.is_empty() {
+        answer["messages"] = json!(m.messages);
+    }
+    Ok(axum::Json(answer).into_response())
 }
 
 /// `GET /api/ps`: loaded models, with their queue and running sequences.
@@ -793,9 +898,15 @@ pub async fn ps(State(st): State<Shared>) -> Response {
     axum::Json(json!({"models": models})).into_response()
 }
 
-/// `GET /api/version`.
+/// The Ollama version `/api/version` reports: one whose API Berth serves (think, tools, JSON
+/// schema formats, images, `/api/embed`, logprobs), recent enough for the clients that gate on
+/// it (editor plugins ask for 0.6.4 or later); Berth's own version is `berth_version`.
+pub const OLLAMA_COMPAT_VERSION: &str = "0.12.6";
+
+/// `GET /api/version`: the Ollama version Berth stands in for, and Berth's own.
 pub async fn version() -> Response {
-    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+    axum::Json(json!({"version": OLLAMA_COMPAT_VERSION, "berth_version": env!("CARGO_PKG_VERSION")}))
+        .into_response()
 }
 
 /// `DELETE /api/delete`: removes a pack (a loaded one is drained and unloaded by the watcher).
@@ -839,6 +950,63 @@ pub async fn copy(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     st.models.tick();
     Ok(StatusCode::OK.into_response())
+}
+
+/// `POST /api/create`: makes a pack from a pack in the store with a template, system prompt,
+/// parameters, messages and license (its files hard-linked), streaming
+/// `{"status"}` lines that end in `success`. Every client mistake (a bad parameter, a Go
+/// template, an unknown base) is a 400 before the stream starts.
+pub async fn create(
+    State(st): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
+    let req = parse_ollama::<CreateRequest>(b)?;
+    let name = pack_name(&req.model, &req.name)?.to_string();
+    berth_registry::PackRef::parse(&name).map_err(|e| ApiError::param("model", e.to_string()))?;
+    let mf = req.modelfile()?;
+    let stream = req.stream.unwrap_or(true);
+    let store = st.models.store().clone();
+    let from = mf.from.clone().unwrap_or_default();
+    let lookup = store.clone();
+    let base = tokio::task::spawn_blocking(move || lookup.create_base(&from, None))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError::param("from", e.to_string()))?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let shared = st.clone();
+    tokio::task::spawn_blocking(move || {
+        let result = store.create(&name, &base, &mf, &mut |s| {
+            let _ = tx.send(json!({"status": s}));
+        });
+        match result {
+            Ok(entry) => {
+                // A model loaded under this name holds the old values: the next request reloads.
+                shared.models.unload(&entry.reference);
+                // Listed in /api/tags before the client hears `success`.
+                shared.models.tick();
+                let _ = tx.send(json!({"status": "success"}));
+            }
+            Err(e) => {
+                tracing::warn!("create {name}: {e}");
+                let _ = tx.send(json!({"error": e.to_string()}));
+            }
+        }
+    });
+    if !stream {
+        let mut last = json!({"error": "create ended without a result"});
+        while let Some(v) = rx.recv().await {
+            last = v;
+        }
+        if let Some(e) = last.get("error").and_then(Value::as_str) {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, e.to_string()).into());
+        }
+        return Ok(axum::Json(last).into_response());
+    }
+    let s = futures_util::stream::unfold(rx, |mut rx| async move {
+        let v = rx.recv().await?;
+        Some((Ok::<_, Infallible>(line(&v)), rx))
+    });
+    Ok(ndjson(s))
 }
 
 /// One `/api/pull` progress line, as Ollama writes it.
@@ -949,13 +1117,15 @@ mod tests {
     /// The template variables of an `/api/chat` body (with a model, as the preamble wants).
     fn chat_extra(body: &str) -> Result<Map<String, serde_json::Value>, ApiError> {
         let mut p = parse::<ChatRequest>(body.as_bytes())?;
-        Ok(p.request.turn(&p.json)?.template_extra())
+        Ok(p.request
+            .turn(&p.json, &DecodeOptions::default())?
+            .template_extra())
     }
 
     /// The decode options of an `/api/chat` body, as the preamble builds them.
     fn chat_decode(body: &serde_json::Value) -> Result<DecodeOptions, ApiError> {
         let mut p = parse::<ChatRequest>(body.to_string().as_bytes())?;
-        Ok(p.request.turn(&p.json)?.decode)
+        Ok(p.request.turn(&p.json, &DecodeOptions::default())?.decode)
     }
 
     /// The reasoning effort a gpt-oss model renders for an `/api/chat` body, or the error.
@@ -1080,7 +1250,6 @@ mod tests {
         for (body, param) in [
             (r#"{"template": {"a": 1}}"#, "template"),
             (r#"{"template": "{{ .Prompt }}"}"#, "template"),
-            (r#"{"suffix": "end"}"#, "suffix"),
             (r#"{"context": "x"}"#, "context"),
             (r#"{"context": [1, 2]}"#, "context"),
             (r#"{"context": [1, -2]}"#, "context[1]"),
@@ -1098,7 +1267,10 @@ mod tests {
                 "{body}"
             );
         }
-        let ok = parse::<GenerateRequest>(br#"{"template": "", "context": [], "keep_alive": "5m"}"#).unwrap();
+        let ok = parse::<GenerateRequest>(
+            br#"{"template": "", "context": [], "keep_alive": "5m", "suffix": "x"}"#,
+        )
+        .unwrap();
         assert_eq!(ok.request.keep_alive(), Some(Some(Duration::from_secs(300))));
         let forever = parse::<GenerateRequest>(br#"{"keep_alive": -1}"#).unwrap();
         assert_eq!(forever.request.keep_alive(), Some(None));

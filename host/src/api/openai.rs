@@ -7,6 +7,7 @@ use super::sampling::{openai_decode, OpenAiSampling, SamplingExtensions};
 use super::ApiError;
 use crate::chat::{openai_delta, Delta};
 use crate::constraint::RequestConstraints;
+use crate::decoding::DecodeOptions;
 use crate::engine::Finish;
 use crate::sampling::TokenLogprobs;
 use crate::state::models::Model;
@@ -142,14 +143,14 @@ impl GenerationBody for ChatCompletionRequest {
         self.model.as_deref()
     }
 
-    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    fn turn(&mut self, json: &Map<String, Value>, base: &DecodeOptions) -> Result<ChatRequest, ApiError> {
         let max = max_tokens(&[
             ("max_tokens", self.max_tokens),
             ("max_completion_tokens", self.max_completion_tokens),
         ])?;
         let messages = messages::to_turn(self.messages.as_ref());
         let mut req = ChatRequest::new(TurnPrompt::Chat(messages));
-        req.decode = openai_decode(json, max)?;
+        req.decode = openai_decode(json, max, base)?;
         req.decode.logprobs = super::logprobs::request(self.logprobs, self.top_logprobs)?;
         req.constraints = RequestConstraints::from_openai(
             self.tools.as_ref(),
@@ -186,7 +187,7 @@ pub struct CompletionRequest {
     pub user: Option<IgnoredAny>,
     /// Echo the prompt: only `false` is served.
     pub echo: Option<bool>,
-    /// Text after the completion (fill-in-the-middle): only empty is served.
+    /// Text after the completion: fill-in-the-middle, with `prompt` the text before the gap.
     pub suffix: Option<String>,
     /// Candidates to pick the best of: only `n` is served.
     pub best_of: Option<Int>,
@@ -218,12 +219,6 @@ impl RequestBody for CompletionRequest {
         if self.echo == Some(true) {
             return Err(ApiError::param("echo", "'echo' is not supported"));
         }
-        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::param(
-                "suffix",
-                "'suffix' (fill-in-the-middle) is not supported by Berth",
-            ));
-        }
         if let Some(best_of) = int_in("best_of", self.best_of, 1, MAX_CHOICES as i64)? {
             if best_of != n {
                 return Err(ApiError::param(
@@ -241,14 +236,14 @@ impl GenerationBody for CompletionRequest {
         self.model.as_deref()
     }
 
-    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+    fn turn(&mut self, json: &Map<String, Value>, base: &DecodeOptions) -> Result<ChatRequest, ApiError> {
         let max = max_tokens(&[("max_tokens", self.max_tokens)])?.or(Some(16));
         let text = self.prompt.take().map(|Prompt(p)| p).unwrap_or_default();
         let mut req = ChatRequest::new(TurnPrompt::Raw {
             text,
             images: Vec::new(),
         });
-        req.decode = openai_decode(json, max)?;
+        req.decode = openai_decode(json, max, base)?;
         req.decode.logprobs = self.logprobs.map(|Int(n)| n as usize);
         req.logit_bias = self.logit_bias.take();
         req.n = self.n.map_or(1, |Int(n)| n as usize);
@@ -621,11 +616,27 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let Prepared {
         request: req,
-        turn: chat,
+        turn: mut chat,
         model,
         ..
     } = prepare::<CompletionRequest>(&st, b).await?;
+    let mut fim_prompt = None;
+    if let Some(suffix) = req.suffix.as_deref().filter(|s| !s.is_empty()) {
+        let prefix = match &chat.prompt {
+            TurnPrompt::Raw { text, .. } => text.clone(),
+            TurnPrompt::Chat(_) => String::new(),
+        };
+        let fill = crate::turn::fim::Fill {
+            prefix,
+            suffix: suffix.to_string(),
+            files: Vec::new(),
+        };
+        fim_prompt = Some(crate::turn::fim::apply(&model, &mut chat, &fill, "suffix")?);
+    }
     let mut turn = Turn::prepare(&model, chat, st.image_urls).await?;
+    if let Some(prompt) = fim_prompt {
+        crate::turn::fim::place(&mut turn, prompt);
+    }
     let rxs = turn.submit(&model, &id)?;
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
@@ -1144,7 +1155,6 @@ mod tests {
             (r#"{"prompt": "x", "best_of": 2}"#, "best_of"),
             (r#"{"prompt": "x", "best_of": -1}"#, "best_of"),
             (r#"{"prompt": "x", "logprobs": -1}"#, "logprobs"),
-            (r#"{"prompt": "x", "suffix": "}"}"#, "suffix"),
             (
                 r#"{"prompt": "x", "max_completion_tokens": 5}"#,
                 "max_completion_tokens",
@@ -1189,6 +1199,7 @@ mod tests {
         }
         let completion = |body: &str| parse::<CompletionRequest>(body.as_bytes());
         assert!(completion(r#"{"prompt": "x", "suffix": ""}"#).is_ok());
+        assert!(completion(r#"{"prompt": "x", "suffix": "}"}"#).is_ok());
         assert!(completion(r#"{"prompt": "x", "suffix": null}"#).is_ok());
     }
 

@@ -4,6 +4,7 @@
 
 use super::body::{self, Parsed, RequestBody};
 use super::ApiError;
+use crate::decoding::DecodeOptions;
 use crate::engine::Finish;
 use crate::state::models::{Model, ModelError};
 use crate::state::Shared;
@@ -79,9 +80,10 @@ pub(crate) trait GenerationBody: RequestBody {
         None
     }
 
-    /// The typed turn it asks for (`json`: the whole body, for the fields typed as parts of it).
-    /// Every 400 about the body's own fields comes from here or from validation.
-    fn turn(&mut self, json: &Map<String, Value>) -> Result<ChatRequest, ApiError>;
+    /// The typed turn it asks for (`json`: the whole body, for the fields typed as parts of it),
+    /// its sampling and stopping over `base` (the model's pack defaults). Every 400 about the
+    /// body's own fields comes from here or from validation.
+    fn turn(&mut self, json: &Map<String, Value>, base: &DecodeOptions) -> Result<ChatRequest, ApiError>;
 }
 
 /// A generating request after the preamble every handler shares.
@@ -97,14 +99,15 @@ pub(crate) struct Prepared<T> {
 }
 
 /// The preamble of every generating handler: the body (axum's rejections in the API's shape),
-/// parsed into its typed request and validated; its model named (400 when not); its typed turn;
-/// then the model looked up and loaded with its keep-alive (404 `model_not_found`; a model another
-/// request is loading is waited for). Every 400 comes before the lookup.
+/// parsed into its typed request and validated; its model named (400 when not); then the model
+/// looked up and loaded with its keep-alive (404 `model_not_found`; a model another request is
+/// loading is waited for); then its typed turn over the pack's defaults. The body's fields are
+/// checked before the lookup (validation covers their ranges).
 pub(crate) async fn prepare<T: GenerationBody>(
     st: &Shared,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Prepared<T>, ApiError> {
-    let (request, turn) = check_body::<T>(&body(b)?)?;
+    let (mut request, json) = check_fields::<T>(&body(b)?)?;
     let name = request.model_name().unwrap_or_default();
     let keep_alive = request.keep_alive();
     let model = model_for(st, name, keep_alive).await?;
@@ -117,6 +120,7 @@ pub(crate) async fn prepare<T: GenerationBody>(
             ),
         ));
     }
+    let turn = request.turn(&json, &model.defaults.decode)?;
     Ok(Prepared {
         request,
         turn,
@@ -125,13 +129,21 @@ pub(crate) async fn prepare<T: GenerationBody>(
     })
 }
 
-/// The part of [`prepare`] before the model: parse, validate, a model named, the typed turn.
-pub(crate) fn check_body<T: GenerationBody>(bytes: &[u8]) -> Result<(T, ChatRequest), ApiError> {
-    let Parsed { mut request, json } = body::parse::<T>(bytes)?;
+/// The part of [`prepare`] before the model: parse, validate, a model named.
+pub(crate) fn check_fields<T: GenerationBody>(bytes: &[u8]) -> Result<(T, Map<String, Value>), ApiError> {
+    let Parsed { request, json } = body::parse::<T>(bytes)?;
     if request.model_name().is_none() {
         return Err(ApiError::param("model", "'model' is required"));
     }
-    let turn = request.turn(&json)?;
+    Ok((request, json))
+}
+
+#[cfg(test)]
+/// A body checked as [`prepare`] checks it, with its typed turn over Berth's own defaults (no
+/// pack's).
+pub(crate) fn check_body<T: GenerationBody>(bytes: &[u8]) -> Result<(T, ChatRequest), ApiError> {
+    let (mut request, json) = check_fields::<T>(bytes)?;
+    let turn = request.turn(&json, &DecodeOptions::default())?;
     Ok((request, turn))
 }
 

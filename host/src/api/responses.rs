@@ -12,7 +12,7 @@ use super::sampling::{openai_decode, OpenAiSampling, SamplingExtensions};
 use super::ApiError;
 use crate::chat::Delta;
 use crate::constraint::RequestConstraints;
-use crate::decoding::FinishReason;
+use crate::decoding::{DecodeOptions, FinishReason};
 use crate::engine::Finish;
 use crate::state::models::Model;
 pub use crate::state::responses::{ResponseStore, StoredResponse, STORE_CAPACITY, STORE_TTL};
@@ -471,6 +471,7 @@ impl ResponsesRequest {
         &self,
         json: &Map<String, Value>,
         items: &[Item],
+        base: &DecodeOptions,
     ) -> Result<(ChatRequest, Vec<String>), ApiError> {
         let (messages, origins) = to_messages(self.instructions.as_deref(), items)?;
         if messages.is_empty() {
@@ -478,7 +479,7 @@ impl ResponsesRequest {
         }
         let max = int_in("max_output_tokens", self.max_output_tokens, 1, u32::MAX as i64)?;
         let mut req = ChatRequest::new(Prompt::Chat(messages));
-        req.decode = openai_decode(json, max.map(|m| m as usize))?;
+        req.decode = openai_decode(json, max.map(|m| m as usize), base)?;
         req.constraints = self.constraints(json)?;
         req.thinking = Thinking {
             enabled: None,
@@ -1125,9 +1126,12 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let Parsed { request, json } = body::parse::<ResponsesRequest>(&request_body(b)?)?;
     let items = request.items(&json, &st.responses)?;
-    let (chat, origins) = request.turn(&json, &items)?;
-    let parallel_tool_calls = chat.constraints.parallel_tool_calls;
+    // Every 400 of the body before the model is looked up (and perhaps loaded); then the turn
+    // again over the pack's defaults.
+    request.turn(&json, &items, &DecodeOptions::default())?;
     let model = model_for(&st, request.model.as_deref().unwrap_or_default(), None).await?;
+    let (chat, origins) = request.turn(&json, &items, &model.defaults.decode)?;
+    let parallel_tool_calls = chat.constraints.parallel_tool_calls;
     let renamed = |e: ApiError| rename_param(e, &origins);
     let mut turn = Turn::prepare(&model, chat, st.image_urls)
         .await
@@ -1203,7 +1207,7 @@ mod tests {
     fn turn_in(body: Value, store: &ResponseStore) -> Result<(ChatRequest, Vec<String>), ApiError> {
         let Parsed { request, json } = body::parse::<ResponsesRequest>(body.to_string().as_bytes())?;
         let items = request.items(&json, store)?;
-        request.turn(&json, &items)
+        request.turn(&json, &items, &DecodeOptions::default())
     }
 
     fn turn_of(body: Value) -> Result<(ChatRequest, Vec<String>), ApiError> {

@@ -55,7 +55,7 @@ impl RequestBody for SamplingExtensions {
 
 impl RequestBody for OpenAiSampling {
     fn validate(&self) -> Result<(), ApiError> {
-        self.decode_options(None).map(|_| ())
+        self.decode_options(None, &DecodeOptions::default()).map(|_| ())
     }
 }
 
@@ -88,33 +88,41 @@ impl SamplingExtensions {
 }
 
 impl OpenAiSampling {
-    /// The decode options these fields ask for, with a token cap; each value out of range is a
-    /// 400 naming its field.
-    pub fn decode_options(&self, max_tokens: Option<usize>) -> Result<DecodeOptions, ApiError> {
-        let mut s = SamplingParams::default();
+    /// The decode options these fields ask for over `base` (the pack's defaults), with a token
+    /// cap; each value out of range is a 400 naming its field.
+    pub fn decode_options(
+        &self,
+        max_tokens: Option<usize>,
+        base: &DecodeOptions,
+    ) -> Result<DecodeOptions, ApiError> {
+        let mut s = base.sampling.clone();
         if let Some(t) = num_in("temperature", self.temperature, 0.0, 2.0)? {
             s.temperature = t as f32;
         }
         if let Some(p) = num_in("top_p", self.top_p, 0.0, 1.0)? {
             s.top_p = p as f32;
         }
+        let stop = match &self.stop {
+            Some(v) => crate::decoding::parse_stop(Some(v), "stop", 4).map_err(ApiError::from)?,
+            None => base.stop.clone(),
+        };
         Ok(DecodeOptions {
             sampling: s,
-            max_tokens,
-            stop: crate::decoding::parse_stop(self.stop.as_ref(), "stop", 4).map_err(ApiError::from)?,
-            constraint: None,
-            logprobs: None,
+            max_tokens: max_tokens.or(base.max_tokens),
+            stop,
+            ..base.settings()
         })
     }
 }
 
-/// The decode options of a body with OpenAI's sampling fields and the extensions, with a token
-/// cap (`json`: the whole body).
+/// The decode options of a body with OpenAI's sampling fields and the extensions over `base` (the
+/// pack's defaults), with a token cap (`json`: the whole body).
 pub fn openai_decode(
     json: &serde_json::Map<String, Value>,
     max_tokens: Option<usize>,
+    base: &DecodeOptions,
 ) -> Result<DecodeOptions, ApiError> {
-    let mut d = super::body::part::<OpenAiSampling>(json)?.decode_options(max_tokens)?;
+    let mut d = super::body::part::<OpenAiSampling>(json)?.decode_options(max_tokens, base)?;
     super::body::part::<SamplingExtensions>(json)?.apply(&mut d.sampling)?;
     Ok(d)
 }

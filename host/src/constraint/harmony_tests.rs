@@ -391,6 +391,7 @@ fn decode(r: &RequestConstraints, script: &str) -> (String, Option<FinishReason>
             sampling: SamplingParams::greedy(),
             max_tokens: Some(400),
             stop: Vec::new(),
+            context: None,
             constraint: factory().build(r, true, ParseStart::AssistantHeader).unwrap(),
             logprobs: None,
         },

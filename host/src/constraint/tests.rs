@@ -666,6 +666,7 @@ fn decode_state_allows_stop_tokens_only_where_the_grammar_accepts() {
                 sampling: SamplingParams::greedy(),
                 max_tokens: Some(200),
                 stop: Vec::new(),
+                context: None,
                 constraint: f.build(&r, false, ParseStart::Content).unwrap(),
                 logprobs: None,
             },
@@ -730,6 +731,7 @@ fn a_rejected_forced_token_ends_the_sequence_cleanly() {
     let stop_set: std::collections::HashSet<u32> = stops().into_iter().collect();
     let mut st = DecodeState::new(
         DecodeOptions {
+            context: None,
             constraint: f.build(&r, false, ParseStart::Content).unwrap(),
             ..DecodeOptions::default()
         },

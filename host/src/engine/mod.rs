@@ -449,6 +449,12 @@ impl Scheduler {
         }
     }
 
+    /// The context a sequence may fill: its request's, never more than the model holds.
+    fn context_of(&self, decode: &DecodeOptions) -> usize {
+        let held = self.model.description().context_length as usize;
+        decode.context.map_or(held, |c| c.min(held))
+    }
+
     fn run(mut self) {
         let mut kv = metrics::KvGauge::new(self.shared.metrics.clone());
         let capacity = self.slots.len() * self.model.description().context_length as usize;
@@ -533,8 +539,7 @@ impl Scheduler {
             avoid = Some(i);
             may_fork = false;
         };
-        let context_left =
-            (self.model.description().context_length as usize).saturating_sub(job.prompt.len());
+        let context_left = self.context_of(&job.decode).saturating_sub(job.prompt.len());
         let dec = SequenceDecoder::new(
             std::mem::take(&mut job.decode),
             &self.text.tokenizer,
@@ -1060,8 +1065,8 @@ impl Scheduler {
             exact,
         } = f;
         let logits = &logits[..];
-        let context_left = (self.model.description().context_length as usize).saturating_sub(prompt.len());
         for (k, sib) in siblings.into_iter().enumerate() {
+            let context_left = self.context_of(&sib.decode).saturating_sub(prompt.len());
             let sib_id = format!("{id}/{}", k + 1);
             // Slot `i` keeps the parent's rows even when the parent already ended.
             let free = (0..self.slots.len()).find(|&j| j != i && self.slots[j].run.is_none());

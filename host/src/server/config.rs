@@ -26,7 +26,9 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_API_KEY")]
     pub api_key: Option<String>,
     /// Let browser pages from this origin call the API (CORS); repeatable, `*` for any origin.
-    /// Off by default. BERTH_CORS_ORIGINS takes a comma-separated list.
+    /// Pages from loopback origins (localhost, 127.0.0.1, [::1], any port) and desktop-app
+    /// origins (app://, file://, tauri://, vscode-webview://) are always allowed, as Ollama
+    /// allows them. BERTH_CORS_ORIGINS takes a comma-separated list.
     #[arg(long = "cors-origin", env = "BERTH_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origin: Vec<String>,
     /// Sequences decoded at once per model (default 8).
@@ -41,7 +43,8 @@ pub struct ServeArgs {
     /// Most models loaded at once; the least recently used is unloaded (default 2).
     #[arg(long, env = "BERTH_MAX_LOADED_MODELS")]
     pub max_loaded_models: Option<usize>,
-    /// Context length per sequence, capped by the model's (default 8192).
+    /// Context of a request that does not ask for one (`num_ctx`), capped by the model's (default
+    /// 8192).
     #[arg(long, env = "BERTH_CONTEXT")]
     pub context: Option<u32>,
     /// Compute threads per model (default: all cores, or BERTH_THREADS).
@@ -173,6 +176,43 @@ pub fn resolve(args: ServeArgs, home: &Path) -> Result<ServeConfig> {
 /// `berth ps`: the models a running server holds (asks `GET /api/ps`, with the API key if one
 /// is given).
 pub fn ps(json: bool, api_key: Option<&str>) -> Result<()> {
+    let v = ask_server("/api/ps", None, api_key)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<32} {:>10} {:>8} {:>8}  UNTIL",
+        "NAME", "SIZE", "QUEUED", "ACTIVE"
+    );
+    for m in v["models"].as_array().into_iter().flatten() {
+        println!(
+            "{:<32} {:>10} {:>8} {:>8}  {}",
+            m["name"].as_str().unwrap_or(""),
+            berth_registry::format::human_size(m["size"].as_u64().unwrap_or(0)),
+            m["queued"].as_u64().unwrap_or(0),
+            m["active"].as_u64().unwrap_or(0),
+            m["expires_at"].as_str().unwrap_or("forever"),
+        );
+    }
+    Ok(())
+}
+
+/// `berth stop NAME`: unloads a model from a running server, as `ollama stop` does, with an
+/// Ollama `keep_alive: 0` request without a prompt (the model is not loaded for it).
+pub fn stop(name: &str, api_key: Option<&str>) -> Result<()> {
+    let body = serde_json::json!({"model": name, "keep_alive": 0});
+    ask_server("/api/generate", Some(body), api_key).with_context(|| format!("stopping '{name}'"))?;
+    Ok(())
+}
+
+/// Asks the local server (`BERTH_HOST`, `BERTH_PORT`) for `path`: a GET, or a POST of `body`;
+/// its JSON answer, or an error that says why (no server, a refused key, the server's message).
+fn ask_server(
+    path: &str,
+    body: Option<serde_json::Value>,
+    api_key: Option<&str>,
+) -> Result<serde_json::Value> {
     let host = std::env::var("BERTH_HOST").unwrap_or_else(|_| DEFAULT_HOST.into());
     let port = std::env::var("BERTH_PORT")
         .ok()
@@ -185,7 +225,7 @@ pub fn ps(json: bool, api_key: Option<&str>) -> Result<()> {
         h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
         _ => host,
     };
-    let url = format!("http://{host}:{port}/api/ps");
+    let url = format!("http://{host}:{port}{path}");
     // The server is local (or named by BERTH_HOST): a proxy from the environment would only be
     // in the way.
     let client = reqwest::blocking::Client::builder()
@@ -193,7 +233,13 @@ pub fn ps(json: bool, api_key: Option<&str>) -> Result<()> {
         .timeout(Duration::from_secs(10))
         .build()
         .context("building the HTTP client")?;
-    let mut req = client.get(&url);
+    let mut req = match body {
+        Some(b) => client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(b.to_string()),
+        None => client.get(&url),
+    };
     if let Some(k) = api_key.filter(|k| !k.is_empty()) {
         req = req.bearer_auth(k);
     }
@@ -217,27 +263,7 @@ pub fn ps(json: bool, api_key: Option<&str>) -> Result<()> {
     if !status.is_success() {
         bail!("the server answered {status}: {}", error_message(&body));
     }
-    let v: serde_json::Value =
-        serde_json::from_str(body.trim()).context("the server's /api/ps answer is not JSON")?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!(
-        "{:<32} {:>10} {:>8} {:>8}  UNTIL",
-        "NAME", "SIZE", "QUEUED", "ACTIVE"
-    );
-    for m in v["models"].as_array().into_iter().flatten() {
-        println!(
-            "{:<32} {:>10} {:>8} {:>8}  {}",
-            m["name"].as_str().unwrap_or(""),
-            berth_registry::format::human_size(m["size"].as_u64().unwrap_or(0)),
-            m["queued"].as_u64().unwrap_or(0),
-            m["active"].as_u64().unwrap_or(0),
-            m["expires_at"].as_str().unwrap_or("forever"),
-        );
-    }
-    Ok(())
+    serde_json::from_str(body.trim()).with_context(|| format!("the server's {path} answer is not JSON"))
 }
 
 /// The message of an error body: Ollama's `{"error": "..."}`, OpenAI's

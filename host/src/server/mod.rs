@@ -48,18 +48,17 @@ pub struct ServeConfig {
     pub allow_private_image_urls: bool,
 }
 
-/// The router over a state, behind CORS when `cors_origins` allows any origin.
+/// The router over a state, behind CORS: pages from loopback and desktop-app origins always
+/// ([`default_origin`]), others when `cors_origins` names them.
 pub fn router(state: Shared, max_body: usize) -> Router {
     let api = routes(state.clone(), max_body);
-    if state.cors_origins.is_empty() {
-        return api;
-    }
     cors(state, api)
 }
 
 /// Every route behind auth, request ids and the body limit, without CORS.
 fn routes(state: Shared, max_body: usize) -> Router {
     Router::new()
+        .route("/", get(running))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .merge(openai_routes("/v1"))
@@ -77,6 +76,10 @@ fn routes(state: Shared, max_body: usize) -> Router {
         .route("/api/delete", axum::routing::delete(api::ollama::delete))
         .route("/api/copy", post(api::ollama::copy))
         .route("/api/pull", post(api::ollama::pull))
+        .route("/api/create", post(api::ollama::create))
+        .route("/infill", post(api::llama_server::infill))
+        .route("/tokenize", post(api::llama_server::tokenize))
+        .route("/detokenize", post(api::llama_server::detokenize))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
@@ -114,11 +117,37 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     Shape::of_path(uri.path()).respond(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message))
 }
 
-/// Whether CORS allows a page from `origin` (`*` allows any; origins compare case-insensitively,
-/// as browsers may send the host in any case).
+/// Whether CORS allows a page from `origin`: one of Ollama's default origins, or one configured
+/// (`*` allows any; origins compare case-insensitively, as browsers may send the host in any case).
 fn origin_allowed(allowed: &[String], origin: &HeaderValue) -> bool {
     let Ok(o) = origin.to_str() else { return false };
-    allowed.iter().any(|a| a == "*" || a.eq_ignore_ascii_case(o))
+    default_origin(o) || allowed.iter().any(|a| a == "*" || a.eq_ignore_ascii_case(o))
+}
+
+/// Whether an origin is allowed without configuration, as Ollama allows it: a page served from
+/// this machine (`http(s)://localhost`, `127.0.0.1`, `0.0.0.0` or `[::1]`, any port), or a
+/// desktop app's or editor's web view (`app:`, `file:`, `tauri:`, `vscode-webview:`, `vscode-file:`).
+fn default_origin(origin: &str) -> bool {
+    let o = origin.to_ascii_lowercase();
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return false;
+    };
+    match scheme {
+        "http" | "https" => {
+            let host = match rest.rsplit_once(':') {
+                // `[::1]` has colons of its own: a port follows its closing bracket.
+                Some((h, port))
+                    if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') =>
+                {
+                    h
+                }
+                _ => rest,
+            };
+            matches!(host, "localhost" | "127.0.0.1" | "0.0.0.0" | "[::1]")
+        }
+        "app" | "file" | "tauri" | "vscode-webview" | "vscode-file" => true,
+        _ => false,
+    }
 }
 
 /// A CORS preflight: an `OPTIONS` naming the method the page means to send.
@@ -201,7 +230,8 @@ fn has_key(req: &Request, key: &str) -> bool {
 async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let id = st.request_id();
-    let open = matches!(path.as_str(), "/health" | "/metrics");
+    // `/` is open as Ollama's is: clients probe it to find the server before they have a key.
+    let open = matches!(path.as_str(), "/" | "/health" | "/metrics");
     match (&st.api_key, open) {
         (Some(key), false) if !has_key(&req, key) => {
             st.metrics.request(&route_label(&req), 401);
@@ -336,6 +366,11 @@ fn route_label(req: &Request) -> String {
     }
 }
 
+/// `GET /` and `HEAD /`: clients probe it, as they probe Ollama's "Ollama is running".
+async fn running() -> &'static str {
+    "Berth is running"
+}
+
 async fn health(State(st): State<Shared>) -> Response {
     let body = if st.models.is_loading() {
         serde_json::json!({"status": "loading"})
@@ -438,7 +473,38 @@ fn init_logs(json: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::same_secret;
+    use super::{default_origin, same_secret};
+
+    #[test]
+    fn loopback_and_app_origins_are_allowed_by_default_as_ollama_allows_them() {
+        for o in [
+            "http://localhost",
+            "http://localhost:3000",
+            "https://127.0.0.1:8443",
+            "http://0.0.0.0:80",
+            "http://[::1]:5173",
+            "http://[::1]",
+            "HTTP://LocalHost:1",
+            "app://obsidian.md",
+            "tauri://localhost",
+            "vscode-webview://abc123",
+            "file://",
+        ] {
+            assert!(default_origin(o), "{o}");
+        }
+        for o in [
+            "http://localhost.evil.example",
+            "http://evil.example",
+            "http://127.0.0.2",
+            "http://localhost:",
+            "http://localhost:80a",
+            "https://[::2]:1",
+            "null",
+            "chrome-extension://abc",
+        ] {
+            assert!(!default_origin(o), "{o}");
+        }
+    }
     use crate::state::random_u64;
 
     #[test]

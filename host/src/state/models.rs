@@ -12,6 +12,7 @@ use crate::chat::Detected;
 use crate::constraint::ConstraintFactory;
 use crate::engine::metrics::Metrics;
 use crate::engine::{Engine, EngineConfig, TextSide};
+use crate::options::PackDefaults;
 use crate::pack::{open_pack, OpenedPack};
 use crate::template::ChatTemplate;
 use crate::tokenizer::Tokenizer;
@@ -57,7 +58,8 @@ pub struct LoadSettings {
     pub slots: usize,
     /// Requests that may wait for a slot.
     pub queue: usize,
-    /// Context length cap per sequence (None: the pack's own).
+    /// The context a request gets when neither it (`num_ctx`) nor its pack asks for one (None:
+    /// the model's own). Models load with their own context: a request may ask for up to it.
     pub context: Option<u32>,
     /// Keep-alive after the last request; `None` keeps the model forever.
     pub keep_alive: Option<Duration>,
@@ -94,8 +96,15 @@ pub struct Model {
     pub size: u64,
     /// When it was loaded.
     pub loaded_at: SystemTime,
-    /// Context length per sequence.
+    /// The most context a sequence can hold (the model's own): the limit of a request's
+    /// `num_ctx`.
     pub context_length: usize,
+    /// The context a request gets when neither it nor its pack asks (the server's `--context`,
+    /// capped by the model's).
+    pub default_context: usize,
+    /// What the pack asks for when a request does not: sampling, stop strings, `num_ctx`, the
+    /// system prompt and messages.
+    pub defaults: PackDefaults,
     /// Length of the model's logits row: token ids at or past it do not exist (`logit_bias`).
     pub vocab_size: usize,
     /// Grammars for tools and response formats (the error when they cannot be built).
@@ -181,9 +190,6 @@ impl Model {
                 settings.slots
             };
             config.max_sequences = Some(slots as u32);
-            if let Some(context) = settings.context {
-                config.context_length = Some(m.context_length.map_or(context, |c| (c as u32).min(context)));
-            }
         })?;
         let OpenedPack {
             entry,
@@ -197,6 +203,13 @@ impl Model {
             harmony,
         } = opened;
         let context_length = model.description().context_length as usize;
+        let defaults = PackDefaults::from_manifest(&m);
+        for problem in &defaults.problems {
+            tracing::warn!(model = %entry.reference, problem = %problem, "pack default not applied");
+        }
+        let default_context = settings
+            .context
+            .map_or(context_length, |c| (c as usize).min(context_length));
         let mut model = model;
         let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
         let vision = model.instance().ok().and_then(|i| i.vision().cloned());
@@ -252,6 +265,8 @@ impl Model {
             size: entry.size,
             loaded_at: SystemTime::now(),
             context_length,
+            default_context,
+            defaults,
             vocab_size: vocab,
             constraints,
             usage: Mutex::new(Usage {

@@ -7,6 +7,7 @@
 //! engine.
 
 pub mod error;
+pub mod fim;
 pub mod images;
 pub mod reply;
 pub mod request;
@@ -19,6 +20,7 @@ use crate::constraint::{RequestConstraints, SequenceConstraint};
 use crate::decoding::DecodeOptions;
 use crate::engine::{Event, Job, JobImage, Sibling, SubmitError};
 use crate::harmony::{HarmonyInput, ReasoningEffort};
+use crate::options::PackDefaults;
 use crate::state::models::Model;
 use crate::template::RenderInput;
 use axum::http::StatusCode;
@@ -81,24 +83,45 @@ impl Turn {
         Turn::build(model, req, &loaded)
     }
 
-    /// [`Turn::prepare`] once the images are loaded (`berth run` reads its files itself).
-    pub fn build(model: &Model, req: ChatRequest, loaded: &[RequestImage]) -> Result<Turn, ApiError> {
+    /// [`Turn::prepare`] once the images are loaded (`berth run` reads its files itself). The
+    /// pack's system prompt and messages go before a conversation; the context is the request's
+    /// (`num_ctx`), else the pack's, else the server's, never more than the model holds; a
+    /// conversation that does not fit drops its oldest turns when the request allows it.
+    pub fn build(model: &Model, mut req: ChatRequest, loaded: &[RequestImage]) -> Result<Turn, ApiError> {
+        let context = request_context(model, &req.decode);
+        req.decode.context = Some(context);
+        if let Prompt::Chat(messages) = &mut req.prompt {
+            with_pack_turns(&model.defaults, messages);
+        }
         let extra = req.template_extra();
         let parser_tools = req.constraints.parser_tools().map(<[Value]>::to_vec);
-        let (rendered, prompt, images, start, thinks, format) = match &req.prompt {
+        let (rendered, prompt, images, start, thinks, format) = match &mut req.prompt {
             Prompt::Chat(messages) => {
-                let mut k = 0;
-                let json: Vec<Value> = messages
-                    .iter()
-                    .map(|m| {
-                        let v = m.to_template(k, images::marker);
-                        k += m.images().count();
-                        v
-                    })
-                    .collect();
                 // The template shows the tools the parser reads calls of (none with `tool_choice: none`).
                 let tools = parser_tools.clone();
-                let (mut rendered, mut prompt) = render(model, json, tools, extra.clone())?;
+                let draw = |messages: &[Message]| {
+                    render(model, template_json(messages), tools.clone(), extra.clone())
+                };
+                let (mut rendered, mut prompt) = draw(messages)?;
+                let mut loaded = loaded;
+                if req.truncate && prompt.len() >= context {
+                    let kept = fit_turns(messages, context, |m| draw(m).map(|(_, p)| p.len()))?;
+                    if kept.dropped > 0 {
+                        let gone: usize = messages[kept.first..kept.first + kept.dropped]
+                            .iter()
+                            .map(|m| m.images().count())
+                            .sum();
+                        messages.drain(kept.first..kept.first + kept.dropped);
+                        loaded = &loaded[gone.min(loaded.len())..];
+                        (rendered, prompt) = draw(messages)?;
+                        tracing::debug!(
+                            dropped = kept.dropped,
+                            tokens = prompt.len(),
+                            context,
+                            "oldest turns dropped to fit the context"
+                        );
+                    }
+                }
                 let mut slices = Vec::new();
                 if !loaded.is_empty() {
                     (rendered, prompt, slices) = images::expand(model, &rendered, loaded, false)?;
@@ -180,12 +203,12 @@ pub fn submit_n(
     if prompt.is_empty() {
         return Err(ApiError::param("messages", "the prompt is empty"));
     }
-    if prompt.len() >= model.context_length {
+    let context = request_context(model, &decodes[0]);
+    if prompt.len() >= context {
         let mut e = ApiError::param(
             "messages",
             format!(
-                "This model's maximum context length is {} tokens; the prompt has {}.",
-                model.context_length,
+                "This model's maximum context length is {context} tokens; the prompt has {}.",
                 prompt.len()
             ),
         );
@@ -224,6 +247,108 @@ pub fn submit_n(
     }
 }
 
+/// The context a request may fill: its own (`num_ctx`, or its pack's default), else the
+/// server's, never more than the model holds.
+pub fn request_context(model: &Model, decode: &DecodeOptions) -> usize {
+    decode
+        .context
+        .unwrap_or(model.default_context)
+        .min(model.context_length)
+        .max(1)
+}
+
+/// The template's view of a conversation, images numbered in order.
+fn template_json(messages: &[Message]) -> Vec<Value> {
+    let mut k = 0;
+    messages
+        .iter()
+        .map(|m| {
+            let v = m.to_template(k, images::marker);
+            k += m.images().count();
+            v
+        })
+        .collect()
+}
+
+/// Puts the pack's system prompt (when the conversation has none) and its messages before a
+/// conversation, as Ollama does with a Modelfile's `SYSTEM` and `MESSAGE` lines.
+pub fn with_pack_turns(defaults: &PackDefaults, messages: &mut Vec<Message>) {
+    let lead = messages
+        .iter()
+        .take_while(|m| matches!(m.role, Role::System | Role::Developer))
+        .count();
+    let pack = defaults.messages.iter().filter_map(|m| {
+        let role = match m.role.as_str() {
+            "system" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            _ => return None,
+        };
+        Some(Message::text(role, m.content.clone()))
+    });
+    let pack: Vec<Message> = pack.collect();
+    messages.splice(lead..lead, pack);
+    if lead == 0 {
+        if let Some(system) = &defaults.system {
+            messages.insert(0, Message::text(Role::System, system.clone()));
+        }
+    }
+}
+
+/// Which turns of a conversation are dropped to fit a context: `dropped` messages from `first`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// The first message that may go (the one after the leading system messages).
+    pub first: usize,
+    /// How many go.
+    pub dropped: usize,
+}
+
+/// Ollama's truncation: the leading system messages and the latest message always stay; the
+/// oldest turns after the system messages go, the fewest that make the prompt (`tokens` counts
+/// a candidate conversation) shorter than `context`. When even the system messages and the
+/// latest message do not fit, the request fails naming the context.
+pub fn fit_turns(
+    messages: &[Message],
+    context: usize,
+    tokens: impl Fn(&[Message]) -> Result<usize, ApiError>,
+) -> Result<Kept, ApiError> {
+    let first = messages
+        .iter()
+        .take_while(|m| matches!(m.role, Role::System | Role::Developer))
+        .count();
+    let last = messages.len().saturating_sub(1).max(first);
+    let fits = |dropped: usize| -> Result<bool, ApiError> {
+        let mut candidate = messages[..first].to_vec();
+        candidate.extend_from_slice(&messages[first + dropped..]);
+        Ok(tokens(&candidate)? < context)
+    };
+    // The prompt shrinks as turns go: the fewest that fit, by bisection over 0..=last-first.
+    let (mut lo, mut hi) = (0, last - first);
+    if !fits(hi)? {
+        let mut e = ApiError::param(
+            "messages",
+            format!("the system prompt and the latest message do not fit the context of {context} tokens"),
+        );
+        e.code = Some("context_length_exceeded");
+        return Err(e);
+    }
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if fits(mid)? {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    // A reply starts after a user turn: do not leave an assistant or tool turn first.
+    let mut dropped = lo;
+    while first + dropped < last && !matches!(messages[first + dropped].role, Role::User) {
+        dropped += 1;
+    }
+    Ok(Kept { first, dropped })
+}
+
 /// The decode options of `n` choices: the first as given, each other with its own seed
 /// ([`choice_seed`]) and a fresh constraint from `constraint`.
 pub fn choice_decodes(
@@ -239,6 +364,7 @@ pub fn choice_decodes(
             sampling,
             max_tokens: first.max_tokens,
             stop: first.stop.clone(),
+            context: first.context,
             constraint: constraint()?,
             logprobs: first.logprobs,
         });
@@ -358,4 +484,93 @@ pub fn render(
         })?;
     let tokens = model.tokenizer.encode(&text, false);
     Ok((text, tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_registry::pack::PackMessage;
+
+    fn text_of(m: &Message) -> String {
+        match &m.content {
+            Some(request::Content::Text(t)) => t.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// Ten tokens a message plus its length in words: a stand-in for rendering.
+    fn tokens(ms: &[Message]) -> Result<usize, ApiError> {
+        Ok(ms.iter().map(|m| 10 + text_of(m).split(' ').count()).sum())
+    }
+
+    fn chat(turns: usize) -> Vec<Message> {
+        let mut ms = vec![Message::text(Role::System, "be brief")];
+        for i in 0..turns {
+            ms.push(Message::text(Role::User, format!("question {i}")));
+            ms.push(Message::text(Role::Assistant, format!("answer {i}")));
+        }
+        ms.push(Message::text(Role::User, "last question"));
+        ms
+    }
+
+    #[test]
+    fn the_oldest_turns_go_first_and_the_system_prompt_and_the_latest_stay() {
+        let ms = chat(5);
+        // 12 tokens each: the system prompt, 10 turns, the last question: 144 in all.
+        assert_eq!(tokens(&ms).unwrap(), 12 * 12);
+        let kept = fit_turns(&ms, 61, tokens).unwrap();
+        assert_eq!(kept, Kept { first: 1, dropped: 8 });
+        let mut left = ms.clone();
+        left.drain(kept.first..kept.first + kept.dropped);
+        let texts: Vec<String> = left.iter().map(text_of).collect();
+        assert_eq!(texts, ["be brief", "question 4", "answer 4", "last question"]);
+        assert!(tokens(&left).unwrap() < 61);
+        // Nothing goes when it fits.
+        assert_eq!(fit_turns(&ms, 145, tokens).unwrap().dropped, 0);
+    }
+
+    #[test]
+    fn a_kept_conversation_starts_with_a_user_turn() {
+        let ms = chat(5);
+        // Under 37 tokens: three messages, which would leave "answer 4" first; it goes too.
+        let kept = fit_turns(&ms, 37, tokens).unwrap();
+        assert!(matches!(ms[kept.first + kept.dropped].role, Role::User));
+        assert_eq!(kept.dropped, 10);
+    }
+
+    #[test]
+    fn a_latest_message_too_long_for_the_context_is_a_400() {
+        let e = fit_turns(&chat(3), 20, tokens).unwrap_err();
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn the_packs_system_prompt_applies_only_when_the_conversation_has_none() {
+        let defaults = PackDefaults {
+            system: Some("pack system".into()),
+            messages: vec![
+                PackMessage {
+                    role: "user".into(),
+                    content: "pack question".into(),
+                },
+                PackMessage {
+                    role: "assistant".into(),
+                    content: "pack answer".into(),
+                },
+            ],
+            ..PackDefaults::default()
+        };
+        let mut ms = vec![Message::text(Role::User, "hi")];
+        with_pack_turns(&defaults, &mut ms);
+        let texts: Vec<String> = ms.iter().map(text_of).collect();
+        assert_eq!(texts, ["pack system", "pack question", "pack answer", "hi"]);
+        let mut ms = vec![
+            Message::text(Role::System, "mine"),
+            Message::text(Role::User, "hi"),
+        ];
+        with_pack_turns(&defaults, &mut ms);
+        let texts: Vec<String> = ms.iter().map(text_of).collect();
+        assert_eq!(texts, ["mine", "pack question", "pack answer", "hi"]);
+    }
 }

@@ -254,6 +254,9 @@ pub struct ChatRequest {
     /// Whether the reply is parsed into reasoning, content and calls (`/v1/completions` streams
     /// the text exactly as generated: false).
     pub parse_reply: bool,
+    /// Whether a conversation longer than the context drops its oldest turns (Ollama's chat and
+    /// generate) instead of failing (`context_length_exceeded`, the OpenAI surfaces).
+    pub truncate: bool,
 }
 
 impl ChatRequest {
@@ -268,6 +271,7 @@ impl ChatRequest {
             thinking: Thinking::default(),
             template_vars: Map::new(),
             parse_reply: true,
+            truncate: false,
         }
     }
 
