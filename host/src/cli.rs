@@ -122,24 +122,24 @@ pub enum Command {
         /// Print timings and token rates after each answer.
         #[arg(long)]
         verbose: bool,
-        /// Sampling temperature; 0 is greedy.
-        #[arg(long, default_value_t = 0.8)]
-        temperature: f32,
-        /// Keep only the k most likely tokens (0 = all).
-        #[arg(long, default_value_t = 40)]
-        top_k: usize,
-        /// Nucleus sampling threshold.
-        #[arg(long, default_value_t = 0.95)]
-        top_p: f32,
-        /// Drop tokens below min_p times the most likely one.
-        #[arg(long, default_value_t = 0.05)]
-        min_p: f32,
+        /// Sampling temperature; 0 is greedy [default: the pack's, else 0.8].
+        #[arg(long)]
+        temperature: Option<f32>,
+        /// Keep only the k most likely tokens (0 = all) [default: the pack's, else 40].
+        #[arg(long)]
+        top_k: Option<usize>,
+        /// Nucleus sampling threshold [default: the pack's, else 0.95].
+        #[arg(long)]
+        top_p: Option<f32>,
+        /// Drop tokens below min_p times the most likely one [default: the pack's, else 0.05].
+        #[arg(long)]
+        min_p: Option<f32>,
         /// Seed for reproducible sampling.
         #[arg(long)]
         seed: Option<u64>,
-        /// Most tokens per answer.
-        #[arg(long, default_value_t = 1024)]
-        max_tokens: usize,
+        /// Most tokens per answer [default: the pack's num_predict, else 1024].
+        #[arg(long)]
+        max_tokens: Option<usize>,
         /// Thinking on or off, for models that think; or a reasoning effort (low, medium, high),
         /// which is all gpt-oss takes (it always reasons).
         #[arg(long, value_parser = ["on", "off", "low", "medium", "high"])]
@@ -436,15 +436,15 @@ pub fn run(cli: Cli) -> Result<()> {
                 speculation: speculation.unwrap_or(true),
                 raw,
                 verbose,
-                sampling: crate::sampling::SamplingParams {
-                    temperature,
-                    top_k,
-                    top_p,
-                    min_p,
-                    seed,
-                    ..Default::default()
-                },
-                max_tokens,
+                // Only the flags given: they win over the pack's defaults, which win over Berth's.
+                params: crate::run::params::SessionParams::from_flags(&[
+                    ("temperature", temperature.map(|v| v.to_string())),
+                    ("top_k", top_k.map(|v| v.to_string())),
+                    ("top_p", top_p.map(|v| v.to_string())),
+                    ("min_p", min_p.map(|v| v.to_string())),
+                    ("seed", seed.map(|v| v.to_string())),
+                    ("num_predict", max_tokens.map(|v| v.to_string())),
+                ])?,
                 think: think.as_deref().map(|t| t != "off"),
                 reasoning_effort: think.as_deref().and_then(crate::harmony::parse_effort),
                 system,

@@ -1,15 +1,13 @@
 //! `berth run`: one answer for a prompt, or an interactive chat, streamed to the terminal.
 
-mod params;
+pub mod params;
 mod repl;
 mod session;
 
 use crate::chat::{Delta, ParsedMessage};
 use crate::constraint::RequestConstraints;
-use crate::decoding::DecodeOptions;
 use crate::engine::metrics::Metrics;
 use crate::engine::Finish;
-use crate::sampling::SamplingParams;
 use crate::state::models::{LoadSettings, Model};
 use crate::turn::images::{self, RequestImage, UrlPolicy};
 use crate::turn::reply::{self, ReplyEvent};
@@ -32,10 +30,9 @@ pub struct RunOptions {
     pub raw: bool,
     /// Print timings and rates after each answer.
     pub verbose: bool,
-    /// Sampling parameters.
-    pub sampling: SamplingParams,
-    /// Most tokens per answer.
-    pub max_tokens: usize,
+    /// The sampling flags given (Ollama's names: `--max-tokens` is `num_predict`): over the
+    /// pack's defaults, under what `/set parameter` sets.
+    pub params: SessionParams,
     /// Ask for thinking on or off; `None` leaves it to the template.
     pub think: Option<bool>,
     /// gpt-oss's reasoning effort (`None`: medium); gpt-oss always reasons, whatever `think` says.
@@ -104,9 +101,12 @@ fn images_in_prompt(text: &str) -> Result<(String, Vec<RequestImage>)> {
 /// Requests `berth run` may queue on its engine (it sends one at a time).
 const RUN_QUEUE: usize = 4;
 
+/// Most tokens per answer when neither `--max-tokens` nor the pack's `num_predict` says.
+const DEFAULT_MAX_TOKENS: usize = 1024;
+
 /// Runs `berth run`: loads the model onto an engine of one slot, the same scheduler `berth serve`
-/// runs, and submits each turn to it. The pack's system prompt, messages and parameters start
-/// the conversation (`--system` replaces the pack's system prompt).
+/// runs, and submits each turn to it. The pack's defaults apply as on every path (its system
+/// prompt and messages before the conversation, its parameters under the flags given).
 pub fn run(
     store: &Store,
     home: &Path,
@@ -115,12 +115,12 @@ pub fn run(
     opts: RunOptions,
 ) -> Result<()> {
     let started = Instant::now();
-    let pack = session::from_pack(store, reference)?;
+    let pack_params = session::pack_params(store, reference)?;
     let settings = LoadSettings {
         threads: opts.threads,
         slots: 1,
         queue: RUN_QUEUE,
-        context: pack.params.num_ctx(),
+        context: None,
         keep_alive: None,
         speculation: opts.speculation,
     };
@@ -158,15 +158,13 @@ pub fn run(
         store: store.clone(),
         home: home.to_path_buf(),
         settings,
-        pack_params: SessionParams::default(),
+        pack_params,
         user_params: SessionParams::default(),
         stop_on_interrupt: false,
     };
-    let system = chat.opts.system.clone();
-    chat.start(PackSession {
-        system: system.or(pack.system),
-        ..pack
-    });
+    if let Some(s) = &chat.opts.system {
+        chat.history.push(Message::text(Role::System, s.clone()));
+    }
     match prompt {
         Some(p) => chat.turn(&p),
         None => chat.interactive(),
@@ -196,7 +194,9 @@ fn check_generates(model: &Model, raw: bool) -> Result<()> {
 struct Chat {
     opts: RunOptions,
     think: Option<bool>,
-    /// The conversation so far (images included, as their bytes); a system prompt comes first.
+    /// The conversation so far (images included, as their bytes); a system prompt (`--system`,
+    /// `/set system`) comes first. The pack's system prompt and messages are not in it: every
+    /// turn puts them before it, as on every path.
     history: Vec<Message>,
     /// The `--format` request, when one was asked for (the model's factory builds its grammar).
     constraints: Option<RequestConstraints>,
@@ -215,11 +215,12 @@ struct Chat {
     /// The store and home the model came from (`/load`, `/save`).
     store: Store,
     home: PathBuf,
-    /// How the model was loaded (`num_ctx` and `/load` reload with these).
+    /// How the model was loaded (`/load` loads with these).
     settings: LoadSettings,
-    /// The pack's own parameters (its manifest's `defaults`), over the command line's options.
+    /// The pack's own parameters as written (its manifest's `defaults`), for `/show parameters`
+    /// and `/save`; the loaded model applies them (`Model::defaults`).
     pack_params: SessionParams,
-    /// What `/set parameter` set, over the pack's.
+    /// What `/set parameter` set, over the flags and the pack's.
     user_params: SessionParams,
     /// Whether Ctrl-C stops the answer being written (a chat on a terminal) rather than the program.
     stop_on_interrupt: bool,
@@ -256,16 +257,6 @@ enum Ending {
 }
 
 impl Chat {
-    /// Starts the conversation from a pack's session: its system prompt, messages and parameters.
-    fn start(&mut self, pack: PackSession) {
-        self.history.clear();
-        if let Some(s) = pack.system {
-            self.history.push(Message::text(Role::System, s));
-        }
-        self.history.extend(pack.messages);
-        self.pack_params = pack.params;
-    }
-
     /// Builds the turn of a new user message (or the raw text), submits it to the engine, and
     /// prints the reply as it streams: the same turn and the same engine as `berth serve`. A
     /// turn that fails leaves the conversation as it was.
@@ -388,17 +379,18 @@ impl Chat {
     /// The turn of `prompt`; a conversation that no longer fits the context (with room for an
     /// answer) loses its oldest exchanges, the system prompt kept, with a notice.
     fn fitted_turn(&mut self, mut prompt: Prompt) -> Result<Turn> {
-        let context = self.model.context_length;
         let mut dropped = 0;
         loop {
             let req = self.request(prompt)?;
+            let context = crate::turn::request_context(&self.model, &req.decode);
             let room = answer_room(req.decode.max_tokens, context);
             let turn = self
                 .runtime
                 .block_on(Turn::prepare(&self.model, req, UrlPolicy::default()))
                 .map_err(|e| anyhow!("{}", e.message))?;
             let fits = turn.prompt.len() + room <= context;
-            // With nothing left to drop, the engine says why the prompt does not fit.
+            // With nothing of the session's left to drop, the turn's own truncation (of the pack's
+            // messages) or its error has the last word.
             let n = if fits || self.opts.raw {
                 0
             } else {
@@ -418,17 +410,18 @@ impl Chat {
         }
     }
 
-    /// The typed turn of a prompt: the command line's options, then the pack's parameters, then
+    /// The typed turn of a prompt: Berth's defaults, then the pack's, then the flags given, then
     /// the session's own (`/set parameter`).
     fn request(&self, prompt: Prompt) -> Result<ChatRequest> {
         let mut req = ChatRequest::new(prompt);
-        req.decode = DecodeOptions {
-            sampling: self.opts.sampling.clone(),
-            max_tokens: Some(self.opts.max_tokens),
-            ..DecodeOptions::default()
-        };
-        self.pack_params.overlay(&mut req.decode)?;
-        self.user_params.overlay(&mut req.decode)?;
+        let mut base = self.model.defaults.decode.settings();
+        if !self.pack_params.has("num_predict") {
+            base.max_tokens = Some(DEFAULT_MAX_TOKENS);
+        }
+        req.decode = self.opts.params.merged(&self.user_params).over(&base)?;
+        // What the conversation fitting below leaves too long (the pack's own messages) is cut
+        // as Ollama cuts it, rather than refused.
+        req.truncate = true;
         if let Some(c) = &self.constraints {
             req.constraints = c.clone();
         }
@@ -467,12 +460,12 @@ impl Chat {
         }
     }
 
-    /// Prints the conversation a pack brought (its messages), as `ollama run` shows them.
+    /// Prints the conversation a pack brings (its messages), as `ollama run` shows them.
     fn print_conversation(&self) {
-        for m in &self.history {
-            match m.role {
-                Role::User => println!(">>> {}", session::text_of(m)),
-                Role::Assistant => println!("{}\n", session::text_of(m)),
+        for m in &self.model.defaults.messages {
+            match m.role.as_str() {
+                "user" => println!(">>> {}", m.content),
+                "assistant" => println!("{}\n", m.content),
                 _ => {}
             }
         }
@@ -531,8 +524,8 @@ impl Chat {
             }
             ["show", "info"] => show_info(&self.model),
             ["show", "parameters"] => self.show_parameters(),
-            ["show", "system"] => match self.history.first().filter(|m| m.role == Role::System) {
-                Some(m) => println!("{}\n", session::text_of(m)),
+            ["show", "system"] => match self.system() {
+                Some(s) => println!("{s}\n"),
                 None => println!("No system message was specified for this model."),
             },
             ["show", "template"] => match (&self.model.template, &self.model.harmony) {
@@ -586,31 +579,20 @@ impl Chat {
         false
     }
 
-    /// `/set parameter NAME VALUE...`; a new `num_ctx` reloads the model with that context.
+    /// `/set parameter NAME VALUE...` (`num_ctx` is the context of the next turns, up to the
+    /// model's own).
     fn set_parameter(&mut self, name: &str, values: &[&str]) {
-        if let Err(e) = self.user_params.set(name, values) {
-            eprintln!("Couldn't set parameter: {e}");
-            return;
+        match self.user_params.set(name, values) {
+            Ok(()) => eprintln!("Set parameter '{name}' to '{}'", values.join(", ")),
+            Err(e) => eprintln!("Couldn't set parameter: {e}"),
         }
-        eprintln!("Set parameter '{name}' to '{}'", values.join(", "));
-        let context = self.pack_params.merged(&self.user_params).num_ctx();
-        if context != self.settings.context {
-            let mut settings = self.settings.clone();
-            settings.context = context;
-            let reference = self.model.reference.clone();
-            match Model::load(
-                &self.store,
-                &self.home,
-                &reference,
-                &settings,
-                self.metrics.clone(),
-            ) {
-                Ok(model) => {
-                    self.model = model;
-                    self.settings = settings;
-                }
-                Err(e) => eprintln!("error: reloading {reference} with the new context: {e:#}"),
-            }
+    }
+
+    /// The system prompt in use: the session's, else the pack's.
+    fn system(&self) -> Option<String> {
+        match self.history.first() {
+            Some(m) if m.role == Role::System => Some(session::text_of(m)),
+            _ => self.model.defaults.system.clone(),
         }
     }
 
@@ -642,15 +624,20 @@ impl Chat {
         }
     }
 
-    /// `/load NAME`: another model, or a saved session, with its system prompt, messages and
-    /// parameters (the session's own parameters are dropped). On failure the session goes on.
+    /// `/load NAME`: another model, or a saved session with its system prompt, messages and
+    /// parameters (the session's own parameters and conversation are dropped). On failure the
+    /// session goes on.
     fn load(&mut self, name: &str) -> Result<()> {
-        let pack = session::from_pack(&self.store, name)?;
+        let pack_params = session::pack_params(&self.store, name)?;
         eprintln!("Loading model '{name}'");
-        let mut settings = self.settings.clone();
-        settings.context = pack.params.num_ctx();
         let started = Instant::now();
-        let model = Model::load(&self.store, &self.home, name, &settings, self.metrics.clone())?;
+        let model = Model::load(
+            &self.store,
+            &self.home,
+            name,
+            &self.settings,
+            self.metrics.clone(),
+        )?;
         check_generates(&model, self.opts.raw)?;
         let constraints = match &self.opts.format {
             Some(f) if !self.opts.raw => Some(format_constraints(&model, f)?),
@@ -658,30 +645,32 @@ impl Chat {
         };
         self.model = model;
         self.load_duration = started.elapsed();
-        self.settings = settings;
         self.constraints = constraints;
+        self.pack_params = pack_params;
         self.user_params = SessionParams::default();
-        self.start(pack);
+        self.history.clear();
         self.print_conversation();
         Ok(())
     }
 
-    /// `/save NAME`: the session as a new pack (see [`session::save_pack`]).
+    /// `/save NAME`: the session as a new pack (see [`session::save_pack`]): the system prompt in
+    /// use, the pack's messages then the conversation, the pack's parameters under the flags
+    /// given and `/set parameter`'s.
     fn save(&self, name: &str) -> Result<berth_registry::store::PackEntry> {
-        let system = self
-            .history
-            .first()
-            .filter(|m| m.role == Role::System)
-            .map(session::text_of);
-        let saved = PackSession {
-            system,
-            messages: self
-                .history
+        let mut messages = self.model.defaults.messages.clone();
+        messages.extend(
+            self.history
                 .iter()
                 .filter(|m| m.role != Role::System)
-                .cloned()
-                .collect(),
-            params: self.pack_params.merged(&self.user_params),
+                .map(session::pack_message),
+        );
+        let saved = PackSession {
+            system: self.system(),
+            messages,
+            params: self
+                .pack_params
+                .merged(&self.opts.params)
+                .merged(&self.user_params),
         };
         session::save_pack(&self.store, &self.model.reference, name, &saved)
     }

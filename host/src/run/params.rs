@@ -1,9 +1,10 @@
-//! A `berth run` session's parameters under Ollama's names: what `/set parameter` sets and what a
-//! pack's `defaults` hold, laid over the decode options of the command line. Values are checked
-//! by the Ollama API's own `options` validation, so both surfaces take and refuse the same values.
+//! A `berth run` session's parameters under Ollama's names: the sampling flags given on the
+//! command line and what `/set parameter` sets, laid over the pack's defaults
+//! ([`crate::options::PackDefaults`]). Values are checked by the Ollama API's own `options`
+//! validation, so both surfaces take and refuse the same values.
 
-use crate::api::ollama::OllamaOptions;
 use crate::decoding::DecodeOptions;
+use crate::options::OllamaOptions;
 use anyhow::{anyhow, bail, Result};
 
 /// The kind of value a parameter takes.
@@ -96,6 +97,18 @@ impl SessionParams {
         SessionParams(table)
     }
 
+    /// Parameters from command-line flags, by Ollama name (`None`: the flag was not given); a bad
+    /// value is an error naming the parameter.
+    pub fn from_flags(flags: &[(&str, Option<String>)]) -> Result<SessionParams> {
+        let mut p = SessionParams::default();
+        for (name, value) in flags {
+            if let Some(v) = value {
+                p.set(name, &[v])?;
+            }
+        }
+        Ok(p)
+    }
+
     /// The parameters as a table of Ollama names (for a pack manifest's `defaults`).
     pub fn table(&self) -> &toml::Table {
         &self.0
@@ -158,57 +171,17 @@ impl SessionParams {
         serde_json::from_value(json).map_err(|e| anyhow!("parameters: {e}"))
     }
 
-    /// Lays the set parameters over `decode`: each one set replaces the value there.
-    pub fn overlay(&self, decode: &mut DecodeOptions) -> Result<()> {
-        if self.0.is_empty() {
-            return Ok(());
-        }
-        let o = self.options()?;
-        let d = o.decode_options().map_err(|e| anyhow!("{}", e.message))?;
-        let (s, set) = (&mut decode.sampling, &d.sampling);
-        if o.temperature.is_some() {
-            s.temperature = set.temperature;
-        }
-        if o.top_k.is_some() {
-            s.top_k = set.top_k;
-        }
-        if o.top_p.is_some() {
-            s.top_p = set.top_p;
-        }
-        if o.min_p.is_some() {
-            s.min_p = set.min_p;
-        }
-        if o.seed.is_some() {
-            s.seed = set.seed;
-        }
-        if o.repeat_penalty.is_some() {
-            s.repeat_penalty = set.repeat_penalty;
-        }
-        if o.repeat_last_n.is_some() {
-            s.repeat_last_n = set.repeat_last_n;
-        }
-        if o.presence_penalty.is_some() {
-            s.presence_penalty = set.presence_penalty;
-        }
-        if o.frequency_penalty.is_some() {
-            s.frequency_penalty = set.frequency_penalty;
-        }
-        if o.num_predict.is_some() {
-            decode.max_tokens = d.max_tokens;
-        }
-        if o.stop.is_some() {
-            decode.stop = d.stop;
-        }
-        Ok(())
+    /// The sampling and stopping settings of `base` with the set parameters over them (`num_ctx`
+    /// becomes the request's context); no constraint, no log-probabilities.
+    pub fn over(&self, base: &DecodeOptions) -> Result<DecodeOptions> {
+        self.options()?
+            .over(base, "")
+            .map_err(|e| anyhow!("{}", e.message))
     }
 
-    /// `num_ctx`, when set to a usable length.
-    pub fn num_ctx(&self) -> Option<u32> {
-        self.0
-            .get("num_ctx")
-            .and_then(toml::Value::as_integer)
-            .and_then(|n| u32::try_from(n).ok())
-            .filter(|&n| n > 0)
+    /// Whether `name` is set.
+    pub fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
     }
 
     /// The parameters as `/show parameters` prints them, one a line (a stop string a line), as
@@ -278,8 +251,7 @@ mod tests {
         p.set("temperature", &["0"]).unwrap();
         p.set("stop", &["\"<|im_end|>\"", "User:"]).unwrap();
         p.set("num_predict", &["-1"]).unwrap();
-        let mut d = decode();
-        p.overlay(&mut d).unwrap();
+        let d = p.over(&decode()).unwrap();
         assert_eq!(d.sampling.temperature, 0.0);
         assert_eq!(d.sampling.top_k, SamplingParams::default().top_k);
         assert_eq!(d.stop, ["<|im_end|>", "User:"]);
@@ -315,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn later_parameters_win_and_num_ctx_is_read_back() {
+    fn later_parameters_win_and_num_ctx_is_the_context() {
         let mut pack = toml::Table::new();
         pack.insert("temperature".into(), toml::Value::Float(0.7));
         pack.insert("num_ctx".into(), toml::Value::Integer(2048));
@@ -323,10 +295,13 @@ mod tests {
         let mut user = SessionParams::default();
         user.set("temperature", &["0.2"]).unwrap();
         let both = pack.merged(&user);
-        let mut d = decode();
-        both.overlay(&mut d).unwrap();
+        let d = both.over(&decode()).unwrap();
         assert_eq!(d.sampling.temperature, 0.2);
-        assert_eq!(both.num_ctx(), Some(2048));
-        assert_eq!(user.num_ctx(), None);
+        assert_eq!(d.context, Some(2048));
+        assert!(both.has("num_ctx") && !user.has("num_ctx"));
+        let flags = SessionParams::from_flags(&[("top_k", Some("3".into())), ("seed", None)]).unwrap();
+        assert_eq!(flags.lines(), [format!("{:<30} 3", "top_k")]);
+        let e = SessionParams::from_flags(&[("temperature", Some("-1".into()))]).unwrap_err();
+        assert!(e.to_string().contains("temperature"), "{e}");
     }
 }

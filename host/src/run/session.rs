@@ -1,64 +1,54 @@
-//! What a pack gives a `berth run` session (its system prompt, messages and parameters), and
-//! `/save`: the session written back as a new pack.
+//! `/save`: a `berth run` session written as a new pack (its system prompt, messages and
+//! parameters over the current pack's files), and the pack's own parameters as written.
 
 use super::params::SessionParams;
-use crate::turn::{Content, Message, Part, Role};
-use anyhow::{Context, Result};
-use berth_registry::pack::{PackManifest, PackMessage};
+use crate::turn::{Content, Message, Part};
+use anyhow::Result;
+use berth_registry::modelfile::Modelfile;
+use berth_registry::pack::PackMessage;
 use berth_registry::store::{PackEntry, Store};
 
-/// A session as a pack holds it: what `/load` restores and `/save` writes.
+/// A session as a pack holds it: what `/save` writes (and a pack gives back when loaded).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PackSession {
     /// The system prompt (a Modelfile's `SYSTEM`).
     pub system: Option<String>,
-    /// The conversation put before the first message (a Modelfile's `MESSAGE` lines).
-    pub messages: Vec<Message>,
+    /// The conversation put before every new one (a Modelfile's `MESSAGE` lines).
+    pub messages: Vec<PackMessage>,
     /// Parameters under Ollama's names (the manifest's `defaults`).
     pub params: SessionParams,
 }
 
-/// The session a pack starts with, from its manifest (empty for a pack without one).
-pub fn from_pack(store: &Store, reference: &str) -> Result<PackSession> {
+/// A pack's own parameters (its manifest's `defaults`, as written), for `/show parameters` and
+/// `/save`; empty for a pack without a manifest.
+pub fn pack_params(store: &Store, reference: &str) -> Result<SessionParams> {
     let entry = store.get(reference)?;
-    let Some(m) = entry.manifest else {
-        return Ok(PackSession::default());
-    };
-    Ok(PackSession {
-        system: m.system.filter(|s| !s.is_empty()),
-        messages: m
-            .messages
-            .iter()
-            .filter_map(|p| {
-                let role = serde_json::from_value(serde_json::Value::String(p.role.clone())).ok()?;
-                Some(Message::text(role, p.content.clone()))
-            })
-            .collect(),
-        params: SessionParams::from_table(m.defaults),
-    })
+    Ok(SessionParams::from_table(
+        entry.manifest.map(|m| m.defaults).unwrap_or_default(),
+    ))
 }
 
-/// Saves `session` as the pack `name`: the files of `from` (hard-linked when the filesystem
-/// allows, as `berth cp` makes them) with the session's system prompt, parameters and messages in
-/// its manifest. A pack already named `name` is replaced.
+/// A message of the conversation as a pack keeps it (text only).
+pub fn pack_message(m: &Message) -> PackMessage {
+    PackMessage {
+        role: m.role.as_str().to_string(),
+        content: text_of(m),
+    }
+}
+
+/// Saves `session` as the pack `name` the way `berth create` makes one from a Modelfile: the
+/// files of `from` (hard-linked when the filesystem allows) with the session's system prompt,
+/// parameters and messages in its manifest. A pack already named `name` is replaced.
 pub fn save_pack(store: &Store, from: &str, name: &str, session: &PackSession) -> Result<PackEntry> {
-    let entry = store.copy(from, name)?;
-    let mut manifest = PackManifest::load(&entry.dir)?;
-    manifest.system = session.system.clone();
-    manifest.defaults = session.params.table().clone();
-    manifest.messages = session
-        .messages
-        .iter()
-        .filter(|m| m.role != Role::System)
-        .map(|m| PackMessage {
-            role: m.role.as_str().to_string(),
-            content: text_of(m),
-        })
-        .collect();
-    manifest
-        .save(&entry.dir)
-        .with_context(|| format!("writing the manifest of {name}"))?;
-    Ok(store.get(&entry.reference)?)
+    let base = store.create_base(from, None)?;
+    let modelfile = Modelfile {
+        from: Some(from.to_string()),
+        system: session.system.clone(),
+        parameters: session.params.table().clone(),
+        messages: session.messages.clone(),
+        ..Modelfile::default()
+    };
+    Ok(store.create(name, &base, &modelfile, &mut |_| {})?)
 }
 
 /// A message's text (images are not kept in a pack).
@@ -80,9 +70,11 @@ pub fn text_of(m: &Message) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::turn::Role;
+    use berth_registry::pack::PackManifest;
 
     #[test]
-    fn a_saved_session_is_read_back_from_its_pack() {
+    fn a_saved_session_is_a_pack_with_its_system_messages_and_parameters() {
         let home = tempfile::tempdir().unwrap();
         let store = Store::new(home.path().to_path_buf());
         let src = home.path().join("src");
@@ -103,21 +95,21 @@ mod tests {
         params.set("temperature", &["0"]).unwrap();
         let session = PackSession {
             system: Some("You are terse.".into()),
-            messages: vec![
-                Message::text(Role::System, "You are terse."),
-                Message::text(Role::User, "My name is Ada."),
-                Message::text(Role::Assistant, "OK."),
-            ],
+            messages: [(Role::User, "My name is Ada."), (Role::Assistant, "OK.")]
+                .map(|(r, t)| pack_message(&Message::text(r, t)))
+                .to_vec(),
             params,
         };
         let saved = save_pack(&store, "base:1", "ada", &session).unwrap();
         assert_eq!(saved.reference, "ada:latest");
         assert!(saved.is_ok(), "{:?}", saved.problems);
-        let back = from_pack(&store, "ada").unwrap();
-        assert_eq!(back.system, session.system);
-        assert_eq!(back.messages, session.messages[1..]);
-        assert_eq!(back.params, session.params);
+        let m = saved.manifest.unwrap();
+        assert_eq!(m.system, session.system);
+        assert_eq!(m.messages, session.messages);
+        assert_eq!(m.messages[1].role, "assistant");
+        assert_eq!(pack_params(&store, "ada").unwrap(), session.params);
         // The source pack is unchanged.
-        assert_eq!(from_pack(&store, "base:1").unwrap(), PackSession::default());
+        let base = store.get("base:1").unwrap().manifest.unwrap();
+        assert!(base.system.is_none() && base.messages.is_empty() && base.defaults.is_empty());
     }
 }
