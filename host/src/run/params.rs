@@ -158,9 +158,7 @@ impl SessionParams {
         let mut next = self.clone();
         next.0.insert(name.to_string(), value);
         // Checked as the Ollama API checks `options` (ranges, stop count).
-        next.options()?
-            .decode_options()
-            .map_err(|e| anyhow!("{}", e.message))?;
+        next.over(&DecodeOptions::default())?;
         *self = next;
         Ok(())
     }
