@@ -381,47 +381,55 @@ impl Chat {
     fn fitted_turn(&mut self, mut prompt: Prompt) -> Result<Turn> {
         let mut dropped = 0;
         loop {
-            let req = self.request(prompt)?;
+            let req = self.request(prompt, false)?;
             let context = crate::turn::request_context(&self.model, &req.decode);
             let room = answer_room(req.decode.max_tokens, context);
-            let turn = self
-                .runtime
-                .block_on(Turn::prepare(&self.model, req, UrlPolicy::default()))
-                .map_err(|e| anyhow!("{}", e.message))?;
-            let fits = turn.prompt.len() + room <= context;
-            // With nothing of the session's left to drop, the turn's own truncation (of the pack's
-            // messages) or its error has the last word.
-            let n = if fits || self.opts.raw {
-                0
-            } else {
-                drop_oldest_exchange(&mut self.history)
-            };
-            if n == 0 {
-                if dropped > 0 {
-                    eprintln!(
-                        "(the conversation no longer fits the {context}-token context: the oldest \
-                         {dropped} message(s) were dropped; the system prompt is kept)"
-                    );
-                }
+            let turn = self.prepare(req)?;
+            if self.opts.raw || turn.prompt.len() + room <= context {
+                self.dropped_notice(dropped, context);
                 return Ok(turn);
             }
-            dropped += n;
+            match drop_oldest_exchange(&mut self.history) {
+                0 => {
+                    self.dropped_notice(dropped, context);
+                    // Nothing of the session's is left to drop: the pack's own messages are cut as
+                    // Ollama cuts a long chat, or the turn says why it cannot fit.
+                    let req = self.request(Prompt::Chat(self.history.clone()), true)?;
+                    return self.prepare(req);
+                }
+                n => dropped += n,
+            }
             prompt = Prompt::Chat(self.history.clone());
         }
     }
 
+    /// Builds the turn of a request (the same [`Turn::prepare`] as every API).
+    fn prepare(&self, req: ChatRequest) -> Result<Turn> {
+        self.runtime
+            .block_on(Turn::prepare(&self.model, req, UrlPolicy::default()))
+            .map_err(|e| anyhow!("{}", e.message))
+    }
+
+    /// Says how many messages fitting the context dropped, if any.
+    fn dropped_notice(&self, dropped: usize, context: usize) {
+        if dropped > 0 {
+            eprintln!(
+                "(the conversation no longer fits the {context}-token context: the oldest \
+                 {dropped} message(s) were dropped; the system prompt is kept)"
+            );
+        }
+    }
+
     /// The typed turn of a prompt: Berth's defaults, then the pack's, then the flags given, then
-    /// the session's own (`/set parameter`).
-    fn request(&self, prompt: Prompt) -> Result<ChatRequest> {
+    /// the session's own (`/set parameter`); `truncate`: the turn may cut the oldest turns to fit.
+    fn request(&self, prompt: Prompt, truncate: bool) -> Result<ChatRequest> {
         let mut req = ChatRequest::new(prompt);
         let mut base = self.model.defaults.decode.settings();
         if !self.pack_params.has("num_predict") {
             base.max_tokens = Some(DEFAULT_MAX_TOKENS);
         }
         req.decode = self.opts.params.merged(&self.user_params).over(&base)?;
-        // What the conversation fitting below leaves too long (the pack's own messages) is cut
-        // as Ollama cuts it, rather than refused.
-        req.truncate = true;
+        req.truncate = truncate;
         if let Some(c) = &self.constraints {
             req.constraints = c.clone();
         }
