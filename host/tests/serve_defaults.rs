@@ -1,6 +1,6 @@
 //! Pack defaults and context end to end, on Qwen2.5-Coder 0.5B: a pack made from a Modelfile
 //! (`SYSTEM`, `PARAMETER temperature`, `PARAMETER stop`, `MESSAGE` pairs) answers with them on all
-//! four APIs, the request's own values winning; Ollama's
+//! four APIs and in `berth run`, the request's own values winning; Ollama's
 //! `num_ctx` per request (above the server's default, up to the model's) and its truncation of
 //! conversations longer than the context, where the OpenAI surfaces keep their 400.
 
@@ -138,6 +138,13 @@ fn pack_parameters_system_prompt_and_messages_apply_on_every_surface_and_request
         }
     }
     assert!(by_pack.iter().all(|(t, _)| t.contains("Ann")), "{by_pack:?}");
+    // `berth run` with nothing but the question answers as the server does.
+    let ran = berth_ok(home.path(), None, &["run", "qwen:pack", question]);
+    assert_eq!(
+        ran.trim_end(),
+        by_pack[0].0.trim_end(),
+        "berth run and serve differ"
+    );
 
     // The request's own values win: its system prompt replaces the pack's, its stop list the
     // pack's.
