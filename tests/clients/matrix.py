@@ -102,8 +102,12 @@ class Run:
                 start_new_session=True,
             )
             lines = queue.Queue()
-            threading.Thread(target=lambda: [lines.put(x) for x in p.stdout] and None, daemon=True).start()
-            threading.Thread(target=lambda: (p.wait(), lines.put(None)), daemon=True).start()
+            # One thread, so the end (None) is queued only after the last line: with a second
+            # thread waiting on the process, a scenario printed just before exit could come after
+            # the end and be reported as never run.
+            threading.Thread(
+                target=lambda: ([lines.put(x) for x in p.stdout], p.wait(), lines.put(None)), daemon=True
+            ).start()
             current = todo[0]
             while todo:
                 started = time.monotonic()
