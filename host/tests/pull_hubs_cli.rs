@@ -183,13 +183,6 @@ fn cli_pulls_from_an_ollama_registry_and_hugging_face_then_reports_installed_pac
     assert_eq!(names, ["acme/tiny:latest", "tiny:1b"]);
 }
 
-/// A POST to a test server whose answer must be a 200 JSON body.
-fn post_ok(server: &TestServer, path: &str, body: serde_json::Value) -> serde_json::Value {
-    let (status, text) = server.post(path, &body.to_string());
-    assert_eq!(status, 200, "{path}: {text}");
-    serde_json::from_str(&text).unwrap()
-}
-
 /// The real Qwen2.5-Coder GGUF pulled from the loopback registry with params, a system prompt and
 /// messages: served, they apply (the same prompt and greedy reply as a plain import of the GGUF
 /// given the same values by the request), and the request's own values win.
@@ -217,15 +210,12 @@ fn a_pulled_packs_parameters_system_prompt_and_messages_apply_when_served() {
     }
     let server = TestServer::start(&home, &[]);
     let question = serde_json::json!({"role": "user", "content": "Write a haiku about the sea."});
-    let pulled = post_ok(
-        &server,
+    let pulled = server.post_ok(
         "/api/chat",
-        serde_json::json!({"model": "tiny:1b", "messages": [question], "stream": false}),
+        &serde_json::json!({"model": "tiny:1b", "messages": [question], "stream": false}),
     );
-    let plain = post_ok(
-        &server,
-        "/api/chat",
-        serde_json::json!({"model": "plain", "stream": false,
+    let plain = server.post_ok("/api/chat",
+        &serde_json::json!({"model": "plain", "stream": false,
             "messages": [{"role": "system", "content": "You are a tiny model."},
                          {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, question],
             "options": {"temperature": 0, "num_predict": 5}}),
@@ -244,10 +234,8 @@ fn a_pulled_packs_parameters_system_prompt_and_messages_apply_when_served() {
         "{pulled}"
     );
     // The request's own values win over the pack's.
-    let longer = post_ok(
-        &server,
-        "/api/chat",
-        serde_json::json!({"model": "tiny:1b", "messages": [question], "stream": false, "options": {"num_predict": 9}}),
+    let longer = server.post_ok("/api/chat",
+        &serde_json::json!({"model": "tiny:1b", "messages": [question], "stream": false, "options": {"num_predict": 9}}),
     );
     assert_eq!(longer["eval_count"].as_u64(), Some(9), "{longer}");
 }

@@ -9,13 +9,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-/// A POST whose answer must be a 200 JSON body.
-fn post_ok(server: &TestServer, path: &str, body: &Value) -> Value {
-    let (status, text) = server.post(path, &body.to_string());
-    assert_eq!(status, 200, "{path}: {text}");
-    serde_json::from_str(&text).unwrap()
-}
-
 /// The surfaces asked: OpenAI chat, Responses, Anthropic Messages, Ollama chat.
 const SURFACES: usize = 4;
 
@@ -44,7 +37,7 @@ fn ask(server: &TestServer, surface: usize, model: &str, extra: &Value, question
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
-    let v = post_ok(server, path, &body);
+    let v = server.post_ok(path, &body);
     match surface {
         0 => (
             v["choices"][0]["message"]["content"]
@@ -53,17 +46,7 @@ fn ask(server: &TestServer, surface: usize, model: &str, extra: &Value, question
                 .to_string(),
             v["usage"]["prompt_tokens"].as_u64().unwrap(),
         ),
-        1 => (
-            v["output"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|i| i["type"] == "message")
-                .flat_map(|i| i["content"].as_array().unwrap().iter())
-                .map(|c| c["text"].as_str().unwrap_or_default().to_string())
-                .collect(),
-            v["usage"]["input_tokens"].as_u64().unwrap(),
-        ),
+        1 => (responses_text(&v), v["usage"]["input_tokens"].as_u64().unwrap()),
         2 => (
             v["content"][0]["text"].as_str().unwrap_or_default().to_string(),
             v["usage"]["input_tokens"].as_u64().unwrap(),
@@ -148,16 +131,12 @@ fn pack_parameters_system_prompt_and_messages_apply_on_every_surface_and_request
 
     // The request's own values win: its system prompt replaces the pack's, its stop list the
     // pack's.
-    let mine = post_ok(
-        &server,
-        "/api/chat",
+    let mine = server.post_ok("/api/chat",
         &json!({"model": "qwen:pack", "stream": false,
                 "messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": question}],
                 "options": {"stop": ["\n"], "num_predict": 24}}),
     );
-    let plain = post_ok(
-        &server,
-        "/api/chat",
+    let plain = server.post_ok("/api/chat",
         &json!({"model": "qwen:plain", "stream": false,
                 "messages": [{"role": "system", "content": "Answer in French."},
                              {"role": "user", "content": "My name is Ann."}, {"role": "assistant", "content": "Hello Ann"},
@@ -198,8 +177,7 @@ fn context_per_request_truncation_for_ollama_and_a_400_for_openai() {
     assert!(text.contains("context_length_exceeded"), "{text}");
 
     // Ollama: the oldest turns go; the system prompt and the question stay; it answers.
-    let v = post_ok(
-        &server,
+    let v = server.post_ok(
         "/api/chat",
         &json!({"model": "qwen:ctx", "messages": messages, "stream": false,
                 "options": {"num_predict": 4, "temperature": 0.0}}),
@@ -218,8 +196,7 @@ fn context_per_request_truncation_for_ollama_and_a_400_for_openai() {
     assert!(text.contains("context"), "{text}");
 
     // `num_ctx` above the server's default is honoured: the whole conversation is read.
-    let v = post_ok(
-        &server,
+    let v = server.post_ok(
         "/api/chat",
         &json!({"model": "qwen:ctx", "messages": messages, "stream": false,
                 "options": {"num_predict": 4, "temperature": 0.0, "num_ctx": 4096}}),
@@ -227,16 +204,14 @@ fn context_per_request_truncation_for_ollama_and_a_400_for_openai() {
     let whole = v["prompt_eval_count"].as_u64().unwrap();
     assert!(whole > 256 && whole > kept, "{v}");
     // And up to the model's own limit only: a larger one is the model's.
-    let v = post_ok(
-        &server,
+    let v = server.post_ok(
         "/api/chat",
         &json!({"model": "qwen:ctx", "messages": messages, "stream": false,
                 "options": {"num_predict": 4, "temperature": 0.0, "num_ctx": 10_000_000}}),
     );
     assert_eq!(v["prompt_eval_count"].as_u64().unwrap(), whole, "{v}");
     // A small `num_ctx` bounds the reply too: prompt and reply together stay within it.
-    let v = post_ok(
-        &server,
+    let v = server.post_ok(
         "/api/generate",
         &json!({"model": "qwen:ctx", "prompt": "Count from 1 to 100, comma separated.", "stream": false,
                 "options": {"num_ctx": 64, "temperature": 0.0}}),

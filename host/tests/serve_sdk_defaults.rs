@@ -205,7 +205,7 @@ fn responses(server: &TestServer, body: Value) -> (Reply, Value) {
             .map(|e| e["delta"].as_str().unwrap())
             .collect();
         let v = done.expect("a final event")["response"].clone();
-        let whole: String = output_text(&v);
+        let whole: String = responses_text(&v);
         assert_eq!(text, whole, "streamed text equals the final response's");
         v
     } else {
@@ -217,7 +217,7 @@ fn responses(server: &TestServer, body: Value) -> (Reply, Value) {
         .iter()
         .filter(|i| i["type"] == "function_call");
     let reply = Reply {
-        text: output_text(&v),
+        text: responses_text(&v),
         calls: calls
             .map(|c| {
                 (
@@ -229,17 +229,6 @@ fn responses(server: &TestServer, body: Value) -> (Reply, Value) {
         end: v["status"].as_str().unwrap().into(),
     };
     (reply, v)
-}
-
-fn output_text(v: &Value) -> String {
-    v["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i["type"] == "message")
-        .flat_map(|i| i["content"].as_array().unwrap().iter())
-        .map(|p| p["text"].as_str().unwrap_or(""))
-        .collect()
 }
 
 fn ollama(server: &TestServer, body: Value) -> Reply {

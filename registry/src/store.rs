@@ -420,19 +420,7 @@ impl Store {
         let mut stamps = load_stamps(&staging.dir);
         if let Some(t) = &mf.template {
             progress("writing chat template");
-            let p = staging.dir.join(TEMPLATE_FILE);
-            // The copy may be a hard link to the base's file: replace it, never write through it.
-            if p.exists() {
-                fs::remove_file(&p).map_err(io_err(&p))?;
-            }
-            fs::write(&p, t).map_err(io_err(&p))?;
-            manifest.files.retain(|f| f.path != TEMPLATE_FILE);
-            manifest.files.push(hashed_file(
-                &staging.dir,
-                TEMPLATE_FILE,
-                FileRole::Template,
-                &mut stamps,
-            )?);
+            put_template(&staging.dir, &mut manifest, t, &mut stamps)?;
             manifest
                 .capabilities
                 .retain(|c| !matches!(c.as_str(), "completion" | "chat" | "tools" | "thinking"));
@@ -642,15 +630,7 @@ impl Store {
             }
         }
         if let Some(t) = read_template(opts)? {
-            let p = staging.dir.join(TEMPLATE_FILE);
-            fs::write(&p, &t).map_err(io_err(&p))?;
-            manifest.files.retain(|f| f.path != TEMPLATE_FILE);
-            manifest.files.push(hashed_file(
-                &staging.dir,
-                TEMPLATE_FILE,
-                FileRole::Template,
-                &mut stamps,
-            )?);
+            put_template(&staging.dir, &mut manifest, &t, &mut stamps)?;
             for cap in capabilities(Some(&t)) {
                 if !manifest.has_capability(&cap) {
                     manifest.capabilities.push(cap);
@@ -962,6 +942,26 @@ fn hf_role(name: &str) -> FileRole {
 }
 
 /// Hash a file inside `dir`, record its stamp, and describe it for the manifest.
+/// Writes a pack's chat template file into `dir` and lists it in the manifest. A file already
+/// there may be a hard link to another pack's: it is replaced, never written through.
+fn put_template(
+    dir: &Path,
+    manifest: &mut PackManifest,
+    text: &str,
+    stamps: &mut Stamps,
+) -> Result<(), StoreError> {
+    let p = dir.join(TEMPLATE_FILE);
+    if p.exists() {
+        fs::remove_file(&p).map_err(io_err(&p))?;
+    }
+    fs::write(&p, text).map_err(io_err(&p))?;
+    manifest.files.retain(|f| f.path != TEMPLATE_FILE);
+    manifest
+        .files
+        .push(hashed_file(dir, TEMPLATE_FILE, FileRole::Template, stamps)?);
+    Ok(())
+}
+
 fn hashed_file(dir: &Path, rel: &str, role: FileRole, stamps: &mut Stamps) -> Result<PackFile, StoreError> {
     let p = dir.join(rel);
     let meta = fs::metadata(&p).map_err(io_err(&p))?;

@@ -330,6 +330,13 @@ impl TestServer {
         self.http("POST", path, Some(body))
     }
 
+    /// A POST whose answer must be a 200 JSON body; returns that body.
+    pub fn post_ok(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let (status, text) = self.post(path, &body.to_string());
+        assert_eq!(status, 200, "{path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
     /// Sends raw bytes and returns the whole answer (head and body) as text.
     pub fn raw(&self, request: &str) -> String {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
@@ -410,4 +417,16 @@ pub fn home_with_held_model(prefix: &str, hold: &Path) -> tempfile::TempDir {
     write_byte_tokenizer(&src, &["<|end|>"], Some(PLAIN_TEMPLATE));
     berth_ok(home.path(), None, &["import", src.to_str().unwrap()]);
     home
+}
+
+/// The text of a Responses answer's message items, in order.
+pub fn responses_text(v: &serde_json::Value) -> String {
+    v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().unwrap().iter())
+        .map(|p| p["text"].as_str().unwrap_or(""))
+        .collect()
 }
