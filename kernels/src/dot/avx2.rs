@@ -844,7 +844,8 @@ pub(crate) unsafe fn dot_f32_ptr(w: *const f32, x: *const f32, n: usize) -> f32 
             _mm256_add_ps(acc[2], acc[3]),
         ));
         while i < n {
-            s += *w.add(i) * *x.add(i);
+            // Unaligned reads: `w` may come from a byte slice (an f32 weight row in a mapped file).
+            s += w.add(i).read_unaligned() * x.add(i).read_unaligned();
             i += 1;
         }
         s
