@@ -22,23 +22,11 @@ use std::time::Instant;
 fn home() -> &'static Path {
     static HOME: OnceLock<PathBuf> = OnceLock::new();
     HOME.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("berth-constrain-")
-            .tempdir()
-            .unwrap()
-            .keep();
-        berth_ok(
-            &dir,
-            None,
-            &["plugins", "install", plugin_library("qwen3").to_str().unwrap()],
-        );
-        let qwen = real_model("qwen2.5-coder-0.5b");
-        berth_ok(
-            &dir,
-            None,
-            &["import", qwen.to_str().unwrap(), "--name", "qwen2.5-coder:0.5b"],
-        );
-        dir
+        home_with(
+            "berth-constrain-",
+            &["qwen3"],
+            &[("qwen2.5-coder-0.5b", "qwen2.5-coder:0.5b")],
+        )
     })
 }
 

@@ -17,31 +17,14 @@ use std::sync::OnceLock;
 fn home() -> &'static Path {
     static HOME: OnceLock<PathBuf> = OnceLock::new();
     HOME.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("berth-embed-")
-            .tempdir()
-            .unwrap()
-            .keep();
-        for plugin in ["qwen3", "gemma"] {
-            berth_ok(
-                &dir,
-                None,
-                &["plugins", "install", plugin_library(plugin).to_str().unwrap()],
-            );
-        }
-        let emb = real_model("embeddinggemma-300m");
-        berth_ok(
-            &dir,
-            None,
-            &["import", emb.to_str().unwrap(), "--name", "embeddinggemma:300m"],
-        );
-        let qwen = real_model("qwen2.5-coder-0.5b");
-        berth_ok(
-            &dir,
-            None,
-            &["import", qwen.to_str().unwrap(), "--name", "qwen2.5-coder:0.5b"],
-        );
-        dir
+        home_with(
+            "berth-embed-",
+            &["qwen3", "gemma"],
+            &[
+                ("embeddinggemma-300m", "embeddinggemma:300m"),
+                ("qwen2.5-coder-0.5b", "qwen2.5-coder:0.5b"),
+            ],
+        )
     })
 }
 

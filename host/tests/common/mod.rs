@@ -249,26 +249,37 @@ pub fn home_with_qwen(prefix: &str, name: &str) -> tempfile::TempDir {
     tmp
 }
 
-/// A Berth home (`prefix` names its directory, kept after the test) with the qwen3 and gemma
-/// plugins under test installed and both real models imported as `qwen2.5-coder:0.5b` and
-/// `gemma3:270m` (importing hard-links, so this is cheap after the first fetch).
-pub fn real_models_home(prefix: &str) -> PathBuf {
+/// A Berth home (`prefix` names its directory, kept after the test) with the `plugins` under test
+/// installed and each real model of `packs` (its file or folder under the models cache, its
+/// reference) imported (importing hard-links, so this is cheap after the first fetch).
+pub fn home_with(prefix: &str, plugins: &[&str], packs: &[(&str, &str)]) -> PathBuf {
     let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap().keep();
-    for plugin in ["qwen3", "gemma"] {
+    for plugin in plugins {
         berth_ok(
             &dir,
             None,
             &["plugins", "install", plugin_library(plugin).to_str().unwrap()],
         );
     }
-    for (file, name) in [
-        ("qwen2.5-coder-0.5b", "qwen2.5-coder:0.5b"),
-        ("gemma3-270m", "gemma3:270m"),
-    ] {
+    for (file, name) in packs {
         let path = real_model(file);
         berth_ok(&dir, None, &["import", path.to_str().unwrap(), "--name", name]);
     }
     dir
+}
+
+/// A Berth home (`prefix` names its directory, kept after the test) with the qwen3 and gemma
+/// plugins under test installed and both real models imported as `qwen2.5-coder:0.5b` and
+/// `gemma3:270m`.
+pub fn real_models_home(prefix: &str) -> PathBuf {
+    home_with(
+        prefix,
+        &["qwen3", "gemma"],
+        &[
+            ("qwen2.5-coder-0.5b", "qwen2.5-coder:0.5b"),
+            ("gemma3-270m", "gemma3:270m"),
+        ],
+    )
 }
 
 /// A plain HTTP/1.1 request with a JSON body to a loopback port; returns (status, body).
