@@ -5,7 +5,7 @@
 //! prompt and the messages it puts before every conversation. Request values always win.
 
 use crate::decoding::DecodeOptions;
-use crate::turn::ApiError;
+use crate::turn::error::ApiError;
 use berth_registry::pack::{PackManifest, PackMessage};
 use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::Deserialize;
