@@ -106,6 +106,16 @@ pub fn is_supported_parameter(name: &str) -> bool {
     PARAMETERS.iter().any(|(n, _)| *n == name)
 }
 
+/// Whether `name` is an Ollama parameter Berth knows of and does not implement (`mirostat`, ...).
+pub fn is_unsupported_parameter(name: &str) -> bool {
+    UNSUPPORTED.contains(&name.to_ascii_lowercase().as_str())
+}
+
+/// The parameters Berth implements, in Ollama's names.
+pub fn supported_parameters() -> impl Iterator<Item = &'static str> {
+    PARAMETERS.iter().map(|(n, _)| *n)
+}
+
 /// The type of a parameter Berth implements; an error naming any other.
 fn parameter_kind(name: &str) -> Result<&'static Kind, String> {
     let lower = name.to_ascii_lowercase();

@@ -6,84 +6,55 @@
 use crate::decoding::DecodeOptions;
 use crate::options::OllamaOptions;
 use anyhow::{anyhow, bail, Result};
+use berth_registry::modelfile;
 
-/// The kind of value a parameter takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Float,
-    Int,
-    /// One or more strings (`stop`).
-    Strings,
-}
-
-/// The parameters `/set parameter` takes: Ollama's name, the kind of value, what it does.
-const PARAMETERS: [(&str, Kind, &str); 12] = [
-    ("temperature", Kind::Float, "sampling temperature; 0 is greedy"),
-    ("top_k", Kind::Int, "keep only the k most likely tokens (0: all)"),
-    (
-        "top_p",
-        Kind::Float,
-        "keep the tokens whose probabilities sum to p",
-    ),
+/// The `/set parameter` help: each parameter Berth implements (the registry's list, which also
+/// checks Modelfiles) with its value and what it does.
+const HELP: [(&str, &str, &str); 12] = [
+    ("temperature", "<float>", "sampling temperature; 0 is greedy"),
+    ("top_k", "<int>", "keep only the k most likely tokens (0: all)"),
+    ("top_p", "<float>", "keep the tokens whose probabilities sum to p"),
     (
         "min_p",
-        Kind::Float,
+        "<float>",
         "drop tokens below min_p times the most likely one",
     ),
-    ("seed", Kind::Int, "seed for reproducible sampling"),
+    ("seed", "<int>", "seed for reproducible sampling"),
     (
         "repeat_penalty",
-        Kind::Float,
+        "<float>",
         "how strongly to penalise repetitions (1: off)",
     ),
     (
         "repeat_last_n",
-        Kind::Int,
+        "<int>",
         "how far back the repeat penalty looks (-1: all)",
     ),
     (
         "presence_penalty",
-        Kind::Float,
+        "<float>",
         "penalty for tokens already generated",
     ),
     (
         "frequency_penalty",
-        Kind::Float,
+        "<float>",
         "penalty per earlier occurrence of a token",
     ),
     (
         "stop",
-        Kind::Strings,
+        "<string> ...",
         "stop strings: the answer ends before the first",
     ),
     (
         "num_predict",
-        Kind::Int,
+        "<int>",
         "most tokens per answer (-1: until the context is full)",
     ),
     (
         "num_ctx",
-        Kind::Int,
-        "context length in tokens (reloads the model)",
+        "<int>",
+        "context length in tokens (up to the model's own)",
     ),
-];
-
-/// Ollama parameters Berth does not implement: naming one is a clear message, not "unknown".
-const UNIMPLEMENTED: [&str; 14] = [
-    "mirostat",
-    "mirostat_eta",
-    "mirostat_tau",
-    "typical_p",
-    "tfs_z",
-    "penalize_newline",
-    "num_gpu",
-    "num_thread",
-    "num_batch",
-    "num_keep",
-    "main_gpu",
-    "use_mmap",
-    "use_mlock",
-    "numa",
 ];
 
 /// Ollama-named parameters (a pack's `defaults`, or what `/set parameter` set): a small table that
@@ -130,31 +101,26 @@ impl SessionParams {
     /// unimplemented name, a value of the wrong kind or out of range is an error and changes
     /// nothing.
     pub fn set(&mut self, name: &str, values: &[&str]) -> Result<()> {
-        let Some(&(_, kind, _)) = PARAMETERS.iter().find(|(n, _, _)| *n == name) else {
-            if UNIMPLEMENTED.contains(&name) {
+        if !modelfile::is_supported_parameter(name) {
+            if modelfile::is_unsupported_parameter(name) {
                 bail!("'{name}' is an Ollama parameter Berth does not implement");
             }
             bail!("unknown parameter '{name}'; type /set parameter to list the ones Berth takes");
-        };
-        let value = match (kind, values) {
-            (_, []) => bail!("'{name}' needs a value"),
-            (Kind::Strings, v) => toml::Value::Array(
-                v.iter()
-                    .map(|s| toml::Value::String(unquote(s).to_string()))
-                    .collect(),
-            ),
-            (Kind::Float, [v]) => toml::Value::Float(
-                v.parse::<f64>()
-                    .ok()
-                    .filter(|f| f.is_finite())
-                    .ok_or_else(|| anyhow!("'{name}' takes a number, not '{v}'"))?,
-            ),
-            (Kind::Int, [v]) => toml::Value::Integer(
-                v.parse::<i64>()
-                    .map_err(|_| anyhow!("'{name}' takes a whole number, not '{v}'"))?,
-            ),
-            (_, _) => bail!("'{name}' takes one value"),
-        };
+        }
+        match values {
+            [] => bail!("'{name}' needs a value"),
+            [_, _, ..] if name != "stop" => bail!("'{name}' takes one value"),
+            _ => {}
+        }
+        // Typed and range-checked as a Modelfile's PARAMETER line; the values replace the
+        // parameter's (all of `stop`'s strings at once).
+        let mut one = toml::Table::new();
+        for v in values {
+            modelfile::add_parameter(&mut one, name, unquote(v)).map_err(|e| anyhow!(e))?;
+        }
+        let value = one
+            .remove(name)
+            .ok_or_else(|| anyhow!("'{name}' needs a value"))?;
         let mut next = self.clone();
         next.0.insert(name.to_string(), value);
         // Checked as the Ollama API checks `options` (ranges, stop count).
@@ -185,28 +151,10 @@ impl SessionParams {
     /// The parameters as `/show parameters` prints them, one a line (a stop string a line), as
     /// Ollama lists a model's parameters.
     pub fn lines(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for (k, v) in &self.0 {
-            match v {
-                toml::Value::Array(items) => {
-                    for i in items {
-                        out.push(format!("{k:<30} {}", show_value(i)));
-                    }
-                }
-                v => out.push(format!("{k:<30} {}", show_value(v))),
-            }
-        }
-        out
-    }
-}
-
-/// A value as `/show parameters` prints it: strings quoted, numbers as written.
-fn show_value(v: &toml::Value) -> String {
-    match v {
-        toml::Value::String(s) => format!("{s:?}"),
-        // `0`, not TOML's `0.0`, as the value was typed.
-        toml::Value::Float(f) => format!("{f}"),
-        v => v.to_string(),
+        modelfile::parameters_text(&self.0)
+            .lines()
+            .map(str::to_string)
+            .collect()
     }
 }
 
@@ -217,16 +165,8 @@ fn unquote(s: &str) -> &str {
 
 /// The `/set parameter` help: each parameter with what it does.
 pub fn usage() -> Vec<String> {
-    PARAMETERS
-        .iter()
-        .map(|(name, kind, what)| {
-            let value = match kind {
-                Kind::Float => "<float>",
-                Kind::Int => "<int>",
-                Kind::Strings => "<string> ...",
-            };
-            format!("  /set parameter {:<30} {what}", format!("{name} {value}"))
-        })
+    HELP.iter()
+        .map(|(name, value, what)| format!("  /set parameter {:<30} {what}", format!("{name} {value}")))
         .collect()
 }
 
@@ -276,12 +216,18 @@ mod tests {
         let e = p.set("warmth", &["2"]).unwrap_err().to_string();
         assert!(e.contains("unknown parameter 'warmth'"), "{e}");
         let e = p.set("temperature", &["hot"]).unwrap_err().to_string();
-        assert!(e.contains("takes a number"), "{e}");
+        assert!(e.contains("is not a number"), "{e}");
         let e = p.set("top_p", &["1.5"]).unwrap_err().to_string();
         assert!(e.contains("top_p"), "{e}");
         let e = p.set("seed", &["1", "2"]).unwrap_err().to_string();
         assert!(e.contains("one value"), "{e}");
         assert_eq!(p, before);
+    }
+
+    #[test]
+    fn the_help_lists_what_the_registry_takes() {
+        let help: Vec<&str> = HELP.iter().map(|(n, _, _)| *n).collect();
+        assert_eq!(help, modelfile::supported_parameters().collect::<Vec<_>>());
     }
 
     #[test]
