@@ -258,7 +258,11 @@ impl Engine {
         if st.closing {
             return Err(SubmitError::Closed);
         }
-        if st.pending.len() >= self.shared.cfg.queue {
+        // Jobs the scheduler has not yet moved into free slots are not waiting: two requests
+        // arriving together at an idle `--parallel 1 --queue 1` engine are one running and one
+        // queued, not one queued and one refused.
+        let free = self.shared.cfg.slots.saturating_sub(st.active);
+        if st.pending.len() >= self.shared.cfg.queue + free {
             return Err(SubmitError::QueueFull);
         }
         st.pending.push_back(job);
