@@ -11,10 +11,9 @@
 //! - Merger: each 2×2 block of the tower output, concatenated row-major, goes through LayerNorm,
 //!   linear, exact GELU and linear into the language model's width (`merger_times` rounds).
 
-use super::{EncoderLayer, LayerNorm, Linear, VisionAct, VisionConfig};
+use super::{Attention, EncoderLayer, Keys, LayerNorm, Linear, VisionAct, VisionConfig};
 use crate::linear::MatmulScratch;
 use crate::weights::Weights;
-use berth_kernels::vision::bidirectional_attention;
 use berth_plugin_api::PluginError;
 use serde_json::Value;
 
@@ -27,14 +26,8 @@ fn fail(msg: impl Into<String>) -> PluginError {
 pub struct VitMerger {
     /// Norm before the window attention.
     pub layer_norm1: LayerNorm,
-    /// Window attention (q, k, v, out with biases).
-    pub q: Linear,
-    /// Key projection.
-    pub k: Linear,
-    /// Value projection.
-    pub v: Linear,
-    /// Output projection.
-    pub out: Linear,
+    /// Self-attention within each window (the tower's heads).
+    pub attn: Attention,
     /// Norm over a window's concatenated patches.
     pub pre_norm: LayerNorm,
     /// First merge projection.
@@ -43,8 +36,6 @@ pub struct VitMerger {
     pub linear_2: Linear,
     /// Window side (2).
     pub window: usize,
-    /// Attention heads (the tower's).
-    pub heads: usize,
 }
 
 /// One downsampling MLP of the merger: LayerNorm, linear, exact GELU, linear.
@@ -185,10 +176,13 @@ impl MiniCpmV46Vision {
                 insert as usize,
                 VitMerger {
                     layer_norm1: LayerNorm::load(w, &format!("{m}.layer_norm1"), cfg.layer_norm_eps)?,
-                    q: proj("q_proj")?,
-                    k: proj("k_proj")?,
-                    v: proj("v_proj")?,
-                    out: proj("out_proj")?,
+                    attn: Attention::new(
+                        proj("q_proj")?,
+                        proj("k_proj")?,
+                        proj("v_proj")?,
+                        proj("out_proj")?,
+                        cfg.num_heads,
+                    ),
                     pre_norm: LayerNorm::load(w, &format!("{m}.pre_norm"), cfg.layer_norm_eps)?,
                     linear_1: Linear::load(
                         w,
@@ -203,7 +197,6 @@ impl MiniCpmV46Vision {
                         window * window * cfg.intermediate_size,
                     )?,
                     window,
-                    heads: cfg.num_heads,
                 },
             ))
         } else {
@@ -344,7 +337,7 @@ impl VitMerger {
         scratch: &mut MatmulScratch,
         threads: usize,
     ) -> Result<Vec<f32>, PluginError> {
-        let (m, d) = (self.window, self.q.weight.rows);
+        let (m, d) = (self.window, self.attn.width());
         if h % m != 0 || w % m != 0 {
             return Err(fail(format!("a {h}x{w} patch grid is not whole {m}x{m} windows")));
         }
@@ -353,31 +346,9 @@ impl VitMerger {
         let n = h * w;
         let mut normed = vec![0.0f32; n * d];
         self.layer_norm1.forward(&reordered, &mut normed);
-        let (mut q, mut k, mut v) = (vec![0.0f32; n * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
-        self.q.forward(&normed, n, &mut q, scratch, threads);
-        self.k.forward(&normed, n, &mut k, scratch, threads);
-        self.v.forward(&normed, n, &mut v, scratch, threads);
-        let heads = self.heads;
-        let hd = d / heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let ws = m * m * d;
-        let mut ctx = vec![0.0f32; n * d];
-        for (win, out) in ctx.chunks_exact_mut(ws).enumerate() {
-            let r = win * ws..(win + 1) * ws;
-            bidirectional_attention(
-                &q[r.clone()],
-                &k[r.clone()],
-                &v[r.clone()],
-                m * m,
-                heads,
-                hd,
-                None,
-                scale,
-                out,
-            );
-        }
         let mut attn = vec![0.0f32; n * d];
-        self.out.forward(&ctx, n, &mut attn, scratch, threads);
+        self.attn
+            .self_attention(&normed, n, Keys::Windows(m * m), &mut attn, scratch, threads);
         let mut y = reordered;
         y.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
         // Each window's patches, concatenated, become one row.
@@ -389,7 +360,7 @@ impl VitMerger {
         VisionAct::GeluTanh.apply(&mut hid);
         let mut out = vec![0.0f32; rows * d];
         self.linear_2.forward(&hid, rows, &mut out, scratch, threads);
-        for (o, win) in out.chunks_exact_mut(d).zip(y.chunks_exact(ws)) {
+        for (o, win) in out.chunks_exact_mut(d).zip(y.chunks_exact(m * m * d)) {
             for (j, v) in o.iter_mut().enumerate() {
                 let mean = (0..m * m).map(|s| win[s * d + j]).sum::<f32>() / (m * m) as f32;
                 *v += mean;

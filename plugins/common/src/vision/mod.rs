@@ -9,12 +9,16 @@
 //! - [`idefics2`]: the Idefics2 / SigLIP NaViT tower of MiniCPM-V 4.0 / 4.5 (bucketised position
 //!   ids per slice).
 //! - [`resampler`]: MiniCPM-V 4.0 / 4.5's perceiver resampler with its 2-D sincos positions.
+//! - [`attention`]: the one attention block (q/k/v projections, attention, output projection)
+//!   every tower uses: encoder self-attention, the pooling head, the 4.6 window attention and the
+//!   resampler's cross-attention.
 //!
 //! This module holds what the towers share: the config, LayerNorm and biased linear layers, the
 //! pre-LN encoder layer (bidirectional attention, GELU MLP) and the attention-pooling head. The
 //! math is in [`berth_kernels::vision`]; projections run through [`crate::linear::matmul`] so
 //! quantised weights work unchanged. Every tower encodes one image per call.
 
+pub mod attention;
 pub mod idefics2;
 pub mod lfm2_vl;
 pub mod minicpmv4_6;
@@ -22,12 +26,14 @@ pub mod resampler;
 pub mod siglip;
 pub mod siglip2;
 
-use crate::linear::{matmul, par_units, MatmulScratch};
+use crate::linear::{matmul, MatmulScratch};
 use crate::weights::{Matrix, Weights};
 use berth_kernels::ops::gelu_tanh;
-use berth_kernels::vision::{bidirectional_attention, gelu_erf, layer_norm};
+use berth_kernels::vision::{gelu_erf, layer_norm};
 use berth_plugin_api::PluginError;
 use serde_json::Value;
+
+pub use attention::{Attention, Keys};
 
 fn fail(msg: impl Into<String>) -> PluginError {
     PluginError::failed(msg.into())
@@ -228,52 +234,6 @@ impl Linear {
     }
 }
 
-/// Multi-head attention projections: q, k, v and the output, all with biases.
-#[derive(Clone, Debug)]
-pub struct Attention {
-    /// Query projection.
-    pub q: Linear,
-    /// Key projection.
-    pub k: Linear,
-    /// Value projection.
-    pub v: Linear,
-    /// Output projection.
-    pub out: Linear,
-    /// Heads.
-    pub heads: usize,
-}
-
-impl Attention {
-    /// `softmax(q kᵀ / √head_dim) v` of `n_q` query rows (already projected to `q`) against the
-    /// `n_k` rows of `x`, keys masked by `key_mask`, then the output projection into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &self,
-        q: &[f32],
-        n_q: usize,
-        x: &[f32],
-        n_k: usize,
-        key_mask: Option<&[bool]>,
-        out: &mut [f32],
-        scratch: &mut MatmulScratch,
-        threads: usize,
-    ) {
-        let d = self.q.weight.rows;
-        let hd = d / self.heads;
-        let mut k = vec![0.0; n_k * d];
-        let mut v = vec![0.0; n_k * d];
-        self.k.forward(x, n_k, &mut k, scratch, threads);
-        self.v.forward(x, n_k, &mut v, scratch, threads);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut ctx = vec![0.0; n_q * d];
-        par_units(threads, &mut ctx, d, |rows, chunk| {
-            let qs = &q[rows.start * d..rows.end * d];
-            bidirectional_attention(qs, &k, &v, n_k, self.heads, hd, key_mask, scale, chunk);
-        });
-        self.out.forward(&ctx, n_q, out, scratch, threads);
-    }
-}
-
 /// A two-layer MLP `fc2(act(fc1 x))`.
 #[derive(Clone, Debug)]
 pub struct Mlp {
@@ -325,13 +285,13 @@ impl EncoderLayer {
         let proj = |p: &str| Linear::load(w, &format!("{name}.self_attn.{p}"), d, d);
         Ok(EncoderLayer {
             ln1: LayerNorm::load(w, &format!("{name}.layer_norm1"), cfg.layer_norm_eps)?,
-            attn: Attention {
-                q: proj("q_proj")?,
-                k: proj("k_proj")?,
-                v: proj("v_proj")?,
-                out: proj("out_proj")?,
-                heads: cfg.num_heads,
-            },
+            attn: Attention::new(
+                proj("q_proj")?,
+                proj("k_proj")?,
+                proj("v_proj")?,
+                proj("out_proj")?,
+                cfg.num_heads,
+            ),
             ln2: LayerNorm::load(w, &format!("{name}.layer_norm2"), cfg.layer_norm_eps)?,
             mlp: Mlp::load(w, &format!("{name}.mlp"), cfg)?,
         })
@@ -351,9 +311,8 @@ impl EncoderLayer {
         let mut h = vec![0.0; n * d];
         let mut o = vec![0.0; n * d];
         self.ln1.forward(&x[..n * d], &mut h);
-        let mut q = vec![0.0; n * d];
-        self.attn.q.forward(&h, n, &mut q, scratch, threads);
-        self.attn.attend(&q, n, &h, n, key_mask, &mut o, scratch, threads);
+        let keys = key_mask.map_or(Keys::All, Keys::Masked);
+        self.attn.self_attention(&h, n, keys, &mut o, scratch, threads);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         self.ln2.forward(&x[..n * d], &mut h);
         self.mlp.forward(&h, n, &mut o, scratch, threads);
@@ -403,13 +362,13 @@ impl PoolingHead {
         };
         Ok(PoolingHead {
             probe,
-            attn: Attention {
-                q: part(0),
-                k: part(1),
-                v: part(2),
-                out: Linear::load(w, &format!("{name}.attention.out_proj"), d, d)?,
-                heads: cfg.num_heads,
-            },
+            attn: Attention::new(
+                part(0),
+                part(1),
+                part(2),
+                Linear::load(w, &format!("{name}.attention.out_proj"), d, d)?,
+                cfg.num_heads,
+            ),
             ln: LayerNorm::load(w, &format!("{name}.layernorm"), cfg.layer_norm_eps)?,
             mlp: Mlp::load(w, &format!("{name}.mlp"), cfg)?,
         })
@@ -425,11 +384,10 @@ impl PoolingHead {
         threads: usize,
     ) -> Vec<f32> {
         let d = self.probe.len();
-        let mut q = vec![0.0; d];
-        self.attn.q.forward(&self.probe, 1, &mut q, scratch, threads);
         let mut pooled = vec![0.0; d];
+        let keys = key_mask.map_or(Keys::All, Keys::Masked);
         self.attn
-            .attend(&q, 1, x, n, key_mask, &mut pooled, scratch, threads);
+            .cross_attention(&self.probe, 1, x, x, n, keys, &mut pooled, scratch, threads);
         let mut h = vec![0.0; d];
         self.ln.forward(&pooled, &mut h);
         let mut o = vec![0.0; d];

@@ -14,10 +14,9 @@
 //! the column coordinate first). MiniCPM-V 4.5's own resampler adds the position to the keys
 //! for images as 4.0 does (its temporal embedding for video frames is not needed here).
 
-use super::{Attention, LayerNorm, Linear};
-use crate::linear::{par_units, MatmulScratch};
+use super::{Attention, Keys, LayerNorm, Linear};
+use crate::linear::MatmulScratch;
 use crate::weights::{Matrix, Weights};
-use berth_kernels::vision::bidirectional_attention;
 use berth_plugin_api::PluginError;
 
 fn fail(msg: impl Into<String>) -> PluginError {
@@ -141,13 +140,13 @@ impl Resampler {
             query,
             num_queries,
             kv_proj: Linear::load(w, &format!("{prefix}.kv_proj"), d, kv_dim)?,
-            attn: Attention {
-                q: part(0),
-                k: part(1),
-                v: part(2),
-                out: Linear::load(w, &format!("{prefix}.attn.out_proj"), d, d)?,
+            attn: Attention::new(
+                part(0),
+                part(1),
+                part(2),
+                Linear::load(w, &format!("{prefix}.attn.out_proj"), d, d)?,
                 heads,
-            },
+            ),
             ln_q: ln("ln_q")?,
             ln_kv: ln("ln_kv")?,
             ln_post: ln("ln_post")?,
@@ -195,20 +194,19 @@ impl Resampler {
         let nq = self.num_queries;
         let mut qn = vec![0.0f32; nq * d];
         self.ln_q.forward(&self.query, &mut qn);
-        let a = &self.attn;
-        let (mut q, mut k, mut v) = (vec![0.0f32; nq * d], vec![0.0f32; n * d], vec![0.0f32; n * d]);
-        a.q.forward(&qn, nq, &mut q, &mut scratch, threads);
-        a.k.forward(&keyed, n, &mut k, &mut scratch, threads);
-        a.v.forward(&x, n, &mut v, &mut scratch, threads);
-        let hd = d / a.heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut ctx = vec![0.0f32; nq * d];
-        par_units(threads, &mut ctx, d, |rows, chunk| {
-            let qs = &q[rows.start * d..rows.end * d];
-            bidirectional_attention(qs, &k, &v, n, a.heads, hd, None, scale, chunk);
-        });
+        // The keys carry the 2-D positions; the values do not.
         let mut attended = vec![0.0f32; nq * d];
-        a.out.forward(&ctx, nq, &mut attended, &mut scratch, threads);
+        self.attn.cross_attention(
+            &qn,
+            nq,
+            &keyed,
+            &x,
+            n,
+            Keys::All,
+            &mut attended,
+            &mut scratch,
+            threads,
+        );
         let mut normed = vec![0.0f32; nq * d];
         self.ln_post.forward(&attended, &mut normed);
         let mut out = vec![0.0f32; nq * d];
