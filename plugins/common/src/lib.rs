@@ -17,6 +17,8 @@
 //!   rewind).
 //! - [`npy`]: `.npy` / `.npz` readers for reference comparisons.
 //! - [`vision`]: vision towers (SigLIP, SigLIP2 NaViT) and multimodal projectors (LFM2-VL).
+//! - [`vl`]: the vision-language model over any tower ([`vl::VisionLanguageModel`]), with the
+//!   one rule for pending image features.
 
 #![warn(missing_docs)]
 
@@ -34,6 +36,7 @@ pub mod recurrent;
 pub mod state;
 pub mod testing;
 pub mod vision;
+pub mod vl;
 pub mod weights;
 
 pub use decoder::{
@@ -44,4 +47,5 @@ pub use decoder::{
 pub use family::DecoderModel;
 pub use kv::KvCache;
 pub use ops::Yarn;
+pub use vl::{VisionLanguageModel, VisionTower};
 pub use weights::{HfNames, Matrix, Role, TensorId, WeightFormat, Weights};

@@ -237,7 +237,7 @@ impl Family for Lfm2Family {
 
     fn create(config: &LoadConfig) -> Result<Lfm2Model, PluginError> {
         if vl::is_vl_pack(config) {
-            return Ok(Lfm2Model::Vision(Box::new(Lfm2VlModel::load(config)?)));
+            return Ok(Lfm2Model::Vision(Box::new(vl::load(config)?)));
         }
         let loaded = load_pack(config, load_gguf, load_safetensors)?;
         Ok(Lfm2Model::Text(Box::new(DecoderModel::new(loaded, config)?)))

@@ -3,23 +3,17 @@
 //! of the language model's width per image token) take the place of the token embeddings at the
 //! image-token positions of the prompt, in order, as transformers' `masked_scatter` places them.
 //!
-//! Through the plugin ABI (1.3) the model reports its preprocessing in [`Model::vision`]
-//! (scheme `lfm2_vl`, layout `patches`), and [`Model::encode_images`] encodes each image (tile
-//! or thumbnail) of a sequence and keeps its features for the placeholder positions the host
-//! gives; `decode` puts them in at those rows of that sequence, over as many batches as the
-//! prompt takes.
+//! This module is the tower choice ([`Lfm2VlVision`]), the weight map and the preprocessing
+//! spec (scheme `lfm2_vl`, layout `patches`); the plugin `Model`, with its rule for pending
+//! image features, is `berth-plugin-common`'s [`VisionLanguageModel`].
 
-use berth_plugin_api::{
-    BatchView, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PixelLayout, PluginError,
-    VisionSpec,
-};
+use berth_plugin_api::{ImageInput, LoadConfig, PixelLayout, PluginError, VisionSpec};
 use berth_plugin_common::family::{bad, open_weights, read_json, weight_files};
 use berth_plugin_common::vision::lfm2_vl::Lfm2VlProjector;
 use berth_plugin_common::vision::siglip2::Siglip2VisionModel;
 use berth_plugin_common::vision::VisionConfig;
-use berth_plugin_common::{DecoderModel, WeightFormat};
+use berth_plugin_common::{VisionLanguageModel, VisionTower, WeightFormat};
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
 use std::path::Path;
 
 /// The image placeholder of the LFM2-VL tokenizers (`<image>`), when the config names none.
@@ -37,29 +31,6 @@ pub struct ImagePatches<'a> {
     pub grid: (usize, usize),
 }
 
-/// The features of one encoded image, waiting for (or kept for a re-decode of) the rows at its
-/// placeholder positions.
-#[derive(Clone, Debug)]
-struct PendingImage {
-    /// Sequence positions of its placeholder tokens, in order.
-    positions: Vec<i32>,
-    /// One row of the language model's width per position.
-    features: Vec<f32>,
-}
-
-impl PendingImage {
-    /// The features of the placeholder at `pos`, if it is one of this image's.
-    fn row(&self, pos: i32, hidden: usize) -> Option<&[f32]> {
-        let k = self.positions.iter().position(|&p| p == pos)?;
-        Some(&self.features[k * hidden..(k + 1) * hidden])
-    }
-
-    /// Its first placeholder position.
-    fn first(&self) -> i32 {
-        self.positions.iter().copied().min().unwrap_or(0)
-    }
-}
-
 /// Whether a pack loads as LFM2-VL: safetensors weights and a `config.json` whose
 /// `model_type` is `lfm2_vl` (a GGUF LFM2-VL pack holds only the language model).
 pub fn is_vl_pack(config: &LoadConfig) -> bool {
@@ -70,147 +41,72 @@ pub fn is_vl_pack(config: &LoadConfig) -> bool {
             .is_some_and(|c| c.get("model_type").and_then(Value::as_str) == Some("lfm2_vl"))
 }
 
-/// A loaded LFM2-VL model: the language model and the vision encoder.
-pub struct Lfm2VlModel {
-    /// The LFM2 language model (the plugin `Model` for text).
-    pub text: DecoderModel,
+/// A loaded LFM2-VL model: the LFM2 language model with [`Lfm2VlVision`] (the plugin `Model`
+/// and the pending-feature rule are [`VisionLanguageModel`]'s).
+pub type Lfm2VlModel = VisionLanguageModel<Lfm2VlVision>;
+
+/// LFM2-VL's vision side: the SigLIP2 NaViT encoder and the pixel-unshuffle projector.
+pub struct Lfm2VlVision {
     /// The SigLIP2 vision tower.
-    pub tower: Siglip2VisionModel,
+    pub encoder: Siglip2VisionModel,
     /// The projector into the language model's width.
     pub projector: Lfm2VlProjector,
-    /// The image placeholder token whose rows take image features.
-    pub image_token_id: i32,
-    /// What the host is told about preprocessing ([`Model::vision`]).
-    spec: VisionSpec,
-    /// Encoded images by sequence.
-    pending: HashMap<i32, Vec<PendingImage>>,
 }
 
-impl Lfm2VlModel {
-    /// Loads an `lfm2_vl` safetensors pack: `model.language_model.*` as the LFM2 backbone,
-    /// `model.vision_tower.*` and `model.multi_modal_projector.*`.
-    pub fn load(config: &LoadConfig) -> Result<Lfm2VlModel, PluginError> {
-        let c = read_json(&config.pack_dir.join("config.json"))?;
-        let kind = c.get("model_type").and_then(Value::as_str);
-        if kind != Some("lfm2_vl") {
-            return Err(bad(format!("config.json: model_type {kind:?} is not lfm2_vl")));
-        }
-        let vision = c
-            .get("vision_config")
-            .ok_or_else(|| bad("config.json: lfm2_vl without vision_config"))?;
-        let image_token_id = c
-            .get("image_token_id")
-            .and_then(Value::as_i64)
-            .unwrap_or(DEFAULT_IMAGE_TOKEN) as i32;
-        let w = open_weights(config)?;
-        if w.gguf().is_some() {
-            return Err(bad("lfm2_vl is read from safetensors packs only"));
-        }
-        let tower = Siglip2VisionModel::load(&w, "model.vision_tower.", VisionConfig::from_json(vision)?)?;
-        let projector = Lfm2VlProjector::load(&w, "model.", &c)?;
-        let loaded = crate::load_safetensors(w, config)?;
-        if projector.linear_2.weight.rows != loaded.cfg.hidden {
-            return Err(bad(format!(
-                "projector gives {} values per token; the language model's width is {}",
-                projector.linear_2.weight.rows, loaded.cfg.hidden
-            )));
-        }
-        let vocab = loaded.weights.embed.rows;
-        if image_token_id < 0 || image_token_id as usize >= vocab {
-            return Err(bad(format!(
-                "image token {image_token_id} outside the vocabulary ({vocab})"
-            )));
-        }
-        let spec = vision_spec(
-            &config.pack_dir,
-            &c,
-            &tower.config,
-            projector.factor,
-            image_token_id,
-        )?;
-        Ok(Lfm2VlModel {
-            text: DecoderModel::new(loaded, config)?,
-            tower,
-            projector,
-            image_token_id,
-            spec,
-            pending: HashMap::new(),
-        })
+/// Loads an `lfm2_vl` safetensors pack: `model.language_model.*` as the LFM2 backbone,
+/// `model.vision_tower.*` and `model.multi_modal_projector.*`.
+pub fn load(config: &LoadConfig) -> Result<Lfm2VlModel, PluginError> {
+    let c = read_json(&config.pack_dir.join("config.json"))?;
+    let kind = c.get("model_type").and_then(Value::as_str);
+    if kind != Some("lfm2_vl") {
+        return Err(bad(format!("config.json: model_type {kind:?} is not lfm2_vl")));
     }
+    let vision = c
+        .get("vision_config")
+        .ok_or_else(|| bad("config.json: lfm2_vl without vision_config"))?;
+    let image_token_id = c
+        .get("image_token_id")
+        .and_then(Value::as_i64)
+        .unwrap_or(DEFAULT_IMAGE_TOKEN) as i32;
+    let w = open_weights(config)?;
+    if w.gguf().is_some() {
+        return Err(bad("lfm2_vl is read from safetensors packs only"));
+    }
+    let encoder = Siglip2VisionModel::load(&w, "model.vision_tower.", VisionConfig::from_json(vision)?)?;
+    let projector = Lfm2VlProjector::load(&w, "model.", &c)?;
+    let loaded = crate::load_safetensors(w, config)?;
+    let spec = vision_spec(
+        &config.pack_dir,
+        &c,
+        &encoder.config,
+        projector.factor,
+        image_token_id,
+    )?;
+    VisionLanguageModel::new(loaded, config, Lfm2VlVision { encoder, projector }, spec)
+}
 
+impl Lfm2VlVision {
     /// Image tokens an image of `(h, w)` patches takes in the prompt.
     pub fn image_tokens(&self, (h, w): (usize, usize)) -> usize {
         self.projector.tokens(h, w)
     }
 
-    /// One image's features: [`Lfm2VlModel::image_tokens`] rows of the language model's width,
+    /// One image's features: [`Lfm2VlVision::image_tokens`] rows of the language model's width,
     /// row-major over the downsampled patch grid.
-    pub fn image_features(&self, image: &ImagePatches<'_>) -> Result<Vec<f32>, PluginError> {
-        let threads = self.text.decoder().threads;
+    pub fn image_features(&self, image: &ImagePatches<'_>, threads: usize) -> Result<Vec<f32>, PluginError> {
         let out = self
-            .tower
+            .encoder
             .forward(image.patches, image.mask, image.grid, false, threads)?;
         self.projector
             .forward(&out.last_hidden_state, image.grid, threads)
     }
 
-    /// Runs a batch whose image-token rows take the rows of `features` (the concatenated
-    /// features of the batch's images), in batch order; their count must equal the image-token
-    /// rows'. Otherwise the plugin `decode` contract.
-    pub fn decode_with_features(
-        &mut self,
-        batch: &BatchView<'_>,
-        features: &[f32],
-        logits: &mut LogitsOut<'_>,
-    ) -> Result<(), PluginError> {
-        self.text
-            .decode_with_token_features(batch, self.image_token_id, features, logits)
-    }
-
-    /// Feeds `input_ids` to sequence `seq` from its current length in one batch, the features
-    /// of `images` (in order) at its image tokens, and returns the logits of every row
-    /// (`input_ids.len() × vocab`).
-    pub fn prefill(
-        &mut self,
-        seq: i32,
-        input_ids: &[i32],
-        images: &[ImagePatches<'_>],
-    ) -> Result<Vec<f32>, PluginError> {
-        let mut features = Vec::new();
-        for image in images {
-            features.extend(self.image_features(image)?);
-        }
-        let start = self.text.decoder().seq_len(seq)?;
-        let n = input_ids.len();
-        let positions: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
-        let (seqs, want) = (vec![seq; n], vec![1u8; n]);
-        let batch = BatchView {
-            tokens: input_ids,
-            positions: &positions,
-            seq_ids: &seqs,
-            want_logits: &want,
-        };
-        let vocab = self.text.describe().vocab_size as usize;
-        let mut out = vec![0.0; n * vocab];
-        self.decode_with_features(&batch, &features, &mut LogitsOut::new(&mut out, vocab))?;
-        Ok(out)
-    }
-}
-
-/// The text model's width.
-fn hidden_of(m: &DecoderModel) -> usize {
-    m.decoder().cfg.hidden
-}
-
-impl Lfm2VlModel {
-    /// The features of one image handed over the ABI: `[N, channels · patch²]` patches, a
-    /// patch mask whose real patches are as many as the `grid`'s, and one placeholder position
-    /// per image token of the grid. Padding patches after the real ones change nothing (they
-    /// are masked out of attention and the projector reads the grid's rows only), so only the
-    /// real ones are encoded when they lead.
-    fn encode_input(&self, i: usize, img: &ImageInput<'_>) -> Result<Vec<f32>, PluginError> {
-        let inv = |m: String| PluginError::invalid_argument(format!("image {i}: {m}"));
-        let cols = self.tower.patch_embedding.weight.cols;
+    /// The patch grid of an image handed over the ABI and how many of its patches are real,
+    /// after checking `[N, channels · patch²]` patches and a mask whose real patches are the
+    /// grid's.
+    fn grid_of(&self, img: &ImageInput<'_>) -> Result<((usize, usize), usize), PluginError> {
+        let inv = |m: String| PluginError::invalid_argument(m);
+        let cols = self.encoder.patch_embedding.weight.cols;
         let &[n, c] = img.shape else {
             return Err(inv(format!(
                 "shape {:?}; patches [N, {cols}] expected",
@@ -235,126 +131,36 @@ impl Lfm2VlModel {
         if real != h * w {
             return Err(inv(format!("{real} real patches for a {h}x{w} patch grid")));
         }
-        let tokens = self.image_tokens((h, w));
-        if img.positions.len() != tokens {
-            return Err(inv(format!(
-                "{} placeholder positions; a {h}x{w} patch grid gives {tokens} image tokens",
-                img.positions.len()
-            )));
-        }
+        Ok(((h, w), real))
+    }
+}
+
+impl VisionTower for Lfm2VlVision {
+    fn feature_width(&self) -> usize {
+        self.projector.linear_2.weight.rows
+    }
+
+    fn image_tokens_of(&self, image: &ImageInput<'_>) -> Result<usize, PluginError> {
+        Ok(self.image_tokens(self.grid_of(image)?.0))
+    }
+
+    /// Padding patches after the real ones change nothing (they are masked out of attention and
+    /// the projector reads the grid's rows only), so only the real ones are encoded when they
+    /// lead.
+    fn encode(&self, img: &ImageInput<'_>, threads: usize) -> Result<Vec<f32>, PluginError> {
+        let (grid, real) = self.grid_of(img)?;
+        let cols = self.encoder.patch_embedding.weight.cols;
         let leading = img.patch_mask.is_none_or(|m| m[..real].iter().all(|&b| b != 0));
         let (patches, mask): (&[f32], Vec<bool>) = match img.patch_mask {
             Some(m) if !leading => (img.pixels, m.iter().map(|&b| b != 0).collect()),
             _ => (&img.pixels[..real * cols], vec![true; real]),
         };
-        self.image_features(&ImagePatches {
+        let image = ImagePatches {
             patches,
             mask: &mask,
-            grid: (h, w),
-        })
-    }
-}
-
-impl Model for Lfm2VlModel {
-    fn describe(&self) -> ModelDescription {
-        self.text.describe()
-    }
-
-    /// Rows at an encoded image's placeholder positions take its features; an image-token row
-    /// without them, or such a position holding another token, is refused.
-    fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
-        let hidden = hidden_of(&self.text);
-        let mut embeds: Vec<(usize, &[f32])> = Vec::new();
-        for (row, ((&token, &pos), &seq)) in batch
-            .tokens
-            .iter()
-            .zip(batch.positions)
-            .zip(batch.seq_ids)
-            .enumerate()
-        {
-            let features = self
-                .pending
-                .get(&seq)
-                .and_then(|images| images.iter().find_map(|im| im.row(pos, hidden)));
-            match features {
-                Some(_) if token != self.image_token_id => {
-                    return Err(PluginError::invalid_argument(format!(
-                        "position {pos} of sequence {seq} is an image placeholder, but holds token {token}"
-                    )))
-                }
-                Some(f) => embeds.push((row, f)),
-                None if token == self.image_token_id => {
-                    return Err(PluginError::invalid_argument(format!(
-                        "image token at position {pos} of sequence {seq} without an encoded image"
-                    )))
-                }
-                None => {}
-            }
-        }
-        self.text.decode_with_embeddings(batch, &embeds, logits)
-    }
-
-    fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError> {
-        self.text.force_token(seq, token)
-    }
-
-    fn thinking_enabled(&self, requested: Option<bool>) -> bool {
-        self.text.thinking_enabled(requested)
-    }
-
-    fn tools_enabled(&self) -> bool {
-        self.text.tools_enabled()
-    }
-
-    /// Also drops the sequence's images whose placeholders all lie at or after `len`.
-    fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
-        self.text.seq_truncate(seq, len)?;
-        if let Some(images) = self.pending.get_mut(&seq) {
-            images.retain(|im| i64::from(im.first()) < i64::from(len));
-            if images.is_empty() {
-                self.pending.remove(&seq);
-            }
-        }
-        Ok(())
-    }
-
-    /// Also copies the images of `src` to `dst` (replacing those of `dst`).
-    fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
-        self.text.seq_fork(src, dst)?;
-        match self.pending.get(&src).cloned() {
-            Some(images) => self.pending.insert(dst, images),
-            None => self.pending.remove(&dst),
+            grid,
         };
-        Ok(())
-    }
-
-    fn vision(&self) -> Option<VisionSpec> {
-        Some(self.spec.clone())
-    }
-
-    /// Encodes every image first (all or none are kept); an image replaces those of the
-    /// sequence it shares a placeholder position with.
-    fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
-        self.text.decoder().seq_len(seq)?;
-        let mut seen = std::collections::HashSet::new();
-        for (i, img) in images.iter().enumerate() {
-            if let Some(p) = img.positions.iter().find(|&&p| !seen.insert(p)) {
-                return Err(PluginError::invalid_argument(format!(
-                    "image {i}: placeholder position {p} is given twice"
-                )));
-            }
-        }
-        let mut encoded = Vec::with_capacity(images.len());
-        for (i, img) in images.iter().enumerate() {
-            encoded.push(PendingImage {
-                positions: img.positions.to_vec(),
-                features: self.encode_input(i, img)?,
-            });
-        }
-        let kept = self.pending.entry(seq).or_default();
-        kept.retain(|im| !im.positions.iter().any(|p| seen.contains(p)));
-        kept.extend(encoded);
-        Ok(())
+        self.image_features(&image, threads)
     }
 }
 

@@ -2,7 +2,7 @@
 //! features of the SigLIP2 tower and projector, and the logits of every position with those
 //! features at the image tokens, as one prefill and token by token.
 
-use berth_lfm2::vl::{ImagePatches, Lfm2VlModel};
+use berth_lfm2::vl::{self, ImagePatches, Lfm2VlModel};
 use berth_plugin_api::{BatchView, LoadConfig, LogitsOut};
 use berth_plugin_common::npy::{read_npz_f32, shared_fixtures, NpyF32};
 use std::collections::BTreeMap;
@@ -21,7 +21,7 @@ fn load() -> Lfm2VlModel {
         threads: Some(2),
         ..Default::default()
     };
-    Lfm2VlModel::load(&cfg).unwrap_or_else(|e| panic!("lfm2_vl: {e}"))
+    vl::load(&cfg).unwrap_or_else(|e| panic!("lfm2_vl: {e}"))
 }
 
 /// The fixture's inputs: patches, mask, grid and input ids.
@@ -72,12 +72,12 @@ fn lfm2_vl_image_features_and_prefill_logits_match_transformers() {
     let (inp, out) = inputs();
     assert_eq!(m.image_token_id, 396);
     let n_image = inp.ids.iter().filter(|&&t| t == m.image_token_id).count();
-    assert_eq!(m.image_tokens(inp.grid), n_image);
-    let features = m.image_features(&inp.image()).unwrap();
+    assert_eq!(m.tower.image_tokens(inp.grid), n_image);
+    let features = m.tower.image_features(&inp.image(), m.threads()).unwrap();
     let r = rel_err("image_features", &features, &out["image_features"]);
     println!("lfm2_vl image_features: max|diff| / max|ref| = {r:.3e}");
     assert!(r <= 1e-3, "image_features: {r}");
-    let logits = m.prefill(0, &inp.ids, &[inp.image()]).unwrap();
+    let logits = m.prefill(0, &inp.ids, &features).unwrap();
     let r = rel_err("logits", &logits, &out["logits"]);
     println!("lfm2_vl prefill logits: max|diff| / max|ref| = {r:.3e}");
     assert!(r <= 1e-3, "prefill logits: {r}");
@@ -89,8 +89,8 @@ fn lfm2_vl_image_features_and_prefill_logits_match_transformers() {
 fn lfm2_vl_token_by_token_matches_transformers() {
     let mut m = load();
     let (inp, out) = inputs();
-    let features = m.image_features(&inp.image()).unwrap();
-    let h = features.len() / m.image_tokens(inp.grid);
+    let features = m.tower.image_features(&inp.image(), m.threads()).unwrap();
+    let h = features.len() / m.tower.image_tokens(inp.grid);
     let vocab = 512;
     let mut logits = Vec::new();
     let mut next_feature = 0;
@@ -122,7 +122,7 @@ fn lfm2_vl_token_by_token_matches_transformers() {
 fn lfm2_vl_refuses_features_that_do_not_fit_the_image_tokens() {
     let mut m = load();
     let (inp, _) = inputs();
-    let features = m.image_features(&inp.image()).unwrap();
+    let features = m.tower.image_features(&inp.image(), m.threads()).unwrap();
     let n = inp.ids.len();
     let pos: Vec<i32> = (0..n as i32).collect();
     let batch = BatchView {

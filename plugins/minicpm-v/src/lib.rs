@@ -14,8 +14,7 @@
 #![warn(missing_docs)]
 
 use berth_plugin_api::{
-    BatchView, Family, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PixelLayout, PluginError,
-    PluginManifest, VisionSpec,
+    Family, ImageInput, LoadConfig, PixelLayout, PluginError, PluginManifest, VisionSpec,
 };
 use berth_plugin_common::family::{
     bad, chat_template, family_manifest, open_weights, probe_family, read_json, template_has_tools, HfConfig,
@@ -23,9 +22,8 @@ use berth_plugin_common::family::{
 };
 use berth_plugin_common::vision::minicpmv4_6::MiniCpmV46Vision;
 use berth_plugin_common::vision::VisionConfig;
-use berth_plugin_common::{DecoderModel, MoeConfig, Weights};
+use berth_plugin_common::{MoeConfig, VisionLanguageModel, VisionTower, Weights};
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap};
 
 // Qwen3.5's config and weight map live in plugins/common: depending on the qwen3 plugin crate
 // would link its exported plugin entry points into this library as well.
@@ -122,7 +120,7 @@ impl Family for MiniCpmVFamily {
     }
 
     fn create(config: &LoadConfig) -> Result<MiniCpmVModel, PluginError> {
-        MiniCpmVModel::load(config)
+        load(config)
     }
 }
 
@@ -148,19 +146,9 @@ impl MiniCpmVVision {
 }
 
 /// A loaded MiniCPM-V model: the language model (Qwen3.5 for 4.6, Llama for 4.0, Qwen3 for
-/// 4.5), the vision side, and the image features each sequence still has to take in.
-pub struct MiniCpmVModel {
-    /// The language model.
-    pub text: DecoderModel,
-    /// The vision tower and merger or resampler.
-    pub vision: MiniCpmVVision,
-    /// The image placeholder token whose rows take image features.
-    pub image_token_id: i32,
-    /// What the host's `minicpmv` preprocessing needs (`VisionSpec::params`).
-    params: Map<String, Value>,
-    /// Per sequence: feature rows not yet decoded, by position.
-    pending: HashMap<i32, BTreeMap<usize, Vec<f32>>>,
-}
+/// 4.5) with [`MiniCpmVVision`] (the plugin `Model` and the pending-feature rule are
+/// [`VisionLanguageModel`]'s).
+pub type MiniCpmVModel = VisionLanguageModel<MiniCpmVVision>;
 
 /// The image processor's settings: `preprocessor_config.json` where the pack has one, else
 /// transformers' `MiniCPMV4_6ImageProcessor` defaults; the patch size and downsample mode are
@@ -196,113 +184,93 @@ fn preprocess_params(
     Ok(m)
 }
 
-impl MiniCpmVModel {
-    /// Loads a MiniCPM-V safetensors pack: 4.6 ([`MiniCpmVModel::load_v46`]) or, for
-    /// `model_type` `minicpmv`, 4.0 / 4.5 as its `version` says ([`MiniCpmVModel::load_v4`]).
-    pub fn load(config: &LoadConfig) -> Result<MiniCpmVModel, PluginError> {
-        let c = read_json(&config.pack_dir.join("config.json"))?;
-        let kind = c.get("model_type").and_then(Value::as_str).unwrap_or("");
-        match kind.to_ascii_lowercase().as_str() {
-            "minicpmv" => Self::load_v4(config, &c),
-            k if knows(k) => Self::load_v46(config, &c),
-            _ => Err(bad(format!(
-                "config.json: model_type {kind:?} is not minicpmv4_6 or minicpmv"
-            ))),
-        }
+/// Loads a MiniCPM-V safetensors pack: 4.6 ([`load_v46`]) or, for `model_type` `minicpmv`,
+/// 4.0 / 4.5 as its `version` says ([`load_v4`]).
+pub fn load(config: &LoadConfig) -> Result<MiniCpmVModel, PluginError> {
+    let c = read_json(&config.pack_dir.join("config.json"))?;
+    let kind = c.get("model_type").and_then(Value::as_str).unwrap_or("");
+    match kind.to_ascii_lowercase().as_str() {
+        "minicpmv" => load_v4(config, &c),
+        k if knows(k) => load_v46(config, &c),
+        _ => Err(bad(format!(
+            "config.json: model_type {kind:?} is not minicpmv4_6 or minicpmv"
+        ))),
     }
+}
 
-    /// Loads a MiniCPM-V 4.0 / 4.5 pack: `llm.*` as the Llama or Qwen3 backbone (top-level
-    /// fields of `config.json`), `vpm.*` and `resampler.*`; the image token is `<unk>`.
-    pub fn load_v4(config: &LoadConfig, c: &Value) -> Result<MiniCpmVModel, PluginError> {
-        let version = v4::Version::from_config(c)?;
-        let image_token_id = v4::token_id(&config.pack_dir, "<unk>")?;
-        let w = open_weights(config)?;
-        if w.gguf().is_some() {
-            return Err(bad("minicpmv is read from safetensors packs only"));
-        }
-        let vision = V4Vision::load(&w, c)?;
-        let loaded = v4::load_text(w, config, c, version)?;
-        let width = vision.resampler.embed_dim();
-        if width != loaded.cfg.hidden {
-            return Err(bad(format!(
-                "the resampler gives {width} values per token; the language model's width is {}",
-                loaded.cfg.hidden
-            )));
-        }
-        let params = v4::preprocess_params(
-            config,
-            c,
-            vision.tower.config.patch_size,
-            vision.resampler.num_queries,
-        )?;
-        Self::assemble(
-            config,
-            loaded,
-            MiniCpmVVision::V4(Box::new(vision)),
-            image_token_id,
-            params,
-        )
+/// Loads a MiniCPM-V 4.0 / 4.5 pack: `llm.*` as the Llama or Qwen3 backbone (top-level fields
+/// of `config.json`), `vpm.*` and `resampler.*`; the image token is `<unk>`.
+pub fn load_v4(config: &LoadConfig, c: &Value) -> Result<MiniCpmVModel, PluginError> {
+    let version = v4::Version::from_config(c)?;
+    let image_token_id = v4::token_id(&config.pack_dir, "<unk>")?;
+    let w = open_weights(config)?;
+    if w.gguf().is_some() {
+        return Err(bad("minicpmv is read from safetensors packs only"));
     }
+    let vision = V4Vision::load(&w, c)?;
+    let loaded = v4::load_text(w, config, c, version)?;
+    let params = v4::preprocess_params(
+        config,
+        c,
+        vision.tower.config.patch_size,
+        vision.resampler.num_queries,
+    )?;
+    assemble(
+        config,
+        loaded,
+        MiniCpmVVision::V4(Box::new(vision)),
+        image_token_id,
+        params,
+    )
+}
 
-    /// Loads a `minicpmv4_6` safetensors pack: `model.language_model.*` as the Qwen3.5
-    /// backbone (`text_config`), `model.vision_tower.*` and `model.merger.*` (`vision_config`).
-    pub fn load_v46(config: &LoadConfig, c: &Value) -> Result<MiniCpmVModel, PluginError> {
-        let c = c.clone();
-        let image_token_id =
-            c.get("image_token_id")
-                .and_then(Value::as_i64)
-                .ok_or_else(|| bad("config.json: minicpmv4_6 without image_token_id"))? as i32;
-        let w = open_weights(config)?;
-        if w.gguf().is_some() {
-            return Err(bad("minicpmv4_6 is read from safetensors packs only"));
-        }
-        let vision = MiniCpmV46Vision::load(&w, "model.", &c)?;
-        let loaded = load_text(w, config, &c)?;
-        let width = vision.merger.last().map(|m| m.linear_2.weight.rows);
-        if width != Some(loaded.cfg.hidden) {
-            return Err(bad(format!(
-                "the merger gives {width:?} values per token; the language model's width is {}",
-                loaded.cfg.hidden
-            )));
-        }
-        let params = preprocess_params(config, &c, vision.config.patch_size)?;
-        Self::assemble(
-            config,
-            loaded,
-            MiniCpmVVision::V46(Box::new(vision)),
-            image_token_id,
-            params,
-        )
+/// Loads a `minicpmv4_6` safetensors pack: `model.language_model.*` as the Qwen3.5 backbone
+/// (`text_config`), `model.vision_tower.*` and `model.merger.*` (`vision_config`).
+pub fn load_v46(config: &LoadConfig, c: &Value) -> Result<MiniCpmVModel, PluginError> {
+    let image_token_id =
+        c.get("image_token_id")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| bad("config.json: minicpmv4_6 without image_token_id"))? as i32;
+    let w = open_weights(config)?;
+    if w.gguf().is_some() {
+        return Err(bad("minicpmv4_6 is read from safetensors packs only"));
     }
+    let vision = MiniCpmV46Vision::load(&w, "model.", c)?;
+    let loaded = load_text(w, config, c)?;
+    let params = preprocess_params(config, c, vision.config.patch_size)?;
+    assemble(
+        config,
+        loaded,
+        MiniCpmVVision::V46(Box::new(vision)),
+        image_token_id,
+        params,
+    )
+}
 
-    /// The model from its loaded parts and host preprocessing settings, after checking the
-    /// image token against the vocabulary.
-    fn assemble(
-        config: &LoadConfig,
-        loaded: Loaded,
-        vision: MiniCpmVVision,
-        image_token_id: i32,
-        params: Map<String, Value>,
-    ) -> Result<MiniCpmVModel, PluginError> {
-        let vocab = loaded.weights.embed.rows;
-        if image_token_id < 0 || image_token_id as usize >= vocab {
-            return Err(bad(format!(
-                "image token {image_token_id} outside the vocabulary ({vocab})"
-            )));
-        }
-        Ok(MiniCpmVModel {
-            text: DecoderModel::new(loaded, config)?,
-            vision,
-            image_token_id,
-            params,
-            pending: HashMap::new(),
-        })
-    }
+/// The model from its loaded parts and the host's preprocessing settings (scheme `minicpmv`,
+/// layout `patch_strip`).
+fn assemble(
+    config: &LoadConfig,
+    loaded: Loaded,
+    vision: MiniCpmVVision,
+    image_token_id: i32,
+    params: Map<String, Value>,
+) -> Result<MiniCpmVModel, PluginError> {
+    let spec = VisionSpec {
+        scheme: "minicpmv".into(),
+        layout: PixelLayout::PatchStrip,
+        patch_size: vision.config().patch_size as u32,
+        image_token_id,
+        params,
+    };
+    VisionLanguageModel::new(loaded, config, vision, spec)
+}
 
+impl MiniCpmVVision {
     /// Side of the patch block that becomes one image token (4.6: the ViT merger's window
     /// times the merger's blocks; 4.x: any grid, so 1).
     fn token_block(&self) -> usize {
-        match &self.vision {
+        match self {
             MiniCpmVVision::V46(v) => {
                 let window = v.vit_merger.as_ref().map_or(1, |(_, m)| m.window);
                 window * v.merge.pow(v.merger.len() as u32)
@@ -314,7 +282,7 @@ impl MiniCpmVModel {
     /// Image tokens an image (or slice) of `(h, w)` patches takes in the prompt (4.x: always
     /// `query_num`).
     pub fn image_tokens(&self, (h, w): (usize, usize)) -> usize {
-        match &self.vision {
+        match self {
             MiniCpmVVision::V46(_) => {
                 let b = self.token_block();
                 (h / b) * (w / b)
@@ -335,13 +303,17 @@ impl MiniCpmVModel {
         Ok(())
     }
 
-    /// One image's features: [`MiniCpmVModel::image_tokens`] rows of the language model's
+    /// One image's features: [`MiniCpmVVision::image_tokens`] rows of the language model's
     /// width. `strip` is `channels × patch × (h·w·patch)` pixels (the patches side by side,
     /// row-major over the grid); `grid` is `(h, w)` in patches.
-    pub fn image_features(&self, strip: &[f32], grid: (usize, usize)) -> Result<Vec<f32>, PluginError> {
+    pub fn image_features(
+        &self,
+        strip: &[f32],
+        grid: (usize, usize),
+        threads: usize,
+    ) -> Result<Vec<f32>, PluginError> {
         self.check_grid(grid)?;
-        let threads = self.text.decoder().threads;
-        match &self.vision {
+        match self {
             MiniCpmVVision::V46(v) => Ok(v.forward(strip, grid, threads)?.features),
             MiniCpmVVision::V4(v) => v.features(strip, grid, threads),
         }
@@ -353,37 +325,18 @@ impl MiniCpmVModel {
         &self,
         strip: &[f32],
         grid: (usize, usize),
+        threads: usize,
     ) -> Result<Option<Vec<f32>>, PluginError> {
         self.check_grid(grid)?;
-        let threads = self.text.decoder().threads;
-        match &self.vision {
+        match self {
             MiniCpmVVision::V46(_) => Ok(None),
             MiniCpmVVision::V4(v) => v.hidden(strip, grid, threads).map(Some),
         }
     }
 
-    /// Runs a batch whose image-token rows take the rows of `features` (the concatenated
-    /// features of the batch's images), in batch order; their count must equal the image-token
-    /// rows'. Otherwise the plugin `decode` contract.
-    pub fn decode_with_features(
-        &mut self,
-        batch: &BatchView<'_>,
-        features: &[f32],
-        logits: &mut LogitsOut<'_>,
-    ) -> Result<(), PluginError> {
-        self.text
-            .decode_with_token_features(batch, self.image_token_id, features, logits)
-    }
-
-    /// Image feature rows sequence `seq` holds for positions not yet decoded.
-    pub fn pending_rows(&self, seq: i32) -> usize {
-        self.pending.get(&seq).map_or(0, BTreeMap::len)
-    }
-
-    /// Checks one validated [`ImageInput`] against the model and encodes it: one feature row
-    /// per placeholder position.
-    fn encode_one(&self, image: &ImageInput<'_>) -> Result<Vec<f32>, PluginError> {
-        let (c, p) = (self.vision.config().num_channels, self.vision.config().patch_size);
+    /// The patch grid of an image handed over the ABI, after checking its patch strip.
+    fn grid_of(&self, image: &ImageInput<'_>) -> Result<(usize, usize), PluginError> {
+        let (c, p) = (self.config().num_channels, self.config().patch_size);
         let (rows, cols) = image
             .grid
             .ok_or_else(|| PluginError::invalid_argument("a minicpmv image needs its patch grid"))?;
@@ -400,134 +353,25 @@ impl MiniCpmVModel {
                 "a minicpmv patch strip has no padding patches",
             ));
         }
-        let n = self.image_tokens(grid);
-        if image.positions.len() != n {
-            return Err(PluginError::invalid_argument(format!(
-                "a {}x{} patch grid gives {n} image tokens; {} positions given",
-                grid.0,
-                grid.1,
-                image.positions.len()
-            )));
-        }
-        self.image_features(image.pixels, grid)
+        self.check_grid(grid)?;
+        Ok(grid)
     }
 }
 
-impl Model for MiniCpmVModel {
-    fn describe(&self) -> ModelDescription {
-        self.text.describe()
-    }
-
-    fn decode(&mut self, batch: &BatchView<'_>, logits: &mut LogitsOut<'_>) -> Result<(), PluginError> {
-        batch.validate()?;
-        let mut used = Vec::new();
-        for i in 0..batch.len() {
-            let (seq, pos) = (batch.seq_ids[i], batch.positions[i]);
-            let feature = usize::try_from(pos)
-                .ok()
-                .and_then(|p| self.pending.get(&seq)?.get(&p).map(|f| (p, f)));
-            match feature {
-                Some((p, f)) => used.push((i, seq, p, f.as_slice())),
-                None if batch.tokens[i] == self.image_token_id => {
-                    return Err(PluginError::invalid_argument(format!(
-                        "sequence {seq}: image token at position {pos} without an encoded image"
-                    )))
-                }
-                None => {}
-            }
+impl VisionTower for MiniCpmVVision {
+    fn feature_width(&self) -> usize {
+        match self {
+            MiniCpmVVision::V46(v) => v.merger.last().map_or(0, |m| m.linear_2.weight.rows),
+            MiniCpmVVision::V4(v) => v.resampler.embed_dim(),
         }
-        let embeds: Vec<(usize, &[f32])> = used.iter().map(|&(i, _, _, f)| (i, f)).collect();
-        self.text.decode_with_embeddings(batch, &embeds, logits)?;
-        let done: Vec<(i32, usize)> = used.iter().map(|&(_, s, p, _)| (s, p)).collect();
-        for (seq, pos) in done {
-            if let Some(m) = self.pending.get_mut(&seq) {
-                m.remove(&pos);
-            }
-        }
-        self.pending.retain(|_, m| !m.is_empty());
-        Ok(())
     }
 
-    fn force_token(&mut self, seq: i32, token: i32) -> Result<(), PluginError> {
-        let pos = self.text.decoder().seq_len(seq)? as i32;
-        let batch = BatchView {
-            tokens: &[token],
-            positions: &[pos],
-            seq_ids: &[seq],
-            want_logits: &[0],
-        };
-        let vocab = self.text.decoder().vocab_size();
-        self.decode(&batch, &mut LogitsOut::new(&mut [], vocab))
+    fn image_tokens_of(&self, image: &ImageInput<'_>) -> Result<usize, PluginError> {
+        Ok(self.image_tokens(self.grid_of(image)?))
     }
 
-    fn thinking_enabled(&self, requested: Option<bool>) -> bool {
-        self.text.thinking_enabled(requested)
-    }
-
-    fn tools_enabled(&self) -> bool {
-        self.text.tools_enabled()
-    }
-
-    fn seq_truncate(&mut self, seq: i32, len: u32) -> Result<(), PluginError> {
-        self.text.seq_truncate(seq, len)?;
-        if let Some(m) = self.pending.get_mut(&seq) {
-            m.retain(|&p, _| p < len as usize);
-            if m.is_empty() {
-                self.pending.remove(&seq);
-            }
-        }
-        Ok(())
-    }
-
-    fn seq_fork(&mut self, src: i32, dst: i32) -> Result<(), PluginError> {
-        self.text.seq_fork(src, dst)?;
-        match self.pending.get(&src).cloned() {
-            Some(m) => self.pending.insert(dst, m),
-            None => self.pending.remove(&dst),
-        };
-        Ok(())
-    }
-
-    fn vision(&self) -> Option<VisionSpec> {
-        Some(VisionSpec {
-            scheme: "minicpmv".into(),
-            layout: PixelLayout::PatchStrip,
-            patch_size: self.vision.config().patch_size as u32,
-            image_token_id: self.image_token_id,
-            params: self.params.clone(),
-        })
-    }
-
-    fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
-        let start = self.text.decoder().seq_len(seq)?;
-        let h = self.text.decoder().cfg.hidden;
-        let held = self.pending.get(&seq);
-        let mut new: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
-        for (k, image) in images.iter().enumerate() {
-            image.validate()?;
-            for &p in image.positions {
-                let p = p as usize;
-                if p < start {
-                    return Err(PluginError::invalid_argument(format!(
-                        "image {k}: position {p} of sequence {seq} is already decoded ({start} held)"
-                    )));
-                }
-                if new.contains_key(&p) || held.is_some_and(|m| m.contains_key(&p)) {
-                    return Err(PluginError::invalid_argument(format!(
-                        "image {k}: position {p} of sequence {seq} already has image features"
-                    )));
-                }
-                // Reserve the position; the features follow once the image is encoded.
-                new.insert(p, Vec::new());
-            }
-        }
-        for image in images {
-            let features = self.encode_one(image)?;
-            for (&p, row) in image.positions.iter().zip(features.chunks_exact(h)) {
-                new.insert(p as usize, row.to_vec());
-            }
-        }
-        self.pending.entry(seq).or_default().extend(new);
-        Ok(())
+    fn encode(&self, image: &ImageInput<'_>, threads: usize) -> Result<Vec<f32>, PluginError> {
+        let grid = self.grid_of(image)?;
+        self.image_features(image.pixels, grid, threads)
     }
 }

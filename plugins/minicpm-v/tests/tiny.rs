@@ -103,8 +103,8 @@ fn minicpmv4_6_prefill_and_token_by_token_logits_match_transformers() {
     let (inp, out) = inputs();
     assert_eq!(m.image_token_id, 500);
     let n_image = inp.image_positions().len();
-    assert_eq!(m.image_tokens(inp.grid), n_image);
-    let features = m.image_features(&inp.strip, inp.grid).unwrap();
+    assert_eq!(m.tower.image_tokens(inp.grid), n_image);
+    let features = m.tower.image_features(&inp.strip, inp.grid, m.threads()).unwrap();
     let r = rel_err("image_features", &features, &out["image_features"]);
     println!("minicpmv4_6 image_features: max|diff| / max|ref| = {r:.3e}");
     assert!(r <= 1e-3, "image_features: {r}");

@@ -97,7 +97,7 @@ fn matches_reference(name: &str, unk: i32, vision_layers: usize) {
     let mut m = load(name);
     let (inp, out) = inputs(name);
     assert_eq!(m.image_token_id, unk, "{name}: the image token is <unk>");
-    let MiniCpmVVision::V4(v) = &m.vision else {
+    let MiniCpmVVision::V4(v) = &m.tower else {
         panic!("{name}: not loaded as 4.x")
     };
     assert_eq!(
@@ -115,9 +115,14 @@ fn matches_reference(name: &str, unk: i32, vision_layers: usize) {
     let mut hidden = Vec::new();
     let mut features = Vec::new();
     for s in &inp.slices {
-        assert_eq!(m.image_tokens(s.grid), q);
-        hidden.extend(m.vision_hidden(&s.strip, s.grid).unwrap().unwrap());
-        features.extend(m.image_features(&s.strip, s.grid).unwrap());
+        assert_eq!(m.tower.image_tokens(s.grid), q);
+        hidden.extend(
+            m.tower
+                .vision_hidden(&s.strip, s.grid, m.threads())
+                .unwrap()
+                .unwrap(),
+        );
+        features.extend(m.tower.image_features(&s.strip, s.grid, m.threads()).unwrap());
     }
     check(
         &format!("{name} vision hidden states"),
