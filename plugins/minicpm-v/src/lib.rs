@@ -10,6 +10,10 @@
 //! Each image's features (one row of the language model's width per image token) take the
 //! place of the token embeddings at the image-token positions, in order, as transformers'
 //! `masked_scatter` places them; positions stay plain 1-D (the model passes no M-RoPE ids).
+//!
+//! This crate is the configs, the weight maps and the tower choice ([`MiniCpmVVision`]); the
+//! plugin `Model`, with its rule for pending image features, is `berth-plugin-common`'s
+//! [`VisionLanguageModel`].
 
 #![warn(missing_docs)]
 
