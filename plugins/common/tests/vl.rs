@@ -24,11 +24,17 @@ const PER_TOKEN: usize = 4;
 #[derive(Default)]
 struct TinyTower {
     encodes: AtomicUsize,
+    /// Claims half the language model's width (a mismatched tower).
+    narrow: bool,
 }
 
 impl VisionTower for TinyTower {
     fn feature_width(&self) -> usize {
-        WIDTH
+        if self.narrow {
+            WIDTH / 2
+        } else {
+            WIDTH
+        }
     }
 
     fn image_tokens_of(&self, image: &ImageInput<'_>) -> Result<usize, PluginError> {
@@ -303,6 +309,19 @@ fn the_wrapper_checks_the_tower_and_token_against_the_language_model() {
         .err()
         .unwrap();
     assert!(err.message.contains("outside the vocabulary"), "{}", err.message);
+    let (_, loaded) = text();
+    let narrow = TinyTower {
+        narrow: true,
+        ..Default::default()
+    };
+    let err = VisionLanguageModel::new(loaded, &load_config(), narrow, spec())
+        .err()
+        .unwrap();
+    assert!(
+        err.message.contains("32 values per image token"),
+        "{}",
+        err.message
+    );
     let (m, _) = models();
     assert_eq!(m.vision().unwrap().scheme, "tiny");
     assert_eq!(m.describe().vocab_size as usize, VOCAB);
