@@ -16,10 +16,11 @@
 //! whole per-super-block sums in two fused multiply-adds, Q6_K's eight i32 lanes each with its
 //! own fused multiply-add and the lanes summed at the end ([`reference_dot_q6_k`]).
 //!
-//! Two kernel sets run this layout, chosen at run time (and capped by `BERTH_KERNELS`):
-//! AVX-512 F/BW/VL + VNNI and AVX2 + FMA + F16C, both for every kind, AVX2 with each 64-byte
-//! line taken as two halves of 8 rows, `vpmaddubsw` + `vpmaddwd` standing in for
-//! `vpdpbusd`. Both give the same bits. Without AVX2 (or under `BERTH_KERNELS=scalar`)
+//! Two kernel sets run this layout, chosen once at run time (and capped by `BERTH_KERNELS`),
+//! each a file with its table of group kernels (`avx512.rs`, `avx2.rs`), called through one
+//! checked path here: AVX-512 F/BW/VL + VNNI and AVX2 + FMA + F16C, both for every kind, AVX2
+//! with each 64-byte line taken as two halves of 8 rows, `vpmaddubsw` + `vpmaddwd` standing in
+//! for `vpdpbusd`. Both give the same bits. Without AVX2 (or under `BERTH_KERNELS=scalar`)
 //! [`PackedMatrix::pack`] returns None and the unpacked tables stay the path.
 //!
 //! From a few activation rows on, a Q4_0/Q5_0 group is unpacked once per product to bytes in
