@@ -10,6 +10,13 @@ use crate::dot::dot_f32;
 use crate::ops::{axpy, softcap, softmax, softmax_fast};
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+
 /// The cached keys and values one query head attends to.
 #[derive(Clone, Copy, Debug)]
 pub struct KvRows<'a> {
@@ -319,10 +326,3 @@ impl AttentionTable {
         unsafe { (self.values)(kv, p, stride, len, out, hd) }
     }
 }
-
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(test)]
-mod tests;
