@@ -16,6 +16,17 @@
 //! table (`BERTH_FORCE_SCALAR=1` still forces the scalar ones).
 //! [`testutil`] has a tiny deterministic RNG and random-block generators for tests and
 //! benchmarks.
+//!
+//! Instruction-set code has one layout. Each kernel family with per-set code ([`dot`],
+//! [`packed`], [`attention`], [`ops`], [`recurrent`]) is a folder: `mod.rs` holds the public
+//! safe API, the family's table type (one entry per kernel) and its one choice of table
+//! through [`select_table`], made once; the scalar reference is in `mod.rs` or `scalar.rs`; and
+//! each instruction set is one file (`avx2.rs`, `avx512.rs`) that defines its kernels and its
+//! table (`recurrent`'s SIMD kernels are written once in `lanes.rs` over a vector type each
+//! set's file implements). Calls go through one checked path per family (the table's methods,
+//! or the family's checked call) that validates the shapes and then calls the entry, so the
+//! set files hold kernels, not wrappers. A new instruction set (NEON, say) is one more file per
+//! family, a [`KernelLevel`] and one candidate entry in each family's list.
 
 #![warn(missing_docs)]
 

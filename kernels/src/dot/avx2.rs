@@ -1184,3 +1184,30 @@ pub(crate) fn quantize_q8_k(x: &[f32], dst: &mut [u8]) {
     // SAFETY: see the note above the wrappers.
     unsafe { quantize_q8_k_impl(x, dst) }
 }
+
+/// The AVX2+FMA+F16C table; None when this CPU lacks one of them.
+pub(crate) fn table() -> Option<super::DotTable> {
+    if !crate::KernelLevel::Avx2.supported() {
+        return None;
+    }
+    Some(super::DotTable {
+        name: "avx2",
+        q4_0: q4_0_q8_0,
+        q5_0: q5_0_q8_0,
+        q8_0: q8_0_q8_0,
+        mxfp4: mxfp4_q8_0,
+        q4_k: q4_k_q8_k,
+        q5_k: q5_k_q8_k,
+        q6_k: q6_k_q8_k,
+        f32: f32_f32,
+        f16: f16_f32,
+        bf16: bf16_f32,
+        dot_f32,
+        f32_rows,
+        dot4: Some(dot4),
+        dot4_gemv: Some(dot4_gemv),
+        tile: Some(tile),
+        tile_rows: 2,
+        rows_many: Some(rows_many),
+    })
+}

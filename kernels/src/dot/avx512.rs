@@ -611,6 +611,9 @@ fn rows_many_k(wtype: WeightType, w: &[u8], nrows: usize, n: usize, acts: &[&[u8
     true
 }
 
+/// [`rows_0_many`] of one kind and number of activation row pairs.
+type ManyFn = unsafe fn(*const u8, usize, usize, &[__m512i], &[__m512], usize, &mut [f32]);
+
 /// `nrows` consecutive Q4_0/Q5_0/Q8_0 weight rows at `w` against up to [`super::DotTable::MANY_MAX`] Q8_0
 /// activation rows into `out[r * acts.len() + j]`, each result bit for bit the single-row
 /// kernel's; false for other types or counts.
@@ -639,22 +642,49 @@ pub(crate) fn rows_many(
         unsafe {
             pair_acts(acts, nb, yu, dy);
             let (w, yu, dy) = (w.as_ptr(), &yu[..], &dy[..]);
-            macro_rules! go {
-                ($k:expr) => {
-                    match na.div_ceil(2) {
-                        1 => rows_0_many::<$k, 1>(w, nrows, nb, yu, dy, na, out),
-                        2 => rows_0_many::<$k, 2>(w, nrows, nb, yu, dy, na, out),
-                        3 => rows_0_many::<$k, 3>(w, nrows, nb, yu, dy, na, out),
-                        _ => rows_0_many::<$k, 4>(w, nrows, nb, yu, dy, na, out),
-                    }
-                };
-            }
-            match kind {
-                Q4 => go!(Q4),
-                Q5 => go!(Q5),
-                _ => go!(Q8),
-            }
+            // The kernel of the kind for pairs of activation rows (1 to 4 pairs).
+            let by_pairs: [ManyFn; 4] = match kind {
+                Q4 => [
+                    rows_0_many::<Q4, 1>,
+                    rows_0_many::<Q4, 2>,
+                    rows_0_many::<Q4, 3>,
+                    rows_0_many::<Q4, 4>,
+                ],
+                Q5 => [
+                    rows_0_many::<Q5, 1>,
+                    rows_0_many::<Q5, 2>,
+                    rows_0_many::<Q5, 3>,
+                    rows_0_many::<Q5, 4>,
+                ],
+                _ => [
+                    rows_0_many::<Q8, 1>,
+                    rows_0_many::<Q8, 2>,
+                    rows_0_many::<Q8, 3>,
+                    rows_0_many::<Q8, 4>,
+                ],
+            };
+            by_pairs[na.div_ceil(2).min(4) - 1](w, nrows, nb, yu, dy, na, out);
         }
     });
     true
+}
+
+/// The AVX-512 table (F/BW/VL/DQ + VNNI): the AVX2 table with the tiles, the four-row
+/// kernels, the Q6_K single rows and the F32 tiles replaced (equal to AVX2's bit for bit);
+/// None when this CPU lacks a feature.
+pub(crate) fn table() -> Option<super::DotTable> {
+    if !supported() {
+        return None;
+    }
+    Some(super::DotTable {
+        name: "avx512",
+        q6_k: q6_k_q8_k,
+        dot4: Some(dot4),
+        dot4_gemv: Some(dot4_gemv),
+        tile: Some(tile),
+        tile_rows: 4,
+        rows_many: Some(rows_many),
+        f32_rows,
+        ..super::avx2::table()?
+    })
 }

@@ -160,26 +160,7 @@ pub type Dot4Fn = fn(WeightType, &[u8], &[&[u8]; 4], usize) -> Option<[f32; 4]>;
 impl DotTable {
     /// The portable scalar reference kernels.
     pub fn scalar() -> DotTable {
-        DotTable {
-            name: "scalar",
-            q4_0: scalar::q4_0_q8_0,
-            q5_0: scalar::q5_0_q8_0,
-            q8_0: scalar::q8_0_q8_0,
-            mxfp4: scalar::mxfp4_q8_0,
-            q4_k: scalar::q4_k_q8_k,
-            q5_k: scalar::q5_k_q8_k,
-            q6_k: scalar::q6_k_q8_k,
-            f32: scalar::f32_f32,
-            f16: scalar::f16_f32,
-            bf16: scalar::bf16_f32,
-            dot_f32: scalar::dot_f32,
-            f32_rows: scalar::f32_rows,
-            dot4: None,
-            dot4_gemv: None,
-            tile: None,
-            tile_rows: 2,
-            rows_many: None,
-        }
+        scalar::table()
     }
 
     /// Most activation rows one [`DotTable::rows_many`] call takes.
@@ -197,9 +178,9 @@ impl DotTable {
         match name {
             "scalar" => Some(DotTable::scalar()),
             #[cfg(target_arch = "x86_64")]
-            "avx2" => DotTable::avx2(),
+            "avx2" => avx2::table(),
             #[cfg(target_arch = "x86_64")]
-            "avx512" => DotTable::avx512(),
+            "avx512" => avx512::table(),
             _ => None,
         }
     }
@@ -226,55 +207,6 @@ impl DotTable {
             ]
             .map(|(l, t)| (l, t.is_some(), t.unwrap_or(scalar)));
             crate::select_table("dot", &candidates)
-        })
-    }
-
-    /// The AVX-512 table (F/BW/VL/DQ + VNNI): the AVX2 table with the tiles, the four-row
-    /// kernels, the Q6_K single rows and the F32 tiles replaced (equal to AVX2's bit for bit);
-    /// None when this CPU lacks a feature.
-    #[cfg(target_arch = "x86_64")]
-    fn avx512() -> Option<DotTable> {
-        if !avx512::supported() {
-            return None;
-        }
-        Some(DotTable {
-            name: "avx512",
-            q6_k: avx512::q6_k_q8_k,
-            dot4: Some(avx512::dot4),
-            dot4_gemv: Some(avx512::dot4_gemv),
-            tile: Some(avx512::tile),
-            tile_rows: 4,
-            rows_many: Some(avx512::rows_many),
-            f32_rows: avx512::f32_rows,
-            ..DotTable::avx2()?
-        })
-    }
-
-    /// The AVX2+FMA+F16C table; None when this CPU lacks one of them.
-    #[cfg(target_arch = "x86_64")]
-    fn avx2() -> Option<DotTable> {
-        if !crate::KernelLevel::Avx2.supported() {
-            return None;
-        }
-        Some(DotTable {
-            name: "avx2",
-            q4_0: avx2::q4_0_q8_0,
-            q5_0: avx2::q5_0_q8_0,
-            q8_0: avx2::q8_0_q8_0,
-            mxfp4: avx2::mxfp4_q8_0,
-            q4_k: avx2::q4_k_q8_k,
-            q5_k: avx2::q5_k_q8_k,
-            q6_k: avx2::q6_k_q8_k,
-            f32: avx2::f32_f32,
-            f16: avx2::f16_f32,
-            bf16: avx2::bf16_f32,
-            dot_f32: avx2::dot_f32,
-            f32_rows: avx2::f32_rows,
-            dot4: Some(avx2::dot4),
-            dot4_gemv: Some(avx2::dot4_gemv),
-            tile: Some(avx2::tile),
-            tile_rows: 2,
-            rows_many: Some(avx2::rows_many),
         })
     }
 

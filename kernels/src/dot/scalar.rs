@@ -229,3 +229,27 @@ pub fn bf16_f32(w: &[u8], x: &[f32], n: usize) -> f32 {
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
+
+/// The table of these kernels ([`super::DotTable::scalar`]).
+pub(super) fn table() -> super::DotTable {
+    super::DotTable {
+        name: "scalar",
+        q4_0: q4_0_q8_0,
+        q5_0: q5_0_q8_0,
+        q8_0: q8_0_q8_0,
+        mxfp4: mxfp4_q8_0,
+        q4_k: q4_k_q8_k,
+        q5_k: q5_k_q8_k,
+        q6_k: q6_k_q8_k,
+        f32: f32_f32,
+        f16: f16_f32,
+        bf16: bf16_f32,
+        dot_f32,
+        f32_rows,
+        dot4: None,
+        dot4_gemv: None,
+        tile: None,
+        tile_rows: 2,
+        rows_many: None,
+    }
+}

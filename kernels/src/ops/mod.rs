@@ -1,10 +1,10 @@
 //! Element-wise f32 operations of a forward pass: RMS norm, activations, softmax, RoPE,
 //! soft-capping, f16 rounding, and the row arithmetic around them (`y += a·x`, `a += b`, `x *= s`).
 //!
-//! Each operation is defined by its scalar code here. The row kernels also have an AVX2+FMA+F16C
-//! version; a table of them is chosen once at first use from an ordered candidate list (AVX2,
-//! then scalar; `BERTH_KERNELS` caps the level for every table, see [`crate::kernel_level`]), see
-//! [`ops_impl_name`]. They come in two kinds:
+//! Each operation is defined by its scalar code: here, and for the row kernels in `scalar.rs`.
+//! The row kernels also have an AVX2+FMA+F16C version (`avx2.rs`); a table of them is chosen once
+//! at first use from an ordered candidate list (AVX2, then scalar; `BERTH_KERNELS` caps the level
+//! for every table, see [`crate::kernel_level`]), see [`ops_impl_name`]. They come in two kinds:
 //!
 //! - exact: the SIMD version does the same IEEE operations per element as the scalar code, so its
 //!   results are equal bit for bit and llama.cpp-parity paths may use it: [`rms_norm`],
@@ -21,6 +21,10 @@
 use crate::quant::{f16_to_f32, f32_to_f16};
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod scalar;
+
 /// RMS norm of `x` into `out`: `x / sqrt(mean(x²) + eps)`, times `w` (or `1 + w` when `add_one`).
 pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, add_one: bool, out: &mut [f32]) {
     // Squares summed in f64, like ggml (`ggml_float`), so both engines see the same scale.
@@ -28,7 +32,7 @@ pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32, add_one: bool, out: &mut
     let ss = (x.iter().map(|v| (v * v) as f64).sum::<f64>() / n as f64) as f32;
     let scale = 1.0 / (ss + eps).sqrt();
     let off = if add_one { 1.0 } else { 0.0 };
-    (table().scale_mul)(out, x, w, scale, off);
+    table().scale_mul(out, x, w, scale, off);
 }
 
 /// RMS norm in place, applied to each `w.len()`-sized chunk of `x` (per-head q/k norms).
@@ -92,7 +96,7 @@ fn gelu_f16_table() -> &'static [f32] {
 /// GEGLU through ggml's f16 GELU table: `a = gelu_tanh_f16(a) · b` (exact SIMD).
 pub fn geglu_tanh_f16(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
-    (table().geglu_f16)(a, b)
+    table().geglu_f16(a, b)
 }
 
 /// Rounds to the nearest f16 and back.
@@ -103,7 +107,7 @@ pub fn round_f16(x: f32) -> f32 {
 
 /// [`round_f16`] of every element in place (exact SIMD; NaNs stay NaN, payloads may differ).
 pub fn round_f16_in_place(x: &mut [f32]) {
-    (table().round_f16)(x)
+    table().round_f16(x)
 }
 
 /// Softmax in place (the sum of exponentials in f64, like ggml).
@@ -130,18 +134,18 @@ pub fn softcap(x: &mut [f32], cap: f32) {
 /// `y += a · x`, one rounding per product and per sum (exact SIMD; lengths must match).
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     assert_eq!(y.len(), x.len());
-    (table().axpy)(y, a, x)
+    table().axpy(y, a, x)
 }
 
 /// `a += b` element-wise (exact SIMD; lengths must match).
 pub fn add_in_place(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
-    (table().add)(a, b)
+    table().add(a, b)
 }
 
 /// `x *= s` element-wise (exact SIMD).
 pub fn scale_in_place(x: &mut [f32], s: f32) {
-    (table().scale)(x, s)
+    table().scale(x, s)
 }
 
 /// `x / max(‖x‖₂, 1e-12)` in place (torch's `F.normalize`, sentence-transformers' Normalize);
@@ -169,27 +173,27 @@ pub fn mean_rows(x: &[f32], rows: usize, out: &mut [f32]) {
 
 /// SiLU in place with a polynomial `exp` (SIMD; close to [`silu`], not bit-equal).
 pub fn silu_fast(x: &mut [f32]) {
-    (table().gated_fast)(x, None, false)
+    table().gated_fast(x, None, false)
 }
 
 /// SwiGLU `a = silu(a) · b` with a polynomial `exp` (SIMD; close to [`silu`], not bit-equal).
 pub fn swiglu_fast(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
-    (table().gated_fast)(a, Some(b), false)
+    table().gated_fast(a, Some(b), false)
 }
 
 /// GeGLU `a = gelu_tanh(a) · b` with a polynomial `exp` (SIMD; close to [`gelu_tanh`], not
 /// bit-equal).
 pub fn geglu_tanh_fast(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
-    (table().gated_fast)(a, Some(b), true)
+    table().gated_fast(a, Some(b), true)
 }
 
 /// Softmax in place with a polynomial `exp` and an f32 sum (SIMD; close to [`softmax`], not
 /// bit-equal; entries of `-inf` become 0).
 pub fn softmax_fast(x: &mut [f32]) {
     if !x.is_empty() {
-        (table().softmax_fast)(x)
+        table().softmax_fast(x)
     }
 }
 
@@ -412,542 +416,110 @@ impl Rope {
         }
         rows.cos = &cos[..n];
         rows.sin = &sin[..n];
-        (table().rope)(x, &rows)
+        table().rope(x, &rows)
     }
 }
 
 /// `(out, x, w, s, off)`: `out = x · s · (w + off)` (or `x · s` without `w`).
-type ScaleMulFn = fn(&mut [f32], &[f32], Option<&[f32]>, f32, f32);
+type ScaleMulFn = unsafe fn(&mut [f32], &[f32], Option<&[f32]>, f32, f32);
 
-/// One implementation of every row kernel.
+/// One instruction set's row kernels (a file per set: `scalar.rs`, `avx2.rs`), chosen once
+/// ([`table`]). Each entry is `unsafe` only because it may need its set's CPU features; every
+/// kernel takes any lengths (it runs over the shortest), and the one way in is [`Table`]'s
+/// method of the same name, which checks what a kernel relies on.
 #[derive(Clone, Copy)]
 struct Table {
     name: &'static str,
     /// [`ScaleMulFn`] over the shortest length.
     scale_mul: ScaleMulFn,
-    axpy: fn(&mut [f32], f32, &[f32]),
-    add: fn(&mut [f32], &[f32]),
-    scale: fn(&mut [f32], f32),
-    round_f16: fn(&mut [f32]),
-    geglu_f16: fn(&mut [f32], &[f32]),
+    axpy: unsafe fn(&mut [f32], f32, &[f32]),
+    add: unsafe fn(&mut [f32], &[f32]),
+    scale: unsafe fn(&mut [f32], f32),
+    round_f16: unsafe fn(&mut [f32]),
+    geglu_f16: unsafe fn(&mut [f32], &[f32]),
     /// Every head of the slice (`cos.len()` pairs each).
-    rope: fn(&mut [f32], &RopeRows),
+    rope: unsafe fn(&mut [f32], &RopeRows),
     /// `a = act(a) · b` (or `act(a)`), act = GELU-tanh when the flag is set, else SiLU.
-    gated_fast: fn(&mut [f32], Option<&[f32]>, bool),
-    softmax_fast: fn(&mut [f32]),
+    gated_fast: unsafe fn(&mut [f32], Option<&[f32]>, bool),
+    softmax_fast: unsafe fn(&mut [f32]),
 }
 
-const SCALAR: Table = Table {
-    name: "scalar",
-    scale_mul: scalar::scale_mul,
-    axpy: scalar::axpy,
-    add: scalar::add,
-    scale: scalar::scale,
-    round_f16: scalar::round_f16,
-    geglu_f16: scalar::geglu_f16,
-    rope: scalar::rope,
-    gated_fast: scalar::gated,
-    softmax_fast: softmax,
-};
+// The checked calls into a table. SAFETY for each: a table is only chosen ([`table`]) or
+// listed (tests) after detecting its set's CPU features, and the kernels bound every access by
+// their slices' lengths (RoPE's pair layout is checked in `rope`).
+impl Table {
+    fn scale_mul(&self, out: &mut [f32], x: &[f32], w: Option<&[f32]>, s: f32, off: f32) {
+        // SAFETY: see above.
+        unsafe { (self.scale_mul)(out, x, w, s, off) }
+    }
 
-#[cfg(target_arch = "x86_64")]
-const AVX2: Table = Table {
-    name: "avx2",
-    scale_mul: avx2::scale_mul,
-    axpy: avx2::axpy,
-    add: avx2::add,
-    scale: avx2::scale,
-    round_f16: avx2::round_f16,
-    geglu_f16: avx2::geglu_f16,
-    rope: avx2::rope,
-    gated_fast: avx2::gated,
-    softmax_fast: avx2::softmax,
-};
+    fn axpy(&self, y: &mut [f32], a: f32, x: &[f32]) {
+        // SAFETY: see above.
+        unsafe { (self.axpy)(y, a, x) }
+    }
+
+    fn add(&self, a: &mut [f32], b: &[f32]) {
+        // SAFETY: see above.
+        unsafe { (self.add)(a, b) }
+    }
+
+    fn scale(&self, x: &mut [f32], s: f32) {
+        // SAFETY: see above.
+        unsafe { (self.scale)(x, s) }
+    }
+
+    fn round_f16(&self, x: &mut [f32]) {
+        // SAFETY: see above.
+        unsafe { (self.round_f16)(x) }
+    }
+
+    fn geglu_f16(&self, a: &mut [f32], b: &[f32]) {
+        // SAFETY: see above.
+        unsafe { (self.geglu_f16)(a, b) }
+    }
+
+    fn rope(&self, x: &mut [f32], r: &RopeRows) {
+        let n = r.cos.len().min(r.sin.len());
+        let span = if r.neox { r.half + n } else { 2 * n };
+        assert!(
+            n == 0 || (span <= r.head_dim && (!r.neox || n <= r.half)),
+            "RoPE pairs outside the head"
+        );
+        // SAFETY: see above; the pairs lie inside each head (checked above).
+        unsafe { (self.rope)(x, r) }
+    }
+
+    fn gated_fast(&self, a: &mut [f32], b: Option<&[f32]>, gelu: bool) {
+        // SAFETY: see above.
+        unsafe { (self.gated_fast)(a, b, gelu) }
+    }
+
+    fn softmax_fast(&self, x: &mut [f32]) {
+        // SAFETY: see above.
+        unsafe { (self.softmax_fast)(x) }
+    }
+}
 
 /// What these kernels are called in warnings.
 const NAME: &str = "row-op";
 
 /// The fastest kernels for this CPU, detected once (at most the level `BERTH_KERNELS` names).
 fn table() -> &'static Table {
-    static BEST: OnceLock<Table> = OnceLock::new();
+    static BEST: OnceLock<&'static Table> = OnceLock::new();
     BEST.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
+        use crate::KernelLevel;
         let candidates = [
-            (
-                crate::KernelLevel::Avx2,
-                crate::KernelLevel::Avx2.supported(),
-                &AVX2,
-            ),
-            (crate::KernelLevel::Scalar, true, &SCALAR),
+            #[cfg(target_arch = "x86_64")]
+            (KernelLevel::Avx2, KernelLevel::Avx2.supported(), &avx2::TABLE),
+            (KernelLevel::Scalar, true, &scalar::TABLE),
         ];
-        #[cfg(not(target_arch = "x86_64"))]
-        let candidates = [(crate::KernelLevel::Scalar, true, &SCALAR)];
-        *crate::select_table(NAME, &candidates)
+        crate::select_table(NAME, &candidates)
     })
 }
 
 /// Name of the selected row kernels ("scalar", "avx2").
 pub fn ops_impl_name() -> &'static str {
     table().name
-}
-
-/// The scalar row kernels: the definitions the SIMD ones are tested against.
-mod scalar {
-    use super::{gelu_tanh, gelu_tanh_f16, silu, RopeRows};
-
-    pub(super) fn scale_mul(out: &mut [f32], x: &[f32], w: Option<&[f32]>, s: f32, off: f32) {
-        match w {
-            Some(w) => {
-                for ((o, &v), &wi) in out.iter_mut().zip(x).zip(w) {
-                    *o = v * s * (wi + off);
-                }
-            }
-            None => {
-                for (o, &v) in out.iter_mut().zip(x) {
-                    *o = v * s;
-                }
-            }
-        }
-    }
-
-    pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-        y.iter_mut().zip(x).for_each(|(v, &u)| *v += a * u);
-    }
-
-    pub(super) fn add(a: &mut [f32], b: &[f32]) {
-        a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-    }
-
-    pub(super) fn scale(x: &mut [f32], s: f32) {
-        x.iter_mut().for_each(|v| *v *= s);
-    }
-
-    pub(super) fn round_f16(x: &mut [f32]) {
-        x.iter_mut().for_each(|v| *v = super::round_f16(*v));
-    }
-
-    pub(super) fn geglu_f16(a: &mut [f32], b: &[f32]) {
-        a.iter_mut().zip(b).for_each(|(v, &g)| *v = gelu_tanh_f16(*v) * g);
-    }
-
-    pub(super) fn gated(a: &mut [f32], b: Option<&[f32]>, gelu: bool) {
-        let act = if gelu { gelu_tanh } else { silu };
-        match b {
-            Some(b) => a.iter_mut().zip(b).for_each(|(v, &g)| *v = act(*v) * g),
-            None => a.iter_mut().for_each(|v| *v = act(*v)),
-        }
-    }
-
-    pub(super) fn rope(x: &mut [f32], r: &RopeRows) {
-        for head in x.chunks_exact_mut(r.head_dim) {
-            for (j, (&c, &s)) in r.cos.iter().zip(r.sin).enumerate() {
-                rotate(head, r, j, c, s);
-            }
-        }
-    }
-
-    /// [`rope`] with the angles read straight from `cs` (more pairs than the SIMD path stages).
-    pub(super) fn rope_pairs(x: &mut [f32], r: &RopeRows, cs: &[(f32, f32)]) {
-        for head in x.chunks_exact_mut(r.head_dim) {
-            for (j, &(c, s)) in cs.iter().enumerate() {
-                rotate(head, r, j, c, s);
-            }
-        }
-    }
-
-    /// Rotates pair `j` of one head.
-    #[inline]
-    pub(super) fn rotate(head: &mut [f32], r: &RopeRows, j: usize, c: f32, s: f32) {
-        let (a, b) = if r.neox {
-            (j, j + r.half)
-        } else {
-            (2 * j, 2 * j + 1)
-        };
-        let (x0, x1) = (head[a], head[b]);
-        if r.fused {
-            // As GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos`.
-            head[a] = x0.mul_add(c, -(x1 * s));
-            head[b] = x0.mul_add(s, x1 * c);
-        } else {
-            head[a] = x0 * c - x1 * s;
-            head[b] = x1 * c + x0 * s;
-        }
-    }
-}
-
-/// AVX2+FMA+F16C row kernels. The `*_impl` functions need those CPU features; the safe wrappers
-/// are only installed in [`AVX2`] (or called by tests) after detecting them.
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::RopeRows;
-    use std::arch::x86_64::*;
-
-    /// Horizontal sum of eight lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// e^x for eight lanes (Cephes-style polynomial, ~1 ulp; below -87.3 gives 0).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn exp_ps(x: __m256) -> __m256 {
-        let under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.336_55), _CMP_LT_OQ);
-        let x = _mm256_min_ps(x, _mm256_set1_ps(88.376_26));
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
-        let fx = _mm256_round_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-        );
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
-        let r2 = _mm256_mul_ps(r, r);
-        let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-        // 2^fx; fx in [-126, 128] after clamping. Built as two halves so fx = 128 works.
-        let fi = _mm256_cvtps_epi32(fx);
-        let half = _mm256_srai_epi32(fi, 1);
-        let p1 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_add_epi32(half, _mm256_set1_epi32(127)),
-            23,
-        ));
-        let p2 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_sub_epi32(fi, half), _mm256_set1_epi32(127)),
-            23,
-        ));
-        let y = _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
-        _mm256_andnot_ps(under, y)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn scale_mul_impl(out: &mut [f32], x: &[f32], w: Option<&[f32]>, s: f32, off: f32) {
-        let n = out.len().min(x.len()).min(w.map_or(usize::MAX, <[f32]>::len));
-        let vs = _mm256_set1_ps(s);
-        let mut i = 0;
-        match w {
-            Some(w) => {
-                let voff = _mm256_set1_ps(off);
-                while i + 8 <= n {
-                    // SAFETY: i + 8 <= n <= every slice's length; unaligned loads and stores.
-                    unsafe {
-                        let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vs);
-                        let g = _mm256_add_ps(_mm256_loadu_ps(w.as_ptr().add(i)), voff);
-                        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(v, g));
-                    }
-                    i += 8;
-                }
-                for j in i..n {
-                    out[j] = x[j] * s * (w[j] + off);
-                }
-            }
-            None => {
-                while i + 8 <= n {
-                    // SAFETY: i + 8 <= n <= both slices' lengths.
-                    unsafe {
-                        let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vs);
-                        _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
-                    }
-                    i += 8;
-                }
-                for j in i..n {
-                    out[j] = x[j] * s;
-                }
-            }
-        }
-    }
-
-    /// `y += a * x` as a multiply then an add (no fusing, to match the scalar code).
-    #[target_feature(enable = "avx2,fma")]
-    fn axpy_impl(y: &mut [f32], a: f32, x: &[f32]) {
-        let n = y.len().min(x.len());
-        let va = _mm256_set1_ps(a);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n <= both lengths.
-            unsafe {
-                let p = y.as_mut_ptr().add(i);
-                let ax = _mm256_mul_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)));
-                _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), ax));
-            }
-            i += 8;
-        }
-        for j in i..n {
-            y[j] += a * x[j];
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn add_impl(a: &mut [f32], b: &[f32]) {
-        let n = a.len().min(b.len());
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n <= both lengths.
-            unsafe {
-                let p = a.as_mut_ptr().add(i);
-                _mm256_storeu_ps(
-                    p,
-                    _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(b.as_ptr().add(i))),
-                );
-            }
-            i += 8;
-        }
-        for j in i..n {
-            a[j] += b[j];
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn scale_impl(x: &mut [f32], s: f32) {
-        let vs = _mm256_set1_ps(s);
-        let mut c = x.chunks_exact_mut(8);
-        for ch in &mut c {
-            // SAFETY: ch holds exactly 8 f32.
-            unsafe { _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_mul_ps(_mm256_loadu_ps(ch.as_ptr()), vs)) };
-        }
-        c.into_remainder().iter_mut().for_each(|v| *v *= s);
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn round_f16_impl(x: &mut [f32]) {
-        let mut c = x.chunks_exact_mut(8);
-        for ch in &mut c {
-            // SAFETY: ch holds exactly 8 f32.
-            unsafe {
-                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(ch.as_ptr()));
-                _mm256_storeu_ps(ch.as_mut_ptr(), _mm256_cvtph_ps(h));
-            }
-        }
-        c.into_remainder()
-            .iter_mut()
-            .for_each(|v| *v = super::round_f16(*v));
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn geglu_f16_impl(a: &mut [f32], b: &[f32]) {
-        let n = a.len().min(b.len());
-        let table = super::gelu_f16_table();
-        assert_eq!(table.len(), 1 << 16);
-        let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n <= both lengths; the gather indices are u16 values, inside the
-            // 65536-entry table.
-            unsafe {
-                let p = a.as_mut_ptr().add(i);
-                let x = _mm256_loadu_ps(p);
-                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
-                let g = _mm256_i32gather_ps::<4>(table.as_ptr(), _mm256_cvtepu16_epi32(h));
-                let g = _mm256_blendv_ps(g, x, _mm256_cmp_ps(x, hi, _CMP_GE_OQ));
-                let g = _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LE_OQ), g);
-                _mm256_storeu_ps(p, _mm256_mul_ps(g, _mm256_loadu_ps(b.as_ptr().add(i))));
-            }
-            i += 8;
-        }
-        for j in i..n {
-            a[j] = super::gelu_tanh_f16(a[j]) * b[j];
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn rope_impl(x: &mut [f32], r: &RopeRows) {
-        let (d, n) = (r.head_dim, r.cos.len().min(r.sin.len()));
-        for head in x.chunks_exact_mut(d) {
-            let p = head.as_mut_ptr();
-            let (cp, sp) = (r.cos.as_ptr(), r.sin.as_ptr());
-            let mut j = 0;
-            if r.neox {
-                while j + 8 <= n {
-                    // SAFETY: j + 8 <= n <= cos/sin lengths, and `Rope::apply` checked
-                    // half + n <= head_dim, so both halves' lanes lie inside the head.
-                    unsafe {
-                        let x0 = _mm256_loadu_ps(p.add(j));
-                        let x1 = _mm256_loadu_ps(p.add(j + r.half));
-                        let c = _mm256_loadu_ps(cp.add(j));
-                        let s = _mm256_loadu_ps(sp.add(j));
-                        let (a, b) = if r.fused {
-                            (
-                                _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)),
-                                _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)),
-                            )
-                        } else {
-                            (
-                                _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)),
-                                _mm256_add_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x0, s)),
-                            )
-                        };
-                        _mm256_storeu_ps(p.add(j), a);
-                        _mm256_storeu_ps(p.add(j + r.half), b);
-                    }
-                    j += 8;
-                }
-            } else {
-                while j + 4 <= n {
-                    // SAFETY: j + 4 <= n <= cos/sin lengths, and `Rope::apply` checked
-                    // 2n <= head_dim, so the 8 lanes from 2j lie inside the head.
-                    unsafe {
-                        let v = _mm256_loadu_ps(p.add(2 * j));
-                        // Pairs swapped: [x1, x0, ...]; cos and sin repeated per pair.
-                        let vs = _mm256_permute_ps::<0b10_11_00_01>(v);
-                        let c4 = _mm_loadu_ps(cp.add(j));
-                        let s4 = _mm_loadu_ps(sp.add(j));
-                        let c = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
-                        let s = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
-                        let r8 = if r.fused {
-                            // Even lanes fma(x0, c, -(x1*s)); odd lanes fma(x0, s, x1*c).
-                            let even = _mm256_fmsub_ps(v, c, _mm256_mul_ps(vs, s));
-                            let odd = _mm256_fmadd_ps(vs, s, _mm256_mul_ps(v, c));
-                            _mm256_blend_ps::<0b1010_1010>(even, odd)
-                        } else {
-                            // Even lanes x0*c - x1*s; odd lanes x1*c + x0*s.
-                            _mm256_addsub_ps(_mm256_mul_ps(v, c), _mm256_mul_ps(vs, s))
-                        };
-                        _mm256_storeu_ps(p.add(2 * j), r8);
-                    }
-                    j += 4;
-                }
-            }
-            for jj in j..n {
-                super::scalar::rotate(head, r, jj, r.cos[jj], r.sin[jj]);
-            }
-        }
-    }
-
-    /// `a = act(a) * b` (or `a = act(a)`), act = silu or gelu_tanh via [`exp_ps`].
-    #[target_feature(enable = "avx2,fma")]
-    fn gated_impl(a: &mut [f32], b: Option<&[f32]>, gelu: bool) {
-        let n = a.len().min(b.map_or(usize::MAX, <[f32]>::len));
-        let one = _mm256_set1_ps(1.0);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n <= both lengths.
-            unsafe {
-                let p = a.as_mut_ptr().add(i);
-                let x = _mm256_loadu_ps(p);
-                // silu(x) = x / (1 + e^-x); gelu_tanh(x) = x / (1 + e^(-2u)).
-                let z = if gelu {
-                    let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-                    let u = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x);
-                    _mm256_mul_ps(u, _mm256_set1_ps(-2.0 * 0.797_884_6))
-                } else {
-                    _mm256_sub_ps(_mm256_setzero_ps(), x)
-                };
-                let mut r = _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(z)));
-                if let Some(b) = b {
-                    r = _mm256_mul_ps(r, _mm256_loadu_ps(b.as_ptr().add(i)));
-                }
-                _mm256_storeu_ps(p, r);
-            }
-            i += 8;
-        }
-        let act = if gelu { super::gelu_tanh } else { super::silu };
-        for j in i..n {
-            a[j] = act(a[j]) * b.map_or(1.0, |b| b[j]);
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn softmax_impl(x: &mut [f32]) {
-        let n = x.len();
-        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n.
-            vmax = _mm256_max_ps(vmax, unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) });
-            i += 8;
-        }
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: lanes holds 8 f32.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vmax) };
-        let max = x[i..]
-            .iter()
-            .chain(&lanes)
-            .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let vm = _mm256_set1_ps(max);
-        let mut vsum = _mm256_setzero_ps();
-        i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n.
-            unsafe {
-                let p = x.as_mut_ptr().add(i);
-                let e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p), vm));
-                _mm256_storeu_ps(p, e);
-                vsum = _mm256_add_ps(vsum, e);
-            }
-            i += 8;
-        }
-        let mut sum = hsum(vsum);
-        for v in &mut x[i..] {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        scale_impl(x, 1.0 / sum);
-    }
-
-    // The wrappers below: [`super::AVX2`] is only installed (or used by tests) after
-    // detecting AVX2, FMA and F16C.
-
-    pub(super) fn scale_mul(out: &mut [f32], x: &[f32], w: Option<&[f32]>, s: f32, off: f32) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { scale_mul_impl(out, x, w, s, off) }
-    }
-
-    pub(super) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { axpy_impl(y, a, x) }
-    }
-
-    pub(super) fn add(a: &mut [f32], b: &[f32]) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { add_impl(a, b) }
-    }
-
-    pub(super) fn scale(x: &mut [f32], s: f32) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { scale_impl(x, s) }
-    }
-
-    pub(super) fn round_f16(x: &mut [f32]) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { round_f16_impl(x) }
-    }
-
-    pub(super) fn geglu_f16(a: &mut [f32], b: &[f32]) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { geglu_f16_impl(a, b) }
-    }
-
-    pub(super) fn rope(x: &mut [f32], r: &RopeRows) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { rope_impl(x, r) }
-    }
-
-    pub(super) fn gated(a: &mut [f32], b: Option<&[f32]>, gelu: bool) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { gated_impl(a, b, gelu) }
-    }
-
-    pub(super) fn softmax(x: &mut [f32]) {
-        // SAFETY: the CPU features were detected (see above).
-        unsafe { softmax_impl(x) }
-    }
-
-    /// Eight lanes of [`exp_ps`], for tests.
-    #[cfg(test)]
-    pub(super) fn exp8(x: [f32; 8]) -> [f32; 8] {
-        let mut out = [0.0f32; 8];
-        // SAFETY: only called by tests after detecting AVX2+FMA; the arrays hold 8 f32.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), exp_ps(_mm256_loadu_ps(x.as_ptr()))) };
-        out
-    }
 }
 
 #[cfg(test)]
@@ -976,13 +548,13 @@ mod tests {
     /// Every table this CPU can run, scalar first (ignores `BERTH_FORCE_SCALAR`).
     fn tables() -> Vec<Table> {
         #[allow(unused_mut)]
-        let mut v = vec![SCALAR];
+        let mut v = vec![scalar::TABLE];
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            v.push(AVX2);
+            v.push(avx2::TABLE);
         }
         v
     }
@@ -1041,21 +613,21 @@ mod tests {
                 let w = rng.vec(n);
                 for (wo, off) in [(Some(&w[..]), 0.0), (Some(&w[..]), 1.0), (None, 0.0)] {
                     let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
-                    (tb.scale_mul)(&mut a, &x, wo, 0.37, off);
-                    (SCALAR.scale_mul)(&mut b, &x, wo, 0.37, off);
+                    tb.scale_mul(&mut a, &x, wo, 0.37, off);
+                    scalar::TABLE.scale_mul(&mut b, &x, wo, 0.37, off);
                     same(&a, &b, &format!("{} scale_mul", tb.name));
                 }
                 let check = |f: &dyn Fn(&Table, &mut Vec<f32>), what: &str| {
                     let (mut a, mut b) = (x.clone(), x.clone());
                     f(&tb, &mut a);
-                    f(&SCALAR, &mut b);
+                    f(&scalar::TABLE, &mut b);
                     same(&a, &b, &format!("{} {what} n={n}", tb.name));
                 };
-                check(&|t, v| (t.axpy)(v, -0.3, &w), "axpy");
-                check(&|t, v| (t.add)(v, &w), "add");
-                check(&|t, v| (t.scale)(v, 1.7), "scale");
-                check(&|t, v| (t.round_f16)(v), "round_f16");
-                check(&|t, v| (t.geglu_f16)(v, &w), "geglu_f16");
+                check(&|t, v| t.axpy(v, -0.3, &w), "axpy");
+                check(&|t, v| t.add(v, &w), "add");
+                check(&|t, v| t.scale(v, 1.7), "scale");
+                check(&|t, v| t.round_f16(v), "round_f16");
+                check(&|t, v| t.geglu_f16(v, &w), "geglu_f16");
             }
             // Edge values of the f16 paths: the table's cut-offs, f16 ties, overflow, subnormals.
             let mut edge = vec![
@@ -1088,12 +660,12 @@ mod tests {
             }
             let g = vec![1.25f32; edge.len()];
             let (mut a, mut b) = (edge.clone(), edge.clone());
-            (tb.round_f16)(&mut a);
-            (SCALAR.round_f16)(&mut b);
+            tb.round_f16(&mut a);
+            scalar::TABLE.round_f16(&mut b);
             same(&a, &b, &format!("{} round_f16 edges", tb.name));
             let (mut a, mut b) = (edge.clone(), edge.clone());
-            (tb.geglu_f16)(&mut a, &g);
-            (SCALAR.geglu_f16)(&mut b, &g);
+            tb.geglu_f16(&mut a, &g);
+            scalar::TABLE.geglu_f16(&mut b, &g);
             same(&a, &b, &format!("{} geglu_f16 edges", tb.name));
         }
         // Through the public functions too.
@@ -1128,7 +700,7 @@ mod tests {
                 for gelu in [false, true] {
                     for b in [None, Some(&g[..])] {
                         let mut a = x.clone();
-                        (tb.gated_fast)(&mut a, b, gelu);
+                        tb.gated_fast(&mut a, b, gelu);
                         let act = if gelu { gelu_tanh } else { silu };
                         let e: Vec<f32> = (0..n).map(|i| act(x[i]) * b.map_or(1.0, |b| b[i])).collect();
                         close(&a, &e, 2e-5, &format!("{} gated gelu={gelu}", tb.name));
@@ -1136,7 +708,7 @@ mod tests {
                 }
                 if n > 0 {
                     let mut s = x.clone();
-                    (tb.softmax_fast)(&mut s);
+                    tb.softmax_fast(&mut s);
                     let mut r = x.clone();
                     softmax(&mut r);
                     close(&s, &r, 1e-5, &format!("{} softmax_fast", tb.name));
@@ -1153,7 +725,7 @@ mod tests {
                 2.0,
                 9.0,
             ];
-            (tb.softmax_fast)(&mut m);
+            tb.softmax_fast(&mut m);
             assert_eq!(m[1], 0.0);
             assert!((m.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         }
@@ -1258,7 +830,7 @@ mod tests {
             }
             for tb in tables() {
                 let mut a = x.clone();
-                (tb.rope)(&mut a, &rows);
+                tb.rope(&mut a, &rows);
                 same(
                     &a,
                     &want,

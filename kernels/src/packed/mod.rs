@@ -1,0 +1,896 @@
+//! Weights repacked at first use into 16-row interleaved blocks, and their matrix product.
+//!
+//! A [`PackedMatrix`] holds a Q4_0, Q5_0 or Q8_0 matrix as groups of 16 rows. Per group and
+//! block of 32 columns it stores the 16 rows' scales (f16, side by side) and their quants as
+//! unsigned bytes interleaved four columns at a time, so one 64-byte load feeds 16 rows and
+//! one `vpdpbusd` against four broadcast activation bytes advances all 16 of them. The weight
+//! offset (8, 16 or 128) is taken back once per block with the activation block's sum, which
+//! the activations carry ([`PackedActs`]). Each output is then
+//! `acc = fma(dx · dy, Σ w · y, acc)` over the blocks in order, with the block's whole integer
+//! sum: [`reference_dot`] is that order in scalar code, and every kernel here equals it bit for
+//! bit, for any number of activation rows, so a sequence's results never depend on what it is
+//! batched with.
+//!
+//! Q4_K and Q6_K (256-value super-blocks against Q8_K activations) keep the order of their
+//! single-row kernels instead, so a packed product equals the unpacked one bit for bit: Q4_K's
+//! whole per-super-block sums in two fused multiply-adds, Q6_K's eight i32 lanes each with its
+//! own fused multiply-add and the lanes summed at the end ([`reference_dot_q6_k`]).
+//!
+//! Two kernel sets run this layout, chosen once at run time (and capped by `BERTH_KERNELS`),
+//! each a file with its table of group kernels (`avx512.rs`, `avx2.rs`), called through one
+//! checked path here: AVX-512 F/BW/VL + VNNI and AVX2 + FMA + F16C, both for every kind, AVX2
+//! with each 64-byte line taken as two halves of 8 rows, `vpmaddubsw` + `vpmaddwd` standing in
+//! for `vpdpbusd`. Both give the same bits. Without AVX2 (or under `BERTH_KERNELS=scalar`)
+//! [`PackedMatrix::pack`] returns None and the unpacked tables stay the path.
+//!
+//! From a few activation rows on, a Q4_0/Q5_0 group is unpacked once per product to bytes in
+//! Q8_0's layout (the same integer sums), and the next group is prefetched while it computes.
+
+use crate::dot::QuantizedActivations;
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+use crate::pool::ThreadPool;
+use crate::quant::{
+    f16_to_f32, q6_quad, rd_f32, unpack_scales_mins_k4, ActFormat, WeightType, Q4_0_BYTES, Q4_K_BYTES,
+    Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+};
+
+/// Rows per interleaved group.
+pub const PACK_ROWS: usize = 16;
+
+/// One 64-byte line (the storage unit, so groups start on cache lines).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Zeroed storage for `groups` groups of `group_bytes` (a multiple of 64), each filled by
+/// `fill(group, bytes)`, the groups split over the machine's cores.
+fn fill_groups(groups: usize, group_bytes: usize, fill: impl Fn(usize, &mut [u8]) + Sync) -> Vec<Line> {
+    let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
+    // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
+    let bytes: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(groups);
+    let per = groups.div_ceil(workers.max(1));
+    std::thread::scope(|scope| {
+        for (c, chunk) in bytes.chunks_mut(per * group_bytes).enumerate() {
+            let fill = &fill;
+            scope.spawn(move || {
+                for (i, dst) in chunk.chunks_mut(group_bytes).enumerate() {
+                    fill(c * per + i, dst);
+                }
+            });
+        }
+    });
+    data
+}
+
+/// Weight kinds the packed layout covers, as const parameters of the kernels.
+const Q4: u8 = 4;
+/// Q5_0 (see [`Q4`]).
+const Q5: u8 = 5;
+/// Q8_0 (see [`Q4`]).
+const Q8: u8 = 8;
+/// Q4_K (see [`Q4`]): 256-value super-blocks against Q8_K activations.
+const K4: u8 = 44;
+
+/// Q6_K (see [`Q4`]): 256-value super-blocks against Q8_K activations.
+const K6: u8 = 46;
+
+/// Bytes of one Q4_K super-block for 16 rows: a line of `d` and `dmin` (f16), four lines of
+/// sub-block scales and mins (u8, `[sub-block][row]`), 32 lines of nibbles.
+const K4_BYTES: usize = 64 + 256 + 2048;
+
+/// Bytes of one Q6_K super-block for 16 rows: a line of `d` (f16), four lines of scales (i8,
+/// `[pair p][row][2]`: sub-blocks `2 p` and `2 p + 1` side by side), 48 lines of quants (the
+/// GGUF block's 210 bytes a row become 212).
+///
+/// The quants are unsigned (0..63), in 64 vectors of 16 rows × 4 columns (byte `4 row + e`):
+/// vector `(l, j)` holds columns `32 j + 4 l + e`, the columns that the single-row kernel sums
+/// in its i32 lane `l`. Vectors `(l, 4 h .. 4 h + 4)` share three lines (`6 l + 3 h + m`,
+/// m < 3): line `m` is vector `4 h + m` in the low six bits and bits `2 m, 2 m + 1` of vector
+/// `4 h + 3` in the top two. (Whole bytes, 64 lines, measured no faster even in cache.)
+const K6_BYTES: usize = 64 + 256 + 3072;
+
+/// The kind constant of `wtype`, if packed matrices cover it.
+fn kind(wtype: WeightType) -> Option<u8> {
+    match wtype {
+        WeightType::Q4_0 => Some(Q4),
+        WeightType::Q5_0 => Some(Q5),
+        WeightType::Q8_0 => Some(Q8),
+        WeightType::Q4_K => Some(K4),
+        WeightType::Q6_K => Some(K6),
+        _ => None,
+    }
+}
+
+/// Bytes of one block's quants for 16 rows: Q8_0 8 lines, Q4_0 4 lines of nibbles, Q5_0 those
+/// and a line of fifth bits; Q4_K and Q6_K their whole super-blocks ([`K4_BYTES`],
+/// [`K6_BYTES`]: their groups have no separate scales).
+const fn quant_bytes(k: u8) -> usize {
+    match k {
+        Q4 => 256,
+        Q5 => 320,
+        K4 => K4_BYTES,
+        K6 => K6_BYTES,
+        _ => 512,
+    }
+}
+
+/// What the stored unsigned value exceeds the weight by.
+const fn offset(k: u8) -> i32 {
+    match k {
+        Q4 => 8,
+        Q5 => 16,
+        _ => 128,
+    }
+}
+
+/// A quantized matrix repacked into 16-row interleaved groups (see the module docs).
+pub struct PackedMatrix {
+    wtype: WeightType,
+    rows: usize,
+    k: usize,
+    /// Bytes per group: the scales (`nb · 32`, rounded up to a line), then the quants.
+    group_bytes: usize,
+    data: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMatrix({} {}x{})", self.wtype.name(), self.rows, self.k)
+    }
+}
+
+/// The signed weights (and f16 scale bits) of block `b` of a GGUF row of kind `kd`.
+fn block_values(kd: u8, row: &[u8], b: usize) -> (u16, [i8; QK]) {
+    let mut v = [0i8; QK];
+    let (bytes, x) = match kd {
+        Q4 => (Q4_0_BYTES, &row[b * Q4_0_BYTES..]),
+        Q5 => (Q5_0_BYTES, &row[b * Q5_0_BYTES..]),
+        _ => (Q8_0_BYTES, &row[b * Q8_0_BYTES..]),
+    };
+    let x = &x[..bytes];
+    let d = u16::from_le_bytes([x[0], x[1]]);
+    match kd {
+        Q4 => {
+            for j in 0..16 {
+                v[j] = (x[2 + j] & 0xf) as i8 - 8;
+                v[j + 16] = (x[2 + j] >> 4) as i8 - 8;
+            }
+        }
+        Q5 => {
+            let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+            for j in 0..16 {
+                let (h0, h1) = (((qh >> j) & 1) << 4, ((qh >> (j + 16)) & 1) << 4);
+                v[j] = ((x[6 + j] & 0xf) as u32 | h0) as i8 - 16;
+                v[j + 16] = ((x[6 + j] >> 4) as u32 | h1) as i8 - 16;
+            }
+        }
+        _ => {
+            for j in 0..QK {
+                v[j] = x[2 + j] as i8;
+            }
+        }
+    }
+    (d, v)
+}
+
+/// Dot product of GGUF weight `row` (Q4_0, Q5_0 or Q8_0) with Q8_0 activation row `act` in the
+/// packed kernels' order: per block the exact integer sum, then `acc = fma(dx · dy, sum, acc)`.
+/// Q6_K (against a Q8_K row): the single-row kernels' order, see [`reference_dot_q6_k`].
+pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32 {
+    if wtype == WeightType::Q6_K {
+        return reference_dot_q6_k(row, act, n);
+    }
+    let kd = kind(wtype)
+        .filter(|&k| k != K4)
+        .expect("the reference order covers Q4_0, Q5_0, Q8_0 and Q6_K");
+    let mut acc = 0.0f32;
+    for b in 0..n / QK {
+        let (d, v) = block_values(kd, row, b);
+        let y = &act[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
+        let sum: i32 = v
+            .iter()
+            .zip(&y[2..])
+            .map(|(&w, &a)| w as i32 * a as i8 as i32)
+            .sum();
+        let dd = f16_to_f32(d) * f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+        acc = dd.mul_add(sum as f32, acc);
+    }
+    acc
+}
+
+/// The 256 unsigned quants (0..63) of a Q6_K super-block `x`, in column order.
+fn q6_k_quants(x: &[u8]) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    for n2 in 0..2 {
+        let (ql, qh) = (&x[64 * n2..64 * n2 + 64], &x[128 + 32 * n2..128 + 32 * n2 + 32]);
+        for l in 0..32 {
+            for (k, v) in q6_quad(ql, qh, l).into_iter().enumerate() {
+                q[128 * n2 + 32 * k + l] = v as u8;
+            }
+        }
+    }
+    q
+}
+
+/// Q6_K `row` · Q8_K `act` in the order of the single-row Q6_K kernels (AVX2's, which
+/// AVX-512's equals) and of the packed one: eight i32 lanes per super-block, lane `l` holding
+/// `Σ scale · q · y` over the columns `c` with `(c / 4) % 8 == l` minus
+/// `32 · (scale[2 l] · bsum[2 l] + scale[2 l + 1] · bsum[2 l + 1])`; per lane
+/// `acc[l] = fma(dy · d, lane, acc[l])` over the super-blocks in order; the result
+/// `((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))`.
+pub fn reference_dot_q6_k(row: &[u8], act: &[u8], n: usize) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for b in 0..n / QK_K {
+        let x = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+        let y = &act[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
+        let q = q6_k_quants(x);
+        let sc = |s: usize| x[192 + s] as i8 as i32;
+        let bs = |i: usize| i16::from_le_bytes([y[260 + 2 * i], y[261 + 2 * i]]) as i32;
+        let mut lanes = [0i32; 8];
+        for (c, &qc) in q.iter().enumerate() {
+            lanes[(c / 4) % 8] += sc(c / 16) * qc as i32 * y[4 + c] as i8 as i32;
+        }
+        let dd = rd_f32(y, 0) * f16_to_f32(u16::from_le_bytes([x[208], x[209]]));
+        for (l, (a, &s)) in acc.iter_mut().zip(&lanes).enumerate() {
+            let s = s - 32 * (sc(2 * l) * bs(2 * l) + sc(2 * l + 1) * bs(2 * l + 1));
+            *a = dd.mul_add(s as f32, *a);
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
+/// One 16-row group (`args`) against `R` activation rows into `out[j][lane]` for `j < R`, where
+/// `R` is the row count the kernel was looked up for ([`PackedTable::kernel`]).
+///
+/// # Safety
+/// The CPU has the features of the kernel's set, and `args` holds what its shapes say (checked
+/// once, in [`run_group`]).
+type GroupKernel = unsafe fn(&GroupArgs, &mut [[f32; PACK_ROWS]; 8]);
+
+/// What a [`GroupKernel`] reads: one 16-row group and the activation rows against it.
+#[derive(Clone, Copy)]
+struct GroupArgs<'a> {
+    /// The group: its scales in the first `scale_bytes`, then `nb` blocks of [`quant_bytes`].
+    group: &'a [u8],
+    /// Bytes of scales before the quants (none for Q4_K and Q6_K).
+    scale_bytes: usize,
+    /// Blocks (Q4_K, Q6_K: super-blocks) per row.
+    nb: usize,
+    /// The first activation row's quantized bytes, the next ones `rb` bytes apart.
+    acts: &'a [u8],
+    /// Bytes per activation row.
+    rb: usize,
+    /// Per activation row and block, the activations' scale (`nb` apart).
+    dy: &'a [f32],
+    /// Per activation row and block, the offset correction (`_0` kinds, `nb` apart) or eight
+    /// sums (Q4_K: 32-value sums, Q6_K: negated bsum pairs; `8 nb` apart).
+    cor: &'a [i32],
+    /// What the `_0` kernels prefetch meanwhile.
+    prefetch: Prefetch,
+}
+
+/// One instruction set's packed kernels (a file per set: `avx512.rs`, `avx2.rs`), chosen once
+/// ([`PackedTable::here`]).
+#[derive(Clone, Copy)]
+struct PackedTable {
+    /// The set's name, as `BERTH_KERNELS` spells it.
+    name: &'static str,
+    /// Activation rows per kernel call for a kind (as run: an unpacked group's kind is
+    /// [`PackedTable::expanded_kind`]).
+    batch: fn(u8) -> usize,
+    /// The kind whose kernel takes a Q4_0/Q5_0 group unpacked by [`PackedTable::expand`].
+    expanded_kind: u8,
+    /// Unpacks `nb` blocks of a Q4_0/Q5_0 group's quants (`kd`) into Q8_0's layout in `out`.
+    ///
+    /// # Safety
+    /// The CPU has the set's features; `quants` holds `nb` blocks of `kd`, `out` `nb` of Q8_0
+    /// (checked once, in [`expand_group`]).
+    expand: unsafe fn(u8, &[u8], usize, &mut [u8]),
+    /// The kernel for a kind and a number of activation rows, None past what the set covers.
+    kernel: fn(u8, usize) -> Option<GroupKernel>,
+}
+
+impl PackedTable {
+    /// Every set this build has, best first, each with its level and whether this CPU runs it.
+    fn candidates() -> Vec<(crate::KernelLevel, bool, Option<&'static PackedTable>)> {
+        use crate::KernelLevel;
+        vec![
+            #[cfg(target_arch = "x86_64")]
+            (
+                KernelLevel::Avx512,
+                crate::dot::avx512::supported(),
+                Some(&avx512::TABLE),
+            ),
+            #[cfg(target_arch = "x86_64")]
+            (
+                KernelLevel::Avx2,
+                KernelLevel::Avx2.supported(),
+                Some(&avx2::TABLE),
+            ),
+            (KernelLevel::Scalar, true, None),
+        ]
+    }
+
+    /// The best set this CPU and `BERTH_KERNELS` allow, if any, chosen once.
+    fn here() -> Option<&'static PackedTable> {
+        static HERE: OnceLock<Option<&'static PackedTable>> = OnceLock::new();
+        *HERE.get_or_init(|| crate::select_table("packed", &Self::candidates()))
+    }
+
+    /// Every set this CPU can run, whatever `BERTH_KERNELS` says (for tests).
+    #[cfg(test)]
+    fn runnable() -> Vec<&'static PackedTable> {
+        Self::candidates()
+            .into_iter()
+            .filter_map(|(_, ok, t)| t.filter(|_| ok))
+            .collect()
+    }
+
+    /// Whether this set covers kind `kd`.
+    fn cover(&self, kd: u8) -> bool {
+        (self.kernel)(kd, 1).is_some()
+    }
+}
+
+/// Runs `table`'s kernel of kind `kd` for `r` activation rows on one group: the one checked
+/// path into the kernels, validating every length the kernel will read.
+fn run_group(table: &PackedTable, kd: u8, r: usize, args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
+    let kernel = (table.kernel)(kd, r)
+        .unwrap_or_else(|| panic!("{} packed kernels: none for kind {kd} and {r} rows", table.name));
+    let (act_block, sums) = if kd == K4 || kd == K6 {
+        (Q8_K_BYTES, 8)
+    } else {
+        (Q8_0_BYTES, 1)
+    };
+    let nb = args.nb;
+    assert!(r >= 1 && args.acts.len() >= (r - 1) * args.rb + nb * act_block);
+    assert!(args.dy.len() >= r * nb && args.cor.len() >= sums * r * nb);
+    assert!(args.group.len() >= args.scale_bytes + nb * quant_bytes(kd));
+    // SAFETY: the table was selected (or listed by `runnable`) only where this CPU has its
+    // features, and the lengths the kernel reads were checked above.
+    unsafe { kernel(args, out) }
+}
+
+/// Unpacks a Q4_0/Q5_0 group's `nb` blocks of quants with `table`'s `expand`, checked.
+fn expand_group(table: &PackedTable, kd: u8, quants: &[u8], nb: usize, out: &mut [u8]) {
+    assert!(kd == Q4 || kd == Q5, "only Q4_0 and Q5_0 groups unpack");
+    assert!(quants.len() >= nb * quant_bytes(kd) && out.len() >= nb * quant_bytes(Q8));
+    // SAFETY: as in `run_group`: a runnable table, lengths checked above.
+    unsafe { (table.expand)(kd, quants, nb, out) }
+}
+
+impl PackedMatrix {
+    /// True when this CPU and `BERTH_KERNELS` allow packed kernels (AVX-512 VNNI or AVX2: every
+    /// packed kind).
+    pub fn available() -> bool {
+        PackedTable::here().is_some()
+    }
+
+    /// True when `wtype` matrices are packed here ([`PackedMatrix::pack`] takes them).
+    pub fn covers(wtype: WeightType) -> bool {
+        PackedTable::here()
+            .zip(kind(wtype))
+            .is_some_and(|(t, kd)| t.cover(kd))
+    }
+
+    /// Repacks `rows` GGUF rows of `k` columns of `wtype` from `w`; None when the packed kernels
+    /// that run here do not cover the type, or `rows` is not a multiple of [`PACK_ROWS`].
+    pub fn pack(wtype: WeightType, w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        if !Self::covers(wtype) {
+            return None;
+        }
+        Self::pack_anywhere(wtype, w, rows, k)
+    }
+
+    /// [`PackedMatrix::pack`] whatever this CPU runs (the layout alone, for tests).
+    pub fn pack_anywhere(wtype: WeightType, w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        let kd = kind(wtype)?;
+        if rows == 0 || !rows.is_multiple_of(PACK_ROWS) || !k.is_multiple_of(QK) {
+            return None;
+        }
+        if kd == K4 {
+            return Self::pack_q4_k(w, rows, k);
+        }
+        if kd == K6 {
+            return Self::pack_q6_k(w, rows, k);
+        }
+        let rb = wtype.row_bytes(k);
+        assert!(w.len() >= rows * rb, "weight matrix too short");
+        let nb = k / QK;
+        let scale_bytes = (nb * 32).next_multiple_of(64);
+        let qb = quant_bytes(kd);
+        let group_bytes = scale_bytes + nb * qb;
+        let groups = rows / PACK_ROWS;
+        let xb = wtype.block_bytes();
+        // One group: straight copies of the GGUF bytes in four-byte steps (the nibble lines
+        // are Q4_0/Q5_0's own `qs` bytes; Q8_0's values are flipped to unsigned).
+        let pack_group = |g: usize, dst: &mut [u8]| {
+            let (scales, quants) = dst.split_at_mut(scale_bytes);
+            for lane in 0..PACK_ROWS {
+                let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
+                for b in 0..nb {
+                    let x = &row[b * xb..(b + 1) * xb];
+                    scales[b * 32 + 2 * lane..][..2].copy_from_slice(&x[..2]);
+                    let q = &mut quants[b * qb..(b + 1) * qb];
+                    match kd {
+                        Q8 => {
+                            for grp in 0..8 {
+                                for e in 0..4 {
+                                    q[grp * 64 + lane * 4 + e] = x[2 + 4 * grp + e] ^ 0x80;
+                                }
+                            }
+                        }
+                        _ => {
+                            let qs = if kd == Q5 { &x[6..22] } else { &x[2..18] };
+                            for line in 0..4 {
+                                q[line * 64 + lane * 4..][..4].copy_from_slice(&qs[4 * line..4 * line + 4]);
+                            }
+                            if kd == Q5 {
+                                // Group g's mask: bit 4 lane + e is value 4 g + e's fifth bit.
+                                let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
+                                for grp in 0..8 {
+                                    q[256 + grp * 8 + lane / 2] |=
+                                        (((qh >> (4 * grp)) & 0xf) as u8) << (4 * (lane % 2));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let data = fill_groups(groups, group_bytes, pack_group);
+        Some(PackedMatrix {
+            wtype,
+            rows,
+            k,
+            group_bytes,
+            data,
+        })
+    }
+
+    /// Q4_K rows in 16-row groups of [`K4_BYTES`] per super-block: straight copies of the
+    /// GGUF nibbles in four-byte steps (byte `4 lane + e` of line `8 j + g` is byte
+    /// `32 j + 4 g + e` of the row's `qs`: sub-block `2 j` in the low nibbles, `2 j + 1` in the
+    /// high ones), the scales and mins unpacked to bytes.
+    fn pack_q4_k(w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        if !k.is_multiple_of(QK_K) {
+            return None;
+        }
+        let nsb = k / QK_K;
+        let rb = WeightType::Q4_K.row_bytes(k);
+        assert!(w.len() >= rows * rb, "weight matrix too short");
+        let group_bytes = nsb * K4_BYTES;
+        let groups = rows / PACK_ROWS;
+        let pack_group = |g: usize, dst: &mut [u8]| {
+            for lane in 0..PACK_ROWS {
+                let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
+                for b in 0..nsb {
+                    let x = &row[b * Q4_K_BYTES..(b + 1) * Q4_K_BYTES];
+                    let o = &mut dst[b * K4_BYTES..(b + 1) * K4_BYTES];
+                    o[2 * lane..2 * lane + 2].copy_from_slice(&x[0..2]);
+                    o[32 + 2 * lane..32 + 2 * lane + 2].copy_from_slice(&x[2..4]);
+                    let (sc, m) = unpack_scales_mins_k4(&x[4..16]);
+                    for j in 0..8 {
+                        o[64 + 16 * j + lane] = sc[j];
+                        o[192 + 16 * j + lane] = m[j];
+                    }
+                    for line in 0..32 {
+                        o[320 + 64 * line + 4 * lane..][..4]
+                            .copy_from_slice(&x[16 + 4 * line..16 + 4 * line + 4]);
+                    }
+                }
+            }
+        };
+        let data = fill_groups(groups, group_bytes, pack_group);
+        Some(PackedMatrix {
+            wtype: WeightType::Q4_K,
+            rows,
+            k,
+            group_bytes,
+            data,
+        })
+    }
+
+    /// Q6_K rows in 16-row groups of [`K6_BYTES`] per super-block (layout there).
+    fn pack_q6_k(w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
+        if !k.is_multiple_of(QK_K) {
+            return None;
+        }
+        let nsb = k / QK_K;
+        let rb = WeightType::Q6_K.row_bytes(k);
+        assert!(w.len() >= rows * rb, "weight matrix too short");
+        let group_bytes = nsb * K6_BYTES;
+        let groups = rows / PACK_ROWS;
+        let pack_group = |g: usize, dst: &mut [u8]| {
+            for lane in 0..PACK_ROWS {
+                let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
+                for b in 0..nsb {
+                    let x = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
+                    let o = &mut dst[b * K6_BYTES..(b + 1) * K6_BYTES];
+                    o[2 * lane..2 * lane + 2].copy_from_slice(&x[208..210]);
+                    for p in 0..8 {
+                        o[64 + 32 * p + 2 * lane..][..2].copy_from_slice(&x[192 + 2 * p..194 + 2 * p]);
+                    }
+                    let q = q6_k_quants(x);
+                    // Byte e of row `lane` in vector (l, j).
+                    let v = |l: usize, j: usize, e: usize| q[32 * j + 4 * l + e];
+                    let quants = &mut o[320..];
+                    for l in 0..8 {
+                        for e in 0..4 {
+                            let at = 4 * lane + e;
+                            for h in 0..2 {
+                                let top = v(l, 4 * h + 3, e);
+                                for m in 0..3 {
+                                    quants[64 * (6 * l + 3 * h + m) + at] =
+                                        v(l, 4 * h + m, e) | ((top >> (2 * m)) & 3) << 6;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let data = fill_groups(groups, group_bytes, pack_group);
+        Some(PackedMatrix {
+            wtype: WeightType::Q6_K,
+            rows,
+            k,
+            group_bytes,
+            data,
+        })
+    }
+
+    /// The weight type the rows had.
+    pub fn wtype(&self) -> WeightType {
+        self.wtype
+    }
+
+    /// Rows (output dimension).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (input dimension).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.data.len() * 64
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) }
+    }
+}
+
+/// Q8_0 activation rows with what the packed kernels take per block: the scale as f32 and the
+/// weight offset times the block's sum.
+#[derive(Default)]
+pub struct PackedActs {
+    dy: Vec<f32>,
+    cor: Vec<i32>,
+}
+
+impl PackedActs {
+    /// Empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn prepare(&mut self, kd: u8, act: &QuantizedActivations) {
+        if kd == K4 || kd == K6 {
+            // Per super-block: the scale, and eight values from the pairs of bsums: Q4_K their
+            // sums (the 32-value sums), Q6_K the pairs negated as two i16 in one i32.
+            let nsb = act.n() / QK_K;
+            let rb = ActFormat::Q8_K.row_bytes(act.n());
+            self.dy.clear();
+            self.cor.clear();
+            let bytes = act.bytes();
+            for r in 0..act.rows() {
+                for b in 0..nsb {
+                    let y = &bytes[r * rb + b * Q8_K_BYTES..r * rb + (b + 1) * Q8_K_BYTES];
+                    self.dy.push(rd_f32(y, 0));
+                    for j in 0..8 {
+                        let bs = |i: usize| i16::from_le_bytes([y[260 + 2 * i], y[261 + 2 * i]]) as i32;
+                        self.cor.push(if kd == K4 {
+                            bs(2 * j) + bs(2 * j + 1)
+                        } else {
+                            (-bs(2 * j)) as u16 as i32 | ((-bs(2 * j + 1)) as u16 as i32) << 16
+                        });
+                    }
+                }
+            }
+            return;
+        }
+        let nb = act.n() / QK;
+        let rb = ActFormat::Q8_0.row_bytes(act.n());
+        self.dy.clear();
+        self.cor.clear();
+        let bytes = act.bytes();
+        for r in 0..act.rows() {
+            let row = &bytes[r * rb..(r + 1) * rb];
+            for b in 0..nb {
+                let y = &row[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES];
+                self.dy.push(f16_to_f32(u16::from_le_bytes([y[0], y[1]])));
+                let s: i32 = y[2..].iter().map(|&v| v as i8 as i32).sum();
+                self.cor.push(offset(kd) * s);
+            }
+        }
+    }
+}
+
+/// How far ahead of the block being computed the kernels prefetch a group's own bytes (for
+/// decode's streaming). `examples/headbench`, single row, best of alternating runs on a 2-core
+/// Zen with AVX-512, GB/s at 1 / 2 threads for 2048 and 8192 bytes: Q5_0 131072x896 19.0 / 36.7
+/// and 31.2 / 50.6; Q8_0 262144x640 23.1 / 36.5 and 25.2 / 37.3; Q4_K and Q6_K within noise.
+const PREFETCH: usize = 8192;
+
+/// What a kernel prefetches while it runs: at block `b`, the `step` bytes from `at + b · step`
+/// (a hint: the addresses need not be valid).
+#[derive(Clone, Copy)]
+struct Prefetch {
+    at: *const u8,
+    step: usize,
+}
+
+impl Prefetch {
+    /// The group's own quants, `ahead` bytes ahead of the block being computed.
+    fn ahead(group: &[u8], scale_bytes: usize, block_bytes: usize, ahead: usize) -> Prefetch {
+        Prefetch {
+            at: group.as_ptr().wrapping_add(scale_bytes + ahead),
+            step: block_bytes,
+        }
+    }
+
+    /// All of `next` (the group computed after this one), spread over this one's `nb` blocks.
+    fn next(next: &[u8], nb: usize) -> Prefetch {
+        Prefetch {
+            at: next.as_ptr(),
+            step: next.len().div_ceil(nb.max(1)).next_multiple_of(64),
+        }
+    }
+}
+
+struct OutPtr(*mut f32);
+// SAFETY: each parallel chunk writes only the output columns of its own row groups while the
+// owning `&mut [f32]` is borrowed by the caller.
+unsafe impl Sync for OutPtr {}
+
+/// `out[i][r] = dot(W[r], act.row(i))` for a packed matrix and activations quantized for its
+/// type, every element bit for bit [`reference_dot`] (Q4_K: the single-row Q4_K kernels' order:
+/// per super-block the whole integer sums of scaled quants and of mins times sums, each in one
+/// fused multiply-add with `d · yd` and `dmin · yd`; the result is their difference; Q6_K:
+/// [`reference_dot_q6_k`], the single-row Q6_K kernels' order);
+/// `scratch` holds the activations' block scales and sums.
+pub fn matmul_packed(
+    p: &PackedMatrix,
+    act: &QuantizedActivations,
+    out: &mut [f32],
+    scratch: &mut PackedActs,
+    pool: &ThreadPool,
+) {
+    let table = PackedTable::here().expect("packed kernels need AVX-512 VNNI or AVX2");
+    matmul_packed_with(table, p, act, out, scratch, pool);
+}
+
+/// [`matmul_packed`] with the given kernels.
+fn matmul_packed_with(
+    table: &'static PackedTable,
+    p: &PackedMatrix,
+    act: &QuantizedActivations,
+    out: &mut [f32],
+    scratch: &mut PackedActs,
+    pool: &ThreadPool,
+) {
+    let plan = Plan::new(table, p, act, out, scratch);
+    let per = plan.groups.div_ceil(pool.n_threads() * 4).max(1);
+    pool.parallel_for(plan.groups.div_ceil(per), |c| {
+        with_expanded(|expanded| {
+            for g in c * per..((c + 1) * per).min(plan.groups) {
+                plan.run(g, expanded);
+            }
+        })
+    });
+}
+
+/// Several packed matrices against activations of the same rows (q/k/v, gate/up) in one
+/// parallel section: `items` are (matrix, its activations, its output, its scratch), at most
+/// [`MANY_MAX`]. Each product is what [`matmul_packed`] computes alone, bit for bit.
+pub fn matmul_packed_many<'a>(
+    items: impl IntoIterator<
+        Item = (
+            &'a PackedMatrix,
+            &'a QuantizedActivations,
+            &'a mut [f32],
+            &'a mut PackedActs,
+        ),
+    >,
+    pool: &ThreadPool,
+) {
+    let table = PackedTable::here().expect("packed kernels need AVX-512 VNNI or AVX2");
+    let mut plans: [Option<Plan<'a>>; MANY_MAX] = [None, None, None, None];
+    let mut items = items.into_iter();
+    for (slot, (p, act, out, scratch)) in plans.iter_mut().zip(&mut items) {
+        *slot = Some(Plan::new(table, p, act, out, scratch));
+    }
+    assert!(items.next().is_none(), "at most {MANY_MAX} matrices at once");
+    let plans: &[Option<Plan<'_>>] = &plans;
+    let total: usize = plans.iter().flatten().map(|p| p.groups).sum();
+    let per = total.div_ceil(pool.n_threads() * 4).max(1);
+    pool.parallel_for(total.div_ceil(per), |c| {
+        with_expanded(|expanded| {
+            for x in c * per..((c + 1) * per).min(total) {
+                // Group x of the matrices' groups one after another.
+                let mut g = x;
+                for plan in plans.iter().flatten() {
+                    if g < plan.groups {
+                        plan.run(g, expanded);
+                        break;
+                    }
+                    g -= plan.groups;
+                }
+            }
+        })
+    });
+}
+
+/// Most matrices [`matmul_packed_many`] takes at once.
+pub const MANY_MAX: usize = 4;
+
+/// Calls `f` with this thread's buffer for an unpacked group, kept between calls.
+fn with_expanded(f: impl FnOnce(&mut Vec<u8>)) {
+    thread_local! {
+        static EXPANDED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut expanded = EXPANDED.take();
+    f(&mut expanded);
+    EXPANDED.set(expanded);
+}
+
+/// One packed product, checked and set up: what computing any of its groups needs.
+struct Plan<'a> {
+    table: &'static PackedTable,
+    kd: u8,
+    m: usize,
+    rows: usize,
+    groups: usize,
+    group_bytes: usize,
+    nb: usize,
+    sums_per_block: usize,
+    scale_bytes: usize,
+    batch: usize,
+    expand: bool,
+    rb: usize,
+    data: &'a [u8],
+    acts: &'a [u8],
+    dy: &'a [f32],
+    cor: &'a [i32],
+    out: OutPtr,
+}
+
+impl<'a> Plan<'a> {
+    /// Checks the shapes, prepares `scratch` for `act` and sets the product up.
+    fn new(
+        table: &'static PackedTable,
+        p: &'a PackedMatrix,
+        act: &'a QuantizedActivations,
+        out: &'a mut [f32],
+        scratch: &'a mut PackedActs,
+    ) -> Plan<'a> {
+        let m = act.rows();
+        assert_eq!(act.n(), p.k, "activation row length must equal k");
+        assert_eq!(
+            act.format(),
+            p.wtype.act_format(),
+            "activations quantized for another type"
+        );
+        assert!(out.len() >= m * p.rows, "output too short");
+        let kd = kind(p.wtype).expect("packed type");
+        assert!(
+            table.cover(kd),
+            "{} kernels do not cover {}",
+            table.name,
+            p.wtype.name()
+        );
+        scratch.prepare(kd, act);
+        // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value
+        // sub-block; Q6_K: one pair of 16-value sums per 32 values).
+        let (nb, sums_per_block) = if kd == K4 || kd == K6 {
+            (p.k / QK_K, 8)
+        } else {
+            (p.k / QK, 1)
+        };
+        // Several rows: each Q4_0/Q5_0 group is unpacked once to Q8_0's layout (the stored
+        // unsigned values as bytes; the offset stays the kind's, in `cor`), so that the nibbles
+        // are not unpacked again for every few rows, and eight rows share each weight load. The
+        // integer sums, hence the results, are the same.
+        let expand = (kd == Q4 || kd == Q5) && m >= EXPAND_MIN_ROWS;
+        let scratch: &'a PackedActs = scratch;
+        // Activation rows per kernel call: the set's choice for the kind as run.
+        let batch = (table.batch)(if expand { table.expanded_kind } else { kd });
+        Plan {
+            table,
+            kd,
+            m,
+            rows: p.rows,
+            groups: p.rows / PACK_ROWS,
+            group_bytes: p.group_bytes,
+            nb,
+            sums_per_block,
+            scale_bytes: p.group_bytes - nb * quant_bytes(kd),
+            batch,
+            expand,
+            rb: act.format().row_bytes(p.k),
+            data: p.bytes(),
+            acts: act.bytes(),
+            dy: &scratch.dy[..],
+            cor: &scratch.cor[..],
+            out: OutPtr(out.as_mut_ptr()),
+        }
+    }
+
+    /// Computes group `g` (its 16 output columns) for every activation row; `expanded` is the
+    /// calling thread's buffer for an unpacked group.
+    fn run(&self, g: usize, expanded: &mut Vec<u8>) {
+        let (nb, rb, scale_bytes, table) = (self.nb, self.rb, self.scale_bytes, self.table);
+        let data = self.data;
+        let mut group = &data[g * self.group_bytes..(g + 1) * self.group_bytes];
+        let mut kd = self.kd;
+        let mut prefetch = Prefetch::ahead(group, scale_bytes, quant_bytes(kd), PREFETCH);
+        if self.expand {
+            // The expanded group is in cache: fetch the next one from memory meanwhile.
+            let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
+            prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
+            expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
+            expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
+            expand_group(table, kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..]);
+            // The set's kernel of unpacked groups (AVX-512 takes Q8_0's bytes unsigned with the
+            // offset in `cor` already; the AVX2 kernel of Q8_0 takes them signed, so it has a
+            // kind of its own).
+            (group, kd) = (&expanded[..], table.expanded_kind);
+        }
+        let mut i = 0;
+        while i < self.m {
+            let r = (self.m - i).min(self.batch);
+            let mut res = [[0.0f32; PACK_ROWS]; 8];
+            let args = GroupArgs {
+                group,
+                scale_bytes,
+                nb,
+                acts: &self.acts[i * rb..],
+                rb,
+                dy: &self.dy[i * nb..],
+                cor: &self.cor[i * nb * self.sums_per_block..],
+                prefetch,
+            };
+            run_group(table, kd, r, &args, &mut res);
+            for (di, vals) in res.iter().take(r).enumerate() {
+                for (lane, &v) in vals.iter().enumerate() {
+                    // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
+                    // < out.len() (asserted); one call alone writes group g's columns.
+                    unsafe { *self.out.0.add((i + di) * self.rows + g * PACK_ROWS + lane) = v };
+                }
+            }
+            i += r;
+        }
+    }
+}
+
+/// Activation rows from which Q4_0/Q5_0 groups are unpacked once per product (see
+/// [`matmul_packed`]); `examples/headbench` measured Q5_0 4864x896 at 2 threads, direct against
+/// unpacked: 163 / 124 GMAC/s at 5 rows, 94 / 173 at 6, 144 / 172 at 8, 149 / 186 at 64.
+const EXPAND_MIN_ROWS: usize = 6;
