@@ -2,112 +2,13 @@
 //! Qwen3.5's gated delta-net), feed-forwards (dense, MoE, Gemma 4's dense + routed block), their
 //! settings, and the shape checks of each against the decoder config.
 
-use crate::decoder::DecoderConfig;
-use crate::ops::{gelu_tanh, gelu_tanh_f16, silu, Rope};
+use crate::decoder::config::DecoderConfig;
+use crate::ops::Rope;
 use crate::weights::Matrix;
-use berth_kernels::ops::{geglu_tanh_f16, swiglu_fast};
+/// The settings of the gated activation and of expert routing; their arithmetic is in
+/// [`berth_kernels::layer`].
+pub use berth_kernels::layer::{Activation, MoeConfig, RouterScoring};
 use berth_plugin_api::PluginError;
-
-/// The gated activation of the FFN: `down(act(gate(x)) * up(x))` ([`Activation::glu`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activation {
-    /// SiLU (SwiGLU): Llama, Qwen.
-    Silu,
-    /// GELU with the tanh approximation (GeGLU): Gemma.
-    GeluTanh,
-    /// GELU with the tanh approximation through ggml-cpu's f16 table ([`gelu_tanh_f16`]).
-    GeluTanhF16,
-    /// gpt-oss's clamped SwiGLU: with `g = min(gate, limit)` and `u = clamp(up, ±limit)`,
-    /// `g · sigmoid(alpha · g) · (u + 1)`.
-    ClampedSwiglu {
-        /// Slope inside the sigmoid (`swiglu_alpha`).
-        alpha: f32,
-        /// Upper clamp of the gate, and clamp of the up projection both ways (`swiglu_limit`).
-        limit: f32,
-    },
-}
-
-impl Activation {
-    /// Applies the activation to a gate value (the clamped SwiGLU: its gate half).
-    #[inline]
-    pub fn apply(self, x: f32) -> f32 {
-        match self {
-            Activation::Silu => silu(x),
-            Activation::GeluTanh => gelu_tanh(x),
-            Activation::GeluTanhF16 => gelu_tanh_f16(x),
-            Activation::ClampedSwiglu { alpha, limit } => {
-                let g = x.min(limit);
-                g * (1.0 / (1.0 + (-(g * alpha)).exp()))
-            }
-        }
-    }
-
-    /// The gated unit: `act(gate) · up`, or for the clamped SwiGLU `act(gate) · (clamp(up) + 1)`.
-    #[inline]
-    pub fn glu(self, gate: f32, up: f32) -> f32 {
-        match self {
-            Activation::ClampedSwiglu { limit, .. } => (up.clamp(-limit, limit) + 1.0) * self.apply(gate),
-            _ => self.apply(gate) * up,
-        }
-    }
-
-    /// [`Activation::glu`] of one row in place (`gate = glu(gate, up)`), vectorised where the
-    /// kernels have the activation: SiLU through [`swiglu_fast`] (a polynomial `exp`, as ggml's
-    /// SIMD SiLU), ggml's f16 GELU table exactly. An element's result depends only on its
-    /// column, never on the rows around it.
-    pub fn glu_row(self, gate: &mut [f32], up: &[f32]) {
-        assert_eq!(gate.len(), up.len(), "glu: gate and up differ in length");
-        match self {
-            Activation::Silu => swiglu_fast(gate, up),
-            Activation::GeluTanhF16 => geglu_tanh_f16(gate, up),
-            _ => gate.iter_mut().zip(up).for_each(|(a, &b)| *a = self.glu(*a, b)),
-        }
-    }
-}
-
-/// How a MoE router turns its logits into expert weights.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RouterScoring {
-    /// Softmax over all experts (Qwen3-MoE, Qwen3.5-MoE).
-    #[default]
-    Softmax,
-    /// An independent sigmoid per expert (LFM2-MoE).
-    Sigmoid,
-    /// The raw logits pick the top k; the weights are a softmax over the k picked logits
-    /// (gpt-oss).
-    TopKSoftmax,
-}
-
-/// Mixture-of-experts FFN settings.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MoeConfig {
-    /// Number of experts.
-    pub n_experts: usize,
-    /// Experts used per token.
-    pub top_k: usize,
-    /// Renormalise the top-k router weights to sum to one.
-    pub norm_topk_prob: bool,
-    /// Router scores: softmax or sigmoid.
-    pub scoring: RouterScoring,
-    /// Multiplier of the selected experts' weights (`routed_scaling_factor`, default 1).
-    pub routed_scale: f32,
-    /// Added to the weight sum before renormalising (LFM2-MoE: 1e-6; 0 elsewhere).
-    pub norm_eps: f32,
-}
-
-impl MoeConfig {
-    /// Softmax top-k routing (Qwen3-MoE style).
-    pub fn softmax(n_experts: usize, top_k: usize, norm_topk_prob: bool) -> MoeConfig {
-        MoeConfig {
-            n_experts,
-            top_k,
-            norm_topk_prob,
-            scoring: RouterScoring::Softmax,
-            routed_scale: 1.0,
-            norm_eps: 0.0,
-        }
-    }
-}
 
 /// One expert's (or a dense layer's) gated FFN.
 #[derive(Clone, Debug)]

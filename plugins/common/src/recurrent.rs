@@ -2,10 +2,12 @@
 //! gated delta-net. Rows are grouped by sequence and run in position order through that
 //! sequence's state; the math is in `berth_kernels::recurrent`.
 
-use crate::decoder::{GatedDeltaNet, ShortConv};
+use crate::layers::{GatedDeltaNet, ShortConv};
 use crate::linear::{matmul, matmul_shared, MatmulScratch};
 use crate::ops::{rms_norm, silu};
 use crate::state::SeqStates;
+use berth_kernels::layer::softplus;
+use berth_kernels::ops::sigmoid;
 use berth_kernels::recurrent::{
     conv1d_causal, gated_delta_chunked, gated_delta_step, l2_normalize, DeltaScratch,
 };
@@ -266,19 +268,4 @@ pub fn gated_delta_net(
             .for_each(|(o, (nv, zv))| *o = nv * silu(*zv));
     }
     matmul(&d.out_proj, core, n, out, mm, threads);
-}
-
-#[inline]
-fn softplus(x: f32) -> f32 {
-    // torch's softplus (beta 1, threshold 20).
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
-}
-
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
