@@ -1,7 +1,7 @@
 //! The arithmetic of a decoder layer's blocks around the matrix products: row-wise RMS norms and
 //! residual adds, the gated feed-forward activations, mixture-of-experts routing, the pieces of
-//! attention around the attention kernel (biases, per-head norms, query gates), and the small
-//! scalar functions of the recurrent mixers.
+//! attention around the attention kernel (biases, per-head norms, query gates), and the gates,
+//! activations and gated norm around the recurrent mixers' kernels ([`crate::recurrent`]).
 //!
 //! Plain scalar Rust built on [`crate::ops`]: each function does the same IEEE operations in the
 //! same order as the loops it replaced in the decoder, so the decoder's outputs are unchanged bit
@@ -119,6 +119,31 @@ pub fn softplus(x: f32) -> f32 {
         x
     } else {
         x.exp().ln_1p()
+    }
+}
+
+/// `out = a · b` element-wise (a gate applied to a signal).
+pub fn mul_into(out: &mut [f32], a: &[f32], b: &[f32]) {
+    out.iter_mut()
+        .zip(a.iter().zip(b))
+        .for_each(|(d, (a, b))| *d = a * b);
+}
+
+/// `x = silu(x)` element-wise, with libm's `exp` (the exact scalar [`silu`]).
+pub fn silu_in_place(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = silu(*v));
+}
+
+/// Gated RMS norm of each `w.len()`-sized head of `x` in place: `w · rmsnorm(x) · silu(z)`
+/// (Qwen3.5's delta-net output; `tmp`: at least one head of scratch).
+pub fn gated_rms_norm_heads(x: &mut [f32], z: &[f32], w: &[f32], eps: f32, tmp: &mut [f32]) {
+    let d = w.len();
+    let normed = &mut tmp[..d];
+    for (xh, zh) in x.chunks_exact_mut(d).zip(z.chunks_exact(d)) {
+        rms_norm(xh, Some(w), eps, false, normed);
+        xh.iter_mut()
+            .zip(normed.iter().zip(zh))
+            .for_each(|(o, (nv, zv))| *o = nv * silu(*zv));
     }
 }
 
@@ -428,6 +453,16 @@ mod tests {
         let mut heads = [3.0, 4.0, 0.0, 2.0];
         norm_heads_unweighted(&mut heads, 2, 0.0, &mut [0.0; 2]);
         assert!((heads[1] - 4.0 / 12.5f32.sqrt()).abs() < 1e-6);
+        let mut prod = [0.0; 2];
+        mul_into(&mut prod, &[2.0, 3.0], &[4.0, 5.0]);
+        assert_eq!(prod, [8.0, 15.0]);
+        let mut s = [0.0, 1.0];
+        silu_in_place(&mut s);
+        assert_eq!(s, [0.0, silu(1.0)]);
+        let mut g = [3.0, 4.0];
+        gated_rms_norm_heads(&mut g, &[0.0, 1.0], &[1.0, 1.0], 0.0, &mut [0.0; 2]);
+        assert_eq!(g[0], 0.0);
+        assert!((g[1] - 4.0 / 12.5f32.sqrt() * silu(1.0)).abs() < 1e-6);
         let mut p = [0.0, 1.0];
         mix_per_layer_input(&mut p, &[2.0, 2.0], 0.5);
         assert_eq!(
