@@ -169,7 +169,7 @@ pub fn short_conv(
 
 /// Qwen3.5's gated delta-net over `n` normed rows `xn` into `out` (`n × hidden`); `eps` is the
 /// gated norm's epsilon. Projections of all rows, then each sequence's rows through its
-/// convolution and delta-rule state ([`delta_run`]), then the gated norm and the output
+/// convolution and delta-rule state (`delta_run`), then the gated norm and the output
 /// projection.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_net(

@@ -60,7 +60,7 @@ pub struct DecoderConfig {
     /// llama.cpp's default F16 KV cache: keys and values are rounded to f16 when stored. Set for
     /// GGUF models so that the numbers stay close to llama.cpp's.
     pub kv_f16: bool,
-    /// ggml-cpu's RoPE angles: f32 running products and `cosf`/`sinf` ([`Rope::new_ggml`]).
+    /// ggml-cpu's RoPE angles: f32 running products and `cosf`/`sinf` ([`crate::ops::Rope::new_ggml`]).
     pub rope_f32: bool,
     /// With `rope_dim < head_dim`: pairs are `(j, j + rope_dim/2)` as in HF's partial rotary
     /// (Qwen3.5) rather than `(j, j + head_dim/2)`.

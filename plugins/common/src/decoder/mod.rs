@@ -3,7 +3,7 @@
 //! linear layers over all rows at once, attention per row against its own sequence's KV cache,
 //! and the LM head only for rows that want logits.
 //!
-//! The forward pass reads as its blocks ([`forward`]):
+//! The forward pass reads as its blocks (`forward`):
 //!
 //! ```text
 //! x = embed(tokens)                      (given embeddings replace image rows)
