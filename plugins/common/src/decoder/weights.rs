@@ -123,60 +123,9 @@ impl DecoderWeights {
         } else {
             w.matrix(&out_id)?
         };
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let id = |r| TensorId::layer(r, i);
-            let ffn = match cfg.moe {
-                None => Ffn::Dense(GatedFfn {
-                    gate: w.matrix(&id(Role::FfnGate))?,
-                    up: w.matrix(&id(Role::FfnUp))?,
-                    down: w.matrix(&id(Role::FfnDown))?,
-                }),
-                Some(m) => {
-                    let gates = w.experts(Role::FfnGateExps, i, m.n_experts)?;
-                    let ups = w.experts(Role::FfnUpExps, i, m.n_experts)?;
-                    let downs = w.experts(Role::FfnDownExps, i, m.n_experts)?;
-                    Ffn::Moe {
-                        router: w.matrix(&id(Role::FfnGateInp))?,
-                        experts: gates
-                            .into_iter()
-                            .zip(ups)
-                            .zip(downs)
-                            .map(|((gate, up), down)| GatedFfn { gate, up, down })
-                            .collect(),
-                        selection_bias: None,
-                        shared: None,
-                        biases: None,
-                    }
-                }
-            };
-            let layer = LayerWeights {
-                attn_norm: w.vector(&id(Role::AttnNorm))?,
-                mixer: Mixer::Attention(Box::new(AttnWeights {
-                    wq: w.matrix(&id(Role::AttnQ))?,
-                    wo: w.matrix(&id(Role::AttnOut))?,
-                    bo: None,
-                    sinks: None,
-                    bq: need(w, id(Role::AttnQ).bias(), cfg.qkv_bias)?,
-                    q_norm: need(w, id(Role::AttnQNorm), cfg.qk_norm)?,
-                    kv: KvSource::Own {
-                        wk: w.matrix(&id(Role::AttnK))?,
-                        wv: Some(w.matrix(&id(Role::AttnV))?),
-                        bk: need(w, id(Role::AttnK).bias(), cfg.qkv_bias)?,
-                        bv: need(w, id(Role::AttnV).bias(), cfg.qkv_bias)?,
-                        k_norm: need(w, id(Role::AttnKNorm), cfg.qk_norm)?,
-                    },
-                    gated: false,
-                    v_norm: false,
-                    shape: None,
-                })),
-                post_attn_norm: need(w, id(Role::PostAttnNorm), cfg.post_norms)?,
-                ffn_norm: w.vector(&id(Role::FfnNorm))?,
-                post_ffw_norm: need(w, id(Role::PostFfwNorm), cfg.post_norms)?,
-                ffn,
-            };
-            layers.push(layer);
-        }
+        let layers = (0..cfg.n_layers)
+            .map(|i| standard_layer(w, cfg, i))
+            .collect::<Result<Vec<_>, _>>()?;
         DecoderWeights::new(
             cfg,
             embed,
@@ -286,4 +235,58 @@ impl DecoderWeights {
             .as_ref()
             .map_or(self.embed.rows, |p| p.embed.rows.min(self.embed.rows))
     }
+}
+
+/// Layer `i` of the standard tensors: attention, then a dense or (with a MoE config) routed FFN.
+fn standard_layer(w: &Weights, cfg: &DecoderConfig, i: usize) -> Result<LayerWeights, PluginError> {
+    let id = |r| TensorId::layer(r, i);
+    Ok(LayerWeights {
+        attn_norm: w.vector(&id(Role::AttnNorm))?,
+        mixer: Mixer::Attention(Box::new(AttnWeights {
+            wq: w.matrix(&id(Role::AttnQ))?,
+            wo: w.matrix(&id(Role::AttnOut))?,
+            bo: None,
+            sinks: None,
+            bq: need(w, id(Role::AttnQ).bias(), cfg.qkv_bias)?,
+            q_norm: need(w, id(Role::AttnQNorm), cfg.qk_norm)?,
+            kv: KvSource::Own {
+                wk: w.matrix(&id(Role::AttnK))?,
+                wv: Some(w.matrix(&id(Role::AttnV))?),
+                bk: need(w, id(Role::AttnK).bias(), cfg.qkv_bias)?,
+                bv: need(w, id(Role::AttnV).bias(), cfg.qkv_bias)?,
+                k_norm: need(w, id(Role::AttnKNorm), cfg.qk_norm)?,
+            },
+            gated: false,
+            v_norm: false,
+            shape: None,
+        })),
+        post_attn_norm: need(w, id(Role::PostAttnNorm), cfg.post_norms)?,
+        ffn_norm: w.vector(&id(Role::FfnNorm))?,
+        post_ffw_norm: need(w, id(Role::PostFfwNorm), cfg.post_norms)?,
+        ffn: standard_ffn(w, cfg, i)?,
+    })
+}
+
+/// Layer `i`'s standard feed-forward: one gated FFN, or the router and experts with a MoE config.
+fn standard_ffn(w: &Weights, cfg: &DecoderConfig, i: usize) -> Result<Ffn, PluginError> {
+    let id = |r| TensorId::layer(r, i);
+    let Some(m) = cfg.moe else {
+        return Ok(Ffn::Dense(GatedFfn {
+            gate: w.matrix(&id(Role::FfnGate))?,
+            up: w.matrix(&id(Role::FfnUp))?,
+            down: w.matrix(&id(Role::FfnDown))?,
+        }));
+    };
+    let gates = w.experts(Role::FfnGateExps, i, m.n_experts)?;
+    let ups = w.experts(Role::FfnUpExps, i, m.n_experts)?;
+    let downs = w.experts(Role::FfnDownExps, i, m.n_experts)?;
+    Ok(Ffn::Moe {
+        router: w.matrix(&id(Role::FfnGateInp))?,
+        experts: (gates.into_iter().zip(ups).zip(downs))
+            .map(|((gate, up), down)| GatedFfn { gate, up, down })
+            .collect(),
+        selection_bias: None,
+        shared: None,
+        biases: None,
+    })
 }
