@@ -20,6 +20,7 @@
 //! - `forward`: the pass and its per-layer blocks; `attention`, `ffn`, `head`: the blocks.
 
 mod attention;
+mod checks;
 pub mod config;
 mod ffn;
 mod forward;

@@ -1,9 +1,9 @@
 //! The weights of a decoder: loading the standard tensors, assembling a family's own mapping
 //! with shape checks, and converting every projection matrix at once.
 
+use super::checks::check_layer;
 use super::config::DecoderConfig;
-use crate::layers::{check_layer, GatedFfn, KvSource, LayerWeights, Mixer, Ple};
-use crate::layers::{AttnWeights, Ffn};
+use crate::layers::{AttnWeights, Ffn, GatedFfn, KvSource, LayerWeights, Mixer, Ple};
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_plugin_api::PluginError;
 
