@@ -1,113 +1,14 @@
 //! The building blocks of a decoder layer: token mixers (attention, LFM2's short convolution,
-//! Qwen3.5's gated delta-net), feed-forwards (dense, MoE, Gemma 4's dense + routed block), their
-//! settings, and the shape checks of each against the decoder config.
+//! Qwen3.5's gated delta-net), feed-forwards (dense, MoE, Gemma 4's dense + routed block) and
+//! their settings: the weights a family maps. They depend on no decoder code; the decoder checks
+//! their shapes against its config when it assembles them.
 
-use crate::decoder::DecoderConfig;
-use crate::ops::{gelu_tanh, gelu_tanh_f16, silu, Rope};
+use crate::ops::Rope;
 use crate::weights::Matrix;
-use berth_kernels::ops::{geglu_tanh_f16, swiglu_fast};
-use berth_plugin_api::PluginError;
 
-/// The gated activation of the FFN: `down(act(gate(x)) * up(x))` ([`Activation::glu`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activation {
-    /// SiLU (SwiGLU): Llama, Qwen.
-    Silu,
-    /// GELU with the tanh approximation (GeGLU): Gemma.
-    GeluTanh,
-    /// GELU with the tanh approximation through ggml-cpu's f16 table ([`gelu_tanh_f16`]).
-    GeluTanhF16,
-    /// gpt-oss's clamped SwiGLU: with `g = min(gate, limit)` and `u = clamp(up, ±limit)`,
-    /// `g · sigmoid(alpha · g) · (u + 1)`.
-    ClampedSwiglu {
-        /// Slope inside the sigmoid (`swiglu_alpha`).
-        alpha: f32,
-        /// Upper clamp of the gate, and clamp of the up projection both ways (`swiglu_limit`).
-        limit: f32,
-    },
-}
-
-impl Activation {
-    /// Applies the activation to a gate value (the clamped SwiGLU: its gate half).
-    #[inline]
-    pub fn apply(self, x: f32) -> f32 {
-        match self {
-            Activation::Silu => silu(x),
-            Activation::GeluTanh => gelu_tanh(x),
-            Activation::GeluTanhF16 => gelu_tanh_f16(x),
-            Activation::ClampedSwiglu { alpha, limit } => {
-                let g = x.min(limit);
-                g * (1.0 / (1.0 + (-(g * alpha)).exp()))
-            }
-        }
-    }
-
-    /// The gated unit: `act(gate) · up`, or for the clamped SwiGLU `act(gate) · (clamp(up) + 1)`.
-    #[inline]
-    pub fn glu(self, gate: f32, up: f32) -> f32 {
-        match self {
-            Activation::ClampedSwiglu { limit, .. } => (up.clamp(-limit, limit) + 1.0) * self.apply(gate),
-            _ => self.apply(gate) * up,
-        }
-    }
-
-    /// [`Activation::glu`] of one row in place (`gate = glu(gate, up)`), vectorised where the
-    /// kernels have the activation: SiLU through [`swiglu_fast`] (a polynomial `exp`, as ggml's
-    /// SIMD SiLU), ggml's f16 GELU table exactly. An element's result depends only on its
-    /// column, never on the rows around it.
-    pub fn glu_row(self, gate: &mut [f32], up: &[f32]) {
-        assert_eq!(gate.len(), up.len(), "glu: gate and up differ in length");
-        match self {
-            Activation::Silu => swiglu_fast(gate, up),
-            Activation::GeluTanhF16 => geglu_tanh_f16(gate, up),
-            _ => gate.iter_mut().zip(up).for_each(|(a, &b)| *a = self.glu(*a, b)),
-        }
-    }
-}
-
-/// How a MoE router turns its logits into expert weights.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RouterScoring {
-    /// Softmax over all experts (Qwen3-MoE, Qwen3.5-MoE).
-    #[default]
-    Softmax,
-    /// An independent sigmoid per expert (LFM2-MoE).
-    Sigmoid,
-    /// The raw logits pick the top k; the weights are a softmax over the k picked logits
-    /// (gpt-oss).
-    TopKSoftmax,
-}
-
-/// Mixture-of-experts FFN settings.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MoeConfig {
-    /// Number of experts.
-    pub n_experts: usize,
-    /// Experts used per token.
-    pub top_k: usize,
-    /// Renormalise the top-k router weights to sum to one.
-    pub norm_topk_prob: bool,
-    /// Router scores: softmax or sigmoid.
-    pub scoring: RouterScoring,
-    /// Multiplier of the selected experts' weights (`routed_scaling_factor`, default 1).
-    pub routed_scale: f32,
-    /// Added to the weight sum before renormalising (LFM2-MoE: 1e-6; 0 elsewhere).
-    pub norm_eps: f32,
-}
-
-impl MoeConfig {
-    /// Softmax top-k routing (Qwen3-MoE style).
-    pub fn softmax(n_experts: usize, top_k: usize, norm_topk_prob: bool) -> MoeConfig {
-        MoeConfig {
-            n_experts,
-            top_k,
-            norm_topk_prob,
-            scoring: RouterScoring::Softmax,
-            routed_scale: 1.0,
-            norm_eps: 0.0,
-        }
-    }
-}
+/// The settings of the gated activation and of expert routing; their arithmetic is in
+/// [`berth_kernels::layer`].
+pub use berth_kernels::layer::{Activation, MoeConfig, RouterScoring};
 
 /// One expert's (or a dense layer's) gated FFN.
 #[derive(Clone, Debug)]
@@ -173,7 +74,7 @@ pub enum Ffn {
 
 /// Gemma 4's feed-forward: `post_dense(dense(xn)) + post_experts(experts(pre_experts(x)))`, where
 /// `xn` is the layer's FFN-normed input and `x` the residual; the router reads
-/// `rms(x) · router_scale / sqrt(hidden)` and [`DecoderConfig::moe`] says how it picks experts.
+/// `rms(x) · router_scale / sqrt(hidden)` and [`crate::decoder::DecoderConfig::moe`] says how it picks experts.
 #[derive(Clone, Debug)]
 pub struct DenseMoe {
     /// The dense FFN on the normed input.
@@ -323,13 +224,6 @@ impl AttnWeights {
         }
         self
     }
-
-    /// Head size and KV heads: the layer's own, else the config's.
-    pub fn geometry(&self, cfg: &DecoderConfig) -> (usize, usize) {
-        self.shape
-            .as_ref()
-            .map_or((cfg.head_dim, cfg.n_kv_heads), |s| (s.head_dim, s.n_kv_heads))
-    }
 }
 
 /// An attention layer's own geometry.
@@ -439,144 +333,4 @@ pub struct PleLayer {
     pub proj: Matrix,
     /// Norm of the projection's output.
     pub post_norm: Vec<f32>,
-}
-
-pub(crate) fn check_layer(l: &LayerWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
-    let h = cfg.hidden;
-    if l.attn_norm.len() != h || l.ffn_norm.len() != h {
-        return Err(PluginError::failed(format!(
-            "layer {i}: norm widths differ from hidden {h}"
-        )));
-    }
-    check_ffn(&l.ffn, cfg, i)?;
-    let mixer_ok = match &l.mixer {
-        Mixer::Attention(a) => return check_attention(a, cfg, i),
-        Mixer::ShortConv(c) => {
-            c.in_proj.rows == 3 * h
-                && c.in_proj.cols == h
-                && c.out_proj.rows == h
-                && c.out_proj.cols == h
-                && c.conv.len() == h * c.kernel
-                && c.kernel >= 1
-        }
-        Mixer::GatedDeltaNet(d) => {
-            let (kd, vd) = (d.k_heads * d.dk, d.v_heads * d.dv);
-            d.k_heads > 0
-                && d.v_heads % d.k_heads == 0
-                && d.in_qkv.rows == 2 * kd + vd
-                && d.in_qkv.cols == h
-                && d.in_z.rows == vd
-                && d.in_b.rows == d.v_heads
-                && d.in_a.rows == d.v_heads
-                && d.conv.len() == d.conv_channels() * d.kernel
-                && d.kernel >= 1
-                && d.neg_a.len() == d.v_heads
-                && d.dt_bias.len() == d.v_heads
-                && d.norm.len() == d.dv
-                && d.out_proj.rows == h
-                && d.out_proj.cols == vd
-        }
-    };
-    if !mixer_ok {
-        return Err(PluginError::failed(format!(
-            "layer {i}: mixer shapes do not fit hidden {h}"
-        )));
-    }
-    Ok(())
-}
-
-fn check_attention(a: &AttnWeights, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
-    let h = cfg.hidden;
-    let (hd, nkv) = a.geometry(cfg);
-    let (q, kv) = (cfg.n_heads * hd, nkv * hd);
-    let q_rows = if a.gated { 2 * q } else { q };
-    let norm_ok = |n: &Option<Vec<f32>>| n.as_ref().is_none_or(|n| n.len() == hd);
-    let bias_ok = |b: &Option<Vec<f32>>, n: usize| b.as_ref().is_none_or(|b| b.len() == n);
-    let kv_ok = match &a.kv {
-        KvSource::Own {
-            wk,
-            wv,
-            bk,
-            bv,
-            k_norm,
-        } => {
-            (wk.rows, wk.cols) == (kv, h)
-                && wv.as_ref().is_none_or(|v| (v.rows, v.cols) == (kv, h))
-                && bias_ok(bk, kv)
-                && bias_ok(bv, kv)
-                && norm_ok(k_norm)
-        }
-        KvSource::Shared(src) => *src < i,
-    };
-    let ok = hd > 0
-        && nkv > 0
-        && cfg.n_heads.is_multiple_of(nkv)
-        && (a.wq.rows, a.wq.cols) == (q_rows, h)
-        && (a.wo.rows, a.wo.cols) == (h, q)
-        && bias_ok(&a.bo, h)
-        && bias_ok(&a.sinks, cfg.n_heads)
-        && bias_ok(&a.bq, q)
-        && norm_ok(&a.q_norm)
-        && a.shape.as_ref().is_none_or(|s| s.rope.head_dim == hd)
-        && kv_ok;
-    if !ok {
-        return Err(PluginError::failed(format!(
-            "layer {i}: attention q {:?} o {:?} and keys/values {:?} do not fit hidden {h}, {} heads, {nkv} kv heads of {hd}",
-            a.wq, a.wo, a.kv, cfg.n_heads
-        )));
-    }
-    Ok(())
-}
-
-fn check_ffn(f: &Ffn, cfg: &DecoderConfig, i: usize) -> Result<(), PluginError> {
-    let h = cfg.hidden;
-    if let Ffn::Moe {
-        router,
-        experts,
-        biases,
-        ..
-    } = f
-    {
-        let ne = experts.len();
-        let shapes_ok = experts.iter().all(|e| {
-            (e.gate.cols, e.up.cols, e.down.rows) == (h, h, h)
-                && e.up.rows == e.gate.rows
-                && e.down.cols == e.gate.rows
-        });
-        let biases_ok = biases.as_ref().is_none_or(|b| {
-            b.router.len() == ne
-                && b.experts.len() == ne
-                && b.experts
-                    .iter()
-                    .zip(experts)
-                    .all(|(b, e)| (b.gate.len(), b.up.len(), b.down.len()) == (e.gate.rows, e.up.rows, h))
-        });
-        if cfg.moe.is_none() || (router.rows, router.cols) != (ne, h) || !shapes_ok || !biases_ok {
-            return Err(PluginError::failed(format!(
-                "layer {i}: MoE block with router {router:?} and {ne} experts does not fit hidden {h} \
-                 (or its biases do not fit the experts, or there is no MoE config)"
-            )));
-        }
-        return Ok(());
-    }
-    let Ffn::DenseMoe(m) = f else { return Ok(()) };
-    let ne = m.experts.len();
-    let ok = cfg.moe.is_some()
-        && (m.router.rows, m.router.cols) == (ne, h)
-        && m.expert_scale.len() == ne
-        && [
-            &m.router_scale,
-            &m.post_dense_norm,
-            &m.pre_experts_norm,
-            &m.post_experts_norm,
-        ]
-        .iter()
-        .all(|v| v.len() == h);
-    if !ok {
-        return Err(PluginError::failed(format!(
-            "layer {i}: MoE block with router {:?} and {ne} experts does not fit hidden {h} (or no MoE config)",
-            m.router
-        )));
-    }
-    Ok(())
 }

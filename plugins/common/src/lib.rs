@@ -31,7 +31,6 @@ pub mod linear;
 pub mod mxfp4;
 pub mod npy;
 pub mod ops;
-pub mod qwen35;
 pub mod recurrent;
 pub mod state;
 pub mod testing;

@@ -29,9 +29,9 @@ use berth_plugin_common::vision::VisionConfig;
 use berth_plugin_common::{MoeConfig, VisionLanguageModel, VisionTower, Weights};
 use serde_json::{json, Map, Value};
 
-// Qwen3.5's config and weight map live in plugins/common: depending on the qwen3 plugin crate
-// would link its exported plugin entry points into this library as well.
-use berth_plugin_common::qwen35;
+// Qwen3.5's config and weight map, from the Qwen family's library crate (not the qwen3 plugin
+// crate, whose entry points would be linked in too).
+use berth_qwen3_family::qwen35;
 
 pub mod v4;
 

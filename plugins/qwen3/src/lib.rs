@@ -5,7 +5,7 @@
 
 #![warn(missing_docs)]
 
-use berth_plugin_common::qwen35;
+use berth_qwen3_family::qwen35;
 
 use berth_plugin_api::{LoadConfig, PluginError};
 use berth_plugin_common::family::{

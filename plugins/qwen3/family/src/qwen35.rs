@@ -1,16 +1,16 @@
-//! Qwen3.5 (dense and MoE): config and weight map, shared by the qwen3 plugin and MiniCPM-V's
-//! Qwen3.5 backbone (a plugin crate cannot link another plugin: both export the entry points). Layers alternate gated delta-net (linear
+//! Qwen3.5 (dense and MoE): config and weight map, shared by the qwen3 plugin and MiniCPM-V 4.6's
+//! Qwen3.5 backbone. Layers alternate gated delta-net (linear
 //! attention) and gated full attention; every norm of the main path is the zero-centred
 //! `(1 + w)` RMSNorm in HF checkpoints (llama.cpp's converter folds the 1 in), except the
 //! delta-net's gated output norm (plain `w`). llama.cpp's GGUF also stores `-exp(A_log)` and
 //! the delta-net's value heads tiled over the key heads (tests/fixtures/gguf-tiny/TENSORS.md).
 
-use crate::family::{bad, load_experts, GgufKeys, HfConfig};
-use crate::{
+use berth_plugin_api::PluginError;
+use berth_plugin_common::family::{bad, load_experts, GgufKeys, HfConfig};
+use berth_plugin_common::{
     AttnWeights, DecoderConfig, DecoderWeights, Ffn, GatedDeltaNet, GatedFfn, LayerWeights, Mixer,
     SharedExpert, Weights,
 };
-use berth_plugin_api::PluginError;
 
 /// Which mixer a layer has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
