@@ -21,6 +21,7 @@
 
 pub mod attention;
 pub mod dot;
+pub mod image;
 pub mod matmul;
 pub mod ops;
 pub mod packed;
