@@ -11,8 +11,10 @@
 
 use berth_plugin_api::{
     BatchView, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PixelLayout, PluginError,
-    VisionSpec,
+    PreparedImage, RgbView, VisionSpec,
 };
+use berth_plugin_common::vision::preprocess::lfm2_vl::{self as preprocess, Lfm2VlScheme};
+use berth_plugin_common::vision::preprocess::{rgb_image, token_text};
 use berth_plugin_common::family::{bad, open_weights, read_json, weight_files};
 use berth_plugin_common::vision::lfm2_vl::Lfm2VlProjector;
 use berth_plugin_common::vision::siglip2::Siglip2VisionModel;
@@ -80,8 +82,10 @@ pub struct Lfm2VlModel {
     pub projector: Lfm2VlProjector,
     /// The image placeholder token whose rows take image features.
     pub image_token_id: i32,
-    /// What the host is told about preprocessing ([`Model::vision`]).
+    /// What the host is told about the model's images ([`Model::vision`]).
     spec: VisionSpec,
+    /// How images are prepared ([`Model::prepare_image`]), from the spec's params.
+    scheme: Lfm2VlScheme,
     /// Encoded images by sequence.
     pending: HashMap<i32, Vec<PendingImage>>,
 }
@@ -128,12 +132,14 @@ impl Lfm2VlModel {
             projector.factor,
             image_token_id,
         )?;
+        let scheme = image_scheme(&config.pack_dir, &spec)?;
         Ok(Lfm2VlModel {
             text: DecoderModel::new(loaded, config)?,
             tower,
             projector,
             image_token_id,
             spec,
+            scheme,
             pending: HashMap::new(),
         })
     }
@@ -332,6 +338,10 @@ impl Model for Lfm2VlModel {
         Some(self.spec.clone())
     }
 
+    fn prepare_image(&self, image: &RgbView<'_>, _index: u32) -> Result<PreparedImage, PluginError> {
+        preprocess::prepare(&self.scheme, &rgb_image(image), PixelLayout::Patches)
+    }
+
     /// Encodes every image first (all or none are kept); an image replaces those of the
     /// sequence it shares a placeholder position with.
     fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
@@ -367,8 +377,17 @@ fn optional_json(path: &Path) -> Result<Value, PluginError> {
     }
 }
 
-/// What the host needs to preprocess images as `Lfm2VlImageProcessor` does and to expand the
-/// placeholders as `Lfm2VlProcessor` does: the image processor's settings under its own names
+/// The image preparation of a spec from [`vision_spec`]: its params, with the image token's text
+/// from the pack's tokenizer (else `tokenizer_config.json`'s `image_token`).
+fn image_scheme(dir: &Path, spec: &VisionSpec) -> Result<Lfm2VlScheme, PluginError> {
+    let image_token = token_text(dir, spec.image_token_id)
+        .or_else(|| spec.params.get("image_token")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "<image>".into());
+    Lfm2VlScheme::from_params(&spec.params, spec.patch_size as usize, image_token).map_err(bad)
+}
+
+/// What images are prepared with, as `Lfm2VlImageProcessor` does, with placeholders expanded
+/// as `Lfm2VlProcessor` does: the image processor's settings under its own names
 /// (from `preprocessor_config.json`, else transformers' defaults; the downsample factor and the
 /// patch size are the model's own and must agree), the marker tokens (`tokenizer_config.json`)
 /// and whether they are used (`processor_config.json`).

@@ -15,8 +15,10 @@
 
 use berth_plugin_api::{
     BatchView, Family, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PixelLayout, PluginError,
-    PluginManifest, VisionSpec,
+    PluginManifest, PreparedImage, RgbView, VisionSpec,
 };
+use berth_plugin_common::vision::preprocess::minicpmv::{self as preprocess, MiniCpmVScheme};
+use berth_plugin_common::vision::preprocess::{rgb_image, token_text};
 use berth_plugin_common::family::{
     bad, chat_template, family_manifest, open_weights, probe_family, read_json, template_has_tools, HfConfig,
     Loaded, Specials,
@@ -156,8 +158,10 @@ pub struct MiniCpmVModel {
     pub vision: MiniCpmVVision,
     /// The image placeholder token whose rows take image features.
     pub image_token_id: i32,
-    /// What the host's `minicpmv` preprocessing needs (`VisionSpec::params`).
+    /// The `minicpmv` preprocessing settings (`VisionSpec::params`).
     params: Map<String, Value>,
+    /// How images are prepared ([`Model::prepare_image`]), from `params`.
+    scheme: MiniCpmVScheme,
     /// Per sequence: feature rows not yet decoded, by position.
     pending: HashMap<i32, BTreeMap<usize, Vec<f32>>>,
 }
@@ -290,11 +294,16 @@ impl MiniCpmVModel {
                 "image token {image_token_id} outside the vocabulary ({vocab})"
             )));
         }
+        // The image token's text as the pack's tokenizer has it (`<unk>` for 4.0 / 4.5).
+        let image_token = token_text(&config.pack_dir, image_token_id).unwrap_or_else(|| "<unk>".into());
+        let scheme =
+            MiniCpmVScheme::from_params(&params, vision.config().patch_size, image_token).map_err(bad)?;
         Ok(MiniCpmVModel {
             text: DecoderModel::new(loaded, config)?,
             vision,
             image_token_id,
             params,
+            scheme,
             pending: HashMap::new(),
         })
     }
@@ -496,6 +505,10 @@ impl Model for MiniCpmVModel {
             image_token_id: self.image_token_id,
             params: self.params.clone(),
         })
+    }
+
+    fn prepare_image(&self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
+        preprocess::prepare(&self.scheme, &rgb_image(image), index)
     }
 
     fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
