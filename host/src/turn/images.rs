@@ -607,6 +607,87 @@ mod tests {
         assert_eq!(msgs[0]["content"], format!("a {} b{}", marker(0), marker(1)));
     }
 
+    /// A byte-level tokenizer whose token 256 is `<img>`.
+    fn img_tokenizer() -> (tempfile::TempDir, Tokenizer) {
+        let vocab: serde_json::Map<String, Value> = crate::tokenizer::byte_level_alphabet()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.to_string(), serde_json::json!(i)))
+            .collect();
+        let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+            "trim_offsets": true, "use_regex": true});
+        let tj = serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 256, "content": "<img>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+                "byte_fallback": false, "vocab": vocab, "merges": []}});
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, tj.to_string()).unwrap();
+        let tok = Tokenizer::from_tokenizer_json(&path).unwrap();
+        (dir, tok)
+    }
+
+    #[test]
+    fn the_models_placeholders_replace_the_markers_and_its_refusals_name_the_image() {
+        let (_dir, tok) = img_tokenizer();
+        let spec = VisionSpec {
+            scheme: String::new(),
+            layout: berth_plugin_api::PixelLayout::Chw,
+            patch_size: 1,
+            image_token_id: 256,
+            params: Default::default(),
+        };
+        let png = std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/images/tiny.png"),
+        )
+        .unwrap();
+        let images = vec![RequestImage {
+            place: "images[0]".into(),
+            bytes: png,
+        }];
+        let rendered = format!("a{}b", marker(0));
+        let two = |decoded: Vec<(RgbImage, u32)>| -> PrepareResult {
+            assert_eq!(decoded.len(), 1);
+            assert_eq!(decoded[0].1, 0);
+            Ok(vec![Ok(PreparedImage {
+                placeholder: "<img><img>".into(),
+                slices: vec![berth_plugin_api::PreparedSlice {
+                    shape: vec![3, 1, 1],
+                    pixels: vec![0.0; 3],
+                    tokens: 2,
+                    ..Default::default()
+                }],
+            })])
+        };
+        let (text, tokens, slices) =
+            expand_for(&tok, Some(&spec), "m", &rendered, &images, false, two).unwrap();
+        assert_eq!(text, "a<img><img>b");
+        assert_eq!(tokens[1..3], [256, 256]);
+        assert_eq!(slices.len(), 1);
+        assert_eq!(slices[0].positions, vec![1, 2]);
+        let refuse = |_: Vec<(RgbImage, u32)>| -> PrepareResult {
+            Ok(vec![Err(PluginError::invalid_argument("too small"))])
+        };
+        let e = expand_for(&tok, Some(&spec), "m", &rendered, &images, false, refuse).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("images[0]: ") && e.message.contains("too small"), "{}", e.message);
+        let gone = |_: Vec<(RgbImage, u32)>| -> PrepareResult { Err(SubmitError::Closed) };
+        let e = expand_for(&tok, Some(&spec), "m", &rendered, &images, false, gone).unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        // A file that does not decode is a 400 naming it before the model sees anything.
+        let broken = vec![RequestImage {
+            place: "images[0]".into(),
+            bytes: b"not an image".to_vec(),
+        }];
+        let unused = |_: Vec<(RgbImage, u32)>| -> PrepareResult { panic!("nothing to prepare") };
+        let e = expand_for(&tok, Some(&spec), "m", &rendered, &broken, false, unused).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("images[0]: "), "{}", e.message);
+    }
+
     #[test]
     fn ollama_images_go_before_the_text() {
         let mut msgs = vec![serde_json::json!({"role": "user", "content": "hi", "images": ["aGk="]})];
