@@ -49,7 +49,11 @@ impl Model for Toy {
         })
     }
 
-    fn encode_images(&mut self, _seq: i32, _images: &[berth_plugin_api::ImageInput<'_>]) -> Result<(), PluginError> {
+    fn encode_images(
+        &mut self,
+        _seq: i32,
+        _images: &[berth_plugin_api::ImageInput<'_>],
+    ) -> Result<(), PluginError> {
         Ok(())
     }
 
@@ -62,7 +66,11 @@ impl Model for Toy {
         }
         let (w, h) = (image.width, image.height);
         let pixels: Vec<f32> = image.data.iter().map(|&b| f32::from(b)).collect();
-        let shape = if self.mode == "bad_slice" { vec![3, h, w + 1] } else { vec![3, h, w] };
+        let shape = if self.mode == "bad_slice" {
+            vec![3, h, w + 1]
+        } else {
+            vec![3, h, w]
+        };
         Ok(PreparedImage {
             placeholder: "<i>".repeat(index as usize + 1),
             slices: vec![PreparedSlice {
@@ -154,7 +162,10 @@ fn an_image_the_model_cannot_take_is_an_invalid_argument() {
     assert!(e.message.contains("wider than 4"), "{e}");
     // The client refuses bytes that do not match the size before calling the plugin.
     let short = RgbView { data: &[0; 5], ..RGB };
-    assert_eq!(m.prepare_image(&short, 0).unwrap_err().kind, ErrorKind::InvalidArgument);
+    assert_eq!(
+        m.prepare_image(&short, 0).unwrap_err().kind,
+        ErrorKind::InvalidArgument
+    );
     // The instance keeps serving.
     m.prepare_image(&RGB, 0).unwrap();
 }

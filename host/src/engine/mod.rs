@@ -28,8 +28,8 @@ use metrics::Metrics;
 use sequence::{DecodeOptions, FinishReason, SequenceDecoder};
 use speculation::{Speculator, MAX_DRAFT};
 
-use crate::tokenizer::Tokenizer;
 use crate::image::RgbImage;
+use crate::tokenizer::Tokenizer;
 use berth_plugin_api::{BatchView, ImageInput, PluginError, PreparedImage, Rewind};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;

@@ -37,8 +37,10 @@ pub fn answer(model: &mut LoadedModel, job: &PrepareJob) -> Answers {
         .iter()
         .map(|(img, index)| {
             let view = RgbView {
-                width: u32::try_from(img.width).map_err(|_| PluginError::invalid_argument("image too wide"))?,
-                height: u32::try_from(img.height).map_err(|_| PluginError::invalid_argument("image too tall"))?,
+                width: u32::try_from(img.width)
+                    .map_err(|_| PluginError::invalid_argument("image too wide"))?,
+                height: u32::try_from(img.height)
+                    .map_err(|_| PluginError::invalid_argument("image too tall"))?,
                 data: &img.data,
             };
             model.instance()?.prepare_image(&view, *index)

@@ -436,7 +436,8 @@ pub fn expand_for(
         if rendered.matches(&marker(k)).count() != 1 {
             return Err(bad(&img.place, "the chat template dropped or repeated the image"));
         }
-        let rgb = crate::image::decode(&img.bytes, DecodeLimits::default()).map_err(|e| bad(&img.place, e))?;
+        let rgb =
+            crate::image::decode(&img.bytes, DecodeLimits::default()).map_err(|e| bad(&img.place, e))?;
         let index = u32::try_from(k).map_err(|_| bad(&img.place, "too many images"))?;
         decoded.push((rgb, index));
     }
@@ -463,12 +464,18 @@ pub fn expand_for(
         let p = match answer {
             Ok(p) => job_slices(&img.bytes, p),
             Err(e) if e.kind == ErrorKind::InvalidArgument => {
-                return Err(bad(&img.place, format!("the model cannot take the image: {}", e.message)))
+                return Err(bad(
+                    &img.place,
+                    format!("the model cannot take the image: {}", e.message),
+                ))
             }
             Err(e) => {
                 return Err(ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("{}: model {reference} failed to prepare the image: {e}", img.place),
+                    format!(
+                        "{}: model {reference} failed to prepare the image: {e}",
+                        img.place
+                    ),
                 ))
             }
         };
@@ -673,7 +680,11 @@ mod tests {
         };
         let e = expand_for(&tok, Some(&spec), "m", &rendered, &images, false, refuse).unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
-        assert!(e.message.starts_with("images[0]: ") && e.message.contains("too small"), "{}", e.message);
+        assert!(
+            e.message.starts_with("images[0]: ") && e.message.contains("too small"),
+            "{}",
+            e.message
+        );
         let gone = |_: Vec<(RgbImage, u32)>| -> PrepareResult { Err(SubmitError::Closed) };
         let e = expand_for(&tok, Some(&spec), "m", &rendered, &images, false, gone).unwrap_err();
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);

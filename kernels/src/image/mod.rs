@@ -106,7 +106,8 @@ pub fn patch_rows(s: &ChwImage, patch: usize, padded_rows: usize) -> PatchRows {
             for py in 0..patch {
                 for px in 0..patch {
                     for c in 0..3 {
-                        row[(py * patch + px) * 3 + c] = s.data[c * h * w + (i * patch + py) * w + j * patch + px];
+                        row[(py * patch + px) * 3 + c] =
+                            s.data[c * h * w + (i * patch + py) * w + j * patch + px];
                     }
                 }
             }
@@ -162,7 +163,10 @@ mod tests {
             data: (0..24).map(|v| v as f32).collect(),
         };
         // Two patches stacked: row 0 of both patches, then row 1 of both.
-        assert_eq!(&patch_strip(&s2, 2)[..8], &[0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]);
+        assert_eq!(
+            &patch_strip(&s2, 2)[..8],
+            &[0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]
+        );
     }
 
     #[test]

@@ -120,7 +120,11 @@ fn decoded(rec: &Value) -> RgbImage {
     let img = image::load_from_memory(&bytes)
         .unwrap_or_else(|e| panic!("{file}: {e}"))
         .to_rgb8();
-    assert_eq!((img.width() as usize, img.height() as usize), (w, h), "{file}: size");
+    assert_eq!(
+        (img.width() as usize, img.height() as usize),
+        (w, h),
+        "{file}: size"
+    );
     let ours = RgbImage {
         width: w,
         height: h,

@@ -13,10 +13,10 @@ use berth_plugin_api::{
     BatchView, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PixelLayout, PluginError,
     PreparedImage, RgbView, VisionSpec,
 };
-use berth_plugin_common::vision::preprocess::lfm2_vl::{self as preprocess, Lfm2VlScheme};
-use berth_plugin_common::vision::preprocess::{rgb_image, token_text};
 use berth_plugin_common::family::{bad, open_weights, read_json, weight_files};
 use berth_plugin_common::vision::lfm2_vl::Lfm2VlProjector;
+use berth_plugin_common::vision::preprocess::lfm2_vl::{self as preprocess, Lfm2VlScheme};
+use berth_plugin_common::vision::preprocess::{rgb_image, token_text};
 use berth_plugin_common::vision::siglip2::Siglip2VisionModel;
 use berth_plugin_common::vision::VisionConfig;
 use berth_plugin_common::{DecoderModel, WeightFormat};

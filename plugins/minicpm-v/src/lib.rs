@@ -17,13 +17,13 @@ use berth_plugin_api::{
     BatchView, Family, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PixelLayout, PluginError,
     PluginManifest, PreparedImage, RgbView, VisionSpec,
 };
-use berth_plugin_common::vision::preprocess::minicpmv::{self as preprocess, MiniCpmVScheme};
-use berth_plugin_common::vision::preprocess::{rgb_image, token_text};
 use berth_plugin_common::family::{
     bad, chat_template, family_manifest, open_weights, probe_family, read_json, template_has_tools, HfConfig,
     Loaded, Specials,
 };
 use berth_plugin_common::vision::minicpmv4_6::MiniCpmV46Vision;
+use berth_plugin_common::vision::preprocess::minicpmv::{self as preprocess, MiniCpmVScheme};
+use berth_plugin_common::vision::preprocess::{rgb_image, token_text};
 use berth_plugin_common::vision::VisionConfig;
 use berth_plugin_common::{DecoderModel, MoeConfig, Weights};
 use serde_json::{json, Map, Value};

@@ -448,13 +448,13 @@ impl Model for ScriptedModel {
         let (img, patch) = (rgb_image(image), spec.patch_size as usize);
         match spec.scheme.as_str() {
             "lfm2_vl" => {
-                let scheme =
-                    Lfm2VlScheme::from_params(&spec.params, patch, token("<image>")).map_err(PluginError::failed)?;
+                let scheme = Lfm2VlScheme::from_params(&spec.params, patch, token("<image>"))
+                    .map_err(PluginError::failed)?;
                 lfm2_vl::prepare(&scheme, &img, spec.layout)
             }
             "minicpmv" => {
-                let scheme =
-                    MiniCpmVScheme::from_params(&spec.params, patch, token("<unk>")).map_err(PluginError::failed)?;
+                let scheme = MiniCpmVScheme::from_params(&spec.params, patch, token("<unk>"))
+                    .map_err(PluginError::failed)?;
                 let p = &scheme.params;
                 let pre = minicpmv::preprocess(&img, p, &scheme.tokens, index as usize);
                 lay_out(pre, spec.layout, patch, 0, |nh, nw| p.slice_tokens(nh, nw))

@@ -4,11 +4,11 @@
 use crate::{ABI_MAJOR, ABI_MINOR, MANIFEST};
 #[cfg(any(feature = "newer", feature = "v1_3"))]
 use berth_plugin_api::abi::ImageInput;
-#[cfg(feature = "newer")]
-use berth_plugin_api::abi::{ImageSink, PreparedSlice, RgbImage};
 use berth_plugin_api::abi::{
     self, Batch, ErrorBuf, Header, Instance, Logits, Status, StrRef, STATUS_INVALID_ARGUMENT, STATUS_OK,
 };
+#[cfg(feature = "newer")]
+use berth_plugin_api::abi::{ImageSink, PreparedSlice, RgbImage};
 use std::ffi::c_void;
 use std::mem::size_of;
 
@@ -825,7 +825,13 @@ unsafe extern "C" fn prepare_image(
     let text = "<img>";
     // SAFETY: the callbacks are the host's; the text and the slice outlive each call.
     unsafe {
-        let status = set_placeholder(sink.context, StrRef { ptr: text.as_ptr(), len: text.len() });
+        let status = set_placeholder(
+            sink.context,
+            StrRef {
+                ptr: text.as_ptr(),
+                len: text.len(),
+            },
+        );
         if status != STATUS_OK {
             return status;
         }
@@ -944,7 +950,10 @@ mod tests {
         let p = m.prepare_image(&rgb, 0).unwrap();
         assert_eq!(p.placeholder, "<img>");
         assert_eq!(p.slices.len(), 1);
-        assert_eq!((p.slices[0].shape.clone(), p.slices[0].tokens), (vec![3, 1, 2], 1));
+        assert_eq!(
+            (p.slices[0].shape.clone(), p.slices[0].tokens),
+            (vec![3, 1, 2], 1)
+        );
         assert_eq!(p.slices[0].pixels, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
         assert_ne!(m.description().capabilities & abi::CAP_VISION, 0);
         let spec = m.vision().unwrap();

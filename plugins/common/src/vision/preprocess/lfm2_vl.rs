@@ -259,7 +259,11 @@ impl Lfm2VlScheme {
     /// The scheme from a vision spec's `params` (the names of `preprocessor_config.json`, and
     /// `processor_config.json`'s `use_image_special_tokens`; transformers' defaults for what
     /// they leave out), the tower's patch size and the text of the image token.
-    pub fn from_params(params: &Map<String, Value>, patch_size: usize, image_token: String) -> Result<Self, String> {
+    pub fn from_params(
+        params: &Map<String, Value>,
+        patch_size: usize,
+        image_token: String,
+    ) -> Result<Self, String> {
         let p = params;
         let d = Lfm2VlParams::default();
         let params = Lfm2VlParams {
@@ -303,7 +307,11 @@ impl Lfm2VlScheme {
 /// Prepares one image for an LFM2-VL tower in `layout` (the model's is
 /// [`PixelLayout::Patches`], every tile padded to [`Lfm2VlParams::max_num_patches`]): its tiles,
 /// each with its placeholder tokens, and the placeholder text.
-pub fn prepare(scheme: &Lfm2VlScheme, img: &RgbImage, layout: PixelLayout) -> Result<PreparedImage, PluginError> {
+pub fn prepare(
+    scheme: &Lfm2VlScheme,
+    img: &RgbImage,
+    layout: PixelLayout,
+) -> Result<PreparedImage, PluginError> {
     let p = &scheme.params;
     let pre = preprocess(img, p, &scheme.tokens);
     let padded = match layout {

@@ -12,7 +12,7 @@
 use super::{lay_out, param, PreprocessedImage, RgbImage};
 use berth_kernels::image::resample::{resize, Arithmetic, Filter};
 use berth_kernels::image::{crop, normalize};
-use berth_plugin_api::{PixelLayout, PreparedImage, PluginError};
+use berth_plugin_api::{PixelLayout, PluginError, PreparedImage};
 use serde_json::{Map, Value};
 
 /// How many image tokens one merged patch area yields.
@@ -262,7 +262,11 @@ impl MiniCpmVScheme {
     /// The scheme from a vision spec's `params` (the names of `preprocessor_config.json`;
     /// MiniCPM-V's defaults for what they leave out), the tower's patch size and the text of
     /// the image token.
-    pub fn from_params(params: &Map<String, Value>, patch_size: usize, image_token: String) -> Result<Self, String> {
+    pub fn from_params(
+        params: &Map<String, Value>,
+        patch_size: usize,
+        image_token: String,
+    ) -> Result<Self, String> {
         let p = params;
         let d = MiniCpmVParams::default();
         let mode = match param(p, "downsample_mode", "16x".to_string())?.as_str() {
@@ -308,7 +312,9 @@ impl MiniCpmVScheme {
 pub fn prepare(scheme: &MiniCpmVScheme, img: &RgbImage, index: u32) -> Result<PreparedImage, PluginError> {
     let p = &scheme.params;
     let pre = preprocess(img, p, &scheme.tokens, index as usize);
-    lay_out(pre, PixelLayout::PatchStrip, p.patch_size, 0, |nh, nw| p.slice_tokens(nh, nw))
+    lay_out(pre, PixelLayout::PatchStrip, p.patch_size, 0, |nh, nw| {
+        p.slice_tokens(nh, nw)
+    })
 }
 
 #[cfg(test)]

@@ -65,7 +65,11 @@ pub fn lay_out(
                 let t = patch_rows(s, patch, padded_rows);
                 let rows = t.patches.len() / (3 * patch * patch);
                 let mask: Vec<u8> = (0..rows).map(|r| u8::from(r < t.valid_patches)).collect();
-                (vec![rows as u32, (3 * patch * patch) as u32], t.patches, Some(mask))
+                (
+                    vec![rows as u32, (3 * patch * patch) as u32],
+                    t.patches,
+                    Some(mask),
+                )
             }
         };
         slices.push(PreparedSlice {
@@ -91,7 +95,11 @@ pub fn lay_out(
 }
 
 /// A scheme setting from the vision spec's `params`, or `default` when it is absent or null.
-pub fn param<T: serde::de::DeserializeOwned>(params: &Map<String, Value>, key: &str, default: T) -> Result<T, String> {
+pub fn param<T: serde::de::DeserializeOwned>(
+    params: &Map<String, Value>,
+    key: &str,
+    default: T,
+) -> Result<T, String> {
     match params.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("vision param '{key}': {e}")),
@@ -139,7 +147,10 @@ mod tests {
         };
         let p = lay_out(pre.clone(), PixelLayout::Patches, 2, 3, |h, w| h * w).unwrap();
         let s = &p.slices[0];
-        assert_eq!((s.shape.clone(), s.grid, s.tokens), (vec![3, 12], Some((2, 1)), 2));
+        assert_eq!(
+            (s.shape.clone(), s.grid, s.tokens),
+            (vec![3, 12], Some((2, 1)), 2)
+        );
         assert_eq!(s.patch_mask.as_deref(), Some(&[1u8, 1, 0][..]));
         let strip = lay_out(pre.clone(), PixelLayout::PatchStrip, 2, 0, |h, w| h * w).unwrap();
         assert_eq!(strip.slices[0].shape, vec![3, 2, 4]);
