@@ -102,7 +102,7 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(status_of(&json, "libhello_plugin.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_scripted.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_newer.so")["status"], "ok");
-    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.5");
+    assert_eq!(status_of(&json, "libberth_abi_newer.so")["abi"], "1.6");
     assert_eq!(status_of(&json, "libberth_abi_v1_3.so")["status"], "ok");
     assert_eq!(status_of(&json, "libberth_abi_v1_3.so")["abi"], "1.3");
     assert_eq!(status_of(&json, "libberth_abi_v1_2.so")["status"], "ok");
@@ -116,7 +116,7 @@ fn berth_plugins_lists_good_plugins_and_refuses_bad_ones_with_one_line_each() {
     assert_eq!(v2["status"], "refused");
     assert_eq!(
         v2["reason"],
-        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.4"
+        "plugin 'abi-v2' (libberth_abi_v2.so) was built for ABI 2.0; this host speaks 1.0-1.5"
     );
     let nosym = status_of(&json, "libberth_abi_nosymbol.so");
     assert_eq!(nosym["status"], "refused");
@@ -187,14 +187,14 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
     })
     .unwrap();
 
-    // 1.5, 1.3 and 1.2 fill the 1.2 rewind fields (snapshots every 16); 1.1 and 1.0 end before
-    // them. 1.5 and 1.3 fill the 1.3 image fields: 1.2 claims CAP_VISION without them, so it has
-    // none. Only 1.5 fills the 1.4 embedding fields: 1.3 claims CAP_EMBEDDING without them, so it
-    // has none.
+    // 1.6, 1.3 and 1.2 fill the 1.2 rewind fields (snapshots every 16); 1.1 and 1.0 end before
+    // them. 1.6 and 1.3 fill the 1.3 image fields, but only 1.6 has the 1.5 prepare_image: 1.3
+    // loads text-only, and 1.2 claims CAP_VISION without any, so neither takes images. Only 1.6
+    // fills the 1.4 embedding fields: 1.3 claims CAP_EMBEDDING without them, so it has none.
     let snap = Rewind::Snapshots { every: 16 };
     for (file, minor, rewind, images, embeds) in [
-        ("libberth_abi_newer.so", 5, snap, true, true),
-        ("libberth_abi_v1_3.so", 3, snap, true, false),
+        ("libberth_abi_newer.so", 6, snap, true, true),
+        ("libberth_abi_v1_3.so", 3, snap, false, false),
         ("libberth_abi_v1_2.so", 2, snap, false, false),
         ("libberth_abi_v1_1.so", 1, Rewind::Anywhere, false, false),
         ("libberth_abi_older.so", 0, Rewind::Anywhere, false, false),
@@ -223,6 +223,20 @@ fn newer_and_older_minor_plugins_load_and_run_and_missing_fields_read_as_absent(
         };
         match m.encode_images(0, &[image]) {
             Ok(()) => assert!(images, "{file} took an image"),
+            Err(e) => assert!(!images && e.kind == ErrorKind::Unsupported, "{file}: {e}"),
+        }
+        assert_eq!(m.vision_refused().is_some(), minor == 3, "{file}");
+        let rgb = berth_plugin_api::RgbView {
+            width: 1,
+            height: 1,
+            data: &[7, 8, 9],
+        };
+        match m.prepare_image(&rgb, 0) {
+            Ok(p) => {
+                assert!(images, "{file} prepared an image");
+                assert_eq!((p.placeholder.as_str(), p.tokens()), ("<img>", 1), "{file}");
+                assert_eq!(p.slices[0].pixels, vec![7.0, 8.0, 9.0], "{file}");
+            }
             Err(e) => assert!(!images && e.kind == ErrorKind::Unsupported, "{file}: {e}"),
         }
         assert_eq!(m.embedding().is_some(), embeds, "{file}");

@@ -1,7 +1,8 @@
 //! Images through `berth serve`, with the scripted plugin declaring an `lfm2_vl` vision spec:
 //! OpenAI `image_url` parts (data URLs and an http URL served here on the loopback interface)
-//! and Ollama `images` reach the plugin's `encode_images` with the pixels `berth::image`
-//! computes and the positions of their placeholder tokens; broken, unsupported, unreachable and
+//! and Ollama `images` reach the plugin's `encode_images` with the pixels the plugin's
+//! `prepare_image` computed (`lfm2_vl` beside the tower in `berth-plugin-common`) and the
+//! positions of their placeholder tokens; broken, unsupported, unreachable and
 //! oversized images are 400s naming what was wrong, and a text-only model refuses images.
 
 mod common;
@@ -47,7 +48,7 @@ fn import_model(home: &Path, name: &str, log: Option<&Path>) {
 
 /// What the plugin must receive for an image: (shape, pixel checksum, patch mask, grid, tokens).
 fn expected(bytes: &[u8]) -> (Vec<u32>, String, Vec<u8>, (u32, u32), usize) {
-    use berth::image::lfm2vl;
+    use berth_plugin_common::vision::preprocess::lfm2_vl as lfm2vl;
     let p: lfm2vl::Lfm2VlParams = lfm2vl::Lfm2VlParams {
         do_image_splitting: false,
         min_image_tokens: 4,
@@ -57,7 +58,7 @@ fn expected(bytes: &[u8]) -> (Vec<u32>, String, Vec<u8>, (u32, u32), usize) {
     let img = berth::image::decode(bytes, Default::default()).unwrap();
     let pre = lfm2vl::preprocess(&img, &p, &Default::default());
     assert_eq!(pre.slices.len(), 1);
-    let t = lfm2vl::patchify(&pre.slices[0], PATCH, p.max_num_patches());
+    let t = berth_kernels::image::patch_rows(&pre.slices[0], PATCH, p.max_num_patches());
     let rows = t.patches.len() / (3 * PATCH * PATCH);
     let mask = (0..rows).map(|r| u8::from(r < t.valid_patches)).collect();
     let grid = (t.spatial_shape.0 as u32, t.spatial_shape.1 as u32);

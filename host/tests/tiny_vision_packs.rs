@@ -123,8 +123,9 @@ impl TinyVision {
     }
 
     /// The image's placeholder as the host builds it with the plugin's default settings.
-    fn placeholder(&self, bytes: &[u8]) -> berth::image::PreprocessedImage {
-        use berth::image::{decode, lfm2vl, minicpmv, DecodeLimits};
+    fn placeholder(&self, bytes: &[u8]) -> berth_plugin_common::vision::preprocess::PreprocessedImage {
+        use berth::image::{decode, DecodeLimits};
+        use berth_plugin_common::vision::preprocess::{lfm2_vl as lfm2vl, minicpmv};
         let img = decode(bytes, DecodeLimits::default()).unwrap();
         let patch = self.config()["vision_config"]["patch_size"].as_u64().unwrap() as usize;
         if self.model == "lfm2_vl" {
@@ -530,11 +531,12 @@ fn tiny_minicpm_v4_0_and_4_5_packs_take_images() {
         for (name, sliced) in [("odd.png", false), ("large.png", true)] {
             let img =
                 berth::image::decode(&std::fs::read(image_path(name)).unwrap(), Default::default()).unwrap();
-            let p = berth::image::minicpmv::MiniCpmVParams {
+            use berth_plugin_common::vision::preprocess::minicpmv;
+            let p = minicpmv::MiniCpmVParams {
                 query_num: Some(query_num),
                 ..Default::default()
             };
-            let pre = berth::image::minicpmv::preprocess(&img, &p, &Default::default(), 0);
+            let pre = minicpmv::preprocess(&img, &p, &Default::default(), 0);
             assert_eq!(
                 pre.slices.len() > 1,
                 sliced,

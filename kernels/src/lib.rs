@@ -32,6 +32,7 @@
 
 pub mod attention;
 pub mod dot;
+pub mod image;
 pub mod layer;
 pub mod matmul;
 pub mod ops;

@@ -44,6 +44,9 @@
 /* Size of a 1.3 model info: everything before embedding_json (appended in 1.4). */
 #define BERTH_MODEL_INFO_SIZE_V1_3 offsetof(struct BerthModelInfo, embedding_json)
 
+/* Size of a 1.4 vtable: everything before prepare_image (appended in 1.5). */
+#define BERTH_MODEL_VTABLE_SIZE_V1_4 offsetof(struct BerthModelVtable, prepare_image)
+
 /*
  Major version of the ABI this crate speaks; a different major is never loaded.
  */
@@ -52,7 +55,7 @@
 /*
  Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
  */
-#define BERTH_ABI_MINOR 4
+#define BERTH_ABI_MINOR 5
 
 /*
  Plugin flag: the library was built with `panic = "unwind"`, so panics can be caught.
@@ -70,8 +73,9 @@
 #define BERTH_CAP_THINKING (1 << 1)
 
 /*
- Capability flag: the model accepts images (honoured from ABI 1.3, with
- [`ModelInfo::vision_json`] and [`ModelVtable::encode_images`]; a host clears it otherwise).
+ Capability flag: the model accepts images (honoured from ABI 1.5, with
+ [`ModelInfo::vision_json`], [`ModelVtable::encode_images`] and [`ModelVtable::prepare_image`];
+ a host clears it otherwise).
  */
 #define BERTH_CAP_VISION (1 << 2)
 
@@ -340,6 +344,104 @@ typedef struct BerthImageInput {
 } BerthImageInput;
 
 /*
+ A decoded image for [`ModelVtable::prepare_image`], borrowed for the call (ABI 1.5).
+ */
+typedef struct BerthRgbImage {
+  /*
+   Struct header (written by the host).
+   */
+  struct BerthHeader header;
+  /*
+   Width in pixels.
+   */
+  uint32_t width;
+  /*
+   Height in pixels.
+   */
+  uint32_t height;
+  /*
+   8-bit RGB, row-major, interleaved: `width * height * 3` bytes.
+   */
+  const uint8_t *data;
+  /*
+   Number of bytes in `data`.
+   */
+  size_t len;
+} BerthRgbImage;
+
+/*
+ One slice (or tile) of a prepared image, handed to [`ImageSink::add_slice`] and borrowed for
+ that callback (ABI 1.5): what the host later passes to `encode_images` as an
+ [`ImageInput`], less the positions, plus how many placeholder tokens its features fill.
+ */
+typedef struct BerthPreparedSlice {
+  /*
+   Struct header (written by the plugin).
+   */
+  struct BerthHeader header;
+  /*
+   Number of dimensions used in `shape` (1 to 4).
+   */
+  uint32_t ndim;
+  /*
+   Placeholder (image feature) tokens of this slice in the placeholder text.
+   */
+  uint32_t tokens;
+  /*
+   Dimensions of `pixels`, outermost first; entries at or after `ndim` are 0.
+   */
+  uint32_t shape[4];
+  /*
+   The pixel values, row-major over `shape`, in the model's layout.
+   */
+  const float *pixels;
+  /*
+   Number of floats in `pixels` (the product of the shape).
+   */
+  size_t n_pixels;
+  /*
+   Per patch: non-zero for a real patch, 0 for padding; null when every patch is real.
+   */
+  const uint8_t *patch_mask;
+  /*
+   Number of bytes in `patch_mask`.
+   */
+  size_t n_patch_mask;
+  /*
+   Rows of the slice's patch grid; 0 when not given.
+   */
+  uint32_t grid_rows;
+  /*
+   Columns of the slice's patch grid; 0 when not given.
+   */
+  uint32_t grid_cols;
+} BerthPreparedSlice;
+
+/*
+ Where a plugin hands a prepared image back during [`ModelVtable::prepare_image`] (ABI 1.5):
+ host callbacks that copy what they are given, so nothing the plugin allocated outlives the
+ call. Each callback returns `STATUS_OK`, or another status the plugin returns as its own.
+ */
+typedef struct BerthImageSink {
+  /*
+   Struct header (written by the host).
+   */
+  struct BerthHeader header;
+  /*
+   The host's state, passed back to each callback.
+   */
+  void *context;
+  /*
+   Sets the placeholder text that replaces the image in the prompt (called once).
+   */
+  BerthStatus (*set_placeholder)(void *context, struct BerthStrRef text);
+  /*
+   Appends a slice (in the order `encode_images` takes them; called once per slice).
+   */
+  BerthStatus (*add_slice)(void *context, const struct BerthPreparedSlice *slice);
+} BerthImageSink;
+
+/*
  The functions of a model instance. Entries may be `None` (NULL) when not supported.
  */
 typedef struct BerthModelVtable {
@@ -397,6 +499,16 @@ typedef struct BerthModelVtable {
    sequence state as scratch: every sequence is empty afterwards.
    */
   BerthStatus (*embed)(void *handle, const struct BerthBatch *batch, struct BerthLogits *out, struct BerthErrorBuf *err);
+  /*
+   Prepares one decoded image for the model (ABI 1.5): resizes, slices or tiles and
+   normalises it as the model's own image processor does, and hands back, through `sink`'s
+   callbacks, the placeholder text that replaces the image in the prompt and each slice in
+   the order `encode_images` takes them (pixels in the model's layout, the number of
+   placeholder tokens its features fill). `index` is the image's number among the
+   request's images, from 0. Reads only what the instance fixed when it was created; an
+   image the model cannot take (too small, too large) is an `INVALID_ARGUMENT` error.
+   */
+  BerthStatus (*prepare_image)(void *handle, const struct BerthRgbImage *image, uint32_t index, const struct BerthImageSink *sink, struct BerthErrorBuf *err);
 } BerthModelVtable;
 
 /*

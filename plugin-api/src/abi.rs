@@ -11,14 +11,16 @@
 //! Minor versions of ABI 1: 1.0 is the base; 1.1 appended [`ModelVtable::seq_fork`]; 1.2 appended
 //! [`ModelInfo::rewind`] and [`ModelInfo::rewind_every`]; 1.3 appended [`ModelInfo::vision_json`]
 //! and [`ModelVtable::encode_images`], which takes [`ImageInput`]s; 1.4 appended
-//! [`ModelInfo::embedding_json`] and [`ModelVtable::embed`].
+//! [`ModelInfo::embedding_json`] and [`ModelVtable::embed`]; 1.5 appended
+//! [`ModelVtable::prepare_image`], which takes an [`RgbImage`] and answers through an
+//! [`ImageSink`] with [`PreparedSlice`]s.
 
 use std::ffi::{c_char, c_void};
 
 /// Major version of the ABI this crate speaks; a different major is never loaded.
 pub const ABI_MAJOR: u16 = 1;
 /// Minor version of the ABI this crate speaks; structs of other minors are read up to their size.
-pub const ABI_MINOR: u16 = 4;
+pub const ABI_MINOR: u16 = 5;
 /// Name of the exported entry symbol; it carries the major version.
 pub const ENTRY_SYMBOL: &str = "berth_plugin_entry_v1";
 /// Name of the version-independent manifest symbol (`extern "C" fn() -> *const c_char`,
@@ -45,8 +47,9 @@ pub const STATUS_INVALID_ARGUMENT: Status = 4;
 pub const CAP_TOOLS: u64 = 1 << 0;
 /// Capability flag: the model can produce a reasoning block.
 pub const CAP_THINKING: u64 = 1 << 1;
-/// Capability flag: the model accepts images (honoured from ABI 1.3, with
-/// [`ModelInfo::vision_json`] and [`ModelVtable::encode_images`]; a host clears it otherwise).
+/// Capability flag: the model accepts images (honoured from ABI 1.5, with
+/// [`ModelInfo::vision_json`], [`ModelVtable::encode_images`] and [`ModelVtable::prepare_image`];
+/// a host clears it otherwise).
 pub const CAP_VISION: u64 = 1 << 2;
 /// Capability flag: the model embeds text (honoured from ABI 1.4, with
 /// [`ModelInfo::embedding_json`] and [`ModelVtable::embed`]; a host clears it otherwise).
@@ -227,6 +230,22 @@ pub struct ModelVtable {
             err: *mut ErrorBuf,
         ) -> Status,
     >,
+    /// Prepares one decoded image for the model (ABI 1.5): resizes, slices or tiles and
+    /// normalises it as the model's own image processor does, and hands back, through `sink`'s
+    /// callbacks, the placeholder text that replaces the image in the prompt and each slice in
+    /// the order `encode_images` takes them (pixels in the model's layout, the number of
+    /// placeholder tokens its features fill). `index` is the image's number among the
+    /// request's images, from 0. Reads only what the instance fixed when it was created; an
+    /// image the model cannot take (too small, too large) is an `INVALID_ARGUMENT` error.
+    pub prepare_image: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            image: *const RgbImage,
+            index: u32,
+            sink: *const ImageSink,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
 }
 
 /// What a model is, filled by the plugin into a host-allocated struct.
@@ -321,6 +340,66 @@ pub struct ImageInput {
     pub n_positions: usize,
 }
 
+/// A decoded image for [`ModelVtable::prepare_image`], borrowed for the call (ABI 1.5).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RgbImage {
+    /// Struct header (written by the host).
+    pub header: Header,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// 8-bit RGB, row-major, interleaved: `width * height * 3` bytes.
+    pub data: *const u8,
+    /// Number of bytes in `data`.
+    pub len: usize,
+}
+
+/// One slice (or tile) of a prepared image, handed to [`ImageSink::add_slice`] and borrowed for
+/// that callback (ABI 1.5): what the host later passes to `encode_images` as an
+/// [`ImageInput`], less the positions, plus how many placeholder tokens its features fill.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PreparedSlice {
+    /// Struct header (written by the plugin).
+    pub header: Header,
+    /// Number of dimensions used in `shape` (1 to 4).
+    pub ndim: u32,
+    /// Placeholder (image feature) tokens of this slice in the placeholder text.
+    pub tokens: u32,
+    /// Dimensions of `pixels`, outermost first; entries at or after `ndim` are 0.
+    pub shape: [u32; 4],
+    /// The pixel values, row-major over `shape`, in the model's layout.
+    pub pixels: *const f32,
+    /// Number of floats in `pixels` (the product of the shape).
+    pub n_pixels: usize,
+    /// Per patch: non-zero for a real patch, 0 for padding; null when every patch is real.
+    pub patch_mask: *const u8,
+    /// Number of bytes in `patch_mask`.
+    pub n_patch_mask: usize,
+    /// Rows of the slice's patch grid; 0 when not given.
+    pub grid_rows: u32,
+    /// Columns of the slice's patch grid; 0 when not given.
+    pub grid_cols: u32,
+}
+
+/// Where a plugin hands a prepared image back during [`ModelVtable::prepare_image`] (ABI 1.5):
+/// host callbacks that copy what they are given, so nothing the plugin allocated outlives the
+/// call. Each callback returns `STATUS_OK`, or another status the plugin returns as its own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ImageSink {
+    /// Struct header (written by the host).
+    pub header: Header,
+    /// The host's state, passed back to each callback.
+    pub context: *mut c_void,
+    /// Sets the placeholder text that replaces the image in the prompt (called once).
+    pub set_placeholder: Option<unsafe extern "C" fn(context: *mut c_void, text: StrRef) -> Status>,
+    /// Appends a slice (in the order `encode_images` takes them; called once per slice).
+    pub add_slice: Option<unsafe extern "C" fn(context: *mut c_void, slice: *const PreparedSlice) -> Status>,
+}
+
 /// The host-owned buffer a plugin writes logits into.
 #[repr(C)]
 #[derive(Debug)]
@@ -354,6 +433,8 @@ pub const MODEL_INFO_SIZE_V1_2: usize = std::mem::offset_of!(ModelInfo, vision_j
 pub const MODEL_VTABLE_SIZE_V1_3: usize = std::mem::offset_of!(ModelVtable, embed);
 /// Size of the 1.3 model info: everything before `embedding_json`.
 pub const MODEL_INFO_SIZE_V1_3: usize = std::mem::offset_of!(ModelInfo, embedding_json);
+/// Size of the 1.4 vtable: everything before `prepare_image`.
+pub const MODEL_VTABLE_SIZE_V1_4: usize = std::mem::offset_of!(ModelVtable, prepare_image);
 
 // Layout of ABI v1, frozen: these must never change (only new fields at the ends).
 const _: () = {
@@ -367,7 +448,7 @@ const _: () = {
     assert!(offset_of!(EntryTable, probe) == 32);
     assert!(offset_of!(EntryTable, create) == 40);
     assert!(size_of::<Instance>() == 24);
-    assert!(size_of::<ModelVtable>() == 88);
+    assert!(size_of::<ModelVtable>() == 96);
     assert!(offset_of!(ModelVtable, destroy) == 8);
     assert!(offset_of!(ModelVtable, decode) == 24);
     assert!(offset_of!(ModelVtable, seq_truncate) == 56);
@@ -376,6 +457,8 @@ const _: () = {
     assert!(MODEL_VTABLE_SIZE_V1_2 == 72);
     assert!(offset_of!(ModelVtable, embed) == 80);
     assert!(MODEL_VTABLE_SIZE_V1_3 == 80);
+    assert!(offset_of!(ModelVtable, prepare_image) == 88);
+    assert!(MODEL_VTABLE_SIZE_V1_4 == 88);
     assert!(size_of::<ModelInfo>() == 104);
     assert!(offset_of!(ModelInfo, capabilities) == 24);
     assert!(offset_of!(ModelInfo, stop_tokens) == 32);
@@ -395,6 +478,15 @@ const _: () = {
     assert!(offset_of!(ImageInput, patch_mask) == 48);
     assert!(offset_of!(ImageInput, grid_rows) == 64);
     assert!(offset_of!(ImageInput, positions) == 72);
+    assert!(size_of::<RgbImage>() == 32);
+    assert!(offset_of!(RgbImage, data) == 16);
+    assert!(size_of::<PreparedSlice>() == 72);
+    assert!(offset_of!(PreparedSlice, shape) == 16);
+    assert!(offset_of!(PreparedSlice, pixels) == 32);
+    assert!(offset_of!(PreparedSlice, patch_mask) == 48);
+    assert!(offset_of!(PreparedSlice, grid_rows) == 64);
+    assert!(size_of::<ImageSink>() == 32);
+    assert!(offset_of!(ImageSink, add_slice) == 24);
     assert!(size_of::<Logits>() == 32);
     assert!(offset_of!(Logits, rows_written) == 28);
 };
@@ -418,6 +510,12 @@ unsafe impl AbiStruct for ModelInfo {}
 unsafe impl AbiStruct for Batch {}
 // SAFETY: as above (the `[u32; 4]` shape is plain integers too).
 unsafe impl AbiStruct for ImageInput {}
+// SAFETY: as above.
+unsafe impl AbiStruct for RgbImage {}
+// SAFETY: as above (the `[u32; 4]` shape is plain integers too).
+unsafe impl AbiStruct for PreparedSlice {}
+// SAFETY: as above.
+unsafe impl AbiStruct for ImageSink {}
 
 /// Reads a struct written by the other side, copying at most its writer's `struct_size` bytes;
 /// fields beyond that read as zero (absent). Returns `None` for null or a size below the header.

@@ -4,10 +4,12 @@
 
 use crate::abi::{self, ErrorBuf, Header, Instance, ModelInfo, ModelVtable, StrRef};
 use crate::types::{
-    BatchView, EmbeddingSpec, ErrorKind, ImageInput, ModelDescription, PluginError, Rewind, VisionSpec,
+    BatchView, EmbeddingSpec, ErrorKind, ImageInput, ModelDescription, PluginError, PreparedImage,
+    PreparedSlice, Rewind, RgbView, VisionSpec,
 };
 use std::ffi::c_void;
 use std::mem::size_of;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Why an entry table was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,6 +139,7 @@ impl Plugin {
             poisoned: None,
             description: ModelDescription::default(),
             vision: None,
+            vision_refused: None,
             embedding: None,
         };
         let (description, vision, embedding) = instance.fetch_info()?;
@@ -197,6 +200,8 @@ pub struct ModelInstance {
     poisoned: Option<String>,
     description: ModelDescription,
     vision: Option<VisionSpec>,
+    /// Why a vision spec the plugin stated is not honoured (it cannot prepare images).
+    vision_refused: Option<String>,
     embedding: Option<EmbeddingSpec>,
 }
 
@@ -210,15 +215,24 @@ impl ModelInstance {
         &self.description
     }
 
-    /// How the model takes images; `None` when it takes none (every plugin older than ABI 1.3,
-    /// and any whose vision spec is missing or unreadable or that has no `encode_images`).
+    /// How the model takes images; `None` when it takes none (every plugin older than ABI 1.5,
+    /// and any whose vision spec is missing or unreadable or that has no `encode_images` or no
+    /// `prepare_image`).
     pub fn vision(&self) -> Option<&VisionSpec> {
         self.vision.as_ref()
     }
 
-    /// Whether the model takes images: it stated a [`VisionSpec`] and has `encode_images`.
+    /// Whether the model takes images: it stated a [`VisionSpec`] and has `encode_images` and
+    /// `prepare_image`.
     pub fn supports_images(&self) -> bool {
         self.vision.is_some()
+    }
+
+    /// Why the model takes no images although it stated a vision spec: an ABI 1.3 or 1.4 plugin
+    /// has no `prepare_image`, and its images were prepared by host code that no longer exists,
+    /// so it loads as a text-only model. `None` otherwise.
+    pub fn vision_refused(&self) -> Option<&str> {
+        self.vision_refused.as_deref()
     }
 
     /// How the model embeds text; `None` when it does not (every plugin older than ABI 1.4, and
@@ -282,9 +296,10 @@ impl ModelInstance {
         } else {
             Rewind::Anywhere
         };
-        // ABI 1.3: the vision spec, honoured only with an `encode_images` entry; without both,
-        // the model takes no images whatever its capability bits say.
-        let vision = if written >= std::mem::offset_of!(ModelInfo, vision_json) + size_of::<StrRef>()
+        // ABI 1.3: the vision spec, honoured only with an `encode_images` entry and (ABI 1.5) a
+        // `prepare_image` one; without all three, the model takes no images whatever its
+        // capability bits say.
+        let mut vision = if written >= std::mem::offset_of!(ModelInfo, vision_json) + size_of::<StrRef>()
             && self.vtable.encode_images.is_some()
         {
             // SAFETY: the plugin keeps the string alive until destroy; we copy it now.
@@ -293,6 +308,14 @@ impl ModelInstance {
         } else {
             None
         };
+        if vision.is_some() && self.vtable.prepare_image.is_none() {
+            let (major, minor) = (self.vt_header.abi_major, self.vt_header.abi_minor);
+            self.vision_refused = Some(format!(
+                "the plugin states a vision spec but, built for ABI {major}.{minor}, has no \
+                 prepare_image entry (ABI 1.5) to prepare images with: loaded as a text-only model"
+            ));
+            vision = None;
+        }
         // ABI 1.4: the embedding spec, honoured only with an `embed` entry.
         let embedding = if written >= std::mem::offset_of!(ModelInfo, embedding_json) + size_of::<StrRef>()
             && self.vtable.embed.is_some()
@@ -466,6 +489,143 @@ impl ModelInstance {
         // SAFETY: handle is live; every image struct and the arrays it points to outlive the call.
         let status = unsafe { f(self.handle, seq, ptrs.as_ptr(), n, err) };
         self.check(status)
+    }
+}
+
+/// What a plugin hands back through the [`abi::ImageSink`] during `prepare_image`.
+#[derive(Default)]
+struct SinkState {
+    placeholder: Option<String>,
+    slices: Vec<PreparedSlice>,
+    /// What the host refused, when it refused something.
+    problem: Option<String>,
+}
+
+impl SinkState {
+    /// Records a refusal and returns its status.
+    fn refuse(&mut self, problem: String) -> abi::Status {
+        self.problem.get_or_insert(problem);
+        abi::STATUS_INVALID_ARGUMENT
+    }
+}
+
+/// [`abi::ImageSink::set_placeholder`]: copies the text.
+unsafe extern "C" fn sink_placeholder(context: *mut c_void, text: StrRef) -> abi::Status {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `context` is the `SinkState` `prepare_image` lent for this call.
+        let state = unsafe { &mut *(context as *mut SinkState) };
+        if state.placeholder.is_some() {
+            return state.refuse("set_placeholder was called twice".into());
+        }
+        // SAFETY: the plugin keeps the string valid for the callback; we copy it now.
+        state.placeholder = Some(unsafe { text.as_str() }.into_owned());
+        abi::STATUS_OK
+    }))
+    .unwrap_or(abi::STATUS_ERROR)
+}
+
+/// [`abi::ImageSink::add_slice`]: checks and copies one slice.
+unsafe extern "C" fn sink_slice(context: *mut c_void, slice: *const abi::PreparedSlice) -> abi::Status {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `context` is the `SinkState` `prepare_image` lent for this call.
+        let state = unsafe { &mut *(context as *mut SinkState) };
+        let k = state.slices.len();
+        // SAFETY: the plugin passes a valid slice for the callback; read within its size.
+        let Some((raw, _)) = (unsafe { abi::read_versioned(slice) }) else {
+            return state.refuse(format!("slice {k} is null or malformed"));
+        };
+        if raw.ndim as usize > raw.shape.len()
+            || (raw.n_pixels > 0 && raw.pixels.is_null())
+            || (raw.n_patch_mask > 0 && raw.patch_mask.is_null())
+        {
+            return state.refuse(format!("slice {k} has a null array or more than 4 dimensions"));
+        }
+        // SAFETY: the arrays are non-null when non-empty (checked) and hold the stated lengths
+        // for the callback; we copy them now.
+        let (pixels, mask) = unsafe {
+            (
+                borrow(raw.pixels, raw.n_pixels).to_vec(),
+                (!raw.patch_mask.is_null()).then(|| borrow(raw.patch_mask, raw.n_patch_mask).to_vec()),
+            )
+        };
+        let prepared = PreparedSlice {
+            shape: raw.shape[..raw.ndim as usize].to_vec(),
+            pixels,
+            patch_mask: mask,
+            grid: (raw.grid_rows != 0 || raw.grid_cols != 0).then_some((raw.grid_rows, raw.grid_cols)),
+            tokens: raw.tokens,
+        };
+        if let Err(e) = prepared.validate() {
+            return state.refuse(format!("slice {k}: {}", e.message));
+        }
+        state.slices.push(prepared);
+        abi::STATUS_OK
+    }))
+    .unwrap_or(abi::STATUS_ERROR)
+}
+
+/// Borrows `n` elements at `ptr`; an empty slice when `n` is 0.
+///
+/// # Safety
+/// When `n > 0`, `ptr` must be non-null and point to `n` elements valid for `'a`.
+unsafe fn borrow<'a, T>(ptr: *const T, n: usize) -> &'a [T] {
+    if n == 0 {
+        &[]
+    } else {
+        // SAFETY: per the caller, ptr holds n elements valid for 'a.
+        unsafe { std::slice::from_raw_parts(ptr, n) }
+    }
+}
+
+impl ModelInstance {
+    /// Has the model prepare one decoded image (ABI 1.5): its placeholder text and its slices
+    /// for [`Self::encode_images`], each with the number of placeholder tokens it fills.
+    /// `index` is the image's number among the request's images. Unsupported unless
+    /// [`Self::supports_images`]; an image the model cannot take is an `InvalidArgument` error.
+    pub fn prepare_image(&mut self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
+        let f = match self.vtable.prepare_image {
+            Some(f) if self.vision.is_some() => f,
+            _ => {
+                return Err(PluginError::unsupported(
+                    "prepare_image: the model takes no images",
+                ))
+            }
+        };
+        image.validate()?;
+        let raw = abi::RgbImage {
+            header: Header::for_struct::<abi::RgbImage>(),
+            width: image.width,
+            height: image.height,
+            data: image.data.as_ptr(),
+            len: image.data.len(),
+        };
+        let mut state = SinkState::default();
+        let sink = abi::ImageSink {
+            header: Header::for_struct::<abi::ImageSink>(),
+            context: (&mut state as *mut SinkState).cast(),
+            set_placeholder: Some(sink_placeholder),
+            add_slice: Some(sink_slice),
+        };
+        let err = self.err.as_abi();
+        // SAFETY: handle is live; the image, the sink and the state it points to, and err
+        // outlive the call, and nothing else touches the state during it.
+        let status = unsafe { f(self.handle, &raw, index, &sink, err) };
+        if let Err(mut e) = self.check(status) {
+            if let Some(problem) = state.problem {
+                e.message = format!("{}: {problem}", e.message);
+            }
+            return Err(e);
+        }
+        let Some(placeholder) = state.placeholder else {
+            return Err(PluginError::failed("prepare_image set no placeholder text"));
+        };
+        if state.slices.is_empty() {
+            return Err(PluginError::failed("prepare_image gave no slices"));
+        }
+        Ok(PreparedImage {
+            placeholder,
+            slices: state.slices,
+        })
     }
 }
 

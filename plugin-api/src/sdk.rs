@@ -5,7 +5,7 @@
 use crate::abi::{self, ErrorBuf, Instance, ModelInfo, ModelVtable, StrRef};
 use crate::types::{
     BatchView, EmbeddingSpec, ErrorKind, ImageInput, LoadConfig, LogitsOut, ModelDescription, PluginError,
-    PluginManifest, VisionSpec,
+    PluginManifest, PreparedImage, RgbView, VisionSpec,
 };
 use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -69,6 +69,18 @@ pub trait Model: Send + 'static {
     /// A truncate below a pending image's positions drops it.
     fn encode_images(&mut self, _seq: i32, _images: &[ImageInput<'_>]) -> Result<(), PluginError> {
         Err(PluginError::unsupported("encode_images"))
+    }
+
+    /// Prepares one decoded image as the model's own image processor does (ABI 1.5): the
+    /// placeholder text that replaces it in the prompt and its slices, in the order
+    /// [`Model::encode_images`] takes them, each with its pixels in the model's layout and the
+    /// number of placeholder tokens its features fill. `index` is the image's number among the
+    /// request's images, from 0 (MiniCPM-V writes it into the placeholder). A model whose
+    /// [`Model::vision`] is `Some` implements it (the default is unsupported, and the host then
+    /// refuses every image); an image the model cannot take is an `invalid_argument` error,
+    /// which the host answers with a 400 naming the image.
+    fn prepare_image(&self, _image: &RgbView<'_>, _index: u32) -> Result<PreparedImage, PluginError> {
+        Err(PluginError::unsupported("prepare_image"))
     }
 
     /// How the model embeds text (ABI 1.4); `None`, the default, when it does not. When `Some`,
@@ -256,6 +268,7 @@ fn vtable<M: Model>() -> ModelVtable {
         seq_fork: Some(seq_fork_entry::<M>),
         encode_images: Some(encode_images_entry::<M>),
         embed: Some(embed_entry::<M>),
+        prepare_image: Some(prepare_image_entry::<M>),
     }
 }
 
@@ -659,6 +672,82 @@ unsafe extern "C" fn encode_images_entry<M: Model>(
                 .map_err(|e| PluginError::invalid_argument(format!("image {i}: {}", e.message)))?;
         }
         g.model.encode_images(seq, &views)
+    };
+    // SAFETY: forwarded host contract.
+    status_of(unsafe { guarded_call::<M, ()>(handle, err, work) })
+}
+
+/// The error a plugin returns when the host's sink refused what it was handed.
+fn refused_by_host(status: abi::Status, what: &str) -> PluginError {
+    PluginError {
+        kind: ErrorKind::from_status(status),
+        message: format!("the host refused the {what}"),
+    }
+}
+
+unsafe extern "C" fn prepare_image_entry<M: Model>(
+    handle: *mut c_void,
+    image: *const abi::RgbImage,
+    index: u32,
+    sink: *const abi::ImageSink,
+    err: *mut ErrorBuf,
+) -> abi::Status {
+    let work = |g: &mut Guarded<M>| {
+        // SAFETY: the host passes a valid image for the call; we read within its struct_size.
+        let Some((img, _)) = (unsafe { abi::read_versioned(image) }) else {
+            return Err(PluginError::invalid_argument("null image"));
+        };
+        if img.len > 0 && img.data.is_null() {
+            return Err(PluginError::invalid_argument("image has null data"));
+        }
+        // SAFETY: the host guarantees `data` holds `len` bytes for the call.
+        let data = unsafe { borrow_slice(img.data, img.len) };
+        let view = RgbView {
+            width: img.width,
+            height: img.height,
+            data,
+        };
+        view.validate()?;
+        // SAFETY: the host passes a valid sink for the call; we read within its struct_size.
+        let Some((sink, _)) = (unsafe { abi::read_versioned(sink) }) else {
+            return Err(PluginError::invalid_argument("null image sink"));
+        };
+        let (Some(set_placeholder), Some(add_slice)) = (sink.set_placeholder, sink.add_slice) else {
+            return Err(PluginError::invalid_argument("the image sink lacks a callback"));
+        };
+        let prepared = g.model.prepare_image(&view, index)?;
+        for (i, s) in prepared.slices.iter().enumerate() {
+            s.validate()
+                .map_err(|e| PluginError::failed(format!("prepared slice {i}: {}", e.message)))?;
+        }
+        // SAFETY: the callback is the host's; the string outlives the call.
+        let status = unsafe { set_placeholder(sink.context, StrRef::borrow(&prepared.placeholder)) };
+        if status != abi::STATUS_OK {
+            return Err(refused_by_host(status, "placeholder"));
+        }
+        for (i, s) in prepared.slices.iter().enumerate() {
+            let mut shape = [0u32; 4];
+            shape[..s.shape.len()].copy_from_slice(&s.shape);
+            let (grid_rows, grid_cols) = s.grid.unwrap_or((0, 0));
+            let raw = abi::PreparedSlice {
+                header: abi::Header::for_struct::<abi::PreparedSlice>(),
+                ndim: s.shape.len() as u32,
+                tokens: s.tokens,
+                shape,
+                pixels: s.pixels.as_ptr(),
+                n_pixels: s.pixels.len(),
+                patch_mask: s.patch_mask.as_ref().map_or(std::ptr::null(), |m| m.as_ptr()),
+                n_patch_mask: s.patch_mask.as_ref().map_or(0, Vec::len),
+                grid_rows,
+                grid_cols,
+            };
+            // SAFETY: the callback is the host's; the slice and its arrays outlive the call.
+            let status = unsafe { add_slice(sink.context, &raw) };
+            if status != abi::STATUS_OK {
+                return Err(refused_by_host(status, &format!("slice {i}")));
+            }
+        }
+        Ok(())
     };
     // SAFETY: forwarded host contract.
     status_of(unsafe { guarded_call::<M, ()>(handle, err, work) })

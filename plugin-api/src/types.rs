@@ -171,12 +171,15 @@ pub enum PixelLayout {
     PatchStrip,
 }
 
-/// How a model takes images (ABI 1.3, `ModelInfo.vision_json`): the host decodes, resizes,
-/// slices and normalises with the named scheme, puts the placeholder tokens in the prompt and
-/// hands the pixels to `encode_images`.
+/// How a model takes images (ABI 1.3, `ModelInfo.vision_json`). The host decodes an image,
+/// has the model prepare it (`prepare_image`, ABI 1.5: resize, slices, normalisation, the
+/// placeholder text), puts the placeholder in the prompt and hands the slices, with the
+/// positions of their placeholder tokens, to `encode_images`. Of this spec the host reads only
+/// `image_token_id`; the rest describes the model to people and tools.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VisionSpec {
-    /// Preprocessing scheme the host's image processor knows, e.g. `minicpmv` or `lfm2_vl`.
+    /// The model's preprocessing scheme, e.g. `minicpmv` or `lfm2_vl` (informational).
+    #[serde(default)]
     pub scheme: String,
     /// Layout of each image's pixels.
     pub layout: PixelLayout,
@@ -185,7 +188,8 @@ pub struct VisionSpec {
     /// Token id of the placeholder whose rows take the image features.
     pub image_token_id: i32,
     /// The scheme's own settings (slicing limits, tokens per image or slice, normalisation, the
-    /// other special tokens ...), a JSON object the scheme defines.
+    /// other special tokens ...), a JSON object the scheme defines (informational: the plugin
+    /// prepares its images itself).
     #[serde(default)]
     pub params: serde_json::Map<String, serde_json::Value>,
 }
@@ -246,23 +250,7 @@ impl ImageInput<'_> {
     /// Checks the shape has 1 to 4 dimensions whose product is the pixel count, that there are
     /// placeholder positions, none negative, and that a mask and grid are not empty.
     pub fn validate(&self) -> Result<(), PluginError> {
-        if self.shape.is_empty() || self.shape.len() > 4 {
-            return Err(PluginError::invalid_argument(format!(
-                "image shape has {} dimensions; 1 to 4 are allowed",
-                self.shape.len()
-            )));
-        }
-        let count = self
-            .shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
-        if count != Some(self.pixels.len()) {
-            return Err(PluginError::invalid_argument(format!(
-                "image shape {:?} does not hold the {} pixel values given",
-                self.shape,
-                self.pixels.len()
-            )));
-        }
+        check_pixels(self.shape, self.pixels.len(), self.patch_mask, self.grid)?;
         if self.positions.is_empty() {
             return Err(PluginError::invalid_argument(
                 "image has no placeholder positions",
@@ -273,13 +261,120 @@ impl ImageInput<'_> {
                 "image placeholder position is negative",
             ));
         }
-        if self.patch_mask.is_some_and(|m| m.is_empty()) {
-            return Err(PluginError::invalid_argument("image patch mask is empty"));
-        }
-        if self.grid.is_some_and(|(r, c)| r == 0 || c == 0) {
-            return Err(PluginError::invalid_argument("image patch grid has a zero side"));
+        Ok(())
+    }
+}
+
+/// Checks a pixel tensor: 1 to 4 dimensions whose product is `n_pixels`, a mask and a grid
+/// that are not empty.
+fn check_pixels(
+    shape: &[u32],
+    n_pixels: usize,
+    patch_mask: Option<&[u8]>,
+    grid: Option<(u32, u32)>,
+) -> Result<(), PluginError> {
+    if shape.is_empty() || shape.len() > 4 {
+        return Err(PluginError::invalid_argument(format!(
+            "image shape has {} dimensions; 1 to 4 are allowed",
+            shape.len()
+        )));
+    }
+    let count = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize));
+    if count != Some(n_pixels) {
+        return Err(PluginError::invalid_argument(format!(
+            "image shape {shape:?} does not hold the {n_pixels} pixel values given"
+        )));
+    }
+    if patch_mask.is_some_and(<[u8]>::is_empty) {
+        return Err(PluginError::invalid_argument("image patch mask is empty"));
+    }
+    if grid.is_some_and(|(r, c)| r == 0 || c == 0) {
+        return Err(PluginError::invalid_argument("image patch grid has a zero side"));
+    }
+    Ok(())
+}
+
+/// A decoded image handed to `prepare_image` (ABI 1.5): 8-bit RGB, row-major, interleaved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RgbView<'a> {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// `width * height * 3` bytes.
+    pub data: &'a [u8],
+}
+
+impl RgbView<'_> {
+    /// Checks neither side is 0 and the bytes are exactly `width * height * 3`.
+    pub fn validate(&self) -> Result<(), PluginError> {
+        let want = (self.width as usize)
+            .checked_mul(self.height as usize)
+            .and_then(|n| n.checked_mul(3));
+        if self.width == 0 || self.height == 0 || want != Some(self.data.len()) {
+            return Err(PluginError::invalid_argument(format!(
+                "a {}x{} RGB image needs {} bytes; {} given",
+                self.width,
+                self.height,
+                want.map_or_else(|| "too many".to_string(), |n| n.to_string()),
+                self.data.len()
+            )));
         }
         Ok(())
+    }
+}
+
+/// One slice (or tile) of a prepared image (ABI 1.5): what `encode_images` later receives as
+/// an [`ImageInput`], less the positions, and how many placeholder tokens its features fill.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PreparedSlice {
+    /// Dimensions of `pixels`, outermost first (1 to 4 of them).
+    pub shape: Vec<u32>,
+    /// The pixel values, row-major over `shape`, in the model's layout.
+    pub pixels: Vec<f32>,
+    /// Per patch: non-zero for a real patch, 0 for padding; `None` when every patch is real.
+    pub patch_mask: Option<Vec<u8>>,
+    /// The slice's patch grid as (rows, cols), when the model needs it.
+    pub grid: Option<(u32, u32)>,
+    /// Placeholder (image feature) tokens of this slice in the placeholder text (at least 1).
+    pub tokens: u32,
+}
+
+impl PreparedSlice {
+    /// Checks the shape has 1 to 4 dimensions whose product is the pixel count, that a mask and
+    /// grid are not empty, and that the slice fills at least one placeholder token.
+    pub fn validate(&self) -> Result<(), PluginError> {
+        check_pixels(
+            &self.shape,
+            self.pixels.len(),
+            self.patch_mask.as_deref(),
+            self.grid,
+        )?;
+        if self.tokens == 0 {
+            return Err(PluginError::invalid_argument(
+                "image slice fills no placeholder tokens",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An image prepared by its model (ABI 1.5): the text that replaces it in the prompt and its
+/// slices, in the order `encode_images` takes them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PreparedImage {
+    /// The placeholder text; it holds the image token once per token of every slice.
+    pub placeholder: String,
+    /// The slices or tiles.
+    pub slices: Vec<PreparedSlice>,
+}
+
+impl PreparedImage {
+    /// Placeholder (image feature) tokens of all slices together.
+    pub fn tokens(&self) -> usize {
+        self.slices.iter().map(|s| s.tokens as usize).sum()
     }
 }
 

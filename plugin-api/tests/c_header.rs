@@ -59,7 +59,7 @@ fn header_declares_the_constants_structs_and_function_types() {
     let h = generate();
     for needle in [
         "#define BERTH_ABI_MAJOR 1",
-        "#define BERTH_ABI_MINOR 4",
+        "#define BERTH_ABI_MINOR 5",
         "#define BERTH_REWIND_SNAPSHOTS 1",
         "#define BERTH_FLAG_PANIC_UNWIND 1",
         "#define BERTH_STATUS_UNSUPPORTED 3",
@@ -87,6 +87,12 @@ fn header_declares_the_constants_structs_and_function_types() {
         "BERTH_MODEL_INFO_SIZE_V1_3",
         "struct BerthStrRef embedding_json;",
         "BerthStatus (*embed)(void *handle, const struct BerthBatch *batch, struct BerthLogits *out, struct BerthErrorBuf *err);",
+        "BERTH_MODEL_VTABLE_SIZE_V1_4",
+        "typedef struct BerthRgbImage {",
+        "typedef struct BerthPreparedSlice {",
+        "typedef struct BerthImageSink {",
+        "BerthStatus (*prepare_image)(void *handle, const struct BerthRgbImage *image, uint32_t index, const struct BerthImageSink *sink, struct BerthErrorBuf *err);",
+        "BerthStatus (*add_slice)(void *context, const struct BerthPreparedSlice *slice);",
     ] {
         assert!(
             h.contains(needle),
@@ -131,6 +137,9 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
         ("BerthBatch", size_of::<abi::Batch>()),
         ("BerthLogits", size_of::<abi::Logits>()),
         ("BerthImageInput", size_of::<abi::ImageInput>()),
+        ("BerthRgbImage", size_of::<abi::RgbImage>()),
+        ("BerthPreparedSlice", size_of::<abi::PreparedSlice>()),
+        ("BerthImageSink", size_of::<abi::ImageSink>()),
     ];
     let mut c = String::from("#include \"berth_plugin.h\"\n\n");
     c.push_str("const BerthEntryTable *berth_plugin_entry_v1(void);\n");
@@ -166,6 +175,10 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
         "_Static_assert(BERTH_MODEL_INFO_SIZE_V1_3 == {}, \"1.3 model info size\");\n",
         abi::MODEL_INFO_SIZE_V1_3
     ));
+    c.push_str(&format!(
+        "_Static_assert(BERTH_MODEL_VTABLE_SIZE_V1_4 == {}, \"1.4 vtable size\");\n",
+        abi::MODEL_VTABLE_SIZE_V1_4
+    ));
     for (name, value) in [
         ("BERTH_ABI_MINOR", u64::from(abi::ABI_MINOR)),
         ("BERTH_CAP_VISION", abi::CAP_VISION),
@@ -185,12 +198,13 @@ fn a_c_compiler_accepts_the_header_with_the_frozen_layout() {
     let vtable = [
         ("encode_images", offset_of!(abi::ModelVtable, encode_images)),
         ("embed", offset_of!(abi::ModelVtable, embed)),
+        ("prepare_image", offset_of!(abi::ModelVtable, prepare_image)),
     ];
     let info = [
         ("vision_json", offset_of!(abi::ModelInfo, vision_json)),
         ("embedding_json", offset_of!(abi::ModelInfo, embedding_json)),
     ];
-    for (strukt, fields) in [("BerthModelVtable", vtable), ("BerthModelInfo", info)] {
+    for (strukt, fields) in [("BerthModelVtable", &vtable[..]), ("BerthModelInfo", &info[..])] {
         for (field, offset) in fields {
             c.push_str(&format!(
                 "_Static_assert(offsetof({strukt}, {field}) == {offset}, \"{strukt}.{field}\");\n"

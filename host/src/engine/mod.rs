@@ -19,6 +19,7 @@
 
 pub mod embed;
 pub mod metrics;
+mod prepare;
 pub mod sequence;
 pub mod speculation;
 
@@ -27,8 +28,9 @@ use metrics::Metrics;
 use sequence::{DecodeOptions, FinishReason, SequenceDecoder};
 use speculation::{Speculator, MAX_DRAFT};
 
+use crate::image::RgbImage;
 use crate::tokenizer::Tokenizer;
-use berth_plugin_api::{BatchView, ImageInput, Rewind};
+use berth_plugin_api::{BatchView, ImageInput, PluginError, PreparedImage, Rewind};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
@@ -200,6 +202,8 @@ struct State {
     pending: VecDeque<Job>,
     /// Embedding jobs not yet taken by the scheduler.
     embeds: VecDeque<embed::EmbedJob>,
+    /// Image preparations not yet taken by the scheduler.
+    prepares: VecDeque<prepare::PrepareJob>,
     active: usize,
     closing: bool,
 }
@@ -233,6 +237,7 @@ impl Engine {
             state: Mutex::new(State {
                 pending: VecDeque::new(),
                 embeds: VecDeque::new(),
+                prepares: VecDeque::new(),
                 active: 0,
                 closing: false,
             }),
@@ -289,6 +294,25 @@ impl Engine {
         st.embeds.push_back(job);
         self.shared.wake.notify_one();
         Ok(rx)
+    }
+
+    /// Has the model prepare decoded images (its plugin's `prepare_image`), each with its
+    /// number among its request's images; waits (blocking) for the answers, one per image in
+    /// order. They run on the scheduler's thread between decode steps, as every plugin call does.
+    pub fn prepare_images(
+        &self,
+        images: Vec<(RgbImage, u32)>,
+    ) -> Result<Vec<Result<PreparedImage, PluginError>>, SubmitError> {
+        let (job, answers) = prepare::PrepareJob::new(images);
+        {
+            let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.closing {
+                return Err(SubmitError::Closed);
+            }
+            st.prepares.push_back(job);
+            self.shared.wake.notify_one();
+        }
+        answers.recv().map_err(|_| SubmitError::Closed)
     }
 
     /// Requests queued and sequences running.
@@ -421,6 +445,8 @@ struct Scheduler {
     speculate: bool,
     /// Embedding jobs taken from the queue, run between decode steps.
     embeds: VecDeque<embed::EmbedJob>,
+    /// Image preparations taken from the queue, run between decode steps.
+    prepares: VecDeque<prepare::PrepareJob>,
 }
 
 impl Scheduler {
@@ -450,6 +476,7 @@ impl Scheduler {
             fork_unsupported: false,
             speculate,
             embeds: VecDeque::new(),
+            prepares: VecDeque::new(),
         }
     }
 
@@ -469,6 +496,9 @@ impl Scheduler {
             }
             self.drop_cancelled();
             kv.set(self.kv_rows_held(), capacity);
+            if !self.prepares.is_empty() {
+                self.prepare_images();
+            }
             if !self.embeds.is_empty() {
                 embed::run_batch(&mut self.model, &mut self.embeds, &self.shared.metrics);
             }
@@ -501,8 +531,9 @@ impl Scheduler {
                 self.place(job);
             }
             self.embeds.extend(st.embeds.drain(..));
+            self.prepares.extend(st.prepares.drain(..));
             st.active = self.slots.iter().filter(|s| s.run.is_some()).count();
-            if st.active > 0 || !self.embeds.is_empty() {
+            if st.active > 0 || !self.embeds.is_empty() || !self.prepares.is_empty() {
                 return true;
             }
             if st.closing && st.pending.is_empty() {
@@ -884,26 +915,51 @@ impl Scheduler {
             .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
         if let Err(e) = result {
             tracing::error!(error = %e.message, "decode failed; failing the running sequences");
-            for (i, slot) in self.slots.iter_mut().enumerate() {
-                // The cache is in an unknown state (or the instance was recreated): start over.
-                let reset = self
-                    .model
-                    .instance()
-                    .and_then(|inst| inst.seq_truncate(i as i32, 0));
-                slot.stale = reset.is_err();
-                slot.cached.clear();
-                slot.exact = 0;
-                if let Some(r) = slot.run.take() {
-                    let _ = r
-                        .job
-                        .events
-                        .send(Event::Error(format!("model error: {}", e.message)));
-                    m.active_sequences.fetch_sub(1, Relaxed);
-                }
-            }
+            self.fail_running(&e.message);
             return None;
         }
         Some(step_secs)
+    }
+
+    /// Fails every running sequence with a model error and empties every slot's cache: the
+    /// plugin's sequences are in an unknown state, or its instance was recreated.
+    fn fail_running(&mut self, message: &str) {
+        let m = &self.shared.metrics;
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let reset = self
+                .model
+                .instance()
+                .and_then(|inst| inst.seq_truncate(i as i32, 0));
+            slot.stale = reset.is_err();
+            slot.cached.clear();
+            slot.exact = 0;
+            if let Some(r) = slot.run.take() {
+                let _ = r.job.events.send(Event::Error(format!("model error: {message}")));
+                m.active_sequences.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
+    /// Answers the queued image preparations (the plugin's `prepare_image`, between decode
+    /// steps). A panic in the plugin poisons its instance, which is recreated without the
+    /// running sequences' state: they fail as after a failed decode.
+    fn prepare_images(&mut self) {
+        let mut poisoned = None;
+        for job in std::mem::take(&mut self.prepares) {
+            let answers = prepare::answer(&mut self.model, &job);
+            if let Some(e) = answers
+                .iter()
+                .filter_map(|a| a.as_ref().err())
+                .find(|e| e.kind == berth_plugin_api::ErrorKind::Poisoned)
+            {
+                poisoned = Some(e.message.clone());
+            }
+            job.reply(answers);
+        }
+        if let Some(message) = poisoned {
+            tracing::error!(error = %message, "image preparation poisoned the model; failing the running sequences");
+            self.fail_running(&message);
+        }
     }
 
     /// Takes a decoded batch's results, part by part: prompt chunks extend their caches, picked

@@ -6,15 +6,7 @@ use std::io::Cursor;
 use image::{ImageFormat, ImageReader};
 
 /// A decoded image: 8-bit RGB, row-major, interleaved (`[height, width, 3]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RgbImage {
-    /// Width in pixels.
-    pub width: usize,
-    /// Height in pixels.
-    pub height: usize,
-    /// `width * height * 3` bytes.
-    pub data: Vec<u8>,
-}
+pub use berth_kernels::image::RgbImage;
 
 /// Limits applied before an image is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

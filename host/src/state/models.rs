@@ -213,6 +213,13 @@ impl Model {
         let mut model = model;
         let tools_enabled = model.instance().map(|i| i.tools_enabled()).unwrap_or(false);
         let vision = model.instance().ok().and_then(|i| i.vision().cloned());
+        if let Some(why) = model
+            .instance()
+            .ok()
+            .and_then(|i| i.vision_refused().map(str::to_string))
+        {
+            tracing::warn!(model = %entry.reference, plugin = %plugin, reason = %why, "model takes no images");
+        }
         let embedding = model.instance().ok().and_then(|i| i.embedding().cloned());
         let mut capabilities = m.capabilities.clone();
         if vision.is_some() && !capabilities.iter().any(|c| c == "vision") {

@@ -1,7 +1,8 @@
 //! Image inputs of a request: OpenAI `image_url` parts (`data:` URLs and `http(s)` URLs) and
-//! Ollama `images`, loaded, decoded and preprocessed by the model's [`VisionSpec`] scheme, their
-//! placeholder text put where the image was in the message, and their slices matched to the
-//! placeholder tokens of the tokenized prompt. Every failure is a 400 naming the part.
+//! Ollama `images`, loaded, decoded, prepared by the model itself (its plugin's `prepare_image`:
+//! resize, slices, normalisation, placeholder text), their placeholder text put where the image
+//! was in the message, and their slices matched to the placeholder tokens of the tokenized
+//! prompt. Every failure is a 400 naming the part.
 //!
 //! While the conversation is rendered, each image stands in its message's content as a marker
 //! ([`marker`]); the rendered text then gets each image's placeholder in place of its marker, as a
@@ -9,15 +10,14 @@
 
 use super::request::{ImageRef, ImageSource};
 use super::ApiError;
-use crate::engine::JobImage;
-use crate::image::resample::Arithmetic;
-use crate::image::{lfm2vl, minicpmv, DecodeLimits, PreprocessedImage};
+use crate::engine::{JobImage, SubmitError};
+use crate::image::{DecodeLimits, RgbImage};
 use crate::state::models::Model;
 use crate::tokenizer::Tokenizer;
 use axum::http::StatusCode;
 use base64::Engine as _;
-use berth_plugin_api::{PixelLayout, VisionSpec};
-use serde_json::{Map, Value};
+use berth_plugin_api::{ErrorKind, PluginError, PreparedImage, VisionSpec};
+use serde_json::Value;
 use sha2::Digest;
 use std::io::Read;
 use std::time::Duration;
@@ -345,159 +345,43 @@ fn vision_for<'a>(
     }
 }
 
-fn param<T: serde::de::DeserializeOwned>(
-    params: &Map<String, Value>,
-    key: &str,
-    default: T,
-) -> Result<T, String> {
-    match params.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| format!("vision param '{key}': {e}")),
-    }
-}
+/// The model's answers for decoded images, one per image in order: its `prepare_image`
+/// through the engine, or any stand-in.
+pub type PrepareResult = Result<Vec<Result<PreparedImage, PluginError>>, SubmitError>;
 
-/// A scheme's settings from a vision spec, with the scheme's defaults for what it leaves out.
-enum Scheme {
-    MiniCpmV(minicpmv::MiniCpmVParams, minicpmv::MiniCpmVTokens),
-    Lfm2Vl(lfm2vl::Lfm2VlParams, lfm2vl::Lfm2VlTokens),
-}
-
-fn scheme(spec: &VisionSpec, image_token: String) -> Result<Scheme, String> {
-    let p = &spec.params;
-    let patch = spec.patch_size as usize;
-    match spec.scheme.as_str() {
-        "minicpmv" => {
-            let d = minicpmv::MiniCpmVParams::default();
-            let mode = match param(p, "downsample_mode", "16x".to_string())?.as_str() {
-                "16x" => minicpmv::DownsampleMode::X16,
-                "4x" => minicpmv::DownsampleMode::X4,
-                m => return Err(format!("vision param 'downsample_mode': unknown '{m}'")),
-            };
-            let arithmetic = match param(p, "arithmetic", "pillow".to_string())?.as_str() {
-                "pillow" => Arithmetic::Pillow,
-                "torch" => Arithmetic::TorchU8,
-                a => return Err(format!("vision param 'arithmetic': unknown '{a}'")),
-            };
-            let params = minicpmv::MiniCpmVParams {
-                max_slice_nums: param(p, "max_slice_nums", d.max_slice_nums)?,
-                scale_resolution: param(p, "scale_resolution", d.scale_resolution)?,
-                patch_size: patch,
-                slice_mode: param(p, "slice_mode", d.slice_mode)?,
-                downsample_mode: mode,
-                use_image_id: param(p, "use_image_id", d.use_image_id)?,
-                image_mean: param(p, "image_mean", d.image_mean)?,
-                image_std: param(p, "image_std", d.image_std)?,
-                arithmetic,
-                query_num: param(p, "query_num", d.query_num)?,
-            };
-            if params.query_num == Some(0) {
-                return Err("vision param 'query_num' must be positive".into());
-            }
-            Ok(Scheme::MiniCpmV(
-                params,
-                minicpmv::MiniCpmVTokens {
-                    image: image_token,
-                    ..Default::default()
-                },
-            ))
-        }
-        "lfm2_vl" => {
-            let d = lfm2vl::Lfm2VlParams::default();
-            let params = lfm2vl::Lfm2VlParams {
-                downsample_factor: param(p, "downsample_factor", d.downsample_factor)?,
-                do_image_splitting: param(p, "do_image_splitting", d.do_image_splitting)?,
-                min_tiles: param(p, "min_tiles", d.min_tiles)?,
-                max_tiles: param(p, "max_tiles", d.max_tiles)?,
-                use_thumbnail: param(p, "use_thumbnail", d.use_thumbnail)?,
-                min_image_tokens: param(p, "min_image_tokens", d.min_image_tokens)?,
-                max_image_tokens: param(p, "max_image_tokens", d.max_image_tokens)?,
-                encoder_patch_size: patch,
-                tile_size: param(p, "tile_size", d.tile_size)?,
-                max_pixels_tolerance: param(p, "max_pixels_tolerance", d.max_pixels_tolerance)?,
-                image_mean: param(p, "image_mean", d.image_mean)?,
-                image_std: param(p, "image_std", d.image_std)?,
-            };
-            if params.downsample_factor == 0
-                || params.tile_size < patch
-                || params.min_tiles > params.max_tiles
-            {
-                return Err("vision params out of range".into());
-            }
-            Ok(Scheme::Lfm2Vl(
-                params,
-                lfm2vl::Lfm2VlTokens {
-                    image: image_token,
-                    use_special_tokens: param(p, "use_image_special_tokens", true)?,
-                    ..Default::default()
-                },
-            ))
-        }
-        s => Err(format!("unknown image preprocessing scheme '{s}'")),
-    }
-}
-
-/// An image preprocessed for the model, with its slices in the plugin's layout and each slice's
-/// placeholder token count.
+/// An image prepared by the model, with its slices (their positions still empty) and each
+/// slice's placeholder token count.
 struct Prepared {
-    pre: PreprocessedImage,
+    placeholder: String,
     slices: Vec<(JobImage, usize)>,
 }
 
-fn prepare(
-    spec: &VisionSpec,
-    scheme: &Scheme,
-    img: &RequestImage,
-    index: usize,
-) -> Result<Prepared, ApiError> {
-    let decoded =
-        crate::image::decode(&img.bytes, DecodeLimits::default()).map_err(|e| bad(&img.place, e))?;
-    let p = spec.patch_size as usize;
+/// The job slices of a prepared image; `bytes` (the file) gives their prefix-cache hashes.
+fn job_slices(bytes: &[u8], prepared: PreparedImage) -> Prepared {
     let hash = {
-        let d = sha2::Sha256::digest(&img.bytes);
+        let d = sha2::Sha256::digest(bytes);
         u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
     };
-    let pre = match scheme {
-        Scheme::MiniCpmV(params, tokens) => minicpmv::preprocess(&decoded, params, tokens, index),
-        Scheme::Lfm2Vl(params, tokens) => lfm2vl::preprocess(&decoded, params, tokens),
-    };
-    let mut slices = Vec::with_capacity(pre.slices.len());
-    for (k, s) in pre.slices.iter().enumerate() {
-        let (nh, nw) = (s.height / p, s.width / p);
-        let count = match scheme {
-            Scheme::MiniCpmV(params, _) => params.slice_tokens(nh, nw),
-            Scheme::Lfm2Vl(params, _) => {
-                nh.div_ceil(params.downsample_factor) * nw.div_ceil(params.downsample_factor)
-            }
-        };
-        let grid = Some((nh as u32, nw as u32));
-        let (shape, pixels, patch_mask) = match spec.layout {
-            PixelLayout::Chw => (vec![3, s.height as u32, s.width as u32], s.data.clone(), None),
-            PixelLayout::PatchStrip => {
-                let strip = minicpmv::patchify(s, p);
-                (vec![3, p as u32, (nh * nw * p) as u32], strip, None)
-            }
-            PixelLayout::Patches => {
-                let max = match scheme {
-                    Scheme::Lfm2Vl(params, _) => params.max_num_patches(),
-                    Scheme::MiniCpmV(..) => nh * nw,
-                };
-                let t = lfm2vl::patchify(s, p, max);
-                let rows = t.patches.len() / (3 * p * p);
-                let mask: Vec<u8> = (0..rows).map(|r| u8::from(r < t.valid_patches)).collect();
-                (vec![rows as u32, (3 * p * p) as u32], t.patches, Some(mask))
-            }
-        };
-        let job = JobImage {
-            shape,
-            pixels,
-            patch_mask,
-            grid,
-            positions: Vec::new(),
-            hash: hash ^ (k as u64).wrapping_mul(0xff51_afd7_ed55_8ccd),
-        };
-        slices.push((job, count));
+    let slices = prepared
+        .slices
+        .into_iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let job = JobImage {
+                shape: s.shape,
+                pixels: s.pixels,
+                patch_mask: s.patch_mask,
+                grid: s.grid,
+                positions: Vec::new(),
+                hash: hash ^ (k as u64).wrapping_mul(0xff51_afd7_ed55_8ccd),
+            };
+            (job, s.tokens as usize)
+        })
+        .collect();
+    Prepared {
+        placeholder: prepared.placeholder,
+        slices,
     }
-    Ok(Prepared { pre, slices })
 }
 
 /// Puts each image's placeholder text in place of its marker in the rendered prompt, tokenizes
@@ -516,11 +400,13 @@ pub fn expand(
         rendered,
         images,
         add_special,
+        |decoded| model.engine.prepare_images(decoded),
     )
 }
 
-/// [`expand`] for any tokenizer and vision spec (`berth run`'s session as well as the server's
-/// models); `reference` names the model in errors.
+/// [`expand`] for any tokenizer, vision spec and way of preparing images (`prepare` gets each
+/// decoded image with its number among the request's images); `reference` names the model in
+/// errors.
 pub fn expand_for(
     tokenizer: &Tokenizer,
     vision: Option<&VisionSpec>,
@@ -528,6 +414,7 @@ pub fn expand_for(
     rendered: &str,
     images: &[RequestImage],
     add_special: bool,
+    prepare: impl FnOnce(Vec<(RgbImage, u32)>) -> PrepareResult,
 ) -> Result<(String, Vec<u32>, Vec<JobImage>), ApiError> {
     let Some(spec) = vision_for(vision, reference, images)? else {
         return Ok((
@@ -544,17 +431,55 @@ pub fn expand_for(
     };
     let image_id =
         u32::try_from(spec.image_token_id).map_err(|_| unusable("negative image token id".into()))?;
-    let image_token = tokenizer.decode(&[image_id], false);
-    let scheme = scheme(spec, image_token).map_err(unusable)?;
-    let mut text = rendered.to_string();
-    let mut prepared = Vec::with_capacity(images.len());
+    let mut decoded = Vec::with_capacity(images.len());
     for (k, img) in images.iter().enumerate() {
-        let m = marker(k);
-        if text.matches(&m).count() != 1 {
+        if rendered.matches(&marker(k)).count() != 1 {
             return Err(bad(&img.place, "the chat template dropped or repeated the image"));
         }
-        let p = prepare(spec, &scheme, img, k)?;
-        text = text.replacen(&m, &p.pre.placeholder, 1);
+        let rgb =
+            crate::image::decode(&img.bytes, DecodeLimits::default()).map_err(|e| bad(&img.place, e))?;
+        let index = u32::try_from(k).map_err(|_| bad(&img.place, "too many images"))?;
+        decoded.push((rgb, index));
+    }
+    let answers = prepare(decoded).map_err(|e| match e {
+        SubmitError::Closed => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("model {reference} is unloading"),
+        ),
+        SubmitError::QueueFull => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("model {reference} is busy"),
+        ),
+    })?;
+    if answers.len() != images.len() {
+        return Err(unusable(format!(
+            "{} images prepared for {}",
+            answers.len(),
+            images.len()
+        )));
+    }
+    let mut text = rendered.to_string();
+    let mut prepared = Vec::with_capacity(images.len());
+    for (k, (img, answer)) in images.iter().zip(answers).enumerate() {
+        let p = match answer {
+            Ok(p) => job_slices(&img.bytes, p),
+            Err(e) if e.kind == ErrorKind::InvalidArgument => {
+                return Err(bad(
+                    &img.place,
+                    format!("the model cannot take the image: {}", e.message),
+                ))
+            }
+            Err(e) => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "{}: model {reference} failed to prepare the image: {e}",
+                        img.place
+                    ),
+                ))
+            }
+        };
+        text = text.replacen(&marker(k), &p.placeholder, 1);
         prepared.push(p);
     }
     let tokens = tokenizer.encode(&text, add_special);
@@ -565,13 +490,6 @@ pub fn expand_for(
         .map(|(i, _)| i as i32);
     let mut out = Vec::new();
     for (img, p) in images.iter().zip(prepared) {
-        let want: usize = p.slices.iter().map(|s| s.1).sum();
-        if want != p.pre.image_tokens {
-            return Err(unusable(format!(
-                "the slices of {} need {want} placeholder tokens but the placeholder holds {}",
-                img.place, p.pre.image_tokens
-            )));
-        }
         for (mut job, count) in p.slices {
             job.positions = at.by_ref().take(count).collect();
             if job.positions.len() != count {
@@ -694,6 +612,91 @@ mod tests {
         assert_eq!(imgs.len(), 2);
         assert_eq!(imgs[1].place, "messages[0].content[3]");
         assert_eq!(msgs[0]["content"], format!("a {} b{}", marker(0), marker(1)));
+    }
+
+    /// A byte-level tokenizer whose token 256 is `<img>`.
+    fn img_tokenizer() -> (tempfile::TempDir, Tokenizer) {
+        let vocab: serde_json::Map<String, Value> = crate::tokenizer::byte_level_alphabet()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.to_string(), serde_json::json!(i)))
+            .collect();
+        let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+            "trim_offsets": true, "use_regex": true});
+        let tj = serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 256, "content": "<img>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+                "byte_fallback": false, "vocab": vocab, "merges": []}});
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, tj.to_string()).unwrap();
+        let tok = Tokenizer::from_tokenizer_json(&path).unwrap();
+        (dir, tok)
+    }
+
+    #[test]
+    fn the_models_placeholders_replace_the_markers_and_its_refusals_name_the_image() {
+        let (_dir, tok) = img_tokenizer();
+        let spec = VisionSpec {
+            scheme: String::new(),
+            layout: berth_plugin_api::PixelLayout::Chw,
+            patch_size: 1,
+            image_token_id: 256,
+            params: Default::default(),
+        };
+        let png = std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/images/tiny.png"),
+        )
+        .unwrap();
+        let images = vec![RequestImage {
+            place: "images[0]".into(),
+            bytes: png,
+        }];
+        let rendered = format!("a{}b", marker(0));
+        let two = |decoded: Vec<(RgbImage, u32)>| -> PrepareResult {
+            assert_eq!(decoded.len(), 1);
+            assert_eq!(decoded[0].1, 0);
+            Ok(vec![Ok(PreparedImage {
+                placeholder: "<img><img>".into(),
+                slices: vec![berth_plugin_api::PreparedSlice {
+                    shape: vec![3, 1, 1],
+                    pixels: vec![0.0; 3],
+                    tokens: 2,
+                    ..Default::default()
+                }],
+            })])
+        };
+        let (text, tokens, slices) =
+            expand_for(&tok, Some(&spec), "m", &rendered, &images, false, two).unwrap();
+        assert_eq!(text, "a<img><img>b");
+        assert_eq!(tokens[1..3], [256, 256]);
+        assert_eq!(slices.len(), 1);
+        assert_eq!(slices[0].positions, vec![1, 2]);
+        let refuse = |_: Vec<(RgbImage, u32)>| -> PrepareResult {
+            Ok(vec![Err(PluginError::invalid_argument("too small"))])
+        };
+        let e = expand_for(&tok, Some(&spec), "m", &rendered, &images, false, refuse).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.message.starts_with("images[0]: ") && e.message.contains("too small"),
+            "{}",
+            e.message
+        );
+        let gone = |_: Vec<(RgbImage, u32)>| -> PrepareResult { Err(SubmitError::Closed) };
+        let e = expand_for(&tok, Some(&spec), "m", &rendered, &images, false, gone).unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        // A file that does not decode is a 400 naming it before the model sees anything.
+        let broken = vec![RequestImage {
+            place: "images[0]".into(),
+            bytes: b"not an image".to_vec(),
+        }];
+        let unused = |_: Vec<(RgbImage, u32)>| -> PrepareResult { panic!("nothing to prepare") };
+        let e = expand_for(&tok, Some(&spec), "m", &rendered, &broken, false, unused).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("images[0]: "), "{}", e.message);
     }
 
     #[test]

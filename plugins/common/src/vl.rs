@@ -4,10 +4,11 @@
 //! the loaded language model; the pending-feature rule below is the same for every family.
 
 use crate::family::{bad, Loaded};
+use crate::vision::preprocess::ImageScheme;
 use crate::DecoderModel;
 use berth_plugin_api::{
     BatchView, EmbeddingSpec, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PluginError,
-    VisionSpec,
+    PreparedImage, RgbView, VisionSpec,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -52,21 +53,25 @@ pub struct VisionLanguageModel<T> {
     pub tower: T,
     /// The image placeholder token whose rows take image features.
     pub image_token_id: i32,
-    /// What the host is told about preprocessing ([`Model::vision`]).
+    /// What the host is told about the model's images ([`Model::vision`]).
     spec: VisionSpec,
+    /// How a decoded image becomes placeholder text and slices ([`Model::prepare_image`]).
+    scheme: Box<dyn ImageScheme>,
     /// Per sequence: the feature row of each placeholder position not yet decoded.
     pending: HashMap<i32, BTreeMap<i32, Vec<f32>>>,
 }
 
 impl<T: VisionTower> VisionLanguageModel<T> {
-    /// Builds the model from the loaded language model, the tower and the host's vision spec
-    /// (whose `image_token_id` is the placeholder), after checking the placeholder against the
-    /// vocabulary and the tower's feature width against the language model's.
+    /// Builds the model from the loaded language model, the tower, the host's vision spec
+    /// (whose `image_token_id` is the placeholder) and the tower's image preparation rule, after
+    /// checking the placeholder against the vocabulary and the tower's feature width against the
+    /// language model's.
     pub fn new(
         loaded: Loaded,
         config: &LoadConfig,
         tower: T,
         spec: VisionSpec,
+        scheme: Box<dyn ImageScheme>,
     ) -> Result<VisionLanguageModel<T>, PluginError> {
         let (width, hidden) = (tower.feature_width(), loaded.cfg.hidden);
         if width != hidden {
@@ -86,6 +91,7 @@ impl<T: VisionTower> VisionLanguageModel<T> {
             tower,
             image_token_id,
             spec,
+            scheme,
             pending: HashMap::new(),
         })
     }
@@ -265,6 +271,10 @@ impl<T: VisionTower> Model for VisionLanguageModel<T> {
 
     fn vision(&self) -> Option<VisionSpec> {
         Some(self.spec.clone())
+    }
+
+    fn prepare_image(&self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
+        self.scheme.prepare(image, index)
     }
 
     /// Checks every image, then encodes them all, then keeps them: all or nothing.

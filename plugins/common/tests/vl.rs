@@ -4,14 +4,39 @@
 //! are compared bit for bit with the same batches given their features explicitly.
 
 use berth_plugin_api::{
-    BatchView, ImageInput, LoadConfig, LogitsOut, Model, PixelLayout, PluginError, VisionSpec,
+    BatchView, ImageInput, LoadConfig, LogitsOut, Model, PixelLayout, PluginError, PreparedImage, PreparedSlice,
+    RgbView, VisionSpec,
 };
 use berth_plugin_common::family::Loaded;
+use berth_plugin_common::vision::preprocess::ImageScheme;
 use berth_plugin_common::{
     Activation, DecoderConfig, DecoderModel, DecoderWeights, HfNames, VisionLanguageModel, VisionTower,
     Weights,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The tiny model's image preparation: one image token per 8-pixel row band, the image's
+/// number in the placeholder, pixels as 0..1 rows.
+struct TinyScheme;
+
+impl ImageScheme for TinyScheme {
+    fn prepare(&self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
+        if image.height % 8 != 0 {
+            return Err(PluginError::invalid_argument("height not a multiple of 8"));
+        }
+        let tokens = (image.height / 8) as usize;
+        Ok(PreparedImage {
+            placeholder: format!("<{index}>{}", "<img>".repeat(tokens)),
+            slices: vec![PreparedSlice {
+                shape: vec![tokens as u32, PER_TOKEN as u32],
+                pixels: (0..tokens * PER_TOKEN).map(|i| i as f32 / 255.0).collect(),
+                patch_mask: None,
+                grid: Some((tokens as u32, 1)),
+                tokens: tokens as u32,
+            }],
+        })
+    }
+}
 
 const VOCAB: usize = 512;
 const WIDTH: usize = 64;
@@ -104,7 +129,7 @@ fn spec() -> VisionSpec {
 /// The model, and a plain language model fed explicit features for the reference logits.
 fn models() -> (VisionLanguageModel<TinyTower>, DecoderModel) {
     let (reference, loaded) = text();
-    let m = VisionLanguageModel::new(loaded, &load_config(), TinyTower::default(), spec()).unwrap();
+    let m = VisionLanguageModel::new(loaded, &load_config(), TinyTower::default(), spec(), Box::new(TinyScheme)).unwrap();
     (m, reference)
 }
 
@@ -305,7 +330,7 @@ fn the_wrapper_checks_the_tower_and_token_against_the_language_model() {
     let (_, loaded) = text();
     let mut far = spec();
     far.image_token_id = VOCAB as i32;
-    let err = VisionLanguageModel::new(loaded, &load_config(), TinyTower::default(), far)
+    let err = VisionLanguageModel::new(loaded, &load_config(), TinyTower::default(), far, Box::new(TinyScheme))
         .err()
         .unwrap();
     assert!(err.message.contains("outside the vocabulary"), "{}", err.message);
@@ -314,7 +339,7 @@ fn the_wrapper_checks_the_tower_and_token_against_the_language_model() {
         narrow: true,
         ..Default::default()
     };
-    let err = VisionLanguageModel::new(loaded, &load_config(), narrow, spec())
+    let err = VisionLanguageModel::new(loaded, &load_config(), narrow, spec(), Box::new(TinyScheme))
         .err()
         .unwrap();
     assert!(
@@ -325,4 +350,26 @@ fn the_wrapper_checks_the_tower_and_token_against_the_language_model() {
     let (m, _) = models();
     assert_eq!(m.vision().unwrap().scheme, "tiny");
     assert_eq!(m.describe().vocab_size as usize, VOCAB);
+}
+
+#[test]
+fn images_are_prepared_by_the_towers_scheme() {
+    let (m, _) = models();
+    let data = vec![0u8; 4 * 16 * 3];
+    let view = RgbView {
+        width: 4,
+        height: 16,
+        data: &data,
+    };
+    let prepared = m.prepare_image(&view, 3).unwrap();
+    assert_eq!(prepared.placeholder, "<3><img><img>");
+    assert_eq!(prepared.slices.len(), 1);
+    assert_eq!(prepared.slices[0].tokens, 2);
+    let odd = RgbView {
+        width: 4,
+        height: 15,
+        data: &data[..4 * 15 * 3],
+    };
+    let err = m.prepare_image(&odd, 0).unwrap_err();
+    assert!(err.message.contains("multiple of 8"), "{}", err.message);
 }

@@ -9,7 +9,7 @@
 
 use berth_plugin_api::{
     BatchView, Family, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PluginError,
-    PluginManifest, VisionSpec,
+    PluginManifest, PreparedImage, RgbView, VisionSpec,
 };
 use berth_plugin_common::family::{
     bad, chat_template, family_manifest, hf_config, load_experts, load_pack, probe_family,
@@ -112,6 +112,10 @@ impl Model for Lfm2Model {
 
     fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
         self.inner_mut().encode_images(seq, images)
+    }
+
+    fn prepare_image(&self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
+        self.inner().prepare_image(image, index)
     }
 }
 

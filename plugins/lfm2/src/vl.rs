@@ -3,13 +3,16 @@
 //! of the language model's width per image token) take the place of the token embeddings at the
 //! image-token positions of the prompt, in order, as transformers' `masked_scatter` places them.
 //!
-//! This module is the tower choice ([`Lfm2VlVision`]), the weight map and the preprocessing
-//! spec (scheme `lfm2_vl`, layout `patches`); the plugin `Model`, with its rule for pending
-//! image features, is `berth-plugin-common`'s [`VisionLanguageModel`].
+//! This module is the tower choice ([`Lfm2VlVision`]), the weight map and the image
+//! preparation rule (`berth-plugin-common`'s `lfm2_vl` scheme, layout `patches`, with this
+//! pack's processor settings); the plugin `Model`, with its rule for pending image features, is
+//! `berth-plugin-common`'s [`VisionLanguageModel`].
 
 use berth_plugin_api::{ImageInput, LoadConfig, PixelLayout, PluginError, VisionSpec};
 use berth_plugin_common::family::{bad, open_weights, read_json, weight_files};
 use berth_plugin_common::vision::lfm2_vl::Lfm2VlProjector;
+use berth_plugin_common::vision::preprocess::lfm2_vl::Lfm2VlScheme;
+use berth_plugin_common::vision::preprocess::token_text;
 use berth_plugin_common::vision::siglip2::Siglip2VisionModel;
 use berth_plugin_common::vision::VisionConfig;
 use berth_plugin_common::{VisionLanguageModel, VisionTower, WeightFormat};
@@ -82,7 +85,9 @@ pub fn load(config: &LoadConfig) -> Result<Lfm2VlModel, PluginError> {
         projector.factor,
         image_token_id,
     )?;
-    VisionLanguageModel::new(loaded, config, Lfm2VlVision { encoder, projector }, spec)
+    let scheme = image_scheme(&config.pack_dir, &spec)?;
+    let tower = Lfm2VlVision { encoder, projector };
+    VisionLanguageModel::new(loaded, config, tower, spec, Box::new(scheme))
 }
 
 impl Lfm2VlVision {
@@ -173,8 +178,17 @@ fn optional_json(path: &Path) -> Result<Value, PluginError> {
     }
 }
 
-/// What the host needs to preprocess images as `Lfm2VlImageProcessor` does and to expand the
-/// placeholders as `Lfm2VlProcessor` does: the image processor's settings under its own names
+/// The image preparation of a spec from [`vision_spec`]: its params, with the image token's text
+/// from the pack's tokenizer (else `tokenizer_config.json`'s `image_token`).
+fn image_scheme(dir: &Path, spec: &VisionSpec) -> Result<Lfm2VlScheme, PluginError> {
+    let image_token = token_text(dir, spec.image_token_id)
+        .or_else(|| spec.params.get("image_token")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "<image>".into());
+    Lfm2VlScheme::from_params(&spec.params, spec.patch_size as usize, image_token).map_err(bad)
+}
+
+/// What images are prepared with, as `Lfm2VlImageProcessor` does, with placeholders expanded
+/// as `Lfm2VlProcessor` does: the image processor's settings under its own names
 /// (from `preprocessor_config.json`, else transformers' defaults; the downsample factor and the
 /// patch size are the model's own and must agree), the marker tokens (`tokenizer_config.json`)
 /// and whether they are used (`processor_config.json`).

@@ -25,6 +25,8 @@ use berth_plugin_common::family::{
     Loaded, Specials,
 };
 use berth_plugin_common::vision::minicpmv4_6::MiniCpmV46Vision;
+use berth_plugin_common::vision::preprocess::minicpmv::MiniCpmVScheme;
+use berth_plugin_common::vision::preprocess::token_text;
 use berth_plugin_common::vision::VisionConfig;
 use berth_plugin_common::{MoeConfig, VisionLanguageModel, VisionTower, Weights};
 use serde_json::{json, Map, Value};
@@ -260,6 +262,9 @@ fn assemble(
     image_token_id: i32,
     params: Map<String, Value>,
 ) -> Result<MiniCpmVModel, PluginError> {
+    // The image token's text as the pack's tokenizer has it (`<unk>` for 4.0 / 4.5).
+    let image_token = token_text(&config.pack_dir, image_token_id).unwrap_or_else(|| "<unk>".into());
+    let scheme = MiniCpmVScheme::from_params(&params, vision.config().patch_size, image_token).map_err(bad)?;
     let spec = VisionSpec {
         scheme: "minicpmv".into(),
         layout: PixelLayout::PatchStrip,
@@ -267,7 +272,7 @@ fn assemble(
         image_token_id,
         params,
     };
-    VisionLanguageModel::new(loaded, config, vision, spec)
+    VisionLanguageModel::new(loaded, config, vision, spec, Box::new(scheme))
 }
 
 impl MiniCpmVVision {

@@ -17,16 +17,21 @@
 //! allowed. When the script names a `truncate_log`, every `seq_truncate` call is appended to it
 //! as a JSON line (`{"seq", "from", "len", "ok"}`). `refuse_fork` makes every `seq_fork` fail.
 //!
-//! Images (ABI 1.3): a script with a `vision` spec reports it and accepts `encode_images`; every
-//! image it receives is appended to `image_log` as a JSON line (`{"seq", "shape", "pixels"
+//! Images (ABI 1.3, 1.5): a script with a `vision` spec reports it, prepares images with the
+//! spec's scheme (`lfm2_vl` or `minicpmv`, from `berth-plugin-common`, in the spec's layout;
+//! the image token's text is the params' `image_token`, else the scheme's usual one) and accepts
+//! `encode_images`; every image it receives is appended to `image_log` as a JSON line (`{"seq", "shape", "pixels"
 //! (the [`pixel_checksum`]), "patch_mask", "grid", "positions"}`). A placeholder position the
 //! sequence already holds is refused, as a real model must (its row was decoded without it).
 
 use berth_plugin_api::abi::{CAP_THINKING, CAP_TOOLS};
 use berth_plugin_api::{
     BatchView, Family, ImageInput, LoadConfig, LogitsOut, Model, ModelDescription, PluginError,
-    PluginManifest, Rewind, VisionSpec,
+    PluginManifest, PreparedImage, Rewind, RgbView, VisionSpec,
 };
+use berth_plugin_common::vision::preprocess::lfm2_vl::{self, Lfm2VlScheme};
+use berth_plugin_common::vision::preprocess::minicpmv::{self, MiniCpmVScheme};
+use berth_plugin_common::vision::preprocess::{lay_out, rgb_image};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::io::Write;
@@ -430,6 +435,36 @@ impl Model for ScriptedModel {
         self.script.vision.clone()
     }
 
+    fn prepare_image(&self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
+        let Some(spec) = &self.script.vision else {
+            return Err(PluginError::unsupported(
+                "prepare_image: this script takes no images",
+            ));
+        };
+        let token = |usual: &str| {
+            let given = spec.params.get("image_token").and_then(serde_json::Value::as_str);
+            given.unwrap_or(usual).to_string()
+        };
+        let (img, patch) = (rgb_image(image), spec.patch_size as usize);
+        match spec.scheme.as_str() {
+            "lfm2_vl" => {
+                let scheme = Lfm2VlScheme::from_params(&spec.params, patch, token("<image>"))
+                    .map_err(PluginError::failed)?;
+                lfm2_vl::prepare(&scheme, &img, spec.layout)
+            }
+            "minicpmv" => {
+                let scheme = MiniCpmVScheme::from_params(&spec.params, patch, token("<unk>"))
+                    .map_err(PluginError::failed)?;
+                let p = &scheme.params;
+                let pre = minicpmv::preprocess(&img, p, &scheme.tokens, index as usize);
+                lay_out(pre, spec.layout, patch, 0, |nh, nw| p.slice_tokens(nh, nw))
+            }
+            other => Err(PluginError::failed(format!(
+                "unknown image preprocessing scheme '{other}'"
+            ))),
+        }
+    }
+
     fn encode_images(&mut self, seq: i32, images: &[ImageInput<'_>]) -> Result<(), PluginError> {
         if self.script.vision.is_none() {
             return Err(PluginError::unsupported(
@@ -685,6 +720,18 @@ mod tests {
         );
         let spec = m.vision().unwrap();
         assert_eq!((spec.scheme.as_str(), spec.image_token_id), ("lfm2_vl", 9));
+        // The spec's scheme prepares images: 2-pixel patches, at most 4 tokens of 2x2 patches.
+        let rgb = berth_plugin_api::RgbView {
+            width: 6,
+            height: 4,
+            data: &[90; 6 * 4 * 3],
+        };
+        let prepared = m.prepare_image(&rgb, 0).unwrap();
+        assert_eq!(prepared.slices.len(), 1);
+        let tokens = prepared.slices[0].tokens as usize;
+        assert!(prepared.placeholder.starts_with("<|image_start|>"));
+        assert_eq!(prepared.placeholder.matches("<image>").count(), tokens);
+        assert_eq!(prepared.slices[0].shape[1], 12);
         let pixels: Vec<f32> = (0..24).map(|i| i as f32 * 0.25 - 1.0).collect();
         let img = ImageInput {
             shape: &[2, 12],
@@ -718,6 +765,10 @@ mod tests {
         assert!(!m.supports_images() && m.vision().is_none());
         assert_eq!(
             m.encode_images(0, &[img]).unwrap_err().kind,
+            berth_plugin_api::ErrorKind::Unsupported
+        );
+        assert_eq!(
+            m.prepare_image(&rgb, 0).unwrap_err().kind,
             berth_plugin_api::ErrorKind::Unsupported
         );
     }

@@ -22,6 +22,7 @@ pub mod attention;
 pub mod idefics2;
 pub mod lfm2_vl;
 pub mod minicpmv4_6;
+pub mod preprocess;
 pub mod resampler;
 pub mod siglip;
 pub mod siglip2;

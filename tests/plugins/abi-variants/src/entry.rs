@@ -7,6 +7,8 @@ use berth_plugin_api::abi::ImageInput;
 use berth_plugin_api::abi::{
     self, Batch, ErrorBuf, Header, Instance, Logits, Status, StrRef, STATUS_INVALID_ARGUMENT, STATUS_OK,
 };
+#[cfg(feature = "newer")]
+use berth_plugin_api::abi::{ImageSink, PreparedSlice, RgbImage};
 use std::ffi::c_void;
 use std::mem::size_of;
 
@@ -16,13 +18,13 @@ pub const VOCAB: u32 = 16;
 pub const CONTEXT: u32 = 64;
 /// Most sequences at once.
 pub const MAX_SEQUENCES: u32 = 4;
-/// The capability bits reported: `newer` claims images and embeddings with the 1.3 and 1.4
+/// The capability bits reported: `newer` claims images and embeddings with the 1.3, 1.4 and 1.5
 /// fields to back them.
 #[cfg(feature = "newer")]
 const CAPABILITIES: u64 = abi::CAP_VISION | abi::CAP_EMBEDDING;
-/// The capability bits reported: `v1_3` takes images with the 1.3 fields, and claims
-/// `CAP_EMBEDDING`, as a 1.3 plugin could, though 1.3 has no way to embed (the host must clear
-/// it).
+/// The capability bits reported: `v1_3` states images with the 1.3 fields (but has no 1.5
+/// `prepare_image`, so a 1.5 host loads it text-only), and claims `CAP_EMBEDDING`, as a 1.3
+/// plugin could, though 1.3 has no way to embed (the host must clear both).
 #[cfg(feature = "v1_3")]
 const CAPABILITIES: u64 = abi::CAP_VISION | abi::CAP_EMBEDDING;
 /// The capability bits reported: `v1_2` claims `CAP_VISION`, as a 1.2 plugin could, though 1.2
@@ -51,11 +53,11 @@ pub const EMBEDDING_DIMENSIONS: u32 = 4;
 pub const EMBEDDING_JSON: &str = r#"{"dimensions": 4, "pooling": "mean", "normalized": false, "max_tokens": 64,
     "prompts": {"query": "query: "}, "default_prompt": "query", "future_knob": {"x": 1}}"#;
 
-/// The entry table of ABI 1.0-1.4 (unchanged since 1.0) plus one trailing field (ABI 1.5).
+/// The entry table of ABI 1.0-1.5 (unchanged since 1.0) plus one trailing field (ABI 1.6).
 #[cfg(feature = "newer")]
 #[repr(C)]
 pub struct EntryTable {
-    /// Struct header: this struct's own (larger) size, ABI 1.5.
+    /// Struct header: this struct's own (larger) size, ABI 1.6.
     pub header: Header,
     /// `FLAG_*` bits.
     pub flags: u32,
@@ -67,7 +69,7 @@ pub struct EntryTable {
     pub create: Option<
         unsafe extern "C" fn(load_config_json: StrRef, out: *mut Instance, err: *mut ErrorBuf) -> Status,
     >,
-    /// A field from the future that a 1.4 host never reads.
+    /// A field from the future that a 1.5 host never reads.
     pub future_flags: u64,
 }
 /// The entry table layout of ABI 1.0 to 2.0 (unchanged).
@@ -75,8 +77,8 @@ pub struct EntryTable {
 pub use abi::EntryTable;
 
 /// The 1.1-1.2 vtable (its `model_info` filling this variant's model info), plus the 1.3
-/// `encode_images` in `v1_3` and `newer`, and in `newer` the 1.4 `embed` and one trailing entry
-/// (ABI 1.5).
+/// `encode_images` in `v1_3` and `newer`, and in `newer` the 1.4 `embed`, the 1.5
+/// `prepare_image` and one trailing entry (ABI 1.6).
 #[cfg(any(feature = "newer", feature = "v1_3", feature = "v1_1", feature = "v1_2"))]
 #[repr(C)]
 pub struct ModelVtable {
@@ -130,7 +132,18 @@ pub struct ModelVtable {
             err: *mut ErrorBuf,
         ) -> Status,
     >,
-    /// An entry from the future that a 1.4 host never calls.
+    /// Prepares an image (ABI 1.5).
+    #[cfg(feature = "newer")]
+    pub prepare_image: Option<
+        unsafe extern "C" fn(
+            handle: *mut c_void,
+            image: *const RgbImage,
+            index: u32,
+            sink: *const ImageSink,
+            err: *mut ErrorBuf,
+        ) -> Status,
+    >,
+    /// An entry from the future that a 1.5 host never calls.
     #[cfg(feature = "newer")]
     pub future_entry: Option<unsafe extern "C" fn(handle: *mut c_void) -> Status>,
 }
@@ -167,17 +180,17 @@ pub struct ModelVtable {
         Option<unsafe extern "C" fn(handle: *mut c_void, seq: i32, len: u32, err: *mut ErrorBuf) -> Status>,
 }
 
-/// The vtable layout of ABI 1.4 (the `v2` variant reuses it under another major).
+/// The vtable layout of ABI 1.5 (the `v2` variant reuses it under another major).
 #[cfg(feature = "v2")]
 pub use abi::ModelVtable;
 
-/// The model info of ABI 1.3 (in `v1_3`: it ends before the 1.4 `embedding_json`), or of ABI 1.4
-/// plus one trailing field (ABI 1.5, in `newer`).
+/// The model info of ABI 1.3 (in `v1_3`: it ends before the 1.4 `embedding_json`), or of ABI
+/// 1.4-1.5 plus one trailing field (ABI 1.6, in `newer`).
 #[cfg(any(feature = "newer", feature = "v1_3"))]
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ModelInfo {
-    /// Struct header: how much was written, ABI 1.3 or 1.5.
+    /// Struct header: how much was written, ABI 1.3 or 1.6.
     pub header: Header,
     /// Logits per row.
     pub vocab_size: u32,
@@ -206,7 +219,7 @@ pub struct ModelInfo {
     /// How the model embeds text, as JSON (ABI 1.4).
     #[cfg(feature = "newer")]
     pub embedding_json: StrRef,
-    /// A field from the future that a 1.4 host has no room for.
+    /// A field from the future that a 1.5 host has no room for.
     #[cfg(feature = "newer")]
     pub max_batch_tokens: u64,
 }
@@ -269,7 +282,7 @@ pub struct ModelInfo {
     pub extra_json: StrRef,
 }
 
-/// The model info layout of ABI 1.4 (the `v2` variant reuses it under another major).
+/// The model info layout of ABI 1.5 (the `v2` variant reuses it under another major).
 #[cfg(feature = "v2")]
 pub use abi::ModelInfo;
 
@@ -289,6 +302,7 @@ const _: () = {
         assert!(offset_of!(ModelInfo, vision_json) == offset_of!(abi::ModelInfo, vision_json));
         assert!(offset_of!(ModelVtable, encode_images) == offset_of!(abi::ModelVtable, encode_images));
         assert!(offset_of!(ModelVtable, embed) == offset_of!(abi::ModelVtable, embed));
+        assert!(offset_of!(ModelVtable, prepare_image) == offset_of!(abi::ModelVtable, prepare_image));
         assert!(offset_of!(ModelInfo, embedding_json) == offset_of!(abi::ModelInfo, embedding_json));
     }
     #[cfg(feature = "v1_3")]
@@ -371,6 +385,10 @@ static VTABLE: Shared<ModelVtable> = Shared(ModelVtable {
     embed: Some(embed),
     #[cfg(feature = "v2")]
     embed: None,
+    #[cfg(feature = "newer")]
+    prepare_image: Some(prepare_image),
+    #[cfg(feature = "v2")]
+    prepare_image: None,
     #[cfg(feature = "newer")]
     future_entry: Some(future_entry),
 });
@@ -759,6 +777,68 @@ unsafe extern "C" fn embed(
     STATUS_OK
 }
 
+/// The `newer` variant's image preparation: the placeholder is `<img>` (token 15), and the one
+/// slice holds the image's bytes as floats in channel-first order, `[3, height, width]`.
+#[cfg(feature = "newer")]
+unsafe extern "C" fn prepare_image(
+    handle: *mut c_void,
+    image: *const RgbImage,
+    _index: u32,
+    sink: *const ImageSink,
+    err: *mut ErrorBuf,
+) -> Status {
+    // SAFETY: forwarded host contract.
+    if !unsafe { touch(handle) } {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null handle");
+    }
+    // SAFETY: the host passes a valid image and sink for the call; read within their sizes.
+    let (Some((img, _)), Some((sink, _))) = (unsafe { abi::read_versioned(image) }, unsafe {
+        abi::read_versioned(sink)
+    }) else {
+        return fail(err, STATUS_INVALID_ARGUMENT, "null image or sink");
+    };
+    let (w, h) = (img.width as usize, img.height as usize);
+    if img.data.is_null() || img.len != w * h * 3 {
+        return fail(err, STATUS_INVALID_ARGUMENT, "image bytes do not match its size");
+    }
+    let (Some(set_placeholder), Some(add_slice)) = (sink.set_placeholder, sink.add_slice) else {
+        return fail(err, STATUS_INVALID_ARGUMENT, "sink without callbacks");
+    };
+    // SAFETY: `data` holds `len` bytes for the call.
+    let bytes = unsafe { std::slice::from_raw_parts(img.data, img.len) };
+    let mut pixels = vec![0f32; w * h * 3];
+    for (i, &b) in bytes.iter().enumerate() {
+        pixels[(i % 3) * w * h + i / 3] = f32::from(b);
+    }
+    let slice = PreparedSlice {
+        header: header(size_of::<PreparedSlice>()),
+        ndim: 3,
+        tokens: 1,
+        shape: [3, h as u32, w as u32, 0],
+        pixels: pixels.as_ptr(),
+        n_pixels: pixels.len(),
+        patch_mask: std::ptr::null(),
+        n_patch_mask: 0,
+        grid_rows: 0,
+        grid_cols: 0,
+    };
+    let text = "<img>";
+    // SAFETY: the callbacks are the host's; the text and the slice outlive each call.
+    unsafe {
+        let status = set_placeholder(
+            sink.context,
+            StrRef {
+                ptr: text.as_ptr(),
+                len: text.len(),
+            },
+        );
+        if status != STATUS_OK {
+            return status;
+        }
+        add_slice(sink.context, &slice)
+    }
+}
+
 #[cfg(feature = "newer")]
 unsafe extern "C" fn future_entry(_handle: *mut c_void) -> Status {
     STATUS_OK
@@ -848,11 +928,33 @@ mod tests {
         );
     }
 
-    #[cfg(any(feature = "newer", feature = "v1_3"))]
+    #[cfg(feature = "v1_3")]
     #[test]
-    fn the_1_3_image_fields_are_read_and_images_reach_its_encode_entry() {
+    fn a_1_3_vision_spec_without_prepare_image_loads_text_only() {
+        let m = plugin().create("{}").unwrap();
+        assert!(!m.supports_images() && m.vision().is_none());
+        assert_eq!(m.description().capabilities & abi::CAP_VISION, 0);
+        assert!(m.vision_refused().unwrap().contains("prepare_image"));
+    }
+
+    #[cfg(feature = "newer")]
+    #[test]
+    fn images_are_prepared_through_the_sink_and_reach_its_encode_entry() {
         let mut m = plugin().create("{}").unwrap();
         assert!(m.supports_images());
+        let rgb = berth_plugin_api::RgbView {
+            width: 2,
+            height: 1,
+            data: &[1, 2, 3, 4, 5, 6],
+        };
+        let p = m.prepare_image(&rgb, 0).unwrap();
+        assert_eq!(p.placeholder, "<img>");
+        assert_eq!(p.slices.len(), 1);
+        assert_eq!(
+            (p.slices[0].shape.clone(), p.slices[0].tokens),
+            (vec![3, 1, 2], 1)
+        );
+        assert_eq!(p.slices[0].pixels, vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
         assert_ne!(m.description().capabilities & abi::CAP_VISION, 0);
         let spec = m.vision().unwrap();
         assert_eq!(
@@ -1003,10 +1105,10 @@ mod tests {
         assert!(m.embedding().is_none());
         let caps = m.description().capabilities;
         assert_eq!(caps & abi::CAP_EMBEDDING, 0);
-        assert_ne!(
+        assert_eq!(
             caps & abi::CAP_VISION,
             0,
-            "vision, backed by the 1.3 fields, stays"
+            "vision without the 1.5 prepare_image is cleared"
         );
     }
 

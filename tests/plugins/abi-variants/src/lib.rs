@@ -2,17 +2,17 @@
 //! (no `export_plugin!`, no SDK traits) the way a C author would. Each build enables exactly one
 //! cargo feature and yields one library:
 //!
-//! - `newer`: claims ABI 1.5, from the future; its entry table, vtable and model info each carry
-//!   one trailing field the host does not know, after the 1.4 ones, and their headers give the
+//! - `newer`: claims ABI 1.6, from the future; its entry table, vtable and model info each carry
+//!   one trailing field the host does not know, after the 1.5 ones, and their headers give the
 //!   larger sizes. Into host-allocated structs it writes no more than the host's `struct_size`.
 //!   Its model info fills the 1.2 fields (it rewinds to snapshots every [`SNAPSHOT_EVERY`]
 //!   positions), the 1.3 ones (it takes images, [`VISION_JSON`] and `CAP_VISION`, through an
-//!   `encode_images` that accepts them) and the 1.4 ones: it embeds text ([`EMBEDDING_JSON`],
+//!   `encode_images` that accepts them and the 1.5 `prepare_image`) and the 1.4 ones: it embeds text ([`EMBEDDING_JSON`],
 //!   with a key no host knows, and `CAP_EMBEDDING`) through an `embed` that writes
 //!   [`toy_embedding`] of each whole sequence.
-//! - `v1_3`: claims ABI 1.3; it takes images like `newer`, but its vtable ends before `embed`
-//!   and its model info before `embedding_json`, yet it sets `CAP_EMBEDDING`: the host must
-//!   report no embeddings. It rewinds to snapshots like `newer`.
+//! - `v1_3`: claims ABI 1.3; it states images like `newer`, but has no 1.5 `prepare_image`, so
+//!   the host loads it as a text-only model; its vtable ends before `embed` and its model info
+//!   before `embedding_json`, yet it sets `CAP_EMBEDDING`: the host must report no embeddings. It rewinds to snapshots like `newer`.
 //! - `v1_2`: claims ABI 1.2; its vtable ends before `encode_images` and its model info before
 //!   `vision_json`, yet it sets `CAP_VISION`: the host must report no image capability. It
 //!   rewinds to snapshots like `newer`.
@@ -75,7 +75,7 @@ macro_rules! manifest_json {
 
 /// The variant's manifest, NUL-terminated.
 #[cfg(feature = "newer")]
-pub const MANIFEST: &str = manifest_json!("newer", 1, 5);
+pub const MANIFEST: &str = manifest_json!("newer", 1, 6);
 /// The variant's manifest, NUL-terminated.
 #[cfg(feature = "v1_3")]
 pub const MANIFEST: &str = manifest_json!("v1_3", 1, 3);
@@ -104,7 +104,7 @@ pub const ABI_MAJOR: u16 = 2;
 
 /// The ABI minor version this variant claims.
 #[cfg(feature = "newer")]
-pub const ABI_MINOR: u16 = 5;
+pub const ABI_MINOR: u16 = 6;
 /// The ABI minor version this variant claims.
 #[cfg(feature = "v1_3")]
 pub const ABI_MINOR: u16 = 3;

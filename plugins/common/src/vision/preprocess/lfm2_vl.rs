@@ -4,8 +4,11 @@
 //! `[num_patches, 3·p·p]` with a pixel attention mask and spatial shapes; and the
 //! `<|image_start|>…<|image_end|>` placeholder of the model's processor.
 
-use super::resample::{resize, Arithmetic, Filter};
-use super::{crop, normalize, PixelSlice, PreprocessedImage, RgbImage};
+use super::{lay_out, param, rgb_image, ImageScheme, PreprocessedImage, RgbImage};
+use berth_kernels::image::resample::{resize, Arithmetic, Filter};
+use berth_kernels::image::{crop, normalize};
+use berth_plugin_api::{PixelLayout, PluginError, PreparedImage, RgbView};
+use serde_json::{Map, Value};
 
 /// The image processor settings (`preprocessor_config.json`).
 #[derive(Debug, Clone, PartialEq)]
@@ -95,17 +98,6 @@ impl Default for Lfm2VlTokens {
     }
 }
 
-/// A tile in the vision tower's input layout.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Lfm2VlTile {
-    /// `[max_num_patches, 3·p·p]` values; rows past `valid_patches` are zero.
-    pub patches: Vec<f32>,
-    /// How many leading rows are real patches (the pixel attention mask).
-    pub valid_patches: usize,
-    /// `(patches high, patches wide)`.
-    pub spatial_shape: (usize, usize),
-}
-
 /// Python's `round` (half to even).
 fn py_round(x: f64) -> i64 {
     x.round_ties_even() as i64
@@ -173,33 +165,6 @@ fn grid_layout(h: usize, w: usize, p: &Lfm2VlParams) -> (usize, usize) {
         }
     }
     best
-}
-
-/// Cuts a normalised slice into `[max_num_patches, p·p·3]` rows (row in patch, column in
-/// patch, channel), zero-padded past the real patches.
-pub fn patchify(s: &PixelSlice, patch: usize, max_num_patches: usize) -> Lfm2VlTile {
-    let (h, w) = (s.height, s.width);
-    let (nh, nw) = (h / patch, w / patch);
-    let dim = 3 * patch * patch;
-    let mut patches = vec![0f32; max_num_patches.max(nh * nw) * dim];
-    for i in 0..nh {
-        for j in 0..nw {
-            let row = &mut patches[(i * nw + j) * dim..(i * nw + j + 1) * dim];
-            for py in 0..patch {
-                for px in 0..patch {
-                    for c in 0..3 {
-                        row[(py * patch + px) * 3 + c] =
-                            s.data[c * h * w + (i * patch + py) * w + j * patch + px];
-                    }
-                }
-            }
-        }
-    }
-    Lfm2VlTile {
-        patches,
-        valid_patches: nh * nw,
-        spatial_shape: (nh, nw),
-    }
 }
 
 /// Preprocesses one decoded image into its tiles (in the model's order: row-major tiles,
@@ -281,6 +246,91 @@ pub fn preprocess(img: &RgbImage, p: &Lfm2VlParams, tokens: &Lfm2VlTokens) -> Pr
     }
 }
 
+/// A model's LFM2-VL preprocessing: the processor settings and the marker strings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lfm2VlScheme {
+    /// The image processor settings.
+    pub params: Lfm2VlParams,
+    /// The tokenizer's marker strings.
+    pub tokens: Lfm2VlTokens,
+}
+
+impl Lfm2VlScheme {
+    /// The scheme from a vision spec's `params` (the names of `preprocessor_config.json`, and
+    /// `processor_config.json`'s `use_image_special_tokens`; transformers' defaults for what
+    /// they leave out), the tower's patch size and the text of the image token.
+    pub fn from_params(
+        params: &Map<String, Value>,
+        patch_size: usize,
+        image_token: String,
+    ) -> Result<Self, String> {
+        let p = params;
+        let d = Lfm2VlParams::default();
+        let params = Lfm2VlParams {
+            downsample_factor: param(p, "downsample_factor", d.downsample_factor)?,
+            do_image_splitting: param(p, "do_image_splitting", d.do_image_splitting)?,
+            min_tiles: param(p, "min_tiles", d.min_tiles)?,
+            max_tiles: param(p, "max_tiles", d.max_tiles)?,
+            use_thumbnail: param(p, "use_thumbnail", d.use_thumbnail)?,
+            min_image_tokens: param(p, "min_image_tokens", d.min_image_tokens)?,
+            max_image_tokens: param(p, "max_image_tokens", d.max_image_tokens)?,
+            encoder_patch_size: patch_size,
+            tile_size: param(p, "tile_size", d.tile_size)?,
+            max_pixels_tolerance: param(p, "max_pixels_tolerance", d.max_pixels_tolerance)?,
+            image_mean: param(p, "image_mean", d.image_mean)?,
+            image_std: param(p, "image_std", d.image_std)?,
+        };
+        if params.downsample_factor == 0
+            || patch_size == 0
+            || params.tile_size < patch_size
+            || params.min_tiles > params.max_tiles
+        {
+            return Err("vision params out of range".into());
+        }
+        Ok(Lfm2VlScheme {
+            params,
+            tokens: Lfm2VlTokens {
+                image: image_token,
+                use_special_tokens: param(p, "use_image_special_tokens", true)?,
+                ..Default::default()
+            },
+        })
+    }
+
+    /// Image tokens a tile of `nh × nw` patches takes (the projector's pixel unshuffle).
+    pub fn tile_tokens(&self, nh: usize, nw: usize) -> usize {
+        let f = self.params.downsample_factor;
+        nh.div_ceil(f) * nw.div_ceil(f)
+    }
+}
+
+/// LFM2-VL's tower takes padded patch rows ([`PixelLayout::Patches`]); the image's number in the
+/// request changes nothing.
+impl ImageScheme for Lfm2VlScheme {
+    fn prepare(&self, image: &RgbView<'_>, _index: u32) -> Result<PreparedImage, PluginError> {
+        prepare(self, &rgb_image(image), PixelLayout::Patches)
+    }
+}
+
+/// Prepares one image for an LFM2-VL tower in `layout` (the model's is
+/// [`PixelLayout::Patches`], every tile padded to [`Lfm2VlParams::max_num_patches`]): its tiles,
+/// each with its placeholder tokens, and the placeholder text.
+pub fn prepare(
+    scheme: &Lfm2VlScheme,
+    img: &RgbImage,
+    layout: PixelLayout,
+) -> Result<PreparedImage, PluginError> {
+    let p = &scheme.params;
+    let pre = preprocess(img, p, &scheme.tokens);
+    let padded = match layout {
+        PixelLayout::Patches => p.max_num_patches(),
+        _ => 0,
+    };
+    lay_out(pre, layout, p.encoder_patch_size, padded, |nh, nw| {
+        scheme.tile_tokens(nh, nw)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,20 +357,26 @@ mod tests {
     }
 
     #[test]
-    fn patchify_pads_and_orders_channels_last() {
-        let data: Vec<f32> = (0..3 * 2 * 2).map(|v| v as f32).collect();
-        let t = patchify(
-            &PixelSlice {
-                height: 2,
-                width: 2,
-                data,
-            },
-            2,
-            3,
-        );
-        assert_eq!(t.valid_patches, 1);
-        assert_eq!(t.patches.len(), 3 * 12);
-        assert_eq!(&t.patches[..6], &[0.0, 4.0, 8.0, 1.0, 5.0, 9.0]);
-        assert!(t.patches[12..].iter().all(|&v| v == 0.0));
+    fn the_scheme_reads_its_params_and_prepares_padded_patches() {
+        let params = serde_json::json!({"do_image_splitting": false, "min_image_tokens": 4,
+            "max_image_tokens": 64, "use_image_special_tokens": false});
+        let scheme = Lfm2VlScheme::from_params(params.as_object().unwrap(), 16, "<image>".into()).unwrap();
+        let img = RgbImage {
+            width: 100,
+            height: 60,
+            data: vec![7; 100 * 60 * 3],
+        };
+        let out = prepare(&scheme, &img, PixelLayout::Patches).unwrap();
+        assert_eq!(out.slices.len(), 1);
+        let s = &out.slices[0];
+        let max = scheme.params.max_num_patches();
+        assert_eq!(s.shape, vec![max as u32, 3 * 16 * 16]);
+        let (h, w) = s.grid.unwrap();
+        let real = s.patch_mask.as_ref().unwrap().iter().filter(|&&m| m != 0).count();
+        assert_eq!(real, (h * w) as usize);
+        assert_eq!(s.tokens as usize, scheme.tile_tokens(h as usize, w as usize));
+        assert_eq!(out.placeholder, "<image>".repeat(s.tokens as usize));
+        let bad = serde_json::json!({"min_tiles": 5, "max_tiles": 2});
+        assert!(Lfm2VlScheme::from_params(bad.as_object().unwrap(), 16, "<image>".into()).is_err());
     }
 }

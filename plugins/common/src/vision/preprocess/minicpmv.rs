@@ -6,9 +6,14 @@
 //! Two token layouts share the slicing: MiniCPM-V 4.6 merges patches, so a slice's token count
 //! follows its size and sizes round to whole merged blocks; MiniCPM-V 4.0 / 4.5 resample every
 //! slice (and the overview) to a fixed `query_num` tokens, and sizes round to whole patches.
+//!
+//! The slices go to the tower as NaViT strips ([`PixelLayout::PatchStrip`]).
 
-use super::resample::{resize, Arithmetic, Filter};
-use super::{crop, normalize, PixelSlice, PreprocessedImage, RgbImage};
+use super::{lay_out, param, rgb_image, ImageScheme, PreprocessedImage, RgbImage};
+use berth_kernels::image::resample::{resize, Arithmetic, Filter};
+use berth_kernels::image::{crop, normalize};
+use berth_plugin_api::{PixelLayout, PluginError, PreparedImage, RgbView};
+use serde_json::{Map, Value};
 
 /// How many image tokens one merged patch area yields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,25 +249,79 @@ pub fn preprocess(
     }
 }
 
-/// Rearranges a slice into the vision tower's NaViT layout `[3, patch, (H/patch)·(W/patch)·patch]`:
-/// for each channel and each row inside a patch, the patches in raster order, each
-/// contributing its `patch` pixels of that row.
-pub fn patchify(s: &PixelSlice, patch: usize) -> Vec<f32> {
-    let (h, w) = (s.height, s.width);
-    let (nh, nw) = (h / patch, w / patch);
-    let mut out = Vec::with_capacity(3 * nh * nw * patch * patch);
-    for c in 0..3 {
-        let plane = &s.data[c * h * w..(c + 1) * h * w];
-        for py in 0..patch {
-            for i in 0..nh {
-                for j in 0..nw {
-                    let start = (i * patch + py) * w + j * patch;
-                    out.extend_from_slice(&plane[start..start + patch]);
-                }
-            }
+/// A model's MiniCPM-V preprocessing: the processor settings and the marker strings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MiniCpmVScheme {
+    /// The image processor settings.
+    pub params: MiniCpmVParams,
+    /// The tokenizer's marker strings.
+    pub tokens: MiniCpmVTokens,
+}
+
+impl MiniCpmVScheme {
+    /// The scheme from a vision spec's `params` (the names of `preprocessor_config.json`;
+    /// MiniCPM-V's defaults for what they leave out), the tower's patch size and the text of
+    /// the image token.
+    pub fn from_params(
+        params: &Map<String, Value>,
+        patch_size: usize,
+        image_token: String,
+    ) -> Result<Self, String> {
+        let p = params;
+        let d = MiniCpmVParams::default();
+        let mode = match param(p, "downsample_mode", "16x".to_string())?.as_str() {
+            "16x" => DownsampleMode::X16,
+            "4x" => DownsampleMode::X4,
+            m => return Err(format!("vision param 'downsample_mode': unknown '{m}'")),
+        };
+        let arithmetic = match param(p, "arithmetic", "pillow".to_string())?.as_str() {
+            "pillow" => Arithmetic::Pillow,
+            "torch" => Arithmetic::TorchU8,
+            a => return Err(format!("vision param 'arithmetic': unknown '{a}'")),
+        };
+        let params = MiniCpmVParams {
+            max_slice_nums: param(p, "max_slice_nums", d.max_slice_nums)?,
+            scale_resolution: param(p, "scale_resolution", d.scale_resolution)?,
+            patch_size,
+            slice_mode: param(p, "slice_mode", d.slice_mode)?,
+            downsample_mode: mode,
+            use_image_id: param(p, "use_image_id", d.use_image_id)?,
+            image_mean: param(p, "image_mean", d.image_mean)?,
+            image_std: param(p, "image_std", d.image_std)?,
+            arithmetic,
+            query_num: param(p, "query_num", d.query_num)?,
+        };
+        if params.query_num == Some(0) {
+            return Err("vision param 'query_num' must be positive".into());
         }
+        if params.patch_size == 0 || params.scale_resolution == 0 {
+            return Err("vision params out of range".into());
+        }
+        Ok(MiniCpmVScheme {
+            params,
+            tokens: MiniCpmVTokens {
+                image: image_token,
+                ..Default::default()
+            },
+        })
     }
-    out
+}
+
+/// MiniCPM-V numbers each image of a request in its placeholder (`<image_id>`).
+impl ImageScheme for MiniCpmVScheme {
+    fn prepare(&self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
+        prepare(self, &rgb_image(image), index)
+    }
+}
+
+/// Prepares one image for a MiniCPM-V tower: its slices as NaViT strips, each with its
+/// placeholder tokens, and the placeholder text; `index` is the `<image_id>` number.
+pub fn prepare(scheme: &MiniCpmVScheme, img: &RgbImage, index: u32) -> Result<PreparedImage, PluginError> {
+    let p = &scheme.params;
+    let pre = preprocess(img, p, &scheme.tokens, index as usize);
+    lay_out(pre, PixelLayout::PatchStrip, p.patch_size, 0, |nh, nw| {
+        p.slice_tokens(nh, nw)
+    })
 }
 
 #[cfg(test)]
@@ -362,22 +421,18 @@ mod tests {
     }
 
     #[test]
-    fn patchify_orders_rows_within_patches() {
-        // One channel plane of 2x4 with patch 2 -> two patches side by side.
-        let data: Vec<f32> = (0..24).map(|v| v as f32).collect();
-        let s = PixelSlice {
-            height: 2,
-            width: 4,
-            data,
-        };
-        let out = patchify(&s, 2);
-        assert_eq!(&out[..8], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
-        let s2 = PixelSlice {
-            height: 4,
-            width: 2,
-            data: (0..24).map(|v| v as f32).collect(),
-        };
-        // Two patches stacked: row 0 of both patches, then row 1 of both.
-        assert_eq!(&patchify(&s2, 2)[..8], &[0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]);
+    fn the_scheme_reads_its_params_and_prepares_strips() {
+        let params = serde_json::json!({"query_num": 64, "use_image_id": false});
+        let scheme = MiniCpmVScheme::from_params(params.as_object().unwrap(), 14, "<unk>".into()).unwrap();
+        assert_eq!(scheme.params.query_num, Some(64));
+        let out = prepare(&scheme, &gray(300, 200), 3).unwrap();
+        assert_eq!(out.slices.len(), 1);
+        let s = &out.slices[0];
+        // 546 x 364 -> 39 x 26 patches of 14, side by side in one strip.
+        assert_eq!(s.shape, vec![3, 14, 39 * 26 * 14]);
+        assert_eq!((s.grid, s.tokens), (Some((26, 39)), 64));
+        assert!(out.placeholder.starts_with("<image><unk>"));
+        let bad = serde_json::json!({"downsample_mode": "9x"});
+        assert!(MiniCpmVScheme::from_params(bad.as_object().unwrap(), 14, "<unk>".into()).is_err());
     }
 }
