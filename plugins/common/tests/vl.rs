@@ -4,8 +4,8 @@
 //! are compared bit for bit with the same batches given their features explicitly.
 
 use berth_plugin_api::{
-    BatchView, ImageInput, LoadConfig, LogitsOut, Model, PixelLayout, PluginError, PreparedImage, PreparedSlice,
-    RgbView, VisionSpec,
+    BatchView, ImageInput, LoadConfig, LogitsOut, Model, PixelLayout, PluginError, PreparedImage,
+    PreparedSlice, RgbView, VisionSpec,
 };
 use berth_plugin_common::family::Loaded;
 use berth_plugin_common::vision::preprocess::ImageScheme;
@@ -21,7 +21,7 @@ struct TinyScheme;
 
 impl ImageScheme for TinyScheme {
     fn prepare(&self, image: &RgbView<'_>, index: u32) -> Result<PreparedImage, PluginError> {
-        if image.height % 8 != 0 {
+        if !image.height.is_multiple_of(8) {
             return Err(PluginError::invalid_argument("height not a multiple of 8"));
         }
         let tokens = (image.height / 8) as usize;
@@ -129,7 +129,14 @@ fn spec() -> VisionSpec {
 /// The model, and a plain language model fed explicit features for the reference logits.
 fn models() -> (VisionLanguageModel<TinyTower>, DecoderModel) {
     let (reference, loaded) = text();
-    let m = VisionLanguageModel::new(loaded, &load_config(), TinyTower::default(), spec(), Box::new(TinyScheme)).unwrap();
+    let m = VisionLanguageModel::new(
+        loaded,
+        &load_config(),
+        TinyTower::default(),
+        spec(),
+        Box::new(TinyScheme),
+    )
+    .unwrap();
     (m, reference)
 }
 
@@ -330,9 +337,15 @@ fn the_wrapper_checks_the_tower_and_token_against_the_language_model() {
     let (_, loaded) = text();
     let mut far = spec();
     far.image_token_id = VOCAB as i32;
-    let err = VisionLanguageModel::new(loaded, &load_config(), TinyTower::default(), far, Box::new(TinyScheme))
-        .err()
-        .unwrap();
+    let err = VisionLanguageModel::new(
+        loaded,
+        &load_config(),
+        TinyTower::default(),
+        far,
+        Box::new(TinyScheme),
+    )
+    .err()
+    .unwrap();
     assert!(err.message.contains("outside the vocabulary"), "{}", err.message);
     let (_, loaded) = text();
     let narrow = TinyTower {

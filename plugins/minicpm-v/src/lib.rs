@@ -264,7 +264,8 @@ fn assemble(
 ) -> Result<MiniCpmVModel, PluginError> {
     // The image token's text as the pack's tokenizer has it (`<unk>` for 4.0 / 4.5).
     let image_token = token_text(&config.pack_dir, image_token_id).unwrap_or_else(|| "<unk>".into());
-    let scheme = MiniCpmVScheme::from_params(&params, vision.config().patch_size, image_token).map_err(bad)?;
+    let scheme =
+        MiniCpmVScheme::from_params(&params, vision.config().patch_size, image_token).map_err(bad)?;
     let spec = VisionSpec {
         scheme: "minicpmv".into(),
         layout: PixelLayout::PatchStrip,

@@ -3,6 +3,7 @@
 //! or bidirectional), the optional output gate, the output projection.
 
 use super::forward::{grow, Pass, Scratch};
+use super::geometry::AttnGeometry;
 use super::{DecoderConfig, DecoderWeights};
 use crate::kv::KvCache;
 use crate::layers::{KvSource, Mixer};
@@ -13,50 +14,6 @@ use berth_kernels::attention::{group_attention, group_attention_rows, window_sta
 use berth_kernels::layer::{add_bias, mul_sigmoid, norm_heads_unweighted, split_query_gate};
 use berth_kernels::ops::round_f16_in_place;
 use std::ops::Range;
-
-/// The shape of one attention layer's heads and the cache it reads.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct AttnGeometry {
-    head_dim: usize,
-    n_kv_heads: usize,
-    /// The layer whose cache holds the keys and values.
-    kv_layer: usize,
-    window: Option<usize>,
-}
-
-impl AttnGeometry {
-    /// The geometry of layer `layer` if it is an attention layer.
-    pub(super) fn of(cfg: &DecoderConfig, mixer: &Mixer, layer: usize) -> Option<AttnGeometry> {
-        let window = cfg.sliding_window.get(layer).copied().flatten();
-        let Mixer::Attention(a) = mixer else {
-            return None;
-        };
-        let (head_dim, n_kv_heads) = a.geometry(cfg);
-        let kv_layer = match a.kv {
-            KvSource::Own { .. } => layer,
-            KvSource::Shared(src) => src,
-        };
-        Some(AttnGeometry {
-            head_dim,
-            n_kv_heads,
-            kv_layer,
-            window,
-        })
-    }
-
-    fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
-    }
-
-    /// Floats this layer keeps per position in its own cache.
-    pub(super) fn cached(&self, layer: usize) -> usize {
-        if self.kv_layer == layer {
-            self.kv_dim()
-        } else {
-            0
-        }
-    }
-}
 
 /// The RoPE of layer `l`: the layer's own shape if it has one, else YaRN, ggml's f32 angles,
 /// HF's partial-rotary pairs or the plain table, with the linear scaling divided in.

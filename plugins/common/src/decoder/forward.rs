@@ -3,7 +3,7 @@
 //! ([`super::head`]). The mixers are in [`super::attention`] and [`crate::recurrent`], the
 //! feed-forwards in [`super::ffn`]; the arithmetic is in [`berth_kernels::layer`].
 
-use super::attention::AttnGeometry;
+use super::geometry::AttnGeometry;
 use super::{Decoder, DecoderConfig, DecoderWeights};
 use crate::kv::KvCache;
 use crate::layers::Mixer;

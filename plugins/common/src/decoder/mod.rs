@@ -24,6 +24,7 @@ mod checks;
 pub mod config;
 mod ffn;
 mod forward;
+mod geometry;
 mod head;
 #[cfg(test)]
 mod tests;
@@ -32,9 +33,10 @@ pub mod weights;
 use crate::kv::KvCache;
 use crate::ops::Rope;
 use crate::state::{LayerStateDims, SeqStates};
-use attention::{layer_rope, AttnGeometry};
+use attention::layer_rope;
 use berth_plugin_api::{BatchView, LogitsOut, PluginError, Rewind};
 use forward::Scratch;
+use geometry::AttnGeometry;
 
 pub use crate::layers::{
     Activation, AttnShape, AttnWeights, DenseMoe, Ffn, FfnBias, GatedDeltaNet, GatedFfn, KvSource,
