@@ -287,3 +287,24 @@ impl Metrics {
         o
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_steps_count_batching_and_its_peak() {
+        let m = Metrics::default();
+        for sequences in [1, 3, 2, 1] {
+            m.decode_step(sequences);
+        }
+        let text = m.render();
+        for line in [
+            "berth_decode_steps_total 4\n",
+            "berth_batched_decode_steps_total 2\n",
+            "berth_peak_batch_sequences 3\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+    }
+}
