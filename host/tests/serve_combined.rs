@@ -617,3 +617,40 @@ fn anthropic_streams_a_call_cut_by_max_tokens_well_formed_and_losing_nothing() {
         );
     }
 }
+
+#[test]
+fn anthropic_streams_qwens_cut_call_as_it_answers_it_whole() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let home = home_with_qwen("berth-combined-qwen-cut-", MODEL);
+    let server = TestServer::start(home.path(), &["--parallel", "2"]);
+    let tools = json!([{"name": "get_weather", "description": "Current weather for a city",
+        "input_schema": {"type": "object", "properties": {"location": {"type": "string"}},
+            "required": ["location"]}}]);
+    // Greedy, so the streamed and the whole answers are the same tokens; cut before the call,
+    // inside it and after it.
+    for max_tokens in [6, 14, 20, 200] {
+        let what = format!("max_tokens {max_tokens}");
+        let body = json!({"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "tools": tools,
+            "tool_choice": {"type": "auto"},
+            "messages": [{"role": "user", "content": "What is the weather like in Paris, France right now?"}]});
+        let whole = ok(&server, "/v1/messages", &body);
+        let (blocks, stop) = anthropic_blocks(&whole);
+        let mut streamed_body = body.clone();
+        streamed_body["stream"] = true.into();
+        let (streamed, streamed_stop) = add_up_anthropic(&sse(&server, "/v1/messages", &streamed_body));
+        assert_eq!(stop, streamed_stop, "{what}");
+        assert!(
+            ["max_tokens", "tool_use", "end_turn"].contains(&stop.as_str()),
+            "{what}: {whole}"
+        );
+        assert_eq!(streamed.len(), blocks.len(), "{what}: {streamed:?} vs {whole}");
+        for (s, w) in streamed.iter().zip(&blocks) {
+            assert!(same_block(s, w), "{what}: streamed {s:?}, not {w:?}");
+        }
+        // Tokens were generated, so something was answered.
+        assert!(!blocks.is_empty(), "{what}: an empty answer: {whole}");
+        if stop == "max_tokens" {
+            assert_eq!(whole["usage"]["output_tokens"], max_tokens, "{what}: {whole}");
+        }
+    }
+}
