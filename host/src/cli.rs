@@ -260,7 +260,7 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Serve the OpenAI and Ollama APIs over the store's packs.
+    /// Serve the OpenAI, Anthropic Messages, Ollama and llama-server APIs over the store's packs.
     Serve(crate::server::config::ServeArgs),
     /// List the models a running `berth serve` holds.
     Ps {

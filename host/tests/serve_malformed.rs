@@ -32,6 +32,12 @@ const TEMPLATE: &str =
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// The server's default body limit is 32 MiB: this is past it.
 const OVERSIZE: usize = 40 << 20;
+/// How many API cases [`cases`] generates: the suite must run every one of them, so a corpus
+/// that shrinks silently (a generator loop that stops producing) fails. Change it only together
+/// with the corpus.
+const API_CASES: usize = 781;
+/// How many malformed-HTTP cases [`malformed_http`] has, likewise.
+const PROTOCOL_CASES: usize = 13;
 
 /// Which API's error shape a route answers with.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1471,6 +1477,14 @@ fn cases() -> Vec<Case> {
     out
 }
 
+/// The corpus has its full count (cheap: nothing is sent), so a shrunk generator is caught
+/// even where the server suite is not run.
+#[test]
+fn the_corpus_has_its_full_count() {
+    assert_eq!(cases().len(), API_CASES, "API cases");
+    assert_eq!(malformed_http().len(), PROTOCOL_CASES, "malformed-HTTP cases");
+}
+
 #[test]
 fn malformed_requests_get_4xx_in_their_apis_shape_and_the_server_stays_up() {
     let home = home();
@@ -1497,7 +1511,9 @@ fn malformed_requests_get_4xx_in_their_apis_shape_and_the_server_stays_up() {
     let mut statuses = std::collections::BTreeMap::new();
     // BERTH_MALFORMED_VERBOSE=1 prints every case's status and answer.
     let verbose = std::env::var_os("BERTH_MALFORMED_VERBOSE").is_some();
+    let mut ran = 0;
     for case in &all {
+        ran += 1;
         let t0 = Instant::now();
         let (status, body) = exchange(
             port,
@@ -1602,7 +1618,11 @@ fn malformed_requests_get_4xx_in_their_apis_shape_and_the_server_stays_up() {
         elapsed.as_secs_f64()
     );
     println!("statuses: {statuses:?}");
-    assert!(all.len() >= 200, "only {} cases", all.len());
+    assert_eq!(
+        (ran, protocol),
+        (API_CASES, PROTOCOL_CASES),
+        "cases run (API, malformed HTTP) differ from the corpus' full count"
+    );
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",

@@ -3,7 +3,8 @@
 //! cached in `usage` and `/metrics`) instead of prefilling it again; the streaming request is not
 //! disturbed; a plugin refusing the fork or the copy's rewind costs one ordinary prefill, never a
 //! failed request; and with Qwen2.5-Coder the forked request's greedy text is the one it gets
-//! alone.
+//! alone. The scripted models run at full speed: the test orders events by holding the model (the
+//! scripted plugin's `hold_file`) and waiting on the state it asserts (`/metrics`), never on time.
 
 mod common;
 
@@ -32,9 +33,13 @@ fn post(port: u16, path: &str, body: &serde_json::Value) -> TcpStream {
 /// The end of a streamed request: its text, its finish reason, when its last byte came.
 type StreamEnd = (String, String, Instant);
 
-/// Starts a streamed request (`/v1/completions` or `/v1/chat/completions`) and returns once its
-/// first text has arrived; the thread yields how it ended.
-fn start_stream(port: u16, path: &str, mut body: serde_json::Value) -> std::thread::JoinHandle<StreamEnd> {
+/// Starts a streamed request (`/v1/completions` or `/v1/chat/completions`) on its own thread,
+/// which yields how it ended; the receiver hears once its first text has arrived.
+fn spawn_stream(
+    port: u16,
+    path: &str,
+    mut body: serde_json::Value,
+) -> (std::thread::JoinHandle<StreamEnd>, std::sync::mpsc::Receiver<()>) {
     body["stream"] = true.into();
     let mut reader = BufReader::new(post(port, path, &body));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -56,7 +61,7 @@ fn start_stream(port: u16, path: &str, mut body: serde_json::Value) -> std::thre
                     }
                     if !text.is_empty() {
                         if let Some(tx) = started.take() {
-                            tx.send(()).unwrap();
+                            let _ = tx.send(());
                         }
                     }
                 }
@@ -65,9 +70,26 @@ fn start_stream(port: u16, path: &str, mut body: serde_json::Value) -> std::thre
         }
         (text, finish, Instant::now())
     });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("the stream starts");
+    (handle, rx)
+}
+
+/// Starts a streamed request like [`spawn_stream`] and returns once its first text has arrived.
+fn start_stream(port: u16, path: &str, body: serde_json::Value) -> std::thread::JoinHandle<StreamEnd> {
+    let (handle, started) = spawn_stream(port, path, body);
+    started.recv_timeout(DEADLINE).expect("the stream starts");
     handle
+}
+
+/// How long any awaited state may take on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// Waits until `ok` holds, polling, failing after [`DEADLINE`].
+fn wait_for(what: &str, ok: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A non-streamed request: (status, body as JSON).
@@ -123,24 +145,19 @@ fn a_prompt_sharing_a_prefix_with_a_running_stream_forks_it_and_refusals_fall_ba
         None,
         &["plugins", "install", scripted_library().to_str().unwrap()],
     );
+    // Every model decodes at full speed but waits at each step while `hold` exists.
+    let hold = home.join("hold");
+    let import = |name: &str, rewind: &str, enforce: &str, refuse_fork: bool| {
+        let pacing = Pacing::Held(&hold);
+        let log = import_rewind_model_paced(home, name, rewind.into(), enforce.into(), refuse_fork, pacing);
+        (name.to_string(), log)
+    };
     let logs = [
-        (
-            "anywhere",
-            import_rewind_model(home, "anywhere", "anywhere".into(), "anywhere".into(), false),
-        ),
-        (
-            "nofork",
-            import_rewind_model(home, "nofork", "anywhere".into(), "anywhere".into(), true),
-        ),
+        import("anywhere", "anywhere", "anywhere", false),
+        import("nofork", "anywhere", "anywhere", true),
         // Reports "anywhere" but rewinds only to 0: the forked copy cannot be cut back.
-        (
-            "lying",
-            import_rewind_model(home, "lying", "anywhere".into(), "start".into(), false),
-        ),
-        (
-            "start",
-            import_rewind_model(home, "start", "start".into(), "start".into(), false),
-        ),
+        import("lying", "anywhere", "start", false),
+        import("start", "start", "start", false),
     ];
     // The truncation logs pin prefix reuse alone: no speculation (its cuts would join them).
     let server = TestServer::start(
@@ -159,23 +176,53 @@ fn a_prompt_sharing_a_prefix_with_a_running_stream_forks_it_and_refusals_fall_ba
     let shared: String = "abcdefghijklmnopqrstuvwxyz".chars().cycle().take(140).collect();
     let long_prompt = format!("{shared}{LONG_TRIGGER} please");
     let other_prompt = format!("{shared}{}", "zyxwvutsrqponmlkjihgfedcba".repeat(2));
-    let completion = |model: &str, prompt: &str| serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 400, "temperature": 0});
-    for (model, log, want_cached) in [
-        ("anywhere", &logs[0].1, 128),
-        ("nofork", &logs[1].1, 0),
-        ("lying", &logs[2].1, 0),
-        ("start", &logs[3].1, 0),
-    ] {
-        let long = start_stream(server.port, "/v1/completions", completion(model, &long_prompt));
-        let (status, body) = request(&server, "/v1/completions", &completion(model, &other_prompt));
-        let other_done = Instant::now();
+    let completion = |model: &str, prompt: &str, max_tokens: u32| serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0});
+    let m = |name: &str| metric(&server, name);
+    for ((model, log), want_cached) in logs.iter().zip([128, 0, 0, 0]) {
+        let model = model.as_str();
+        // A first request loads the model and leaves exactly the shared prefix's two whole
+        // chunks in a slot (one token asked for is never fed back): the stream then reuses them
+        // without a cut, whatever the rewind rule, and prefills its last chunk in one step.
+        let (status, body) = request(&server, "/v1/completions", &completion(model, &shared[..128], 1));
+        assert_eq!(status, 200, "{model}: {body}");
+
+        // Held: the stream is admitted and waits in that one step; the other request is queued
+        // behind it, so it is placed while the stream runs, holding its whole prompt.
+        std::fs::write(&hold, "").unwrap();
+        let (cached_before, batched_before) = (
+            m("berth_cached_prompt_tokens_total"),
+            m("berth_batched_decode_steps_total"),
+        );
+        let (long, _) = spawn_stream(
+            server.port,
+            "/v1/completions",
+            completion(model, &long_prompt, 400),
+        );
+        wait_for("the stream to be admitted", || m("berth_active_sequences") == 1.0);
+        assert_eq!(
+            m("berth_cached_prompt_tokens_total") - cached_before,
+            128.0,
+            "{model}: the stream reused the first request's two chunks"
+        );
+        let port = server.port;
+        let body = completion(model, &other_prompt, 400).to_string();
+        let other = std::thread::spawn(move || http_request(port, "POST", "/v1/completions", &body));
+        wait_for("the other request to be queued", || m("berth_queue_depth") == 1.0);
+        std::fs::remove_file(&hold).unwrap();
+
+        let (status, body) = other.join().unwrap();
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         assert_eq!(status, 200, "{model}: {body}");
         assert_eq!(body["choices"][0]["text"], REPLY, "{model}: {body}");
         assert_eq!(cached_tokens(&body), want_cached, "{model}: {body}");
         assert_eq!(body["usage"]["prompt_tokens"], other_prompt.len(), "{model}");
-        let (text, finish, long_done) = long.join().unwrap();
+        let (text, finish, _) = long.join().unwrap();
         assert_eq!((text, finish.as_str()), (long_reply(), "stop"), "{model}");
-        assert!(long_done > other_done, "{model}: the stream ran on meanwhile");
+        // The two were decoded together: the stream ran on while the other was answered.
+        assert!(
+            m("berth_batched_decode_steps_total") > batched_before,
+            "{model}: no decode step carried both"
+        );
         let calls = truncates(log);
         match model {
             // One cut of the copy, in a slot other than the stream's (which was never cut).
@@ -193,8 +240,12 @@ fn a_prompt_sharing_a_prefix_with_a_running_stream_forks_it_and_refusals_fall_ba
     assert!(metric(&server, "berth_cached_prompt_tokens_total") >= 128.0);
 
     // The same request alone, now that the stream is over, gets the same text (its prefix now
-    // comes from the finished stream's slot).
-    let (status, body) = request(&server, "/v1/completions", &completion("anywhere", &other_prompt));
+    // comes from a finished slot).
+    let (status, body) = request(
+        &server,
+        "/v1/completions",
+        &completion("anywhere", &other_prompt, 400),
+    );
     assert_eq!(
         (status, body["choices"][0]["text"].as_str()),
         (200, Some(REPLY)),

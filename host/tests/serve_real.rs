@@ -15,6 +15,17 @@ use std::time::{Duration, Instant};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const MODEL: &str = "qwen2.5-coder:0.5b";
+/// How long any awaited state may take on a loaded machine: tests wait on state, never on time.
+const DEADLINE: Duration = Duration::from_secs(300);
+
+/// Waits until `ok` holds, polling, failing after [`DEADLINE`].
+fn wait_for(what: &str, ok: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
 /// A fresh Berth home with the qwen3 plugin under test and Qwen2.5-Coder 0.5B as `name`.
 fn home_with_qwen(name: &str) -> tempfile::TempDir {
@@ -144,14 +155,10 @@ fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_u
         None,
         &["import", qwen.to_str().unwrap(), "--name", "hot:new"],
     );
-    let t0 = Instant::now();
-    while !model_ids(&server).contains(&"hot:new".to_string()) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(2),
-            "hot:new not listed within 2 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The store watcher lists it: wait for the listing itself, not for a guessed time.
+    wait_for("hot:new to be listed", || {
+        model_ids(&server).contains(&"hot:new".to_string())
+    });
     let ask = r#"{"model":"hot:new","messages":[{"role":"user","content":"Say hi"}],"max_tokens":3,"temperature":0}"#;
     let (status, body) = server.http("POST", "/v1/chat/completions", Some(ask));
     assert_eq!(status, 200, "{body}");
@@ -168,18 +175,10 @@ fn a_pack_imported_while_serving_is_listed_answers_evicts_the_lru_model_and_rm_u
         "{out:?}"
     );
     berth_ok(home.path(), None, &["rm", "hot:new"]);
-    let t0 = Instant::now();
-    loop {
+    wait_for("hot:new to be unloaded and unlisted", || {
         let (_, ps) = server.http("GET", "/api/ps", None);
-        if !ps.contains("hot:new") && !model_ids(&server).contains(&"hot:new".to_string()) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "hot:new still loaded: {ps}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        !ps.contains("hot:new") && !model_ids(&server).contains(&"hot:new".to_string())
+    });
     let (status, _) = server.http("POST", "/v1/chat/completions", Some(ask));
     assert_eq!(status, 404);
 }
@@ -251,14 +250,9 @@ fn keep_alive_zero_unloads_the_model() {
     assert!(v["version"].as_str().unwrap().starts_with("0.12."), "{version}");
     assert_eq!(v["berth_version"], env!("CARGO_PKG_VERSION"));
     // Unloading waits for nothing running; on a loaded machine it may still take a while.
-    let t0 = Instant::now();
-    while server.http("GET", "/api/ps", None).1.contains(MODEL) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(300),
-            "still loaded five minutes after keep_alive 0"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for("the model to unload after keep_alive 0", || {
+        !server.http("GET", "/api/ps", None).1.contains(MODEL)
+    });
 }
 
 /// `/api/create`'s older form (a Modelfile's text) streams its steps, the pack is listed at once,

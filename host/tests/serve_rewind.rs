@@ -280,6 +280,60 @@ fn speculation_on_a_plugin_that_refuses_to_cut_drafts_costs_a_refill_not_the_req
 }
 
 #[test]
+fn speculation_on_plugins_that_rewind_only_to_snapshots_or_the_start_keeps_answers_correct() {
+    let home = home();
+    let home = home.path();
+    // Rewinds to multiples of 4 only, and only to 0: rejected drafts could not be cut off, so
+    // such a model is not speculated for (speculation::enabled), no cut its rule forbids is asked
+    // for, and the answer is the one a server without speculation gives.
+    let models = [
+        (
+            "snap",
+            import_rewind_model(
+                home,
+                "snap",
+                serde_json::json!({"every": 4}),
+                serde_json::json!({"every": 4}),
+                false,
+            ),
+        ),
+        (
+            "start",
+            import_rewind_model(home, "start", "start".into(), "start".into(), false),
+        ),
+    ];
+    let prompt = format!("{LONG_TRIGGER} 012X");
+    let answers = |speculation: &str| -> (Vec<String>, String) {
+        let server = Server::start_with(home, speculation);
+        let texts = models
+            .iter()
+            .flat_map(|(model, _)| [model, model])
+            .map(|model| {
+                let (status, body) = server.complete(model, &prompt);
+                assert_eq!(status, 200, "{model}, speculation {speculation}: {body}");
+                body["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+            .collect();
+        (texts, http_request(server.port, "GET", "/metrics", "").1)
+    };
+    let (plain, _) = answers("off");
+    assert!(plain.iter().all(|t| *t == long_reply()), "{plain:?}");
+    let (speculated, metrics) = answers("on");
+    assert_eq!(speculated, plain, "speculation changed an answer");
+    assert!(
+        metrics.contains("\nberth_speculative_draft_tokens_total 0\n"),
+        "drafts for a model that cannot cut them:\n{metrics}"
+    );
+    for (model, log) in &models {
+        let log = truncates(log);
+        assert!(
+            log.iter().all(|&(_, _, ok)| ok),
+            "{model}: a forbidden cut was asked for: {log:?}"
+        );
+    }
+}
+
+#[test]
 fn berth_run_chat_falls_back_to_a_full_prefill_when_the_rewind_is_refused() {
     let home = home();
     let home = home.path();

@@ -213,7 +213,9 @@ def gen_stream(prompt, max_tokens):
 
 def check_concurrency():
     """Eight streams one at a time, then all eight at once: each batched output must equal its
-    single one. The tokens per second of both are printed, not asserted."""
+    single one, and /metrics must show that the eight were decoded together (steps carrying
+    several sequences, a peak of at least half of them in one step), not merely that they all
+    finished. The tokens per second of both are printed, not asserted."""
     n_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 40
     single = [gen_stream(p, n_tokens) for p in PROMPTS]
     single_rate = sum(r[1] for r in single) / sum(r[3] - r[2] for r in single)
@@ -223,17 +225,29 @@ def check_concurrency():
         results[i] = gen_stream(PROMPTS[i], n_tokens)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    batched_before = metric("berth_batched_decode_steps_total")
     t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.monotonic() - t0
+    batched = metric("berth_batched_decode_steps_total") - batched_before
+    peak = metric("berth_peak_batch_sequences")
     for i, r in enumerate(results):
         assert r[0] == single[i][0], (i, r[0], single[i][0])
+    # All eight were sent at once and each decodes for many steps: decoded together, most steps
+    # carry several of them. One after another (a server that serialises), none would.
+    shortest = min(r[1] for r in results)
+    assert peak >= len(PROMPTS) // 2, f"at most {peak} sequences in one decode step"
+    assert batched >= shortest // 2, (
+        f"only {batched} decode steps carried more than one sequence "
+        f"(the shortest stream alone took {shortest})"
+    )
     agg = sum(r[1] for r in results) / wall
     print(
-        f"ok concurrency tokens={sum(r[1] for r in results)} single_stream_tok_s={single_rate:.2f} "
+        f"ok concurrency tokens={sum(r[1] for r in results)} batched_steps={batched:.0f} "
+        f"peak_batch={peak:.0f} single_stream_tok_s={single_rate:.2f} "
         f"aggregate_8_streams_tok_s={agg:.2f}"
     )
     # Throughput is a benchmark figure (scripts/bench), never asserted: CI machines are loaded.

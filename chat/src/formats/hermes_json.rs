@@ -144,6 +144,11 @@ pub(crate) fn hermes(out: &mut Out, text: &str, mut pos: usize) {
     }
 }
 
+/// Whether `op` is one of the [`WRAPPERS`] models write instead of the format's markup.
+fn is_wrapper(op: &str) -> bool {
+    WRAPPERS.iter().any(|(open, _)| *open == op)
+}
+
 /// The closer of an opener in [`HERMES_OPENERS`].
 pub(crate) fn closer_of(op: &str) -> &'static str {
     if op == TOOL_CALL {
@@ -246,7 +251,10 @@ pub(crate) fn hermes_region(out: &mut Out, text: &str, i: usize, op: &str) -> Re
         } else {
             Region::Done(next)
         }
-    } else if !closed && out.partial {
+    } else if !closed && out.partial && !(out.cut && is_wrapper(op)) {
+        // Held while a call may still follow. A wrapper (not the format's own markup) cut
+        // before it held any call never became one: like a bare call begun and cut, it is the
+        // content it was written as, so a reply cut by `max_tokens` is not lost.
         Region::Stop
     } else if let (Some(name), true) = (fixed_name, closed) {
         // `<function=NAME></function>`: a call without arguments.
@@ -332,6 +340,27 @@ mod tests {
             run(HermesJson, S::Content, out, true),
             msg(None, None, &[("get_time", r#"{"tz": "CET"}"#)])
         );
+    }
+
+    #[test]
+    fn a_wrapper_cut_before_any_call_is_named_is_content_not_lost() {
+        // Found end to end (Qwen2.5-Coder, `max_tokens` 14): the reply was held back while the
+        // wrapper might still hold a call, then dropped when the output was cut, so the client
+        // got an empty message for 14 generated tokens.
+        let t = crate::testutil::tools();
+        for text in [
+            "<tools>\n{\"type\": \"function\", \"function\": {\"name",
+            "<function_call>\n{\"na",
+            "```json\n{\"type\": \"function\"",
+        ] {
+            let m = crate::parse::parse_cut(HermesJson, S::Content, text, Some(&t));
+            assert!(m.tool_calls.is_empty(), "{text:?}: {m:?}");
+            assert_eq!(m.content.as_deref(), Some(text), "{text:?}");
+        }
+        // A call whose name was read is still a call, cut or not.
+        let text = "<tools>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CE";
+        let m = crate::parse::parse_cut(HermesJson, S::Content, text, Some(&t));
+        assert_eq!(m.tool_calls.len(), 1, "{m:?}");
     }
 
     #[test]

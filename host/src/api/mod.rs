@@ -1,6 +1,7 @@
-//! The HTTP API shapes: OpenAI (`/v1/...`) and Ollama (`/api/...`) requests and responses over
-//! the engine. Handlers are plain async functions; every client mistake becomes a 4xx in the
-//! API's own error shape, never a 500.
+//! The HTTP API shapes over the engine: OpenAI (`/v1/...`: chat completions, completions,
+//! Responses, embeddings, models), Anthropic Messages (`/v1/messages`), Ollama (`/api/...`) and
+//! llama-server's own routes (`/infill`, `/tokenize`, `/detokenize`). Handlers are plain async
+//! functions; every client mistake becomes a 4xx in the API's own error shape, never a 500.
 
 pub mod anthropic;
 pub mod body;

@@ -75,6 +75,10 @@ pub struct Metrics {
     pub kv_capacity: AtomicI64,
     /// Decode steps run.
     pub decode_steps: AtomicU64,
+    /// Decode steps whose batch carried rows of more than one sequence (proof of batching).
+    pub batched_decode_steps: AtomicU64,
+    /// The most sequences one decode step has carried since start.
+    pub peak_batch_sequences: AtomicU64,
     /// Microseconds spent in plugin decode calls.
     pub decode_micros: AtomicU64,
     /// Plugin `embed` calls run (each shared by the inputs of any number of requests).
@@ -98,6 +102,15 @@ impl Metrics {
     pub fn request(&self, route: &str, status: u16) {
         let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         *m.entry((route.to_string(), status)).or_default() += 1;
+    }
+
+    /// Counts one decode step that carried `sequences` distinct sequences.
+    pub fn decode_step(&self, sequences: usize) {
+        self.decode_steps.fetch_add(1, Relaxed);
+        if sequences > 1 {
+            self.batched_decode_steps.fetch_add(1, Relaxed);
+        }
+        self.peak_batch_sequences.fetch_max(sequences as u64, Relaxed);
     }
 
     /// Records one time to first token.
@@ -203,6 +216,18 @@ impl Metrics {
             "Batched plugin decode steps.",
             self.decode_steps.load(Relaxed),
         );
+        counter(
+            &mut o,
+            "berth_batched_decode_steps_total",
+            "Decode steps whose batch carried more than one sequence.",
+            self.batched_decode_steps.load(Relaxed),
+        );
+        gauge(
+            &mut o,
+            "berth_peak_batch_sequences",
+            "The most sequences one decode step has carried since start.",
+            self.peak_batch_sequences.load(Relaxed) as f64,
+        );
         let secs = self.decode_micros.load(Relaxed) as f64 / 1e6;
         let _ = writeln!(o, "# HELP berth_decode_seconds_total Time in plugin decode calls.\n# TYPE berth_decode_seconds_total counter\nberth_decode_seconds_total {secs}");
         let rate = if secs > 0.0 {
@@ -260,5 +285,26 @@ impl Metrics {
         let _ = writeln!(o, "berth_time_to_first_token_seconds_sum {}", h.sum);
         let _ = writeln!(o, "berth_time_to_first_token_seconds_count {}", h.count);
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_steps_count_batching_and_its_peak() {
+        let m = Metrics::default();
+        for sequences in [1, 3, 2, 1] {
+            m.decode_step(sequences);
+        }
+        let text = m.render();
+        for line in [
+            "berth_decode_steps_total 4\n",
+            "berth_batched_decode_steps_total 2\n",
+            "berth_peak_batch_sequences 3\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

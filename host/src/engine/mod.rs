@@ -910,7 +910,7 @@ impl Scheduler {
         };
         let m = &self.shared.metrics;
         let step_secs = t0.elapsed().as_secs_f64();
-        m.decode_steps.fetch_add(1, Relaxed);
+        m.decode_step(b.sequences());
         m.decode_micros
             .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
         if let Err(e) = result {
@@ -1210,6 +1210,14 @@ struct Batch {
 }
 
 impl Batch {
+    /// How many distinct sequences the batch carries rows of.
+    fn sequences(&self) -> usize {
+        let mut slots: Vec<usize> = self.parts.iter().map(|p| p.slot).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots.len()
+    }
+
     fn push(&mut self, token: u32, position: usize, slot: usize, want: bool) {
         self.tokens.push(token as i32);
         self.positions.push(position as i32);

@@ -1,5 +1,8 @@
-//! `berth serve`: configuration, the HTTP router (OpenAI and Ollama APIs, `/health`,
-//! `/metrics`), bearer-token auth, request ids, the store watcher and graceful shutdown.
+//! `berth serve`: configuration, the HTTP router (the OpenAI API: chat completions, completions,
+//! Responses, embeddings and models under `/v1` and the root; Anthropic's Messages API
+//! `/v1/messages`; the Ollama API `/api/*`; llama-server's `/infill`, `/tokenize` and
+//! `/detokenize`; `/health` and `/metrics`), bearer-token auth, request ids, the store watcher
+//! and graceful shutdown.
 
 pub mod config;
 

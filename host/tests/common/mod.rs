@@ -387,20 +387,45 @@ pub fn import_rewind_model(
     enforce: serde_json::Value,
     refuse_fork: bool,
 ) -> PathBuf {
+    import_rewind_model_paced(home, name, rewind, enforce, refuse_fork, Pacing::StepDelay(5))
+}
+
+/// How a scripted model's decode steps are paced.
+#[derive(Clone, Copy, Debug)]
+pub enum Pacing<'a> {
+    /// Every step sleeps this many milliseconds.
+    StepDelay(u64),
+    /// Steps run at full speed, except that every step waits while this file exists (a test
+    /// holds the model at a state it observes, then releases it).
+    Held(&'a Path),
+}
+
+/// [`import_rewind_model`] with its decode steps paced by `pacing`.
+pub fn import_rewind_model_paced(
+    home: &Path,
+    name: &str,
+    rewind: serde_json::Value,
+    enforce: serde_json::Value,
+    refuse_fork: bool,
+    pacing: Pacing<'_>,
+) -> PathBuf {
     let log = home.join(format!("{name}-truncates.jsonl"));
     let src = home.join(format!("src-{name}"));
-    let script = serde_json::json!({
+    let mut script = serde_json::json!({
         "stop_tokens": [256],
         "rewind": rewind,
         "enforce_rewind": enforce,
         "refuse_fork": refuse_fork,
         "truncate_log": log,
-        "step_delay_ms": 5,
         "entries": [
             {"trigger": byte_tokens(LONG_TRIGGER), "reply": byte_tokens(&long_reply())},
             {"reply": byte_tokens(REWIND_MODEL_REPLY)},
         ],
     });
+    match pacing {
+        Pacing::StepDelay(ms) => script["step_delay_ms"] = ms.into(),
+        Pacing::Held(hold) => script["hold_file"] = hold.to_str().unwrap().into(),
+    }
     write_scripted_pack(&src, name, "latest", &script);
     write_byte_tokenizer(&src, &["<|end|>"], None);
     berth_ok(home, None, &["import", src.to_str().unwrap()]);
