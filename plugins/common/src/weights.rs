@@ -1011,4 +1011,60 @@ mod tests {
         s.dequantize_row(1, &mut out);
         assert_eq!((s.rows, out), (2, [5.0, 6.0]));
     }
+
+    /// A GGUF of two 16 × 32 matrices, `a.weight` (f32) then `b.weight` (Q8_0), in `dir`.
+    fn two_matrices(dir: &Path) -> PathBuf {
+        use berth_formats::testutil::GgufWriter;
+        use berth_formats::GgmlType;
+        let bytes = GgufWriter::new()
+            .str("general.architecture", "test")
+            .tensor("a.weight", &[32, 16], GgmlType::F32)
+            .tensor("b.weight", &[32, 16], GgmlType::Q8_0)
+            .build();
+        let path = dir.join("model.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn tensors_read_survive_their_file_and_a_file_cut_while_loading_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_matrices(dir.path());
+        let w = Weights::open_gguf(&path).unwrap();
+        let a = w.matrix_named("a.weight").unwrap();
+        let mut want = [0.0; 32];
+        a.dequantize_row(15, &mut want);
+        let b_at = w.gguf().unwrap().tensor("b.weight").unwrap().offset;
+        // Cut inside `b` after the header was read: reading it is an error, not a signal.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(b_at + 10)
+            .unwrap();
+        let e = w.matrix_named("b.weight").unwrap_err().message;
+        assert!(e.contains("model.gguf") && e.contains("truncated") && e.contains("b.weight"), "{e}");
+        // What was read is the process's own: the file's fate does not reach it.
+        drop(w);
+        std::fs::remove_file(&path).unwrap();
+        let mut got = [0.0; 32];
+        a.dequantize_row(15, &mut got);
+        assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits));
+    }
+
+    #[test]
+    fn a_matrix_for_serving_is_packed_once_and_keeps_its_rows_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Weights::open_gguf(two_matrices(dir.path())).unwrap();
+        let b = w.matrix_named("b.weight").unwrap();
+        let packs = PackedMatrix::covers(WeightType::Q8_0);
+        let served = b.for_serving(false);
+        assert_eq!(served.has_rows(), !packs);
+        assert_eq!(served.packed().is_some(), packs);
+        let tied = b.for_serving(true);
+        assert!(tied.has_rows() && tied.same_as(&b) && tied.row(3) == b.row(3));
+        // A type the packed kernels do not take keeps its rows.
+        let a = w.matrix_named("a.weight").unwrap().for_serving(false);
+        assert!(a.has_rows() && a.packed().is_none());
+    }
 }
