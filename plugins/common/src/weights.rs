@@ -767,7 +767,7 @@ impl Weights {
                 let t = g.index.tensor(name).ok_or_else(missing)?;
                 let wtype = gguf_wtype(name, t.ggml_type.id())?;
                 let n = t.n_elements() as usize;
-                if n % wtype.block_size() != 0 || (t.n_bytes as usize) < wtype.row_bytes(n) {
+                if !n.is_multiple_of(wtype.block_size()) || (t.n_bytes as usize) < wtype.row_bytes(n) {
                     return Err(bad_size());
                 }
                 (wtype, g.read(name, t.offset as usize, wtype.row_bytes(n))?, n)
@@ -776,7 +776,7 @@ impl Weights {
                 let (f, dtype, shape, start) = self.find_st(name).ok_or_else(missing)?;
                 let wtype = st_wtype(name, &dtype)?;
                 let n: usize = shape.iter().product();
-                if n % wtype.block_size() != 0 {
+                if !n.is_multiple_of(wtype.block_size()) {
                     return Err(bad_size());
                 }
                 (wtype, f.read(name, start, wtype.row_bytes(n))?, n)
@@ -1043,7 +1043,10 @@ mod tests {
             .set_len(b_at + 10)
             .unwrap();
         let e = w.matrix_named("b.weight").unwrap_err().message;
-        assert!(e.contains("model.gguf") && e.contains("truncated") && e.contains("b.weight"), "{e}");
+        assert!(
+            e.contains("model.gguf") && e.contains("truncated") && e.contains("b.weight"),
+            "{e}"
+        );
         // What was read is the process's own: the file's fate does not reach it.
         drop(w);
         std::fs::remove_file(&path).unwrap();
