@@ -5,7 +5,8 @@
 //! owns, so nothing a loaded model holds refers to its files: a file truncated, rewritten or
 //! deleted under a running server cannot reach the model (a file cut while it loads is a load
 //! error naming it), and the next load reads whatever the file then holds. The files' headers
-//! are parsed once at open ([`GgufFile`], [`SafetensorsFile`]).
+//! are parsed once at open: a GGUF's read ([`GgufFile::read_header`]), a safetensors JSON header
+//! from a short-lived mapping ([`SafetensorsFile`]).
 
 /// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
 pub use berth_formats::GgufFile;
@@ -608,7 +609,7 @@ type StTensor<'a> = (&'a Source<SafetensorsFile>, Dtype, Vec<usize>, usize);
 impl Weights {
     /// Opens a GGUF file (its header parsed; tensors are read when asked for).
     pub fn open_gguf(path: impl AsRef<Path>) -> Result<Weights, PluginError> {
-        let gguf = Source::open(path.as_ref(), |p| GgufFile::open(p).map_err(fail))?;
+        let gguf = Source::open(path.as_ref(), |p| GgufFile::read_header(p).map_err(fail))?;
         Ok(Weights {
             files: Files::Gguf(gguf),
             hf_names: HfNames::Standard,
