@@ -5,8 +5,8 @@
 //! owns, so nothing a loaded model holds refers to its files: a file truncated, rewritten or
 //! deleted under a running server cannot reach the model (a file cut while it loads is a load
 //! error naming it), and the next load reads whatever the file then holds. The files' headers
-//! are parsed once at open: a GGUF's read ([`GgufFile::read_header`]), a safetensors JSON header
-//! from a short-lived mapping ([`SafetensorsFile`]).
+//! are read and parsed once at open ([`GgufFile::read_header`],
+//! [`SafetensorsFile::read_header`]): no step of a load maps a weights file.
 
 /// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
 pub use berth_formats::GgufFile;
@@ -624,7 +624,7 @@ impl Weights {
         }
         let files = paths
             .iter()
-            .map(|p| Source::open(p, |p| SafetensorsFile::open(p).map_err(fail)))
+            .map(|p| Source::open(p, |p| SafetensorsFile::read_header(p).map_err(fail)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Weights {
             files: Files::Safetensors(files),
