@@ -6,7 +6,7 @@
 //! deleted under a running server cannot reach the model (a file cut while it loads is a load
 //! error naming it), and the next load reads whatever the file then holds. The files' headers
 //! are read and parsed once at open ([`GgufFile::read_header`],
-//! [`SafetensorsFile::read_header`]): no step of a load maps a weights file.
+//! [`SafetensorsFile::read_header`]): no step of a plugin's load maps a weights file.
 
 /// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
 pub use berth_formats::GgufFile;
