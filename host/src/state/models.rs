@@ -471,7 +471,13 @@ impl Models {
         let _ended = LoadEnded(self, &reference);
         let me = self.clone();
         let r2 = reference.clone();
-        let res = tokio::task::spawn_blocking(move || me.load(&r2)).await;
+        let res = tokio::task::spawn_blocking(move || {
+            let loaded = me.load(&r2);
+            // A load reads the weights into buffers it frees once they are packed.
+            release_freed_memory();
+            loaded
+        })
+        .await;
         let model = match res {
             Ok(Ok(m)) => Arc::new(m),
             Ok(Err(e)) => return Err(ModelError::Failed(format!("{e:#}"))),
@@ -598,7 +604,7 @@ impl Models {
     }
 }
 
-/// Hands memory freed by an unloaded model back to the system. glibc's allocator keeps freed
+/// Hands memory freed by an unloaded model (or by a load, its buffers) back to the system. glibc's allocator keeps freed
 /// pages in its arenas (each thread that allocated gets one, and the load and scheduler threads
 /// allocated the weights), so without this a server kept most of an unloaded model's memory
 /// (after Qwen2.5 0.5B: 334 MB of 600 MB anonymous); `malloc_trim` returns every arena's free
