@@ -4,6 +4,7 @@
 //! offset is checked against the file size first, so a truncated or hostile file gives a
 //! [`GgufError`] instead of a panic or a huge allocation. Tensor data stays in the map.
 
+use std::cell::Cell;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,12 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// Arrays nested deeper than this are rejected (guards the recursive parser's stack).
 const MAX_ARRAY_DEPTH: usize = 8;
+/// Bytes [`GgufFile::read_header`] reads first (a test lowers it to make the header outgrow it).
+#[cfg(not(test))]
+const FIRST_HEADER_READ: u64 = 16 << 20;
+#[cfg(test)]
+const FIRST_HEADER_READ: u64 = 1 << 20;
+
 /// ggml supports 4 dimensions; leave room, but refuse absurd counts.
 const MAX_DIMS: u32 = 8;
 
@@ -577,7 +584,8 @@ impl TensorInfo {
     }
 }
 
-/// An open GGUF file: parsed header and tables plus the mapped bytes.
+/// An open GGUF file: parsed header and tables plus the mapped file ([`GgufFile::open`]) or only
+/// the header's bytes ([`GgufFile::read_header`]).
 pub struct GgufFile {
     /// The path the file was opened from.
     pub path: PathBuf,
@@ -589,7 +597,25 @@ pub struct GgufFile {
     pub data_offset: u64,
     metadata: Vec<(String, GgufValue)>,
     tensors: Vec<TensorInfo>,
-    mmap: Mmap,
+    bytes: Held,
+}
+
+/// The bytes a [`GgufFile`] holds.
+enum Held {
+    /// The whole file, mapped ([`GgufFile::open`]).
+    Mapped(Mmap),
+    /// The header only, read ([`GgufFile::read_header`]).
+    Header(Vec<u8>),
+}
+
+impl std::ops::Deref for Held {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Held::Mapped(m) => m,
+            Held::Header(h) => h,
+        }
+    }
 }
 
 impl fmt::Debug for GgufFile {
@@ -634,16 +660,65 @@ impl GgufFile {
         // rewriting the file while it is mapped is outside what Rust can guard against; the store
         // never modifies a weights file in place (imports build new files and rename them).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let parsed = Parser::new(&mmap, path).parse()?;
-        Ok(GgufFile {
+        let parsed = Parser::new(&mmap, len, path, &Cell::new(false)).parse()?;
+        Ok(GgufFile::new(path, parsed, Held::Mapped(mmap)))
+    }
+
+    /// Reads and parses the header (metadata and tensor index) of a GGUF file with plain reads,
+    /// mapping nothing, and checks the tensors' extents against the file's length as
+    /// [`GgufFile::open`] does. A file cut or rewritten meanwhile is an error or a file parsed as
+    /// it was, never a signal; and nothing of the file is held afterwards but the header's bytes:
+    /// [`GgufFile::bytes`] is the header and [`GgufFile::tensor_data`] empty (read tensors
+    /// from the file at their [`TensorInfo::offset`]).
+    pub fn read_header(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        use std::os::unix::fs::FileExt;
+        let path = path.as_ref();
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len < 24 {
+            // The short-file errors, as `open` words them (it maps nothing that short).
+            return GgufFile::open(path);
+        }
+        // Headers are mostly vocabularies (a few MB; 262k tokens take about 10): read 16 MiB,
+        // more while too short.
+        let mut prefix = len.min(FIRST_HEADER_READ);
+        loop {
+            let mut buf = vec![0u8; prefix as usize];
+            file.read_exact_at(&mut buf, 0).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => GgufError::Truncated {
+                    path: path.to_path_buf(),
+                    what: "header (the file shrank while it was read)".into(),
+                    offset: 0,
+                    file_len: file.metadata().map_or(0, |m| m.len()),
+                },
+                _ => io(e),
+            })?;
+            let short = Cell::new(false);
+            match Parser::new(&buf, len, path, &short).parse() {
+                Err(_) if short.get() && prefix < len => prefix = (prefix * 4).min(len),
+                parsed => {
+                    let parsed = parsed?;
+                    buf.truncate(parsed.data_offset.min(prefix) as usize);
+                    return Ok(GgufFile::new(path, parsed, Held::Header(buf)));
+                }
+            }
+        }
+    }
+
+    fn new(path: &Path, parsed: Parsed, bytes: Held) -> GgufFile {
+        GgufFile {
             path: path.to_path_buf(),
             version: parsed.version,
             alignment: parsed.alignment,
             data_offset: parsed.data_offset,
             metadata: parsed.metadata,
             tensors: parsed.tensors,
-            mmap,
-        })
+            bytes,
+        }
     }
 
     /// All metadata key/value pairs, in file order.
@@ -701,18 +776,19 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The bytes of a tensor (empty if the info does not describe a range of this file).
+    /// The bytes of a tensor (empty if the info does not describe a range of this file, or the
+    /// file was opened with [`GgufFile::read_header`]).
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         let range = usize::try_from(info.offset)
             .ok()
             .zip(usize::try_from(info.n_bytes).ok())
             .and_then(|(start, n)| Some(start..start.checked_add(n)?));
-        range.and_then(|r| self.mmap.get(r)).unwrap_or(&[])
+        range.and_then(|r| self.bytes.get(r)).unwrap_or(&[])
     }
 
-    /// The whole mapped file.
+    /// The whole mapped file ([`GgufFile::open`]), or its header ([`GgufFile::read_header`]).
     pub fn bytes(&self) -> &[u8] {
-        &self.mmap
+        &self.bytes
     }
 
     /// Total elements over all tensors (the parameter count).
@@ -748,18 +824,30 @@ struct Parsed {
 }
 
 struct Parser<'a> {
+    /// The file, or its first bytes (see [`GgufFile::read_header`]).
     buf: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// Length of the whole file.
+    file_len: u64,
+    /// Set when a read ran past `buf` but not past the file: `buf` was too short a prefix.
+    short: &'a Cell<bool>,
 }
 
 impl<'a> Parser<'a> {
-    fn new(buf: &'a [u8], path: &'a Path) -> Self {
-        Parser { buf, pos: 0, path }
+    fn new(buf: &'a [u8], file_len: u64, path: &'a Path, short: &'a Cell<bool>) -> Self {
+        Parser {
+            buf,
+            pos: 0,
+            path,
+            file_len,
+            short,
+        }
     }
 
+    /// Bytes of the file after the read position.
     fn remaining(&self) -> u64 {
-        (self.buf.len() - self.pos) as u64
+        self.file_len.saturating_sub(self.pos as u64)
     }
 
     fn truncated(&self, what: impl Into<String>, offset: usize) -> GgufError {
@@ -767,7 +855,7 @@ impl<'a> Parser<'a> {
             path: self.path.to_path_buf(),
             what: what.into(),
             offset: offset as u64,
-            file_len: self.buf.len() as u64,
+            file_len: self.file_len,
         }
     }
 
@@ -780,6 +868,10 @@ impl<'a> Parser<'a> {
 
     fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
         if n > self.remaining() {
+            return Err(self.truncated(what, self.pos));
+        }
+        if n > (self.buf.len() - self.pos) as u64 {
+            self.short.set(true);
             return Err(self.truncated(what, self.pos));
         }
         let start = self.pos;
@@ -909,7 +1001,7 @@ impl<'a> Parser<'a> {
             raw.push((name, dims, ggml_type, rel_offset));
         }
 
-        let file_len = self.buf.len() as u64;
+        let file_len = self.file_len;
         let data_offset = (self.pos as u64).div_ceil(alignment) * alignment;
         if data_offset > file_len && n_tensors > 0 {
             return Err(self.truncated("tensor data section", self.pos));
@@ -1078,6 +1170,37 @@ mod tests {
     }
 
     #[test]
+    fn reading_the_header_parses_as_mapping_does_whatever_the_file_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        // A header past the first read (1 MiB under test) makes the reader grow its prefix.
+        let big = crate::testutil::GgufWriter::new()
+            .str("general.architecture", "test")
+            .str("test.big", &"x".repeat(3 << 20))
+            .tensor("a.weight", &[32, 4], GgmlType::F32)
+            .build();
+        for (name, full) in [("s.gguf", sample_gguf(Some("tmpl"))), ("big.gguf", big)] {
+            let p = write(&dir, name, &full);
+            let (mapped, read) = (GgufFile::open(&p).unwrap(), GgufFile::read_header(&p).unwrap());
+            assert_eq!(read.metadata(), mapped.metadata());
+            assert_eq!(read.tensors(), mapped.tensors());
+            assert_eq!(read.data_offset, mapped.data_offset);
+            assert_eq!(read.bytes(), &mapped.bytes()[..mapped.data_offset as usize]);
+            // Cut anywhere (every length of the small file, steps through the big one): the
+            // same answer, word for word.
+            let step = if full.len() > 1 << 20 { 65537 } else { 1 };
+            for len in (0..full.len()).step_by(step) {
+                std::fs::write(&p, &full[..len]).unwrap();
+                let (a, b) = (GgufFile::open(&p), GgufFile::read_header(&p));
+                match (a, b) {
+                    (Ok(a), Ok(b)) => assert_eq!(a.tensors(), b.tensors(), "{name} cut at {len}"),
+                    (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{name} cut at {len}"),
+                    (a, b) => panic!("{name} cut at {len}: {:?} vs {:?}", a.err(), b.err()),
+                }
+            }
+        }
+    }
+
+    #[test]
     fn corrupt_bytes_never_panic() {
         let full = sample_gguf(Some("tmpl"));
         let dir = tempfile::tempdir().unwrap();
@@ -1197,6 +1320,8 @@ mod tests {
         let last = f.tensors().iter().map(|t| t.offset + t.n_bytes).max().unwrap();
         assert!(last <= f.bytes().len() as u64);
         assert!(f.parameter_count() > 400_000_000);
+        let read = GgufFile::read_header(&f.path).unwrap();
+        assert_eq!((read.metadata(), read.tensors()), (f.metadata(), f.tensors()));
     }
 
     #[test]

@@ -182,7 +182,25 @@ pub struct SafetensorsFile {
     pub data_offset: u64,
     tensors: Vec<SafetensorsTensor>,
     metadata: Vec<(String, String)>,
-    mmap: Mmap,
+    bytes: Held,
+}
+
+/// The bytes a [`SafetensorsFile`] holds.
+enum Held {
+    /// The whole file, mapped ([`SafetensorsFile::open`]).
+    Mapped(Mmap),
+    /// The header only, read ([`SafetensorsFile::read_header`]).
+    Header(Vec<u8>),
+}
+
+impl std::ops::Deref for Held {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Held::Mapped(m) => m,
+            Held::Header(h) => h,
+        }
+    }
 }
 
 impl fmt::Debug for SafetensorsFile {
@@ -200,7 +218,6 @@ impl SafetensorsFile {
         let path = path.as_ref();
         let p = || path.to_path_buf();
         let io = |source| SafetensorsError::Io { path: p(), source };
-        let invalid = |msg: String| SafetensorsError::Invalid { path: p(), msg };
         let file = File::open(path).map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
         let truncated = |what: String| SafetensorsError::Truncated {
@@ -214,18 +231,82 @@ impl SafetensorsFile {
         // SAFETY: read-only private map; files in the store are replaced by rename, never
         // rewritten in place, so the mapping's contents stay stable while it is open.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let header_len = Self::header_len(path, &mmap[..8], file_len)?;
+        Self::parse(path, file_len, header_len, Held::Mapped(mmap))
+    }
+
+    /// Reads and parses the header of a safetensors file with plain reads, mapping nothing, and
+    /// checks the tensors' extents against the file's length as [`SafetensorsFile::open`] does:
+    /// a file cut or rewritten meanwhile is an error or a file parsed as it was, never a signal.
+    /// [`SafetensorsFile::bytes`] is then the header and [`SafetensorsFile::tensor_data`] None
+    /// (read tensors from the file at their [`SafetensorsTensor::data_offsets`]).
+    pub fn read_header(path: impl AsRef<Path>) -> Result<SafetensorsFile, SafetensorsError> {
+        use std::os::unix::fs::FileExt;
+        let path = path.as_ref();
+        let io = |source| SafetensorsError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        if file_len < 8 {
+            return Self::open(path);
+        }
+        let shrank = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => SafetensorsError::Truncated {
+                path: path.to_path_buf(),
+                what: "header (the file shrank while it was read)".into(),
+                file_len: file.metadata().map_or(0, |m| m.len()),
+            },
+            _ => io(e),
+        };
         let mut len_bytes = [0u8; 8];
-        len_bytes.copy_from_slice(&mmap[..8]);
+        file.read_exact_at(&mut len_bytes, 0).map_err(shrank)?;
+        let header_len = Self::header_len(path, &len_bytes, file_len)?;
+        let mut head = vec![0u8; 8 + header_len as usize];
+        file.read_exact_at(&mut head, 0).map_err(shrank)?;
+        Self::parse(path, file_len, header_len, Held::Header(head))
+    }
+
+    /// The header length the first eight bytes give, checked against the limit and the file.
+    fn header_len(path: &Path, first: &[u8], file_len: u64) -> Result<u64, SafetensorsError> {
+        let mut len_bytes = [0u8; 8];
+        len_bytes.copy_from_slice(&first[..8]);
         let header_len = u64::from_le_bytes(len_bytes);
         if header_len > MAX_HEADER_LEN {
-            return Err(invalid(format!("header length {header_len} is too large")));
+            return Err(SafetensorsError::Invalid {
+                path: path.to_path_buf(),
+                msg: format!("header length {header_len} is too large"),
+            });
         }
         if 8 + header_len > file_len {
-            return Err(truncated(format!("header of {header_len} bytes")));
+            return Err(SafetensorsError::Truncated {
+                path: path.to_path_buf(),
+                what: format!("header of {header_len} bytes"),
+                file_len,
+            });
         }
+        Ok(header_len)
+    }
+
+    /// Parses the JSON header (`header_len` bytes after the first eight of `bytes`) of a file of
+    /// `file_len` bytes.
+    fn parse(
+        path: &Path,
+        file_len: u64,
+        header_len: u64,
+        bytes: Held,
+    ) -> Result<SafetensorsFile, SafetensorsError> {
+        let p = || path.to_path_buf();
+        let invalid = |msg: String| SafetensorsError::Invalid { path: p(), msg };
+        let truncated = |what: String| SafetensorsError::Truncated {
+            path: p(),
+            what,
+            file_len,
+        };
         let data_offset = 8 + header_len;
         let header: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&mmap[8..data_offset as usize])
+            serde_json::from_slice(&bytes[8..data_offset as usize])
                 .map_err(|e| invalid(format!("JSON: {e}")))?;
 
         let mut tensors = Vec::with_capacity(header.len());
@@ -296,7 +377,7 @@ impl SafetensorsFile {
             data_offset,
             tensors,
             metadata,
-            mmap,
+            bytes,
         })
     }
 
@@ -318,13 +399,14 @@ impl SafetensorsFile {
     /// The bytes of the named tensor.
     pub fn tensor_data(&self, name: &str) -> Option<&[u8]> {
         let t = self.tensor(name)?;
-        self.mmap
+        self.bytes
             .get(t.data_offsets.0 as usize..t.data_offsets.1 as usize)
     }
 
-    /// The whole mapped file.
+    /// The whole mapped file ([`SafetensorsFile::open`]), or its header
+    /// ([`SafetensorsFile::read_header`]).
     pub fn bytes(&self) -> &[u8] {
-        &self.mmap
+        &self.bytes
     }
 
     /// Total elements over all tensors.
@@ -369,6 +451,31 @@ mod tests {
         assert_eq!(f.tensor_data("c.q").unwrap(), &[7, 7]);
         assert_eq!(f.metadata(), &[("format".to_string(), "pt".to_string())]);
         assert_eq!(f.parameter_count(), 14);
+    }
+
+    #[test]
+    fn reading_the_header_parses_as_mapping_does_whatever_the_file_holds() {
+        let full = sample();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("h.safetensors");
+        std::fs::write(&p, &full).unwrap();
+        let (mapped, read) = (
+            SafetensorsFile::open(&p).unwrap(),
+            SafetensorsFile::read_header(&p).unwrap(),
+        );
+        assert_eq!(read.tensors(), mapped.tensors());
+        assert_eq!(read.metadata(), mapped.metadata());
+        assert_eq!(read.bytes(), &full[..read.data_offset as usize]);
+        assert_eq!(read.tensor_data("a.weight"), None);
+        for len in 0..full.len() {
+            std::fs::write(&p, &full[..len]).unwrap();
+            let (a, b) = (SafetensorsFile::open(&p), SafetensorsFile::read_header(&p));
+            assert_eq!(
+                a.map(|f| f.tensors().to_vec()).map_err(|e| e.to_string()),
+                b.map(|f| f.tensors().to_vec()).map_err(|e| e.to_string()),
+                "cut at {len}"
+            );
+        }
     }
 
     #[test]

@@ -731,7 +731,7 @@ fn show(store: &Store, home: &Path, name: &str, json: bool) -> Result<()> {
     let weights = m.weights().next().map(|f| entry.dir.join(&f.path));
     let gguf = match (&weights, &m.format) {
         (Some(w), PackFormat::Gguf) => {
-            Some(GgufFile::open(w).with_context(|| format!("reading {}", w.display()))?)
+            Some(GgufFile::read_header(w).with_context(|| format!("reading {}", w.display()))?)
         }
         _ => None,
     };

@@ -147,7 +147,7 @@ pub fn pack_template(entry: &PackEntry) -> Option<String> {
         berth_registry::pack::PackFormat::Gguf => m
             .weights()
             .next()
-            .and_then(|w| berth_registry::gguf::GgufFile::open(entry.dir.join(&w.path)).ok()),
+            .and_then(|w| berth_registry::gguf::GgufFile::read_header(entry.dir.join(&w.path)).ok()),
         _ => None,
     };
     ChatTemplate::from_pack_or_gguf(&entry.dir, gguf.as_ref())

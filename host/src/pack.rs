@@ -109,7 +109,7 @@ pub fn load_text_side(entry: &PackEntry) -> Result<(Tokenizer, Option<ChatTempla
                 .weights()
                 .next()
                 .ok_or_else(|| anyhow!("{} lists no weights", entry.reference))?;
-            Some(GgufFile::open(entry.dir.join(&w.path))?)
+            Some(GgufFile::read_header(entry.dir.join(&w.path))?)
         }
         _ => None,
     };

@@ -478,7 +478,13 @@ impl Models {
         let _ended = LoadEnded(self, &reference);
         let me = self.clone();
         let r2 = reference.clone();
-        let res = tokio::task::spawn_blocking(move || me.load(&r2)).await;
+        let res = tokio::task::spawn_blocking(move || {
+            let loaded = me.load(&r2);
+            // A load reads the weights into buffers it frees once they are packed.
+            release_freed_memory();
+            loaded
+        })
+        .await;
         let model = match res {
             Ok(Ok(m)) => Arc::new(m),
             Ok(Err(e)) => return Err(ModelError::Failed(format!("{e:#}"))),
@@ -549,9 +555,14 @@ impl Models {
     fn unload_in_background(&self, m: Arc<Model>) {
         let metrics = self.metrics.clone();
         std::thread::spawn(move || {
+            // Draining ends the scheduler thread, which owns the plugin instance: its weights
+            // are freed when this returns.
             m.engine.drain();
+            let reference = m.reference.clone();
+            drop(m);
+            release_freed_memory();
             metrics.loaded_models.fetch_sub(1, Relaxed);
-            tracing::info!(model = %m.reference, "model unloaded");
+            tracing::info!(model = %reference, "model unloaded");
         });
     }
 
@@ -597,5 +608,19 @@ impl Models {
         for m in all {
             m.engine.drain();
         }
+    }
+}
+
+/// Hands memory freed by an unloaded model (or by a load, its buffers) back to the system. glibc's allocator keeps freed
+/// pages in its arenas (each thread that allocated gets one, and the load and scheduler threads
+/// allocated the weights), so without this a server kept most of an unloaded model's memory
+/// (after Qwen2.5 0.5B: 334 MB of 600 MB anonymous); `malloc_trim` returns every arena's free
+/// pages. Other allocators return large blocks themselves.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only releases free memory held by glibc's allocator; it takes no
+    // pointers and may be called from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

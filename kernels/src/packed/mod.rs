@@ -1,4 +1,5 @@
-//! Weights repacked at first use into 16-row interleaved blocks, and their matrix product.
+//! Weights repacked into 16-row interleaved blocks (by the runtime, when a model loads), and
+//! their matrix product.
 //!
 //! A [`PackedMatrix`] holds a Q4_0, Q5_0 or Q8_0 matrix as groups of 16 rows. Per group and
 //! block of 32 columns it stores the 16 rows' scales (f16, side by side) and their quants as

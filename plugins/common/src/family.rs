@@ -574,6 +574,8 @@ impl DecoderModel {
         if let Some(n) = config.options.get("snapshot_every").and_then(Value::as_u64) {
             cfg.snapshot_every = (n as usize).max(1);
         }
+        // Packed now and held once, so the first request does not wait for packing.
+        weights.for_serving();
         let vocab = weights.output.rows as u32;
         let head = SentenceHead::load(&config.pack_dir, cfg.hidden, context)?;
         if cfg.bidirectional && head.is_none() {

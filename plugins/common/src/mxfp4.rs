@@ -139,7 +139,7 @@ pub fn gate_up_experts_from_hf(
 pub fn hf_experts(weights: &Weights, prefix: &str) -> Result<Vec<Matrix>, PluginError> {
     let (shape, blocks) = weights.bytes_named(&format!("{prefix}_blocks"))?;
     let (_, scales) = weights.bytes_named(&format!("{prefix}_scales"))?;
-    experts_from_hf(blocks, scales, &shape)
+    experts_from_hf(&blocks, &scales, &shape)
         .map_err(|e| PluginError::failed(format!("{prefix}: {}", e.message)))
 }
 
@@ -151,7 +151,7 @@ pub fn hf_gate_up_experts(
 ) -> Result<(Vec<Matrix>, Vec<Matrix>), PluginError> {
     let (shape, blocks) = weights.bytes_named(&format!("{prefix}_blocks"))?;
     let (_, scales) = weights.bytes_named(&format!("{prefix}_scales"))?;
-    gate_up_experts_from_hf(blocks, scales, &shape)
+    gate_up_experts_from_hf(&blocks, &scales, &shape)
         .map_err(|e| PluginError::failed(format!("{prefix}: {}", e.message)))
 }
 

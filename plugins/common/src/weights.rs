@@ -1,5 +1,12 @@
-//! Loading tensors from GGUF (zero-copy from the mapped file) or HF safetensors, with the standard
-//! decoder's tensor names mapped both ways between the two conventions.
+//! Loading tensors from GGUF or HF safetensors, with the standard decoder's tensor names mapped
+//! both ways between the two conventions.
+//!
+//! Tensors are read from their files (positioned reads, not a mapping) into memory the process
+//! owns, so nothing a loaded model holds refers to its files: a file truncated, rewritten or
+//! deleted under a running server cannot reach the model (a file cut while it loads is a load
+//! error naming it), and the next load reads whatever the file then holds. The files' headers
+//! are read and parsed once at open ([`GgufFile::read_header`],
+//! [`SafetensorsFile::read_header`]): no step of a plugin's load maps a weights file.
 
 /// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
 pub use berth_formats::GgufFile;
@@ -7,25 +14,16 @@ use berth_formats::{Dtype, SafetensorsFile};
 use berth_kernels::packed::PackedMatrix;
 use berth_kernels::quant::WeightType;
 use berth_plugin_api::PluginError;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-/// Something that owns a block of bytes tensors can point into (a mapped weights file).
+/// Something that owns a block of bytes tensors can point into (memory the process owns: a
+/// tensor read from its file, or bytes a loader made).
 pub trait ByteSource: Send + Sync {
     /// All the bytes.
     fn bytes(&self) -> &[u8];
-}
-
-impl ByteSource for GgufFile {
-    fn bytes(&self) -> &[u8] {
-        GgufFile::bytes(self)
-    }
-}
-
-impl ByteSource for SafetensorsFile {
-    fn bytes(&self) -> &[u8] {
-        SafetensorsFile::bytes(self)
-    }
 }
 
 impl ByteSource for Vec<u8> {
@@ -34,8 +32,23 @@ impl ByteSource for Vec<u8> {
     }
 }
 
-/// A 2-D weight matrix of any [`WeightType`]: `rows` output rows of `cols` inputs each, stored
-/// row-major in the weight type's block format. Cloning is cheap (the bytes are shared).
+/// The raw rows of a matrix: `len` bytes at `start` of a shared source.
+#[derive(Clone)]
+struct Rows {
+    source: Arc<dyn ByteSource>,
+    start: usize,
+    len: usize,
+}
+
+impl Rows {
+    fn bytes(&self) -> &[u8] {
+        &self.source.bytes()[self.start..self.start + self.len]
+    }
+}
+
+/// A 2-D weight matrix of any [`WeightType`]: `rows` output rows of `cols` inputs each. It holds
+/// the rows row-major in the weight type's block format, or the rows repacked for the packed
+/// kernels, or both (see [`Matrix::for_serving`]). Cloning is cheap (the storage is shared).
 #[derive(Clone)]
 pub struct Matrix {
     /// Storage type of the rows.
@@ -44,10 +57,10 @@ pub struct Matrix {
     pub rows: usize,
     /// Elements per row (input dimension).
     pub cols: usize,
-    source: Arc<dyn ByteSource>,
-    start: usize,
-    len: usize,
-    /// The rows repacked for the packed kernels, made on first use (None: not packable here).
+    /// The raw rows; None once [`Matrix::for_serving`] dropped them for the packed form.
+    raw: Option<Rows>,
+    /// The rows repacked for the packed kernels, made on first use or by
+    /// [`Matrix::for_serving`] (None inside: not packable here).
     packed: Arc<OnceLock<Option<PackedMatrix>>>,
 }
 
@@ -85,9 +98,7 @@ impl Matrix {
             wtype,
             rows,
             cols,
-            source,
-            start,
-            len,
+            raw: Some(Rows { source, start, len }),
             packed: Arc::default(),
         })
     }
@@ -128,14 +139,58 @@ impl Matrix {
         Matrix::new(Arc::new(bytes), 0, WeightType::Q8_0, self.rows, self.cols).expect("sized above")
     }
 
-    /// The raw bytes of all rows.
+    /// The matrix as a loaded model serves it: packed now where the packed kernels take it (so
+    /// no request waits for packing), and then, unless `keep_rows`, without its raw rows, so the
+    /// weights are held once. A matrix the packed kernels do not take keeps its rows. Use
+    /// `keep_rows` for a matrix also read row by row (a tied embedding that is the LM head).
+    pub fn for_serving(&self, keep_rows: bool) -> Matrix {
+        let packed = self.packed().is_some();
+        Matrix {
+            raw: if packed && !keep_rows {
+                None
+            } else {
+                self.raw.clone()
+            },
+            ..self.clone()
+        }
+    }
+
+    /// Whether the raw rows are held ([`Matrix::bytes`], [`Matrix::row`] and the row slices
+    /// need them).
+    pub fn has_rows(&self) -> bool {
+        self.raw.is_some()
+    }
+
+    /// Whether `other` is this matrix (a clone of it: the same storage).
+    pub fn same_as(&self, other: &Matrix) -> bool {
+        Arc::ptr_eq(&self.packed, &other.packed)
+    }
+
+    /// Bytes this matrix holds: its raw rows (the whole shared buffer's share of them) and its
+    /// packed form where made.
+    pub fn held_bytes(&self) -> usize {
+        let raw = self.raw.as_ref().map_or(0, |r| r.len);
+        let packed = self
+            .packed
+            .get()
+            .and_then(Option::as_ref)
+            .map_or(0, PackedMatrix::size_bytes);
+        raw + packed
+    }
+
+    /// The raw bytes of all rows. Panics on a matrix kept only packed ([`Matrix::for_serving`]),
+    /// whose rows are read through [`Matrix::packed`].
     pub fn bytes(&self) -> &[u8] {
-        &self.source.bytes()[self.start..self.start + self.len]
+        self.raw
+            .as_ref()
+            .map(Rows::bytes)
+            .unwrap_or_else(|| panic!("{self:?} is held packed only; its raw rows were dropped"))
     }
 
     /// The rows repacked into 16-row interleaved groups for the packed kernels, made on first
-    /// call; None where this CPU or `BERTH_KERNELS` rules them out or the type or shape is not
-    /// covered (see [`berth_kernels::packed`]).
+    /// call (at load for a model's matrices, see [`Matrix::for_serving`]); None where this CPU or
+    /// `BERTH_KERNELS` rules them out or the type or shape is not covered (see
+    /// [`berth_kernels::packed`]).
     pub fn packed(&self) -> Option<&PackedMatrix> {
         self.packed
             .get_or_init(|| PackedMatrix::pack(self.wtype, self.bytes(), self.rows, self.cols))
@@ -154,17 +209,23 @@ impl Matrix {
         &self.bytes()[r * rb..(r + 1) * rb]
     }
 
-    /// Rows `start..start + n` as a matrix of their own (zero-copy).
+    /// Rows `start..start + n` as a matrix of their own (sharing the raw rows).
     pub fn slice_rows(&self, start: usize, n: usize) -> Matrix {
         assert!(start + n <= self.rows, "row slice beyond the matrix");
         let rb = self.row_bytes();
+        let raw = self
+            .raw
+            .as_ref()
+            .unwrap_or_else(|| panic!("{self:?} is held packed only"));
         Matrix {
             wtype: self.wtype,
             rows: n,
             cols: self.cols,
-            source: self.source.clone(),
-            start: self.start + start * rb,
-            len: n * rb,
+            raw: Some(Rows {
+                source: raw.source.clone(),
+                start: raw.start + start * rb,
+                len: n * rb,
+            }),
             packed: Arc::default(),
         }
     }
@@ -470,12 +531,67 @@ pub enum WeightFormat {
     Safetensors,
 }
 
-enum Files {
-    Gguf(Arc<GgufFile>),
-    Safetensors(Vec<Arc<SafetensorsFile>>),
+/// A weights file open for reading: its parsed header and the handle tensors are read through.
+struct Source<F> {
+    /// The parsed header (metadata and tensor index).
+    index: Arc<F>,
+    /// The file the header was parsed from (checked to be the same file at open).
+    file: File,
+    /// The path, for errors.
+    path: PathBuf,
 }
 
-/// Opened weight files, answering tensor requests by [`TensorId`].
+impl<F> Source<F> {
+    /// Opens `path` and parses it with `parse`, checking the parsed file is the one opened (not
+    /// one renamed over it in between).
+    fn open(
+        path: &Path,
+        parse: impl FnOnce(&Path) -> Result<F, PluginError>,
+    ) -> Result<Source<F>, PluginError> {
+        let io = |e: std::io::Error| PluginError::failed(format!("{}: {e}", path.display()));
+        let file = File::open(path).map_err(io)?;
+        let index = parse(path)?;
+        let (opened, now) = (file.metadata().map_err(io)?, std::fs::metadata(path).map_err(io)?);
+        if (opened.dev(), opened.ino()) != (now.dev(), now.ino()) {
+            return Err(PluginError::failed(format!(
+                "{}: the file was replaced while it was opened",
+                path.display()
+            )));
+        }
+        Ok(Source {
+            index: Arc::new(index),
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// `len` bytes at `offset` of the file, for tensor `name`, into memory the process owns; a
+    /// file cut short since its header was read is an error naming it.
+    fn read(&self, name: &str, offset: usize, len: usize) -> Result<Vec<u8>, PluginError> {
+        let mut buf = vec![0u8; len];
+        self.file.read_exact_at(&mut buf, offset as u64).map_err(|e| {
+            let now = self.file.metadata().map_or(0, |m| m.len());
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                PluginError::failed(format!(
+                    "{}: truncated: tensor {name} needs bytes {offset}..{}, the file now holds {now}",
+                    self.path.display(),
+                    offset + len
+                ))
+            } else {
+                PluginError::failed(format!("{}: reading tensor {name}: {e}", self.path.display()))
+            }
+        })?;
+        Ok(buf)
+    }
+}
+
+enum Files {
+    Gguf(Source<GgufFile>),
+    Safetensors(Vec<Source<SafetensorsFile>>),
+}
+
+/// Opened weight files, answering tensor requests by [`TensorId`]. Every matrix and vector it
+/// returns is a copy in memory the process owns; dropping the `Weights` closes the files.
 pub struct Weights {
     files: Files,
     hf_names: HfNames,
@@ -487,24 +603,28 @@ fn fail(e: impl std::fmt::Display) -> PluginError {
     PluginError::failed(e.to_string())
 }
 
+/// A safetensors tensor found by name: its file, dtype, shape and absolute byte offset.
+type StTensor<'a> = (&'a Source<SafetensorsFile>, Dtype, Vec<usize>, usize);
+
 impl Weights {
-    /// Opens (maps) a GGUF file.
+    /// Opens a GGUF file (its header parsed; tensors are read when asked for).
     pub fn open_gguf(path: impl AsRef<Path>) -> Result<Weights, PluginError> {
+        let gguf = Source::open(path.as_ref(), |p| GgufFile::read_header(p).map_err(fail))?;
         Ok(Weights {
-            files: Files::Gguf(Arc::new(GgufFile::open(path).map_err(fail)?)),
+            files: Files::Gguf(gguf),
             hf_names: HfNames::Standard,
             hf_prefix: String::new(),
         })
     }
 
-    /// Opens (maps) safetensors shards.
+    /// Opens safetensors shards (their headers parsed; tensors are read when asked for).
     pub fn open_safetensors(paths: &[PathBuf]) -> Result<Weights, PluginError> {
         if paths.is_empty() {
             return Err(PluginError::failed("no safetensors files"));
         }
         let files = paths
             .iter()
-            .map(|p| SafetensorsFile::open(p).map(Arc::new).map_err(fail))
+            .map(|p| Source::open(p, |p| SafetensorsFile::read_header(p).map_err(fail)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Weights {
             files: Files::Safetensors(files),
@@ -535,10 +655,10 @@ impl Weights {
         }
     }
 
-    /// The GGUF file, when reading GGUF.
+    /// The GGUF file's header (metadata and tensor index), when reading GGUF.
     pub fn gguf(&self) -> Option<&GgufFile> {
         match &self.files {
-            Files::Gguf(g) => Some(g),
+            Files::Gguf(g) => Some(&g.index),
             Files::Safetensors(_) => None,
         }
     }
@@ -551,7 +671,7 @@ impl Weights {
         }
     }
 
-    fn find_st(&self, name: &str) -> Option<(&Arc<SafetensorsFile>, Dtype, Vec<usize>, usize)> {
+    fn find_st(&self, name: &str) -> Option<StTensor<'_>> {
         let Files::Safetensors(files) = &self.files else {
             return None;
         };
@@ -559,7 +679,10 @@ impl Weights {
         // `Gemma3TextModel`) names its tensors without the `model.` of the language model.
         let bare = name.strip_prefix("model.");
         files.iter().find_map(|f| {
-            let t = f.tensor(name).or_else(|| bare.and_then(|b| f.tensor(b)))?;
+            let t = f
+                .index
+                .tensor(name)
+                .or_else(|| bare.and_then(|b| f.index.tensor(b)))?;
             let shape = t.shape.iter().map(|&d| d as usize).collect();
             Some((f, t.dtype.clone(), shape, t.data_offsets.0 as usize))
         })
@@ -567,32 +690,39 @@ impl Weights {
 
     /// Whether the tensor exists.
     pub fn has(&self, id: &TensorId) -> bool {
-        let name = self.name_of(id);
-        match &self.files {
-            Files::Gguf(g) => g.tensor(&name).is_some(),
-            Files::Safetensors(_) => self.find_st(&name).is_some(),
-        }
+        self.has_named(&self.name_of(id))
     }
 
     /// The shape of a tensor, innermost (GGUF) or outermost (safetensors) first as stored.
     pub fn shape(&self, id: &TensorId) -> Option<Vec<usize>> {
         let name = self.name_of(id);
         match &self.files {
-            Files::Gguf(g) => Some(g.tensor(&name)?.dims.iter().map(|&d| d as usize).collect()),
+            Files::Gguf(g) => Some(g.index.tensor(&name)?.dims.iter().map(|&d| d as usize).collect()),
             Files::Safetensors(_) => self.find_st(&name).map(|t| t.2),
         }
     }
 
-    /// A 2-D tensor as a [`Matrix`] (zero-copy).
+    /// The storage type of a matrix or vector, without reading it.
+    pub fn wtype(&self, id: &TensorId) -> Result<WeightType, PluginError> {
+        let name = self.name_of(id);
+        let missing = || PluginError::failed(format!("missing tensor {name}"));
+        match &self.files {
+            Files::Gguf(g) => gguf_wtype(&name, g.index.tensor(&name).ok_or_else(missing)?.ggml_type.id()),
+            Files::Safetensors(_) => st_wtype(&name, &self.find_st(&name).ok_or_else(missing)?.1),
+        }
+    }
+
+    /// A 2-D tensor as a [`Matrix`] (read into memory the process owns).
     pub fn matrix(&self, id: &TensorId) -> Result<Matrix, PluginError> {
         self.matrix_named(&self.name_of(id))
     }
 
     /// A 2-D tensor by its file-format name (for tensors outside the [`Role`] table).
     pub fn matrix_named(&self, name: &str) -> Result<Matrix, PluginError> {
-        match &self.files {
+        let (wtype, rows, cols, bytes) = match &self.files {
             Files::Gguf(g) => {
                 let t = g
+                    .index
                     .tensor(name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
                 if t.dims.len() != 2 {
@@ -602,15 +732,9 @@ impl Weights {
                     )));
                 }
                 let wtype = gguf_wtype(name, t.ggml_type.id())?;
-                let source: Arc<dyn ByteSource> = g.clone();
-                Matrix::new(
-                    source,
-                    t.offset as usize,
-                    wtype,
-                    t.dims[1] as usize,
-                    t.dims[0] as usize,
-                )
-                .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
+                let (rows, cols) = (t.dims[1] as usize, t.dims[0] as usize);
+                let bytes = g.read(name, t.offset as usize, whole_rows(name, wtype, rows, cols)?)?;
+                (wtype, rows, cols, bytes)
             }
             Files::Safetensors(_) => {
                 let (f, dtype, shape, start) = self
@@ -622,11 +746,12 @@ impl Weights {
                     )));
                 }
                 let wtype = st_wtype(name, &dtype)?;
-                let source: Arc<dyn ByteSource> = f.clone();
-                Matrix::new(source, start, wtype, shape[0], shape[1])
-                    .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
+                let bytes = f.read(name, start, whole_rows(name, wtype, shape[0], shape[1])?)?;
+                (wtype, shape[0], shape[1], bytes)
             }
-        }
+        };
+        Matrix::new(Arc::new(bytes), 0, wtype, rows, cols)
+            .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
     }
 
     /// A tensor of any shape as f32 values (norm weights, biases).
@@ -636,32 +761,30 @@ impl Weights {
 
     /// A tensor of any shape as f32 values, by its file-format name.
     pub fn vector_named(&self, name: &str) -> Result<Vec<f32>, PluginError> {
-        let (wtype, bytes, n): (WeightType, &[u8], usize) = match &self.files {
+        let missing = || PluginError::failed(format!("missing tensor {name}"));
+        let bad_size = || PluginError::failed(format!("{name}: bad size"));
+        let (wtype, bytes, n) = match &self.files {
             Files::Gguf(g) => {
-                let t = g
-                    .tensor(name)
-                    .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
-                (
-                    gguf_wtype(name, t.ggml_type.id())?,
-                    g.tensor_data(t),
-                    t.n_elements() as usize,
-                )
+                let t = g.index.tensor(name).ok_or_else(missing)?;
+                let wtype = gguf_wtype(name, t.ggml_type.id())?;
+                let n = t.n_elements() as usize;
+                if !n.is_multiple_of(wtype.block_size()) || (t.n_bytes as usize) < wtype.row_bytes(n) {
+                    return Err(bad_size());
+                }
+                (wtype, g.read(name, t.offset as usize, wtype.row_bytes(n))?, n)
             }
             Files::Safetensors(_) => {
-                let (f, dtype, shape, start) = self
-                    .find_st(name)
-                    .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
+                let (f, dtype, shape, start) = self.find_st(name).ok_or_else(missing)?;
                 let wtype = st_wtype(name, &dtype)?;
                 let n: usize = shape.iter().product();
-                let len = wtype.row_bytes(n);
-                (wtype, &f.bytes()[start..start + len], n)
+                if !n.is_multiple_of(wtype.block_size()) {
+                    return Err(bad_size());
+                }
+                (wtype, f.read(name, start, wtype.row_bytes(n))?, n)
             }
         };
-        if n % wtype.block_size() != 0 || bytes.len() < wtype.row_bytes(n) {
-            return Err(PluginError::failed(format!("{name}: bad size")));
-        }
         let mut out = vec![0.0; n];
-        wtype.dequantize_row(&bytes[..wtype.row_bytes(n)], &mut out);
+        wtype.dequantize_row(&bytes, &mut out);
         Ok(out)
     }
 
@@ -675,13 +798,14 @@ impl Weights {
     }
 
     /// The `n_experts` matrices of an expert role in layer `layer`: slices of the GGUF 3-D tensor
-    /// (`[cols, rows, experts]`), or the per-expert HF tensors.
+    /// (`[cols, rows, experts]`, read once), or the per-expert HF tensors.
     pub fn experts(&self, role: Role, layer: usize, n_experts: usize) -> Result<Vec<Matrix>, PluginError> {
         let id = TensorId::layer(role, layer);
         match &self.files {
             Files::Gguf(g) => {
                 let name = id.gguf_name();
                 let t = g
+                    .index
                     .tensor(&name)
                     .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
                 if t.dims.len() != 3 || t.dims[2] as usize != n_experts {
@@ -691,14 +815,8 @@ impl Weights {
                     )));
                 }
                 let wtype = gguf_wtype(&name, t.ggml_type.id())?;
-                let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
-                let per = rows * wtype.row_bytes(cols);
-                (0..n_experts)
-                    .map(|e| {
-                        let source: Arc<dyn ByteSource> = g.clone();
-                        Matrix::new(source, t.offset as usize + e * per, wtype, rows, cols)
-                    })
-                    .collect()
+                let dims = [n_experts, t.dims[1] as usize, t.dims[0] as usize];
+                stack(&name, g, t.offset as usize, wtype, dims)
             }
             Files::Safetensors(_) => (0..n_experts).map(|e| self.matrix(&id.expert(e))).collect(),
         }
@@ -706,8 +824,8 @@ impl Weights {
 
     /// The shape and raw bytes of a one-byte-per-element safetensors tensor (`U8`, `I8`, `F8_*`)
     /// by name: packed formats such as MXFP4's `*_blocks` and `*_scales` (see [`crate::mxfp4`]).
-    pub fn bytes_named(&self, name: &str) -> Result<(Vec<usize>, &[u8]), PluginError> {
-        let (f, dtype, shape, _) = self
+    pub fn bytes_named(&self, name: &str) -> Result<(Vec<usize>, Vec<u8>), PluginError> {
+        let (f, dtype, shape, start) = self
             .find_st(name)
             .ok_or_else(|| PluginError::failed(format!("missing tensor {name}")))?;
         if !matches!(
@@ -719,35 +837,43 @@ impl Weights {
                 dtype.name()
             )));
         }
-        let bytes = f
-            .tensor_data(name)
-            .filter(|b| b.len() == shape.iter().product::<usize>())
-            .ok_or_else(|| PluginError::failed(format!("{name}: data does not match shape {shape:?}")))?;
-        Ok((shape, bytes))
+        let t = f
+            .index
+            .tensor(name)
+            .or_else(|| f.index.tensor(name.strip_prefix("model.")?));
+        let stored = t.map_or(0, |t| (t.data_offsets.1 - t.data_offsets.0) as usize);
+        let len = shape.iter().product::<usize>();
+        if stored != len {
+            return Err(PluginError::failed(format!(
+                "{name}: data does not match shape {shape:?}"
+            )));
+        }
+        Ok((shape, f.read(name, start, len)?))
     }
 
     /// Whether a tensor exists, by its file-format name.
     pub fn has_named(&self, name: &str) -> bool {
         match &self.files {
-            Files::Gguf(g) => g.tensor(name).is_some(),
+            Files::Gguf(g) => g.index.tensor(name).is_some(),
             Files::Safetensors(_) => self.find_st(name).is_some(),
         }
     }
 
     /// The matrices of a 3-D tensor by name, split along its outermost dimension: safetensors
-    /// `[n, rows, cols]` or GGUF `[cols, rows, n]` (stacked experts).
+    /// `[n, rows, cols]` or GGUF `[cols, rows, n]` (stacked experts); the tensor is read once and
+    /// the matrices share it.
     pub fn stacked_named(&self, name: &str) -> Result<Vec<Matrix>, PluginError> {
         let missing = || PluginError::failed(format!("missing tensor {name}"));
         let not_3d = |dims: String| PluginError::failed(format!("{name}: expected 3-D, got {dims}"));
         match &self.files {
             Files::Gguf(g) => {
-                let t = g.tensor(name).ok_or_else(missing)?;
+                let t = g.index.tensor(name).ok_or_else(missing)?;
                 if t.dims.len() != 3 {
                     return Err(not_3d(format!("{:?}", t.dims)));
                 }
                 let wtype = gguf_wtype(name, t.ggml_type.id())?;
                 let dims = [t.dims[2] as usize, t.dims[1] as usize, t.dims[0] as usize];
-                stack(name, g.clone(), t.offset as usize, wtype, dims)
+                stack(name, g, t.offset as usize, wtype, dims)
             }
             Files::Safetensors(_) => {
                 let (f, dtype, shape, start) = self.find_st(name).ok_or_else(missing)?;
@@ -756,7 +882,7 @@ impl Weights {
                 }
                 stack(
                     name,
-                    f.clone(),
+                    f,
                     start,
                     st_wtype(name, &dtype)?,
                     [shape[0], shape[1], shape[2]],
@@ -766,18 +892,33 @@ impl Weights {
     }
 }
 
-/// `n` consecutive `rows × cols` matrices of `wtype` from `start` (`dims = [n, rows, cols]`).
-fn stack(
+/// The bytes of `rows` rows of `cols` elements of `wtype`, or an error when the rows are not
+/// whole blocks.
+fn whole_rows(name: &str, wtype: WeightType, rows: usize, cols: usize) -> Result<usize, PluginError> {
+    if !cols.is_multiple_of(wtype.block_size()) {
+        return Err(PluginError::failed(format!(
+            "{name}: {} rows of {cols} elements are not whole blocks of {}",
+            wtype.name(),
+            wtype.block_size()
+        )));
+    }
+    Ok(rows * wtype.row_bytes(cols))
+}
+
+/// `n` consecutive `rows × cols` matrices of `wtype` at `start` of `file` (`dims = [n, rows,
+/// cols]`), read in one piece that the matrices share.
+fn stack<F>(
     name: &str,
-    source: Arc<dyn ByteSource>,
+    file: &Source<F>,
     start: usize,
     wtype: WeightType,
     [n, rows, cols]: [usize; 3],
 ) -> Result<Vec<Matrix>, PluginError> {
-    let per = rows * wtype.row_bytes(cols);
+    let per = whole_rows(name, wtype, rows, cols)?;
+    let source: Arc<dyn ByteSource> = Arc::new(file.read(name, start, n * per)?);
     (0..n)
         .map(|e| {
-            Matrix::new(source.clone(), start + e * per, wtype, rows, cols)
+            Matrix::new(source.clone(), e * per, wtype, rows, cols)
                 .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
         })
         .collect()
@@ -870,5 +1011,64 @@ mod tests {
         let mut out = [0.0; 2];
         s.dequantize_row(1, &mut out);
         assert_eq!((s.rows, out), (2, [5.0, 6.0]));
+    }
+
+    /// A GGUF of two 16 × 32 matrices, `a.weight` (f32) then `b.weight` (Q8_0), in `dir`.
+    fn two_matrices(dir: &Path) -> PathBuf {
+        use berth_formats::testutil::GgufWriter;
+        use berth_formats::GgmlType;
+        let bytes = GgufWriter::new()
+            .str("general.architecture", "test")
+            .tensor("a.weight", &[32, 16], GgmlType::F32)
+            .tensor("b.weight", &[32, 16], GgmlType::Q8_0)
+            .build();
+        let path = dir.join("model.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn tensors_read_survive_their_file_and_a_file_cut_while_loading_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = two_matrices(dir.path());
+        let w = Weights::open_gguf(&path).unwrap();
+        let a = w.matrix_named("a.weight").unwrap();
+        let mut want = [0.0; 32];
+        a.dequantize_row(15, &mut want);
+        let b_at = w.gguf().unwrap().tensor("b.weight").unwrap().offset;
+        // Cut inside `b` after the header was read: reading it is an error, not a signal.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(b_at + 10)
+            .unwrap();
+        let e = w.matrix_named("b.weight").unwrap_err().message;
+        assert!(
+            e.contains("model.gguf") && e.contains("truncated") && e.contains("b.weight"),
+            "{e}"
+        );
+        // What was read is the process's own: the file's fate does not reach it.
+        drop(w);
+        std::fs::remove_file(&path).unwrap();
+        let mut got = [0.0; 32];
+        a.dequantize_row(15, &mut got);
+        assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits));
+    }
+
+    #[test]
+    fn a_matrix_for_serving_is_packed_once_and_keeps_its_rows_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = Weights::open_gguf(two_matrices(dir.path())).unwrap();
+        let b = w.matrix_named("b.weight").unwrap();
+        let packs = PackedMatrix::covers(WeightType::Q8_0);
+        let served = b.for_serving(false);
+        assert_eq!(served.has_rows(), !packs);
+        assert_eq!(served.packed().is_some(), packs);
+        let tied = b.for_serving(true);
+        assert!(tied.has_rows() && tied.same_as(&b) && tied.row(3) == b.row(3));
+        // A type the packed kernels do not take keeps its rows.
+        let a = w.matrix_named("a.weight").unwrap().for_serving(false);
+        assert!(a.has_rows() && a.packed().is_none());
     }
 }

@@ -292,7 +292,7 @@ fn gemma3_safetensors(hc: &HfConfig, w: &Weights) -> Result<(DecoderConfig, Deco
             cfg.rope_scale[i] = global_scale;
         }
     }
-    let embed_type = w.matrix(&TensorId::global(Role::TokenEmbd))?.wtype;
+    let embed_type = w.wtype(&TensorId::global(Role::TokenEmbd))?;
     cfg.embed_scale = Some(round_to_dtype((hidden as f32).sqrt(), embed_type));
     let dw = DecoderWeights::load(w, &cfg)?;
     Ok((cfg, dw))

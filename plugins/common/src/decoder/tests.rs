@@ -6,6 +6,13 @@ use berth_plugin_api::{BatchView, LogitsOut};
 
 /// A random two-layer decoder (a short convolution, then attention) of hidden size 16.
 fn tiny_decoder() -> Decoder {
+    let (cfg, weights) = tiny_weights(16, 24, false);
+    Decoder::new(cfg, weights, 2, 16, 1)
+}
+
+/// The weights of a random two-layer decoder (a short convolution, then attention) of hidden
+/// size `h` and feed-forward width `ff`, f32, with a head of its own or tied to the embedding.
+fn tiny_weights(h: usize, ff: usize, tied: bool) -> (DecoderConfig, DecoderWeights) {
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut rand = |n: usize| -> Vec<f32> {
         (0..n)
@@ -17,7 +24,7 @@ fn tiny_decoder() -> Decoder {
             })
             .collect()
     };
-    let (h, vocab, ff) = (16, 32, 24);
+    let vocab = 32;
     let mut mat = |r: usize, c: usize| Matrix::from_f32(r, c, &rand(r * c));
     let ffn = |mat: &mut dyn FnMut(usize, usize) -> Matrix| {
         Ffn::Dense(GatedFfn {
@@ -53,15 +60,20 @@ fn tiny_decoder() -> Decoder {
         post_ffw_norm: None,
         ffn: ffn(&mut mat),
     };
-    let (embed, output) = (mat(vocab, h), mat(vocab, h));
+    let embed = mat(vocab, h);
+    let output = if tied { embed.clone() } else { mat(vocab, h) };
     let weights = DecoderWeights::new(&cfg, embed, vec![conv, attn], vec![1.0; h], output).unwrap();
-    Decoder::new(cfg, weights, 2, 16, 1)
+    (cfg, weights)
 }
 
 /// Logits of every row of a batch: sequence 0 takes three rows, sequence 1 one (between
 /// sequence 0's first and second), with `embeds` given.
 fn run(tokens: &[i32; 4], embeds: &[(usize, &[f32])]) -> Vec<f32> {
-    let mut d = tiny_decoder();
+    run_on(tiny_decoder(), tokens, embeds)
+}
+
+/// [`run`] on decoder `d`.
+fn run_on(mut d: Decoder, tokens: &[i32; 4], embeds: &[(usize, &[f32])]) -> Vec<f32> {
     let vocab = d.vocab_size();
     let mut out = vec![0.0; 4 * vocab];
     let batch = BatchView {
@@ -133,4 +145,35 @@ fn snapshots_per_sequence_follow_the_memory_budget() {
     assert_eq!(budgeted_snapshots(&big, 16, 16, 1 << 30), 1);
     assert_eq!(budgeted_snapshots(&big, 64, 16, 1 << 30), 0);
     assert_eq!(budgeted_snapshots(&[LayerStateDims::default()], 16, 16, 0), 16);
+}
+
+#[test]
+fn weights_for_serving_are_packed_held_once_and_give_the_same_logits() {
+    use berth_kernels::packed::PackedMatrix;
+    use berth_kernels::quant::WeightType;
+    for tied in [false, true] {
+        // Q8_0 matrices of whole 16-row groups and 32-column blocks: the packed kernels take them.
+        let (cfg, mut w) = tiny_weights(32, 32, tied);
+        w.quantize_q8_0();
+        let lazy = run_on(
+            Decoder::new(cfg.clone(), w.clone(), 2, 16, 1),
+            &[3, 7, 11, 5],
+            &[],
+        );
+        let (cfg, mut w) = tiny_weights(32, 32, tied);
+        w.quantize_q8_0();
+        w.for_serving();
+        let packs = PackedMatrix::covers(WeightType::Q8_0);
+        // The embedding keeps its rows (looked up by row); a tied head is the same matrix.
+        assert!(w.embed.has_rows());
+        assert_eq!(w.output.same_as(&w.embed), tied);
+        assert_eq!(w.output.has_rows(), tied || !packs);
+        let Mixer::ShortConv(c) = &w.layers[0].mixer else {
+            panic!("layer 0 is the short convolution")
+        };
+        assert_eq!(c.in_proj.has_rows(), !packs);
+        let served = run_on(Decoder::new(cfg, w, 2, 16, 1), &[3, 7, 11, 5], &[]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&served), bits(&lazy), "tied {tied}");
+    }
 }

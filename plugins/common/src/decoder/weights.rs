@@ -52,66 +52,104 @@ impl DecoderWeights {
 
     /// Applies `f` to every projection matrix; a tied head stays one matrix.
     fn convert(&mut self, f: &dyn Fn(&Matrix) -> Matrix) {
-        let tied = self.output.bytes().as_ptr() == self.embed.bytes().as_ptr();
+        let tied = self.output.same_as(&self.embed);
         self.embed = f(&self.embed);
         self.output = if tied { self.embed.clone() } else { f(&self.output) };
-        let ffn = |g: &mut GatedFfn| {
-            for m in [&mut g.gate, &mut g.up, &mut g.down] {
-                *m = f(m);
+        for m in self.layer_matrices() {
+            *m = f(m);
+        }
+    }
+
+    /// The weights as a loaded model serves them: every matrix the packed kernels take is packed
+    /// now (no request waits for packing) and then held only in that form; the embedding keeps
+    /// its rows (looked up row by row), and so does a tied head, which is also packed (the raw
+    /// rows of the embedding plus the packed head: the one weight held twice, see
+    /// [`DecoderWeights::held_bytes`]). Every matrix is already in memory the process owns
+    /// ([`Weights`] reads the files), so after this the model needs nothing from its files.
+    pub fn for_serving(&mut self) {
+        if self.output.same_as(&self.embed) {
+            self.output = self.output.for_serving(true);
+            self.embed = self.output.clone();
+        } else {
+            self.output = self.output.for_serving(false);
+        }
+        for m in self.layer_matrices() {
+            *m = m.for_serving(false);
+        }
+        if let Some(p) = &mut self.ple {
+            // The per-layer table is looked up by rows; its projections are products.
+            p.projection = p.projection.for_serving(false);
+            for l in &mut p.layers {
+                l.gate = l.gate.for_serving(false);
+                l.proj = l.proj.for_serving(false);
             }
-        };
+        }
+    }
+
+    /// Bytes the matrices hold (raw rows and packed forms; a matrix shared by several places,
+    /// such as a tied head, counted once per place).
+    pub fn held_bytes(&self) -> usize {
+        let mut all = vec![&self.embed];
+        if !self.output.same_as(&self.embed) {
+            all.push(&self.output);
+        }
+        let mut me = self.clone();
+        let layers: usize = me.layer_matrices().iter().map(|m| m.held_bytes()).sum();
+        all.iter().map(|m| m.held_bytes()).sum::<usize>() + layers
+    }
+
+    /// Every projection matrix of the layers (attention, short convolution, gated delta-net,
+    /// dense and expert feed-forwards, routers).
+    fn layer_matrices(&mut self) -> Vec<&mut Matrix> {
+        let mut out: Vec<&mut Matrix> = Vec::new();
+        fn ffn<'a>(g: &'a mut GatedFfn, out: &mut Vec<&'a mut Matrix>) {
+            out.extend([&mut g.gate, &mut g.up, &mut g.down]);
+        }
         for l in &mut self.layers {
             match &mut l.mixer {
                 Mixer::Attention(a) => {
-                    a.wq = f(&a.wq);
-                    a.wo = f(&a.wo);
+                    out.extend([&mut a.wq, &mut a.wo]);
                     if let KvSource::Own { wk, wv, .. } = &mut a.kv {
-                        *wk = f(wk);
+                        out.push(wk);
                         if let Some(v) = wv {
-                            *v = f(v);
+                            out.push(v);
                         }
                     }
                 }
-                Mixer::ShortConv(c) => {
-                    c.in_proj = f(&c.in_proj);
-                    c.out_proj = f(&c.out_proj);
-                }
-                Mixer::GatedDeltaNet(d) => {
-                    for m in [
-                        &mut d.in_qkv,
-                        &mut d.in_z,
-                        &mut d.in_b,
-                        &mut d.in_a,
-                        &mut d.out_proj,
-                    ] {
-                        *m = f(m);
-                    }
-                }
+                Mixer::ShortConv(c) => out.extend([&mut c.in_proj, &mut c.out_proj]),
+                Mixer::GatedDeltaNet(d) => out.extend([
+                    &mut d.in_qkv,
+                    &mut d.in_z,
+                    &mut d.in_b,
+                    &mut d.in_a,
+                    &mut d.out_proj,
+                ]),
             }
             match &mut l.ffn {
-                Ffn::Dense(dense) => ffn(dense),
+                Ffn::Dense(dense) => ffn(dense, &mut out),
                 Ffn::Moe {
                     router,
                     experts,
                     shared,
                     ..
                 } => {
-                    *router = f(router);
-                    experts.iter_mut().for_each(ffn);
+                    out.push(router);
+                    experts.iter_mut().for_each(|e| ffn(e, &mut out));
                     if let Some(s) = shared {
-                        ffn(&mut s.ffn);
+                        ffn(&mut s.ffn, &mut out);
                         if let Some(g) = &mut s.gate {
-                            *g = f(g);
+                            out.push(g);
                         }
                     }
                 }
                 Ffn::DenseMoe(d) => {
-                    ffn(&mut d.dense);
-                    d.router = f(&d.router);
-                    d.experts.iter_mut().for_each(ffn);
+                    ffn(&mut d.dense, &mut out);
+                    out.push(&mut d.router);
+                    d.experts.iter_mut().for_each(|e| ffn(e, &mut out));
                 }
             }
         }
+        out
     }
 
     /// Loads the standard decoder tensors named by [`TensorId`]s, honouring the config's switches.
