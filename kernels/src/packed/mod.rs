@@ -344,22 +344,47 @@ impl PackedTable {
     }
 }
 
-/// Runs `table`'s kernel of kind `kd` for `r` activation rows on one group: the one checked
-/// path into the kernels, validating every length the kernel will read.
-fn run_group(table: &PackedTable, kd: u8, r: usize, args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
-    let kernel = (table.kernel)(kd, r)
-        .unwrap_or_else(|| panic!("{} packed kernels: none for kind {kd} and {r} rows", table.name));
-    let (act_block, sums) = if kd == K4 || kd == K6 {
+/// The kernel of `table` for kind `kd` and `r` activation rows.
+fn group_kernel(table: &PackedTable, kd: u8, r: usize) -> GroupKernel {
+    (table.kernel)(kd, r)
+        .unwrap_or_else(|| panic!("{} packed kernels: none for kind {kd} and {r} rows", table.name))
+}
+
+/// Activation bytes per block and sums per block of kind `kd`'s activations.
+fn act_layout(kd: u8) -> (usize, usize) {
+    if kd == K4 || kd == K6 {
         (Q8_K_BYTES, 8)
     } else {
         (Q8_0_BYTES, 1)
-    };
-    let nb = args.nb;
-    assert!(r >= 1 && args.acts.len() >= (r - 1) * args.rb + nb * act_block);
-    assert!(args.dy.len() >= r * nb && args.cor.len() >= sums * r * nb);
-    assert!(args.group.len() >= args.scale_bytes + nb * quant_bytes(kd));
-    // SAFETY: the table was selected (or listed by `runnable`) only where this CPU has its
-    // features, and the lengths the kernel reads were checked above.
+    }
+}
+
+/// Checks that `m` activation rows (`rb` bytes apart, `nb` blocks each), their scales and
+/// corrections hold what kind `kd`'s kernels read: the one check of every length a
+/// [`GroupKernel`] reads beyond its group, made once per product ([`Plan::new`]) rather than
+/// once per kernel call.
+fn check_acts(kd: u8, m: usize, nb: usize, acts: &[u8], rb: usize, dy: &[f32], cor: &[i32]) {
+    let (act_block, sums) = act_layout(kd);
+    if m > 0 {
+        assert!(
+            acts.len() >= (m - 1) * rb + nb * act_block,
+            "activations too short"
+        );
+    }
+    assert!(
+        dy.len() >= m * nb && cor.len() >= sums * m * nb,
+        "activation scales too short"
+    );
+}
+
+/// Runs `kernel` (kind `kd`) for `r` rows of `args`, whose activations [`check_acts`] checked
+/// for at least `r` rows; checks the group.
+fn run_group(kernel: GroupKernel, kd: u8, r: usize, args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
+    assert!((1..=8).contains(&r));
+    assert!(args.group.len() >= args.scale_bytes + args.nb * quant_bytes(kd));
+    // SAFETY: the kernel comes from a table selected (or listed by `runnable`) only where this
+    // CPU has its features; the group's length is checked above and the activation rows' by
+    // `check_acts` for the whole product (`Plan::new`).
     unsafe { kernel(args, out) }
 }
 
@@ -774,6 +799,8 @@ struct Plan<'a> {
     sums_per_block: usize,
     scale_bytes: usize,
     batch: usize,
+    /// The kernel for `batch` rows and for the last, shorter run of rows (kind as run).
+    kernels: (GroupKernel, GroupKernel),
     expand: bool,
     rb: usize,
     data: &'a [u8],
@@ -822,7 +849,16 @@ impl<'a> Plan<'a> {
         let expand = (kd == Q4 || kd == Q5) && m >= EXPAND_MIN_ROWS;
         let scratch: &'a PackedActs = scratch;
         // Activation rows per kernel call: the set's choice for the kind as run.
-        let batch = (table.batch)(if expand { table.expanded_kind } else { kd });
+        let run_kd = if expand { table.expanded_kind } else { kd };
+        let batch = (table.batch)(run_kd);
+        let full = batch.min(m).max(1);
+        let last = if m.is_multiple_of(batch) { full } else { m % batch };
+        let kernels = (
+            group_kernel(table, run_kd, full),
+            group_kernel(table, run_kd, last),
+        );
+        let rb = act.format().row_bytes(p.k);
+        check_acts(kd, m, nb, act.bytes(), rb, &scratch.dy, &scratch.cor);
         Plan {
             table,
             kd,
@@ -834,8 +870,9 @@ impl<'a> Plan<'a> {
             sums_per_block,
             scale_bytes: p.group_bytes - nb * quant_bytes(kd),
             batch,
+            kernels,
             expand,
-            rb: act.format().row_bytes(p.k),
+            rb,
             data: p.bytes(),
             acts: act.bytes(),
             dy: &scratch.dy[..],
@@ -878,7 +915,12 @@ impl<'a> Plan<'a> {
                 cor: &self.cor[i * nb * self.sums_per_block..],
                 prefetch,
             };
-            run_group(table, kd, r, &args, &mut res);
+            let kernel = if r == self.batch.min(self.m) {
+                self.kernels.0
+            } else {
+                self.kernels.1
+            };
+            run_group(kernel, kd, r, &args, &mut res);
             for (di, vals) in res.iter().take(r).enumerate() {
                 for (lane, &v) in vals.iter().enumerate() {
                     // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
