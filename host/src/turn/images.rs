@@ -400,8 +400,18 @@ pub fn expand(
         rendered,
         images,
         add_special,
-        |decoded| model.engine.prepare_images(decoded),
+        |decoded| off_the_runtime(|| model.engine.prepare_images(decoded)),
     )
+}
+
+/// Runs `f`, which blocks until the engine answers (between two decode steps), without holding
+/// up the other tasks of a multi-thread runtime's worker (`block_in_place`: `berth serve`); on a
+/// current-thread runtime (`berth run`) or outside one, it just runs.
+fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// [`expand`] for any tokenizer, vision spec and way of preparing images (`prepare` gets each
