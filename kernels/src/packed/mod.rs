@@ -601,6 +601,123 @@ impl PackedMatrix {
         // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
         unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) }
     }
+
+    /// Block `b` of row `r` as the GGUF bytes it was packed from (exactly those bytes), into
+    /// `x` (one block of the weight type), so a matrix held only packed still reads row by row
+    /// (a tied embedding that is also the LM head is held once).
+    pub fn gguf_block(&self, r: usize, b: usize, x: &mut [u8]) {
+        assert!(r < self.rows, "row {r} of a {}-row matrix", self.rows);
+        let kd = kind(self.wtype).expect("packed matrices hold packed kinds");
+        let (lane, xb) = (r % PACK_ROWS, self.wtype.block_bytes());
+        let group = &self.bytes()[r / PACK_ROWS * self.group_bytes..][..self.group_bytes];
+        let x = &mut x[..xb];
+        match kd {
+            K4 => {
+                let o = &group[b * K4_BYTES..(b + 1) * K4_BYTES];
+                x[0..2].copy_from_slice(&o[2 * lane..2 * lane + 2]);
+                x[2..4].copy_from_slice(&o[32 + 2 * lane..32 + 2 * lane + 2]);
+                let sc: [u8; 8] = std::array::from_fn(|j| o[64 + 16 * j + lane]);
+                let m: [u8; 8] = std::array::from_fn(|j| o[192 + 16 * j + lane]);
+                x[4..16].copy_from_slice(&pack_scales_mins_k4(&sc, &m));
+                for line in 0..32 {
+                    x[16 + 4 * line..16 + 4 * line + 4]
+                        .copy_from_slice(&o[320 + 64 * line + 4 * lane..][..4]);
+                }
+            }
+            K6 => {
+                let o = &group[b * K6_BYTES..(b + 1) * K6_BYTES];
+                x[208..210].copy_from_slice(&o[2 * lane..2 * lane + 2]);
+                for p in 0..8 {
+                    x[192 + 2 * p..194 + 2 * p].copy_from_slice(&o[64 + 32 * p + 2 * lane..][..2]);
+                }
+                // The 6-bit values back from the lines (layout at [`K6_BYTES`]).
+                let quants = &o[320..];
+                let mut q = [0u8; QK_K];
+                for l in 0..8 {
+                    for e in 0..4 {
+                        let at = 4 * lane + e;
+                        for h in 0..2 {
+                            let mut top = 0u8;
+                            for m in 0..3 {
+                                let byte = quants[64 * (6 * l + 3 * h + m) + at];
+                                q[32 * (4 * h + m) + 4 * l + e] = byte & 63;
+                                top |= (byte >> 6) << (2 * m);
+                            }
+                            q[32 * (4 * h + 3) + 4 * l + e] = top;
+                        }
+                    }
+                }
+                q6_k_bytes(&q, x);
+            }
+            _ => {
+                let nb = self.k / QK;
+                let scale_bytes = (nb * 32).next_multiple_of(64);
+                let qb = quant_bytes(kd);
+                x[0..2].copy_from_slice(&group[b * 32 + 2 * lane..][..2]);
+                let q = &group[scale_bytes + b * qb..scale_bytes + (b + 1) * qb];
+                match kd {
+                    Q8 => {
+                        for grp in 0..8 {
+                            for e in 0..4 {
+                                x[2 + 4 * grp + e] = q[grp * 64 + lane * 4 + e] ^ 0x80;
+                            }
+                        }
+                    }
+                    _ => {
+                        let at = if kd == Q5 { 6 } else { 2 };
+                        for line in 0..4 {
+                            x[at + 4 * line..at + 4 * line + 4]
+                                .copy_from_slice(&q[line * 64 + lane * 4..][..4]);
+                        }
+                        if kd == Q5 {
+                            let mut qh = 0u32;
+                            for grp in 0..8 {
+                                let nibble = (q[256 + grp * 8 + lane / 2] >> (4 * (lane % 2))) & 0xf;
+                                qh |= (nibble as u32) << (4 * grp);
+                            }
+                            x[2..6].copy_from_slice(&qh.to_le_bytes());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Dequantizes row `r` into `out` (`k` floats), equal to dequantizing the GGUF row it was
+    /// packed from: an embedding lookup on a matrix held only packed. Allocates nothing.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let (per, xb) = (self.wtype.block_size(), self.wtype.block_bytes());
+        let mut block = [0u8; Q6_K_BYTES]; // the largest packed block (Q4_K: 144)
+        for (b, dst) in out[..self.k].chunks_exact_mut(per).enumerate() {
+            self.gguf_block(r, b, &mut block);
+            self.wtype.dequantize_row(&block[..xb], dst);
+        }
+    }
+}
+
+/// The 12 bytes of a Q4_K super-block's 6-bit sub-block scales and mins (the inverse of
+/// [`unpack_scales_mins_k4`]).
+fn pack_scales_mins_k4(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
+    let mut q = [0u8; 12];
+    for j in 0..4 {
+        q[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+        q[j + 4] = (m[j] & 63) | ((m[j + 4] >> 4) << 6);
+        q[j + 8] = (sc[j + 4] & 0xf) | ((m[j + 4] & 0xf) << 4);
+    }
+    q
+}
+
+/// Writes the 256 6-bit values `q` into a Q6_K block's `ql` and `qh` bytes (the inverse of
+/// [`q6_k_quants`]).
+fn q6_k_bytes(q: &[u8; QK_K], x: &mut [u8]) {
+    for n2 in 0..2 {
+        for l in 0..32 {
+            let v: [u8; 4] = std::array::from_fn(|k| q[128 * n2 + 32 * k + l]);
+            x[64 * n2 + l] = (v[0] & 0xf) | ((v[2] & 0xf) << 4);
+            x[64 * n2 + l + 32] = (v[1] & 0xf) | ((v[3] & 0xf) << 4);
+            x[128 + 32 * n2 + l] = (v[0] >> 4) | ((v[1] >> 4) << 2) | ((v[2] >> 4) << 4) | ((v[3] >> 4) << 6);
+        }
+    }
 }
 
 /// Q8_0 activation rows with what the packed kernels take per block: the scale as f32 and the

@@ -206,3 +206,44 @@ fn packing_declines_what_it_does_not_cover() {
     let w = vec![0u8; 15 * WeightType::Q8_0.row_bytes(32)];
     assert!(PackedMatrix::pack_anywhere(WeightType::Q8_0, &w, 15, 32).is_none());
 }
+
+#[test]
+fn a_packed_matrix_gives_back_every_gguf_byte_and_row() {
+    // Random bytes, not only valid rows: every bit of a block must come back, scales included
+    // (the inverse of the packing is exact, so a row held only packed reads as it did raw).
+    let mut rng = XorShift::new(41);
+    for wtype in [
+        WeightType::Q4_0,
+        WeightType::Q5_0,
+        WeightType::Q8_0,
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+    ] {
+        let (rows, k) = (32, 512);
+        let rb = wtype.row_bytes(k);
+        let w = rng.bytes(rows * rb);
+        let p = PackedMatrix::pack_anywhere(wtype, &w, rows, k).expect("packs");
+        let xb = wtype.block_bytes();
+        let mut block = vec![0u8; xb];
+        for r in 0..rows {
+            for b in 0..k / wtype.block_size() {
+                p.gguf_block(r, b, &mut block);
+                assert_eq!(
+                    block,
+                    w[r * rb + b * xb..r * rb + (b + 1) * xb],
+                    "{wtype:?} row {r} block {b}"
+                );
+            }
+        }
+        // Valid rows dequantize as they did raw, bit for bit (NaN-free values to compare).
+        let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
+        let p = PackedMatrix::pack_anywhere(wtype, &w, rows, k).expect("packs");
+        let (mut got, mut want) = (vec![0.0f32; k], vec![0.0f32; k]);
+        for r in 0..rows {
+            p.dequantize_row(r, &mut got);
+            wtype.dequantize_row(&w[r * rb..(r + 1) * rb], &mut want);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{wtype:?} row {r}");
+        }
+    }
+}

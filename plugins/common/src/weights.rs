@@ -142,7 +142,8 @@ impl Matrix {
     /// The matrix as a loaded model serves it: packed now where the packed kernels take it (so
     /// no request waits for packing), and then, unless `keep_rows`, without its raw rows, so the
     /// weights are held once. A matrix the packed kernels do not take keeps its rows. Use
-    /// `keep_rows` for a matrix also read row by row (a tied embedding that is the LM head).
+    /// `keep_rows` for a matrix whose raw rows are still wanted ([`Matrix::dequantize_row`]
+    /// reads rows from the packed form too).
     pub fn for_serving(&self, keep_rows: bool) -> Matrix {
         let packed = self.packed().is_some();
         Matrix {
@@ -230,8 +231,14 @@ impl Matrix {
         }
     }
 
-    /// Dequantizes row `r` into `out` (`cols` floats): an embedding lookup.
+    /// Dequantizes row `r` into `out` (`cols` floats): an embedding lookup. A matrix held only
+    /// packed gives the same values from its packed form.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        if self.raw.is_none() {
+            if let Some(p) = self.packed() {
+                return p.dequantize_row(r, &mut out[..self.cols]);
+            }
+        }
         self.wtype.dequantize_row(self.row(r), &mut out[..self.cols]);
     }
 }

@@ -61,14 +61,14 @@ impl DecoderWeights {
     }
 
     /// The weights as a loaded model serves them: every matrix the packed kernels take is packed
-    /// now (no request waits for packing) and then held only in that form; the embedding keeps
-    /// its rows (looked up row by row), and so does a tied head, which is also packed (the raw
-    /// rows of the embedding plus the packed head: the one weight held twice, see
-    /// [`DecoderWeights::held_bytes`]). Every matrix is already in memory the process owns
-    /// ([`Weights`] reads the files), so after this the model needs nothing from its files.
+    /// now (no request waits for packing) and then held only in that form; an untied embedding
+    /// keeps its rows (looked up row by row), a tied one is the packed head, whose rows are
+    /// read back from the packed form ([`Matrix::dequantize_row`]), so no weight is held twice.
+    /// Every matrix is already in memory the process owns ([`Weights`] reads the files), so
+    /// after this the model needs nothing from its files.
     pub fn for_serving(&mut self) {
         if self.output.same_as(&self.embed) {
-            self.output = self.output.for_serving(true);
+            self.output = self.output.for_serving(false);
             self.embed = self.output.clone();
         } else {
             self.output = self.output.for_serving(false);
