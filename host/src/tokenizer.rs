@@ -117,11 +117,11 @@ struct Inner {
     /// `hf` with control-token text read as plain text, made on first use ([`Tokenizer::encode_literal`]).
     literal: std::sync::OnceLock<tokenizers::Tokenizer>,
     /// The raw bytes each id decodes to.
-    pieces: Vec<Vec<u8>>,
+    pieces: Pieces,
     /// Ids skipped when decoding with `skip_special`.
     special: Vec<bool>,
     /// Vocabulary string → id (first id wins for duplicates).
-    ids: HashMap<String, u32>,
+    ids: VocabIndex,
     /// Added (control and user-defined) token text → id.
     added: BTreeMap<String, u32>,
     bos: Option<u32>,
@@ -336,9 +336,9 @@ impl Tokenizer {
                 },
                 (_, PieceStyle::SentencePiece) => text.replace(SPM_SPACE, " ").into_bytes(),
             })
-            .collect();
+            .collect::<Pieces>();
         let special = types.iter().map(|t| *t == TokenType::Control).collect();
-        let ids = first_ids(texts);
+        let ids = VocabIndex::new(texts);
         let mut stops = Vec::new();
         let mut push = |id: Option<u32>| {
             if let Some(id) = id {
@@ -440,7 +440,7 @@ impl Tokenizer {
         if skip_special && self.inner.special.get(i).copied().unwrap_or(false) {
             return &[];
         }
-        self.inner.pieces.get(i).map(Vec::as_slice).unwrap_or(&[])
+        self.inner.pieces.get(i).unwrap_or(&[])
     }
 
     /// A streaming decoder that yields only complete UTF-8 text as ids arrive.
@@ -510,7 +510,7 @@ impl Tokenizer {
 
     /// The id of an exact vocabulary string (`<|im_end|>`, `Ġthe`, `▁the`).
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.inner.ids.get(text).copied()
+        self.inner.ids.get(text)
     }
 
     /// The underlying `tokenizers` tokenizer (encoding only; decoding is Berth's own).
@@ -606,6 +606,69 @@ fn json_mentions(v: &serde_json::Value, name: &str) -> bool {
         }
         serde_json::Value::Array(items) => items.iter().any(|x| json_mentions(x, name)),
         _ => false,
+    }
+}
+
+/// Every id's bytes in one buffer: a 150k-262k vocabulary as one allocation, not one per token.
+struct Pieces {
+    bytes: Vec<u8>,
+    /// Where each id's bytes end in `bytes`.
+    ends: Vec<u32>,
+}
+
+impl Pieces {
+    /// The bytes of id `i`, if the vocabulary has it.
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)? as usize;
+        let start = i.checked_sub(1).map_or(0, |p| self.ends[p] as usize);
+        Some(&self.bytes[start..end])
+    }
+
+    /// Number of ids.
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+}
+
+impl FromIterator<Vec<u8>> for Pieces {
+    fn from_iter<I: IntoIterator<Item = Vec<u8>>>(iter: I) -> Self {
+        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
+        for piece in iter {
+            bytes.extend_from_slice(&piece);
+            ends.push(u32::try_from(bytes.len()).expect("a vocabulary under 4 GiB"));
+        }
+        bytes.shrink_to_fit();
+        Pieces { bytes, ends }
+    }
+}
+
+/// Vocabulary string → lowest id with that string, looked up by binary search over the ids
+/// sorted by their strings (kept in one buffer): a few megabytes where a map of owned strings
+/// took ten for Qwen2.5's vocabulary (heaptrack); lookups are rare (markers, stops, FIM tokens).
+struct VocabIndex {
+    texts: Pieces,
+    /// Ids ordered by (string, id).
+    sorted: Vec<u32>,
+}
+
+impl VocabIndex {
+    /// The index of `texts` (id = position).
+    fn new(texts: &[String]) -> VocabIndex {
+        let texts: Pieces = texts.iter().map(|t| t.as_bytes().to_vec()).collect();
+        let text = |id: u32| texts.get(id as usize).unwrap_or(&[]);
+        let mut sorted: Vec<u32> = (0..texts.len() as u32).collect();
+        sorted.sort_by(|&a, &b| text(a).cmp(text(b)).then(a.cmp(&b)));
+        VocabIndex { texts, sorted }
+    }
+
+    /// The lowest id whose string is `text`.
+    fn get(&self, text: &str) -> Option<u32> {
+        let of = |id: u32| self.texts.get(id as usize).unwrap_or(&[]);
+        let at = self.sorted.partition_point(|&id| of(id) < text.as_bytes());
+        self.sorted
+            .get(at)
+            .copied()
+            .filter(|&id| of(id) == text.as_bytes())
     }
 }
 

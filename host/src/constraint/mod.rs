@@ -6,7 +6,7 @@
 mod tokenv;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use llguidance::api::TopLevelGrammar;
@@ -19,9 +19,15 @@ pub use berth_chat::{Markers, ParamError, RequestConstraints, ResponseFormat, To
 use crate::chat::{Detected, ParseStart};
 use crate::tokenizer::Tokenizer;
 
-/// Built once per loaded model (tokenizer trie, format markers checked to be single tokens).
+/// Built once per loaded model (format markers checked to be single tokens); llguidance's view
+/// of the vocabulary and its parser factory are built at the first constrained request.
 pub struct ConstraintFactory {
-    parsers: ParserFactory,
+    tokenizer: Tokenizer,
+    padded_vocab: usize,
+    /// llguidance's token trie and its precomputed vocabulary slices: tens of megabytes for a
+    /// 150k vocabulary (71 MB for Qwen2.5's, measured with heaptrack), so a model that never
+    /// serves a constrained request does not hold them.
+    parsers: OnceLock<Result<ParserFactory, String>>,
     detected: Detected,
     markers: Markers,
     tools_enabled: bool,
@@ -38,8 +44,8 @@ impl fmt::Debug for ConstraintFactory {
 }
 
 impl ConstraintFactory {
-    /// Builds the token trie over the model's full (padded) vocabulary and resolves the format's
-    /// markers; fails when a marker the format needs is not exactly one token.
+    /// Resolves the format's markers and the model's full (padded) vocabulary for llguidance;
+    /// fails when a marker the format needs is not exactly one token.
     pub fn new(
         tokenizer: &Tokenizer,
         detected: &Detected,
@@ -48,12 +54,11 @@ impl ConstraintFactory {
     ) -> Result<Self> {
         let markers = Markers::resolve(detected, |text| tokenizer.encode(text, false))
             .with_context(|| format!("constraints for {detected}"))?;
-        let env = tokenv::tok_env(tokenizer, padded_vocab, &markers.ids())?;
-        let mut parsers = ParserFactory::new_simple(&env).context("building the llguidance token trie")?;
-        // llguidance logs to stderr at level 1 by default: errors reach us as values instead.
-        parsers.quiet();
+        tokenv::check_vocab(tokenizer, padded_vocab)?;
         Ok(ConstraintFactory {
-            parsers,
+            tokenizer: tokenizer.clone(),
+            padded_vocab,
+            parsers: OnceLock::new(),
             detected: *detected,
             markers,
             tools_enabled,
@@ -117,10 +122,24 @@ impl ConstraintFactory {
         }
     }
 
+    /// llguidance's parser factory (the token trie over the vocabulary), built on first use.
+    fn parsers(&self) -> Result<&ParserFactory> {
+        let built = self.parsers.get_or_init(|| {
+            let env = tokenv::tok_env(&self.tokenizer, self.padded_vocab, &self.markers.ids())
+                .map_err(|e| format!("{e:#}"))?;
+            let mut parsers = ParserFactory::new_simple(&env)
+                .map_err(|e| format!("building the llguidance token trie: {e:#}"))?;
+            // llguidance logs to stderr at level 1 by default: errors reach us as values instead.
+            parsers.quiet();
+            Ok(parsers)
+        });
+        built.as_ref().map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
     /// Compiles a Lark grammar into a fresh matcher.
     pub fn compile(&self, lark: &str) -> Result<SequenceConstraint> {
         let parser = self
-            .parsers
+            .parsers()?
             .create_parser(TopLevelGrammar::from_lark(lark.to_owned()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {

@@ -24,14 +24,21 @@ impl TokenizerEnv for BerthTokEnv {
     }
 }
 
-/// The token environment for a tokenizer, over `padded_vocab` ids (the model's output rows).
-/// `markers`: tokens the grammars write by id; never end-of-sequence tokens to llguidance, even
-/// where the tokenizer lists them as stops (harmony's `<|end|>` closes every analysis message).
-pub fn tok_env(tokenizer: &Tokenizer, padded_vocab: usize, markers: &[u32]) -> Result<TokEnv> {
+/// Fails when the model has fewer output rows (`padded_vocab`) than the tokenizer has ids.
+pub fn check_vocab(tokenizer: &Tokenizer, padded_vocab: usize) -> Result<()> {
     let n = tokenizer.vocab_size();
     if padded_vocab < n {
         bail!("the model's vocabulary ({padded_vocab}) is smaller than its tokenizer's ({n})");
     }
+    Ok(())
+}
+
+/// The token environment for a tokenizer, over `padded_vocab` ids (the model's output rows).
+/// `markers`: tokens the grammars write by id; never end-of-sequence tokens to llguidance, even
+/// where the tokenizer lists them as stops (harmony's `<|end|>` closes every analysis message).
+pub fn tok_env(tokenizer: &Tokenizer, padded_vocab: usize, markers: &[u32]) -> Result<TokEnv> {
+    check_vocab(tokenizer, padded_vocab)?;
+    let n = tokenizer.vocab_size();
     let added: std::collections::HashSet<u32> = tokenizer.special_tokens().values().copied().collect();
     let mut words: Vec<Vec<u8>> = Vec::with_capacity(padded_vocab);
     for id in 0..padded_vocab as u32 {
