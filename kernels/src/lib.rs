@@ -37,6 +37,7 @@ pub mod layer;
 pub mod matmul;
 pub mod ops;
 pub mod packed;
+pub mod pages;
 pub mod pool;
 pub mod quant;
 /// Recurrent mixers of hybrid models: LFM2's short convolution and Qwen3.5's gated delta rule.

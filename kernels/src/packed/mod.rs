@@ -28,6 +28,7 @@
 //! Q8_0's layout (the same integer sums), and the next group is prefetched while it computes.
 
 use crate::dot::QuantizedActivations;
+use crate::pages::PageBuf;
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
@@ -45,18 +46,12 @@ use crate::quant::{
 /// Rows per interleaved group.
 pub const PACK_ROWS: usize = 16;
 
-/// One 64-byte line (the storage unit, so groups start on cache lines).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
-/// Zeroed storage for `groups` groups of `group_bytes` (a multiple of 64), each filled by
-/// `fill(group, bytes)`, the groups split over the machine's cores.
-fn fill_groups(groups: usize, group_bytes: usize, fill: impl Fn(usize, &mut [u8]) + Sync) -> Vec<Line> {
-    let mut data = vec![Line([0; 64]); groups * group_bytes / 64];
-    // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
-    let bytes: &mut [u8] =
-        unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, data.len() * 64) };
+/// Zeroed storage for `groups` groups of `group_bytes` (a multiple of 64, so groups start on
+/// cache lines), each filled by `fill(group, bytes)`, the groups split over the machine's cores.
+/// Large matrices get huge pages ([`PageBuf`]).
+fn fill_groups(groups: usize, group_bytes: usize, fill: impl Fn(usize, &mut [u8]) + Sync) -> PageBuf {
+    let mut data = PageBuf::zeroed(groups * group_bytes);
+    let bytes = data.as_mut_slice();
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(groups);
@@ -142,7 +137,7 @@ pub struct PackedMatrix {
     k: usize,
     /// Bytes per group: the scales (`nb · 32`, rounded up to a line), then the quants.
     group_bytes: usize,
-    data: Vec<Line>,
+    data: PageBuf,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -594,12 +589,11 @@ impl PackedMatrix {
 
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
-        self.data.len() * 64
+        self.data.as_slice().len()
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is 64 plain bytes; the slice covers exactly the vector's storage.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) }
+        self.data.as_slice()
     }
 
     /// Block `b` of row `r` as the GGUF bytes it was packed from (exactly those bytes), into
