@@ -262,12 +262,9 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
     let mut accm = [[_mm256_setzero_ps(); 2]; R];
     for b in 0..nsb {
         // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
-        // the caller); the prefetch is a hint.
+        // the caller).
         unsafe {
             let x = group.as_ptr().add(b * super::K4_BYTES);
-            for l in (0..super::K4_BYTES).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(super::PREFETCH + l) as *const i8);
-            }
             let half = |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(x.add(at) as *const __m128i));
             let (d, dmin) = ([half(0), half(16)], [half(32), half(48)]);
             let mut isum = [[_mm256_setzero_si256(); 2]; R];
@@ -376,12 +373,9 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
     let mut acc = [[[_mm256_setzero_ps(); 8]; R]; 2];
     for b in 0..nsb {
         // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
-        // the caller); the prefetch is a hint.
+        // the caller).
         unsafe {
             let x = group.as_ptr().add(b * super::K6_BYTES);
-            for l in (0..super::K6_BYTES).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(super::PREFETCH + l) as *const i8);
-            }
             let q = x.add(320);
             for (h, acc) in acc.iter_mut().enumerate() {
                 let d = _mm256_cvtph_ps(_mm_loadu_si128(x.add(16 * h) as *const __m128i));

@@ -1,4 +1,4 @@
-use super::{quant_bytes, GroupArgs, GroupKernel, PackedTable, K4, K6, PACK_ROWS, PREFETCH, Q4, Q5, Q8};
+use super::{quant_bytes, GroupArgs, GroupKernel, PackedTable, K4, K6, PACK_ROWS, Q4, Q5, Q8};
 use crate::quant::Q8_0_BYTES;
 use std::arch::x86_64::*;
 
@@ -96,12 +96,9 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
     let mut accm = [_mm512_setzero_ps(); R];
     for b in 0..nsb {
         // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
-        // the caller); the prefetch is a hint.
+        // the caller).
         unsafe {
             let x = group.as_ptr().add(b * super::K4_BYTES);
-            for l in (0..super::K4_BYTES).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PREFETCH + l) as *const i8);
-            }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(32) as *const __m256i));
             let mut isum = [_mm512_setzero_si512(); R];
@@ -183,12 +180,9 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
     let mut acc = [[_mm512_setzero_ps(); 8]; R];
     for b in 0..nsb {
         // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
-        // the caller); the prefetch is a hint.
+        // the caller).
         unsafe {
             let x = group.as_ptr().add(b * super::K6_BYTES);
-            for l in (0..super::K6_BYTES).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PREFETCH + l) as *const i8);
-            }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
             // Per pair p, the 16 rows' (scale[2 p], scale[2 p + 1]) as two i16 in an i32.
             let pairs: [__m512i; 8] = std::array::from_fn(|p| {
