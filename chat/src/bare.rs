@@ -360,8 +360,8 @@ mod tests {
     }
 
     /// The rule for fenced JSON: a ```` ```json ```` (or bare ```` ``` ````) fence is a call only
-    /// where it is the whole answer, after at most one lead-in line of at most [`LEAD_MAX`] bytes,
-    /// with nothing but white space after its closer, and holds only call objects naming an
+    /// where it is the whole answer, after at most one lead-in line of plain text of at most
+    /// [`LEAD_MAX`] bytes, with nothing but white space after its closer, and holds only call objects naming an
     /// offered tool. Anywhere else (an example the model explains) it is content.
     #[test]
     fn a_fenced_block_is_a_call_only_as_the_whole_answer() {
@@ -388,8 +388,10 @@ mod tests {
             format!("Here is how you would call it:\n\n{call}\n\nIt returns the time."),
             // Two lines (or a paragraph) before it.
             format!("The get_time tool reads a clock.\nYou would call it like this:\n{call}"),
-            // A lead-in past the bound.
+            // A lead-in past the bound, or one that is not plain text (inline code, markup).
             format!("{lead_over}\n{call}"),
+            format!("Use the `get_time` tool, for example:\n\n{call}"),
+            format!("Call <get_time> like this:\n{call}"),
             // Two fences, or a fence in the middle of a sentence.
             format!("{call}\n{call}"),
             format!("Call it as {call} and read the answer."),
