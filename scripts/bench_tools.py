@@ -4,7 +4,8 @@ and answer in text when it does not? Driven by the official `openai` client agai
 OpenAI-compatible server (`berth serve`, llama.cpp's `llama-server --jinja`).
 
 Usage: bench_tools.py --server NAME=BASE_URL [--server NAME=BASE_URL ...] [--model M]
-                      [--no-stream-check] [--max-tokens N] [--json FILE] [--verbose]
+                      [--no-stream-check] [--no-stream-check-for NAME] [--max-tokens N]
+                      [--json FILE] [--verbose]
 
 Per server it reports recall (of the prompts that need a tool: finish_reason "tool_calls" and a
 first call to the right tool whose arguments validate against that tool's JSON schema), the
@@ -256,13 +257,14 @@ def ask_streamed(client, model, prompt, max_tokens):
 
 def bench(name, base, model, args):
     client = openai.OpenAI(base_url=base.rstrip("/") + "/v1", api_key="unused", max_retries=0, timeout=600)
+    stream_check = args.stream_check and name not in args.no_stream_check_for
     rows = []
     started = time.monotonic()
     for prompt, want in PROMPTS:
         content, calls, finish = ask(client, model, prompt, args.max_tokens)
         passed, note = judge(calls, finish, want)
         same = None
-        if args.stream_check:
+        if stream_check:
             streamed = ask_streamed(client, model, prompt, args.max_tokens)
             same = streamed == (content, calls, finish)
             if not same:
@@ -284,7 +286,7 @@ def bench(name, base, model, args):
         "need_tool": len(need),
         "need_none": len(none),
         "need_none_mentions": len(mention),
-        "stream_same": None if not args.stream_check else sum(bool(r["stream_same"]) for r in rows),
+        "stream_same": None if not stream_check else sum(bool(r["stream_same"]) for r in rows),
         "seconds": time.monotonic() - started,
         "rows": rows,
     }
@@ -297,6 +299,8 @@ def main():
     ap.add_argument("--model", default="qwen2.5-coder:0.5b")
     ap.add_argument("--max-tokens", type=int, default=80)
     ap.add_argument("--no-stream-check", dest="stream_check", action="store_false")
+    ap.add_argument("--no-stream-check-for", action="append", default=[], metavar="NAME",
+                    help="skip the stream check for this server only (repeatable)")
     ap.add_argument("--json", help="write every answer to this file")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
@@ -304,6 +308,10 @@ def main():
     for spec in args.server:
         name, _, base = spec.partition("=")
         results.append(bench(name, base, args.model, args))
+        # Written after each server, so a later server's failure keeps the earlier answers.
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
     print(f"{len(PROMPTS)} prompts ({sum(1 for _, w in PROMPTS if w)} need one of "
           f"{len(TOOLS)} tools, {sum(1 for _, w in PROMPTS if not w)} need none, "
           f"{len(MENTIONS)} of which name a tool or its subject), "
@@ -332,9 +340,6 @@ def main():
         for x in misses:
             got = x["calls"] or x["content"]
             print(f"  {r['server']}: {x['prompt']!r} wanted {x['want'] or 'no call'}: {got!r} {x['note']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
