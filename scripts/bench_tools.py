@@ -4,12 +4,15 @@ and answer in text when it does not? Driven by the official `openai` client agai
 OpenAI-compatible server (`berth serve`, llama.cpp's `llama-server --jinja`).
 
 Usage: bench_tools.py --server NAME=BASE_URL [--server NAME=BASE_URL ...] [--model M]
-                      [--no-stream-check] [--max-tokens N] [--json FILE] [--verbose]
+                      [--no-stream-check] [--no-stream-check-for NAME] [--max-tokens N]
+                      [--json FILE] [--verbose]
 
-Per server it reports recall (of the prompts that need a tool: a call to the right tool whose
-arguments validate against that tool's JSON schema), the no-call rate (of the prompts that need
-none: no tool call at all) and, unless --no-stream-check, how many streamed answers equal the
-non-streamed ones (content, tool calls and finish_reason). Decoding is greedy (temperature 0).
+Per server it reports recall (of the prompts that need a tool: finish_reason "tool_calls" and a
+first call to the right tool whose arguments validate against that tool's JSON schema), the
+no-call rate (of the prompts that need none: no tool call at all and finish_reason "stop" or
+"length"), the same rate over the prompts among those that name a tool or its subject without
+needing it, and, unless --no-stream-check, how many streamed answers equal the non-streamed ones
+(content, tool calls and finish_reason). Decoding is greedy (temperature 0).
 """
 
 import argparse
@@ -128,6 +131,24 @@ PROMPTS = [
     ("What does HTTP status code 404 mean?", None),
 ]
 
+# Prompts that name an offered tool or its subject without needing a call: a model that calls
+# whenever a tool's name or topic comes up fails them. Judged like the prompts above.
+MENTIONS = [
+    "What does a weather API usually return?",
+    "Explain what the get_weather function in my tools list would do.",
+    "Which arguments does the convert_currency tool take, and which are required?",
+    "What is the difference between the search_files and create_calendar_event tools?",
+    "Describe the JSON schema of the get_weather tool's parameters in one paragraph.",
+    "Why do weather forecasts sometimes get the temperature wrong?",
+    "How are currency exchange rates determined? Answer briefly.",
+    "What do ISO currency codes like USD and EUR stand for?",
+    "How do I search for files by name on Linux with the find command?",
+    "Give me two tips for keeping a calendar organized.",
+    "Is YYYY-MM-DD a better date format than DD/MM/YYYY? Explain briefly.",
+    "When would an assistant use a tool like search_files instead of answering directly?",
+]
+PROMPTS += [(p, None) for p in MENTIONS]
+
 TYPES = {
     "string": str,
     "number": (int, float),
@@ -169,12 +190,21 @@ def tool_schema(name):
     return None
 
 
-def judge(calls, want):
-    """(passed, note) for one answer's tool calls against the tool the prompt needs."""
+def judge(calls, finish, want):
+    """(passed, note) for one answer against the tool the prompt needs. A call passes only with
+    finish_reason "tool_calls" (what a client acts on), the right tool first and arguments valid
+    against its schema; an answer needing no tool passes only with no call and finish_reason
+    "stop" or "length"."""
     if want is None:
-        return (not calls, "" if not calls else "called " + ",".join(n for n, _ in calls))
+        if calls:
+            return (False, "called " + ",".join(n for n, _ in calls))
+        if finish not in ("stop", "length"):
+            return (False, f"finish_reason {finish}")
+        return (True, "")
     if not calls:
         return (False, "no call")
+    if finish != "tool_calls":
+        return (False, f"finish_reason {finish}")
     name, args = calls[0]
     if name != want:
         return (False, f"called {name}")
@@ -227,33 +257,36 @@ def ask_streamed(client, model, prompt, max_tokens):
 
 def bench(name, base, model, args):
     client = openai.OpenAI(base_url=base.rstrip("/") + "/v1", api_key="unused", max_retries=0, timeout=600)
+    stream_check = args.stream_check and name not in args.no_stream_check_for
     rows = []
     started = time.monotonic()
     for prompt, want in PROMPTS:
         content, calls, finish = ask(client, model, prompt, args.max_tokens)
-        passed, note = judge(calls, want)
+        passed, note = judge(calls, finish, want)
         same = None
-        if args.stream_check:
+        if stream_check:
             streamed = ask_streamed(client, model, prompt, args.max_tokens)
             same = streamed == (content, calls, finish)
             if not same:
                 note += f" [stream differs: {streamed!r}]"
-        if calls and finish != "tool_calls":
-            note += f" [finish_reason {finish}]"
-        rows.append({"prompt": prompt, "want": want, "passed": passed, "calls": calls,
-                     "content": content, "finish": finish, "stream_same": same, "note": note})
+        rows.append({"prompt": prompt, "want": want, "mentions_tool": prompt in MENTIONS,
+                     "passed": passed, "calls": calls, "content": content, "finish": finish,
+                     "stream_same": same, "note": note})
         if args.verbose:
             mark = "ok " if passed else "BAD"
             print(f"  [{name}] {mark} {prompt!r} -> {calls or content!r} {note}", file=sys.stderr)
     need = [r for r in rows if r["want"]]
     none = [r for r in rows if not r["want"]]
+    mention = [r for r in none if r["mentions_tool"]]
     result = {
         "server": name,
         "recall": sum(r["passed"] for r in need) / len(need),
         "no_call": sum(r["passed"] for r in none) / len(none),
+        "no_call_mentions": sum(r["passed"] for r in mention) / len(mention),
         "need_tool": len(need),
         "need_none": len(none),
-        "stream_same": None if not args.stream_check else sum(bool(r["stream_same"]) for r in rows),
+        "need_none_mentions": len(mention),
+        "stream_same": None if not stream_check else sum(bool(r["stream_same"]) for r in rows),
         "seconds": time.monotonic() - started,
         "rows": rows,
     }
@@ -266,6 +299,8 @@ def main():
     ap.add_argument("--model", default="qwen2.5-coder:0.5b")
     ap.add_argument("--max-tokens", type=int, default=80)
     ap.add_argument("--no-stream-check", dest="stream_check", action="store_false")
+    ap.add_argument("--no-stream-check-for", action="append", default=[], metavar="NAME",
+                    help="skip the stream check for this server only (repeatable)")
     ap.add_argument("--json", help="write every answer to this file")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
@@ -273,17 +308,27 @@ def main():
     for spec in args.server:
         name, _, base = spec.partition("=")
         results.append(bench(name, base, args.model, args))
+        # Written after each server, so a later server's failure keeps the earlier answers.
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
     print(f"{len(PROMPTS)} prompts ({sum(1 for _, w in PROMPTS if w)} need one of "
-          f"{len(TOOLS)} tools, {sum(1 for _, w in PROMPTS if not w)} need none), "
+          f"{len(TOOLS)} tools, {sum(1 for _, w in PROMPTS if not w)} need none, "
+          f"{len(MENTIONS)} of which name a tool or its subject), "
           f"tool_choice auto, greedy, max_tokens {args.max_tokens}\n")
-    head = ("SERVER", "RECALL", "NO-CALL", "STREAM=NON-STREAM", "SECONDS")
+    head = ("SERVER", "RECALL", "NO-CALL", "OF WHICH NAMING A TOOL", "STREAM=NON-STREAM", "SECONDS")
     table = [head]
+
+    def rate(r, key, count):
+        return f"{r[key] * 100:.1f}% ({round(r[key] * r[count])}/{r[count]})"
+
     for r in results:
         n = r["need_tool"] + r["need_none"]
         table.append((
             r["server"],
-            f"{r['recall'] * 100:.1f}% ({round(r['recall'] * r['need_tool'])}/{r['need_tool']})",
-            f"{r['no_call'] * 100:.1f}% ({round(r['no_call'] * r['need_none'])}/{r['need_none']})",
+            rate(r, "recall", "need_tool"),
+            rate(r, "no_call", "need_none"),
+            rate(r, "no_call_mentions", "need_none_mentions"),
             "-" if r["stream_same"] is None else f"{r['stream_same']}/{n}",
             f"{r['seconds']:.0f}",
         ))
@@ -295,9 +340,6 @@ def main():
         for x in misses:
             got = x["calls"] or x["content"]
             print(f"  {r['server']}: {x['prompt']!r} wanted {x['want'] or 'no call'}: {got!r} {x['note']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

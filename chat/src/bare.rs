@@ -1,5 +1,7 @@
 //! Calls written without the format's markup (hermes_json and qwen_xml): a bare call object, a
-//! list of them, several of them, or any of these in a fence, after at most one lead-in line.
+//! list of them, several of them, or any of these in a fence, after at most one lead-in line and
+//! with nothing after them. This is the only place a Markdown fence is read as a call: a fenced
+//! block with prose after it, or more than one line before it, is an example, and content.
 
 use serde_json::Value;
 
@@ -328,7 +330,7 @@ mod tests {
     use crate::format::ChatFormat::*;
     use crate::format::ParseStart as S;
     use crate::parse::parse;
-    use crate::testutil::{not_bare_calls, openai_message as msg, parse_openai as run, tools};
+    use crate::testutil::{check_growing, not_bare_calls, openai_message as msg, parse_openai as run, tools};
     use crate::tolerant_forms::bare_forms;
 
     #[test]
@@ -354,6 +356,72 @@ mod tests {
                 msg(Some("Lima."), None, &[("get_weather", r#"{"location": "Lima"}"#)]),
                 "{format}"
             );
+        }
+    }
+
+    /// The rule for fenced JSON: a ```` ```json ```` (or bare ```` ``` ````) fence is a call only
+    /// where it is the whole answer, after at most one lead-in line of plain text of at most
+    /// [`LEAD_MAX`] bytes, with nothing but white space after its closer, and holds only call objects naming an
+    /// offered tool. Anywhere else (an example the model explains) it is content.
+    #[test]
+    fn a_fenced_block_is_a_call_only_as_the_whole_answer() {
+        let call = "```json\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n```";
+        let cet = [("get_time", r#"{"tz": "CET"}"#)];
+        let lead_max = "x".repeat(LEAD_MAX);
+        let lead_over = "x".repeat(LEAD_MAX + 1);
+        let counts: Vec<(String, Option<&str>)> = vec![
+            (call.to_string(), None),
+            (format!("\n{call}\n\n"), None),
+            (
+                format!("Let me check the time.\n{call}"),
+                Some("Let me check the time."),
+            ),
+            (
+                format!("Let me check the time.\n\n{call}\n"),
+                Some("Let me check the time."),
+            ),
+            (format!("{lead_max}\n{call}"), Some(lead_max.as_str())),
+        ];
+        let stays_content = [
+            // Prose after the fence: an example the model explains.
+            format!("{call}\n\nThis returns the time in CET."),
+            format!("Here is how you would call it:\n\n{call}\n\nIt returns the time."),
+            // Two lines (or a paragraph) before it.
+            format!("The get_time tool reads a clock.\nYou would call it like this:\n{call}"),
+            // A lead-in past the bound, or one that is not plain text (inline code, markup).
+            format!("{lead_over}\n{call}"),
+            format!("Use the `get_time` tool, for example:\n\n{call}"),
+            format!("Call <get_time> like this:\n{call}"),
+            // Two fences, or a fence in the middle of a sentence.
+            format!("{call}\n{call}"),
+            format!("Call it as {call} and read the answer."),
+            // A fence of another language, or of JSON that names no offered tool.
+            "```python\nget_time(tz=\"CET\")\n```".to_string(),
+            "```json\n{\"name\": \"get_date\", \"arguments\": {}}\n```".to_string(),
+        ];
+        let t = tools();
+        for format in [HermesJson, QwenXml] {
+            for (out, content) in &counts {
+                assert_eq!(
+                    run(format, S::Content, out, true),
+                    msg(None, *content, &cet),
+                    "{format}: {out:?}"
+                );
+            }
+            for out in &stays_content {
+                assert_eq!(
+                    run(format, S::Content, out, true),
+                    msg(None, Some(out.trim()), &[]),
+                    "{format}: {out:?}"
+                );
+            }
+            // Streamed one character at a time, both sides end as the whole text is read, and
+            // nothing sent is taken back.
+            for out in counts.iter().map(|c| &c.0).chain(&stays_content) {
+                let chars: Vec<String> = out.chars().map(String::from).collect();
+                let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+                check_growing(format, S::Content, &pieces, Some(&t));
+            }
         }
     }
 

@@ -163,7 +163,7 @@ impl StreamParser {
     ///
     /// A lead-in line held back only because a call written without markup might have followed
     /// it is content when the output is cut, and so is a bare call (one without markup) begun and
-    /// cut, or a wrapper models write instead of the markup (`<tools>`, a ```` ```json ```` fence)
+    /// cut, or a wrapper models write instead of the markup (`<tools>`, `<function_call>`)
     /// cut before it held a call: it never became a call, and a parse of the same text reads it
     /// as content.
     pub fn finish_output(&mut self, cut_short: bool) -> (Vec<Delta>, ParsedMessage) {

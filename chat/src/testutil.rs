@@ -34,6 +34,8 @@ pub fn not_bare_calls() -> Vec<&'static str> {
         r#"{"name": "get_weather", "arguments": {"location": "Lima"}, "note": "x"}"#,
         r#"[{"name": "get_time", "arguments": {}}, 3]"#,
         "Here is an example: {\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}} which you can send.",
+        "Here is an example of how you can call it:\n\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}\n```\n\nIt returns the weather in Lima.",
+        "The get_weather tool takes a location.\nFor example:\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Lima\"}}\n```",
         "First line.\nSecond line {\"name\": \"get_weather\", \"arguments\": {}}",
         "```python\nprint({\"name\": \"get_weather\", \"arguments\": {}})\n```",
         "[1, 2, 3]",

@@ -93,15 +93,17 @@ pub(crate) const TOOL_CALL: &str = "<tool_call>";
 pub(crate) const END_TOOL_CALL: &str = "</tool_call>";
 
 /// The wrappers models write around JSON calls instead of `<tool_call>`, with their closers.
-pub(crate) const WRAPPERS: [(&str, &str); 8] = [
+///
+/// A Markdown fence is not one: models fence examples they explain as often as calls they make,
+/// so a fenced block is read as a call only where the whole answer is the fence, after at most one
+/// short lead-in line ([`crate::bare`]), never in the middle of prose.
+pub(crate) const WRAPPERS: [(&str, &str); 6] = [
     (FUNCTION_CALL, "</function_call>"),
     (TOOLS, "</tools>"),
     ("<response>", "</response>"),
     ("<json>", "</json>"),
     ("<xml>", "</xml>"),
     ("<JSON>", "</JSON>"),
-    ("```json", "```"),
-    ("```xml", "```"),
 ];
 /// `<function_call>`, a wrapper Qwen models write too.
 pub(crate) const FUNCTION_CALL: &str = "<function_call>";
@@ -117,8 +119,6 @@ pub(crate) const HERMES_OPENERS: &[&str] = &[
     WRAPPERS[3].0,
     WRAPPERS[4].0,
     WRAPPERS[5].0,
-    WRAPPERS[6].0,
-    WRAPPERS[7].0,
     FUNCTION_EQ,
     M_FUNCTION,
 ];
@@ -365,10 +365,12 @@ mod tests {
 
     #[test]
     fn a_partial_wrapped_call_never_shows_what_the_closed_one_drops() {
-        // Found by fuzzing: a malformed call in a ```json fence showed `\n``` in its partial
-        // arguments, then lost it when the fence closed. Every prefix must be a prefix of the next.
+        // Found by fuzzing: a malformed call in a wrapper (then a ```json fence) showed the
+        // closer's start in its partial arguments, then lost it when the wrapper closed. Every
+        // prefix must be a prefix of the next.
         let t = crate::testutil::tools();
         for out in [
+            "Sure.\n<tools>\n[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\", x}]\n</tools>",
             "Sure.\n```json\n[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\", x}]\n```",
             "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\" oops \n</tool_call>",
         ] {
