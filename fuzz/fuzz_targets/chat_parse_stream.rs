@@ -11,9 +11,11 @@
 
 #![no_main]
 
-use berth_chat::{openai_delta, parse, ChatFormat, ParseStart, ParsedMessage, StreamParser};
+use berth_chat::{ChatFormat, ParseStart};
 use libfuzzer_sys::fuzz_target;
-use serde_json::{json, Value};
+
+#[path = "common/stream.rs"]
+mod stream;
 
 const STARTS: [ParseStart; 4] = [
     ParseStart::Content,
@@ -22,120 +24,15 @@ const STARTS: [ParseStart; 4] = [
     ParseStart::AssistantHeader,
 ];
 
-fn tools() -> Vec<Value> {
-    let f = |name: &str, props: Value| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": props}}});
-    vec![
-        f(
-            "get_weather",
-            json!({"location": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"},
-                   "metric": {"type": "boolean"}, "ratio": {"type": "number"}, "opts": {"type": "object"},
-                   "tags": {"type": "array", "items": {"type": "string"}}, "when": {"type": ["string", "null"]}}),
-        ),
-        f("get_time", json!({"tz": {"type": "string"}})),
-    ]
-}
-
-/// What the deltas add up to: reasoning, content, and per call (id, name, arguments).
-#[derive(Default, Debug, PartialEq)]
-struct Sum {
-    reasoning: String,
-    content: String,
-    calls: Vec<(String, String, String)>,
-}
-
-impl Sum {
-    fn add(&mut self, delta: &Value) {
-        if let Some(r) = delta["reasoning_content"].as_str() {
-            self.reasoning.push_str(r);
-        }
-        if let Some(c) = delta["content"].as_str() {
-            self.content.push_str(c);
-        }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            let index = call["index"].as_u64().expect("every call delta has an index") as usize;
-            if index == self.calls.len() {
-                let id = call["id"].as_str().expect("a call's first delta has its id");
-                let name = call["function"]["name"]
-                    .as_str()
-                    .expect("a call's first delta has its name");
-                self.calls.push((id.into(), name.into(), String::new()));
-            }
-            assert!(index < self.calls.len(), "call index {index} skips ahead");
-            self.calls[index]
-                .2
-                .push_str(call["function"]["arguments"].as_str().unwrap_or(""));
-        }
-    }
-
-    fn of(msg: &ParsedMessage) -> Sum {
-        Sum {
-            reasoning: msg.reasoning_content.clone().unwrap_or_default(),
-            content: msg.content.clone().unwrap_or_default(),
-            calls: msg
-                .tool_calls
-                .iter()
-                .map(|c| (c.id.clone(), c.name.clone(), c.arguments.clone()))
-                .collect(),
-        }
-    }
-
-    /// Every field of `self` is a prefix of the same field of `later`.
-    fn assert_prefix_of(&self, later: &Sum, what: &str) {
-        assert!(
-            later.reasoning.starts_with(&self.reasoning),
-            "reasoning shrank {what}"
-        );
-        assert!(later.content.starts_with(&self.content), "content shrank {what}");
-        assert!(later.calls.len() >= self.calls.len(), "calls vanished {what}");
-        for (a, b) in self.calls.iter().zip(&later.calls) {
-            assert_eq!((&a.0, &a.1), (&b.0, &b.1), "a call changed {what}");
-            assert!(b.2.starts_with(&a.2), "arguments shrank {what}");
-        }
-    }
-}
-
 fuzz_target!(|data: &[u8]| {
     if data.len() < 4 {
         return;
     }
     let format = ChatFormat::BY_ID[data[0].wrapping_sub(b'0') as usize % ChatFormat::BY_ID.len()];
     let start = STARTS[data[1] as usize % STARTS.len()];
-    let all_tools = tools();
+    let all_tools = stream::tools();
     let tools = (data[2] & 1 == 1).then_some(&all_tools[..]);
     let chunk = 1 + data[3] as usize % 16;
-    let text = String::from_utf8_lossy(&data[4..]).into_owned();
-
-    let full = parse(format, start, &text, tools, false);
-    let _ = full.to_openai();
-
-    let mut stream = StreamParser::new(format, start, tools);
-    let mut sum = Sum::default();
-    let mut deltas = Vec::new();
-    let mut prev = Sum::default();
-    let chars: Vec<char> = text.chars().collect();
-    for piece in chars.chunks(chunk) {
-        let piece: String = piece.iter().collect();
-        let grew = stream.push(&piece);
-        if let Some(d) = openai_delta(&grew) {
-            sum.add(&d);
-        }
-        deltas.extend(grew);
-        let now = Sum::of(&parse(format, start, stream.text(), tools, true));
-        prev.assert_prefix_of(&now, "between flushes");
-        sum.assert_prefix_of(&now, "(sent vs partial parse)");
-        prev = now;
-    }
-    let (last, msg) = stream.finish();
-    if let Some(d) = openai_delta(&last) {
-        sum.add(&d);
-    }
-    deltas.extend(last);
-    assert_eq!(
-        ParsedMessage::fold(&deltas),
-        msg,
-        "the deltas do not fold to the message"
-    );
-    assert_eq!(msg, full, "the stream's final message differs from the parse");
-    prev.assert_prefix_of(&Sum::of(&full), "at the end");
-    assert_eq!(sum, Sum::of(&full), "deltas do not add up to the message");
+    let text = String::from_utf8_lossy(&data[4..]);
+    stream::check(format, start, tools, chunk, &text);
 });

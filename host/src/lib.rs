@@ -11,6 +11,8 @@ pub mod constraint;
 pub mod decoding;
 pub mod embedding;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod harmony;
 pub mod image;
 pub mod inspect;

@@ -222,25 +222,37 @@ pub(crate) fn xml_call(out: &mut Out, text: &str, f: usize) -> Region {
 
 /// Where a parameter value starting at `vs` ends, and where scanning resumes: at
 /// `</parameter>`, else at the next `<parameter=`, else at a `</function>` that really ends the
-/// call (only whitespace and `</tool_call>` or the end after it).
+/// call (only whitespace and `</tool_call>` or the end after it). Markers after a `</function>`
+/// that really ends the call belong to what follows it (content, another call), so the value's
+/// own are looked for only before it: otherwise a `<parameter=` written later would pull the
+/// call's end, and the text after it, into the value as the stream grows.
 pub(crate) fn xml_value_end(text: &str, vs: usize, partial: bool) -> Option<(usize, usize)> {
-    let close = text[vs..].find(END_PARAMETER).map(|n| vs + n);
-    let next = text[vs..].find(PARAMETER_EQ).map(|n| vs + n);
+    let call_end = call_end(text, vs, partial);
+    let scope = &text[vs..call_end.unwrap_or(text.len())];
+    let close = scope.find(END_PARAMETER).map(|n| vs + n);
+    let next = scope.find(PARAMETER_EQ).map(|n| vs + n);
     match (close, next) {
-        (Some(c), n) if n.is_none_or(|n| c < n) => return Some((c, c + END_PARAMETER.len())),
-        (_, Some(n)) => return Some((n, n)),
-        _ => {}
+        (Some(c), n) if n.is_none_or(|n| c < n) => Some((c, c + END_PARAMETER.len())),
+        (_, Some(n)) => Some((n, n)),
+        _ => match call_end {
+            Some(e) => Some((e, e)),
+            None => (!partial).then_some((text.len(), text.len())),
+        },
     }
-    let mut from = vs;
+}
+
+/// The first `</function>` from `from` that really ends the call: `</tool_call>` after it, or
+/// (the whole text) nothing.
+fn call_end(text: &str, mut from: usize, partial: bool) -> Option<usize> {
     while let Some(n) = text[from..].find(END_FUNCTION) {
         let e = from + n;
         let after = text[e + END_FUNCTION.len()..].trim_start();
         if after.starts_with(END_TOOL_CALL) || (!partial && after.is_empty()) {
-            return Some((e, e));
+            return Some(e);
         }
         from = e + END_FUNCTION.len();
     }
-    (!partial).then_some((text.len(), text.len()))
+    None
 }
 
 /// Qwen XML parameters: strings raw (up to the closing tag), every other type as JSON.
@@ -269,6 +281,31 @@ mod tests {
     use crate::format::ChatFormat::*;
     use crate::format::ParseStart as S;
     use crate::testutil::{openai_message as msg, parse_openai as run};
+
+    #[test]
+    fn a_parameter_marker_after_the_calls_end_is_content_whole_and_streamed() {
+        // Found by fuzzing (fuzz/seeds/chat_parse_stream/qwen_xml_marker_after_call): the value of
+        // `days` has no `</parameter>`; the call's `</function>` `</tool_call>` ends it, and the
+        // `<parameter=` after that is content, not the next parameter of the closed call.
+        let out = "<tool_call>\n<function=get_weather>\n<parameter=days>\n12\n</function>\n</tool_call>then\n<parameter=x>";
+        assert_eq!(
+            run(QwenXml, S::ReasoningClosed, out, true),
+            msg(
+                None,
+                Some("then\n<parameter=x>"),
+                &[("get_weather", r#"{"days":12}"#)]
+            )
+        );
+        // Streamed one character at a time: no field shrinks and the deltas add up to the same.
+        let pieces: Vec<String> = out.chars().map(String::from).collect();
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        crate::testutil::check_growing(
+            QwenXml,
+            S::ReasoningClosed,
+            &pieces,
+            Some(&crate::testutil::tools()),
+        );
+    }
 
     #[test]
     fn qwen_xml_parameters_are_typed_by_the_schema() {

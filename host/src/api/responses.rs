@@ -1118,6 +1118,14 @@ impl Encoder for ResponseWriter {
     }
 }
 
+/// The typed turn of a body before the model is looked up, as [`create`] checks it (over
+/// Berth's own defaults), with each message's origin.
+pub(crate) fn check_turn(body: &[u8], store: &ResponseStore) -> Result<(ChatRequest, Vec<String>), ApiError> {
+    let Parsed { request, json } = body::parse::<ResponsesRequest>(body)?;
+    let items = request.items(&json, store)?;
+    request.turn(&json, &items, &DecodeOptions::default())
+}
+
 /// `POST /v1/responses`.
 pub async fn create(
     State(st): State<Shared>,
@@ -1205,9 +1213,7 @@ mod tests {
     /// The typed turn of a body (`store`: for references and continuations), and each message's
     /// origin.
     fn turn_in(body: Value, store: &ResponseStore) -> Result<(ChatRequest, Vec<String>), ApiError> {
-        let Parsed { request, json } = body::parse::<ResponsesRequest>(body.to_string().as_bytes())?;
-        let items = request.items(&json, store)?;
-        request.turn(&json, &items, &DecodeOptions::default())
+        check_turn(body.to_string().as_bytes(), store)
     }
 
     fn turn_of(body: Value) -> Result<(ChatRequest, Vec<String>), ApiError> {

@@ -258,7 +258,7 @@ pub fn request_context(model: &Model, decode: &DecodeOptions) -> usize {
 }
 
 /// The template's view of a conversation, images numbered in order.
-fn template_json(messages: &[Message]) -> Vec<Value> {
+pub(crate) fn template_json(messages: &[Message]) -> Vec<Value> {
     let mut k = 0;
     messages
         .iter()
