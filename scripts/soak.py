@@ -591,7 +591,8 @@ class Soak:
         under_load = warm + load + [s for s in self.samples if s["phase"] == "drain"]
         rep = {
             "clients": a.clients, "duration_s": a.duration, "load_s": round(load_s, 1), "warmup_s": a.warmup,
-            "settings": a.settings, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()}",
+            "settings": a.settings, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load average "
+            + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the end",
             "distinct_greedy_requests": len(REQUESTS), "vision": "not exercised: no vision pack loaded",
             "totals": self.totals, "by_kind": self.by_kind,
             "server_generated_tokens": m1.get("berth_generated_tokens_total", 0) - m0.get("berth_generated_tokens_total", 0),
@@ -689,8 +690,8 @@ def plot(rows, rep, path):
         ax.axvline(start + rep["load_s"], color="grey", ls="-.", lw=0.8)
         ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"berth serve soak: {rep['clients']} clients, {rep['duration_s']:.0f} s "
-                 "(dashed: load start and end, dotted: end of warm-up, dash-dot: in-flight requests done)", fontsize=10)
+    fig.suptitle(f"berth serve soak: {rep['clients']} clients, {rep['duration_s']:.0f} s\n"
+                 "dashed: load start and end; dotted: end of warm-up; dash-dot: requests in flight done", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -702,8 +703,10 @@ def markdown(rep, name):
         f"# Soak: {rep['clients']} clients x {rep['duration_s']:.0f} s",
         "",
         f"Server settings: {rep['settings']}. Machine: {rep['machine']}.",
-        f"Load {rep['load_s']} s after a reference pass of {rep['distinct_greedy_requests']} distinct greedy requests "
-        f"taken alone; warm-up {rep['warmup_s']} s. Images: {rep['vision']}.",
+        f"Load {rep['duration_s']:.0f} s (warm-up {rep['warmup_s']:.0f} s), then "
+        f"{rep['load_s'] - rep['duration_s']:.0f} s for the requests in flight at the deadline to finish, after a "
+        f"reference pass of {rep['distinct_greedy_requests']} distinct greedy requests taken alone. "
+        f"Images: {rep['vision']}.",
         "",
         "| must | |",
         "|---|---|",
