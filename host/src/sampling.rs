@@ -445,7 +445,11 @@ mod tests {
         let vocab: Vec<f32> = (0..151_936).map(|i| (i % 1000) as f32 / 100.0).collect();
         let lp = TokenLogprobs::of_row(&vocab, 7, 2);
         assert_eq!(lp.top.len(), 2);
-        assert!(lp.top.capacity() <= 16, "top keeps a buffer of {} entries", lp.top.capacity());
+        assert!(
+            lp.top.capacity() <= 16,
+            "top keeps a buffer of {} entries",
+            lp.top.capacity()
+        );
         // Greedy: the picked token is the top-1; bias and mask move both.
         let mut s = Sampler::new(SamplingParams::greedy());
         let (t, lp) = s.sample_with_logprobs(&row, None, 2);
