@@ -384,7 +384,10 @@ impl TokenLogprobs {
         TokenLogprobs {
             token,
             logprob: row.get(token as usize).map_or(f32::NEG_INFINITY, |&v| lp(v)),
-            top: best.into_iter().map(|(v, i)| (i, lp(v))).collect(),
+            // Collected from a borrow, into a vector of `top` entries: collected from
+            // `best.into_iter()`, it would reuse `best`'s vocabulary-sized buffer in place (same
+            // element size), and every token's logprobs a response keeps would hold 1 to 2 MB.
+            top: best.iter().map(|&(v, i)| (i, lp(v))).collect(),
         }
     }
 }
@@ -438,6 +441,15 @@ mod tests {
             .sum();
         assert!((total - 1.0).abs() < 1e-6);
         assert_eq!(TokenLogprobs::of_row(&row, 4, 0).logprob, f32::NEG_INFINITY);
+        // The top list holds its entries, not the whole row it was chosen from.
+        let vocab: Vec<f32> = (0..151_936).map(|i| (i % 1000) as f32 / 100.0).collect();
+        let lp = TokenLogprobs::of_row(&vocab, 7, 2);
+        assert_eq!(lp.top.len(), 2);
+        assert!(
+            lp.top.capacity() <= 16,
+            "top keeps a buffer of {} entries",
+            lp.top.capacity()
+        );
         // Greedy: the picked token is the top-1; bias and mask move both.
         let mut s = Sampler::new(SamplingParams::greedy());
         let (t, lp) = s.sample_with_logprobs(&row, None, 2);
