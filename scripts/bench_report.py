@@ -118,8 +118,10 @@ def main():
                 bw = bandwidth[o["threads"]]
 
                 def share(tps):
+                    if not tps:
+                        return "-"
                     used = weights * tps / 1e9
-                    return f"{used:.2f} GB/s ({100 * used / bw:.0f} %)" if tps else "-"
+                    return f"{used:.2f} GB/s ({100 * used / bw:.0f} %)"
 
                 roof.append((o["model"], o["test"], str(o["threads"]), f"{weights / 1e6:.1f} MB", f"{bw:.2f} GB/s",
                              share(o["tokens_per_second"]), share(best_peer.get("llama.cpp")),
