@@ -197,3 +197,29 @@ stop_real_pid() {
   for p in $real_pids; do [ "$p" = "$1" ] || rest="$rest $p"; done
   real_pids="$rest"
 }
+
+# start_llamacpp_parallel THREADS SLOTS [GGUF]: llama.cpp's server (the native build) with
+# continuous batching over SLOTS slots (-np, a context of 1024 per slot) on GGUF (default
+# $real_model) with --jinja and THREADS threads (batch threads too); sets llamacpp_url and
+# llamacpp_pid (scripts/bench-parallel). The log is $real_home/llamacpp-parallel.log.
+start_llamacpp_parallel() {
+  local threads="$1" slots="$2" gguf="${3:-$real_model}" bin port pid
+  [ -e "$gguf" ] || { echo "$gguf missing (scripts/fetch-models)" >&2; return 1; }
+  "$root/scripts/llamacpp-reference" build >&2
+  bin="$(ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1)"
+  real_tmp_home
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  LD_LIBRARY_PATH="$bin" "$bin/llama-server" -m "$gguf" --jinja --host 127.0.0.1 --port "$port" \
+    -t "$threads" -tb "$threads" -np "$slots" -c "$((slots * 1024))" -cb >"$real_home/llamacpp-parallel.log" 2>&1 &
+  pid=$!
+  real_pids="$real_pids $pid"
+  llamacpp_pid="$pid"
+  llamacpp_url="http://127.0.0.1:$port"
+  for _ in $(seq 1 600); do
+    curl -sf "$llamacpp_url/health" >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || { cat "$real_home/llamacpp-parallel.log" >&2; return 1; }
+    sleep 0.2
+  done
+  echo "llama-server did not start" >&2
+  return 1
+}
