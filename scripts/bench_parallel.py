@@ -29,10 +29,11 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.request
+
+from bench_common import git, table
 
 TOPICS = [
     "how a compiler turns source code into machine code",
@@ -136,20 +137,6 @@ def run(a):
         json.dump(result, f)
     print(f"{a.engine} N={a.streams}: {tokens} tokens in {last - t0:.1f} s, {result['tokens_per_second']:.2f} "
           f"tokens/s; TTFT p50 {result['ttft_p50']:.2f} s, p99 {result['ttft_p99']:.2f} s", file=sys.stderr)
-
-
-def git(*args):
-    """Output of a git command in the repository, or None outside one."""
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def table(head, rows):
-    w = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    for r in [head] + rows:
-        print("   ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip())
 
 
 def report(a):

@@ -18,7 +18,8 @@ import glob
 import json
 import os
 import re
-import subprocess
+
+from bench_common import git, table
 
 # Peers in column order: (engine name in the JSON line, file prefix, column title).
 PEERS = [
@@ -49,20 +50,6 @@ def cpu_info():
     model = re.search(r"^model name\s*:\s*(.*)$", cpu, re.M)
     flags = re.search(r"^flags\s*:\s*(.*)$", cpu, re.M)
     return (model.group(1) if model else "?"), sorted(set(flags.group(1).split()) if flags else ())
-
-
-def git(*args):
-    """Output of a git command in the repository, or None outside one."""
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def table(head, rows):
-    w = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    for r in [head] + rows:
-        print("   ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip())
 
 
 def main():

@@ -82,13 +82,7 @@ start_llamacpp_real() {
   pid=$!
   real_pids="$real_pids $pid"
   llamacpp_url="http://127.0.0.1:$port"
-  for _ in $(seq 1 600); do
-    curl -sf "$llamacpp_url/health" >/dev/null 2>&1 && return 0
-    kill -0 "$pid" 2>/dev/null || { cat "$real_home/llamacpp.log" >&2; return 1; }
-    sleep 0.2
-  done
-  echo "llama-server did not start" >&2
-  return 1
+  await_llamacpp "$pid" "$real_home/llamacpp.log"
 }
 
 # --- Embeddings (scripts/bench-embeddings) ---------------------------------------------------
@@ -180,9 +174,15 @@ start_llamacpp_embedding() {
   real_pids="$real_pids $pid"
   llamacpp_pid="$pid"
   llamacpp_url="http://127.0.0.1:$port"
+  await_llamacpp "$pid" "$real_home/llamacpp-embed.log"
+}
+
+# await_llamacpp PID LOG: waits (up to 2 minutes) until the llama-server PID started at
+# $llamacpp_url answers /health; prints its LOG and fails if it exits first.
+await_llamacpp() {
   for _ in $(seq 1 600); do
     curl -sf "$llamacpp_url/health" >/dev/null 2>&1 && return 0
-    kill -0 "$pid" 2>/dev/null || { cat "$real_home/llamacpp-embed.log" >&2; return 1; }
+    kill -0 "$1" 2>/dev/null || { cat "$2" >&2; return 1; }
     sleep 0.2
   done
   echo "llama-server did not start" >&2
@@ -215,11 +215,5 @@ start_llamacpp_parallel() {
   real_pids="$real_pids $pid"
   llamacpp_pid="$pid"
   llamacpp_url="http://127.0.0.1:$port"
-  for _ in $(seq 1 600); do
-    curl -sf "$llamacpp_url/health" >/dev/null 2>&1 && return 0
-    kill -0 "$pid" 2>/dev/null || { cat "$real_home/llamacpp-parallel.log" >&2; return 1; }
-    sleep 0.2
-  done
-  echo "llama-server did not start" >&2
-  return 1
+  await_llamacpp "$pid" "$real_home/llamacpp-parallel.log"
 }
