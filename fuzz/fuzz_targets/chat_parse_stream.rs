@@ -11,25 +11,18 @@
 
 #![no_main]
 
-use berth_chat::{ChatFormat, ParseStart};
+use berth_chat::ChatFormat;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common/stream.rs"]
 mod stream;
-
-const STARTS: [ParseStart; 4] = [
-    ParseStart::Content,
-    ParseStart::Reasoning,
-    ParseStart::ReasoningClosed,
-    ParseStart::AssistantHeader,
-];
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 4 {
         return;
     }
     let format = ChatFormat::BY_ID[data[0].wrapping_sub(b'0') as usize % ChatFormat::BY_ID.len()];
-    let start = STARTS[data[1] as usize % STARTS.len()];
+    let start = stream::STARTS[data[1] as usize % stream::STARTS.len()];
     let all_tools = stream::tools();
     let tools = (data[2] & 1 == 1).then_some(&all_tools[..]);
     let chunk = 1 + data[3] as usize % 16;

@@ -5,6 +5,15 @@
 use berth_chat::{openai_delta, parse, ChatFormat, ParseStart, ParsedMessage, StreamParser};
 use serde_json::{json, Value};
 
+/// The parse starts an input's start byte picks from (`0` content, `1` reasoning, `2` closed,
+/// `3` the assistant header, modulo 4).
+pub const STARTS: [ParseStart; 4] = [
+    ParseStart::Content,
+    ParseStart::Reasoning,
+    ParseStart::ReasoningClosed,
+    ParseStart::AssistantHeader,
+];
+
 /// Two tools, one with every JSON type among its parameters.
 pub fn tools() -> Vec<Value> {
     let f = |name: &str, props: Value| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": props}}});
