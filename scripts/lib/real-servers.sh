@@ -74,7 +74,7 @@ start_llamacpp_real() {
   local threads="$1" bin port pid
   [ -e "$real_model" ] || { echo "$real_model missing (scripts/fetch-models)" >&2; return 1; }
   "$root/scripts/llamacpp-reference" build >&2
-  bin="$(ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | tail -1)"
+  bin="$(ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1)"
   real_tmp_home
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   LD_LIBRARY_PATH="$bin" "$bin/llama-server" -m "$real_model" --jinja --host 127.0.0.1 --port "$port" \
