@@ -242,6 +242,12 @@ impl Model {
         if let (Err(e), None) = (&constraints, &embedding) {
             tracing::warn!(model = %entry.reference, error = %e, "constrained decoding unavailable");
         }
+        // What the load did with the pack's cache of packed weights (common-runtime plugins).
+        let pack_cache = model
+            .description()
+            .extra
+            .get("pack_cache")
+            .map_or_else(String::new, |v| v.to_string());
         let engine = Engine::start(
             model,
             TextSide {
@@ -256,7 +262,7 @@ impl Model {
             metrics,
             reference,
         );
-        tracing::info!(model = %entry.reference, plugin = %plugin, seconds = start.elapsed().as_secs_f64(), "model loaded");
+        tracing::info!(model = %entry.reference, plugin = %plugin, seconds = start.elapsed().as_secs_f64(), pack_cache = %pack_cache, "model loaded");
         Ok(Model {
             reference: entry.reference.clone(),
             engine,

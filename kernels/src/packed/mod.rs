@@ -130,6 +130,29 @@ const fn offset(k: u8) -> i32 {
     }
 }
 
+/// The packed layout's version: bytes a [`PackedMatrix`] kept elsewhere (a pack's cache of its
+/// packed weights) are read back by [`PackedMatrix::from_packed_bytes`] only under the same
+/// version. Raise it whenever a kind's group layout changes. Both kernel sets read the one
+/// layout, so it does not depend on the set.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Bytes per 16-row group of `rows` × `k` matrix of kind `kd`, or None when the layout does not
+/// take that shape.
+fn group_bytes_of(kd: u8, rows: usize, k: usize) -> Option<usize> {
+    if rows == 0 || !rows.is_multiple_of(PACK_ROWS) || !k.is_multiple_of(QK) {
+        return None;
+    }
+    match kd {
+        K4 | K6 if !k.is_multiple_of(QK_K) => None,
+        K4 => Some(k / QK_K * K4_BYTES),
+        K6 => Some(k / QK_K * K6_BYTES),
+        _ => {
+            let nb = k / QK;
+            Some((nb * 32).next_multiple_of(64) + nb * quant_bytes(kd))
+        }
+    }
+}
+
 /// A quantized matrix repacked into 16-row interleaved groups (see the module docs).
 pub struct PackedMatrix {
     wtype: WeightType,
@@ -417,9 +440,7 @@ impl PackedMatrix {
     /// [`PackedMatrix::pack`] whatever this CPU runs (the layout alone, for tests).
     pub fn pack_anywhere(wtype: WeightType, w: &[u8], rows: usize, k: usize) -> Option<PackedMatrix> {
         let kd = kind(wtype)?;
-        if rows == 0 || !rows.is_multiple_of(PACK_ROWS) || !k.is_multiple_of(QK) {
-            return None;
-        }
+        group_bytes_of(kd, rows, k)?;
         if kd == K4 {
             return Self::pack_q4_k(w, rows, k);
         }
@@ -590,6 +611,44 @@ impl PackedMatrix {
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
         self.data.as_slice().len()
+    }
+
+    /// The packed bytes, as [`PackedMatrix::from_packed_bytes`] takes them back (valid under
+    /// this [`LAYOUT_VERSION`] only).
+    pub fn packed_bytes(&self) -> &[u8] {
+        self.bytes()
+    }
+
+    /// Bytes the packed form of a `rows` × `k` matrix of `wtype` takes, or None when the layout
+    /// does not take it (the type, or rows not whole groups).
+    pub fn packed_len(wtype: WeightType, rows: usize, k: usize) -> Option<usize> {
+        let kd = kind(wtype)?;
+        Some(group_bytes_of(kd, rows, k)? * (rows / PACK_ROWS))
+    }
+
+    /// A matrix from bytes an earlier packing of the same rows made ([`PackedMatrix::packed_bytes`],
+    /// kept in a cache): `read` fills a buffer of [`PackedMatrix::packed_len`] bytes. None when
+    /// the kernels that run here do not take `wtype` or the shape; `read`'s error otherwise.
+    /// The bytes are not checked: the caller answers for them being that packing's, under the
+    /// same [`LAYOUT_VERSION`] (a cache checksums them).
+    pub fn from_packed_bytes<E>(
+        wtype: WeightType,
+        rows: usize,
+        k: usize,
+        read: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Option<Result<PackedMatrix, E>> {
+        if !Self::covers(wtype) {
+            return None;
+        }
+        let group_bytes = group_bytes_of(kind(wtype)?, rows, k)?;
+        let mut data = PageBuf::zeroed(group_bytes * (rows / PACK_ROWS));
+        Some(read(data.as_mut_slice()).map(|()| PackedMatrix {
+            wtype,
+            rows,
+            k,
+            group_bytes,
+            data,
+        }))
     }
 
     fn bytes(&self) -> &[u8] {

@@ -247,3 +247,55 @@ fn a_packed_matrix_gives_back_every_gguf_byte_and_row() {
         }
     }
 }
+
+#[test]
+fn packed_bytes_read_back_are_the_same_matrix() {
+    // What a cache of packed weights relies on: the length is known before packing, and the
+    // bytes read back give every GGUF byte of the rows again.
+    let mut rng = XorShift::new(43);
+    for wtype in [
+        WeightType::Q4_0,
+        WeightType::Q5_0,
+        WeightType::Q8_0,
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+    ] {
+        let (rows, k) = (48, 768);
+        let rb = wtype.row_bytes(k);
+        let w = rng.bytes(rows * rb);
+        let p = PackedMatrix::pack_anywhere(wtype, &w, rows, k).expect("packs");
+        assert_eq!(
+            PackedMatrix::packed_len(wtype, rows, k),
+            Some(p.size_bytes()),
+            "{wtype:?}"
+        );
+        if !PackedMatrix::covers(wtype) {
+            assert!(PackedMatrix::from_packed_bytes(wtype, rows, k, |_| Ok::<(), ()>(())).is_none());
+            continue;
+        }
+        let back = PackedMatrix::from_packed_bytes(wtype, rows, k, |buf| {
+            buf.copy_from_slice(p.packed_bytes());
+            Ok::<(), ()>(())
+        })
+        .expect("covered")
+        .expect("read");
+        assert_eq!(back.packed_bytes(), p.packed_bytes());
+        let xb = wtype.block_bytes();
+        let mut block = vec![0u8; xb];
+        for r in [0, 17, rows - 1] {
+            for b in 0..k / wtype.block_size() {
+                back.gguf_block(r, b, &mut block);
+                assert_eq!(
+                    block,
+                    w[r * rb + b * xb..r * rb + (b + 1) * xb],
+                    "{wtype:?} row {r}"
+                );
+            }
+        }
+        // A read that fails is the caller's error; a shape the layout does not take is None.
+        let err = PackedMatrix::from_packed_bytes(wtype, rows, k, |_| Err("short"));
+        assert!(matches!(err, Some(Err("short"))));
+        assert!(PackedMatrix::from_packed_bytes(wtype, 15, k, |_| Ok::<(), ()>(())).is_none());
+    }
+    assert_eq!(PackedMatrix::packed_len(WeightType::Q5_K, 16, 256), None);
+}

@@ -65,7 +65,16 @@ pub fn weight_files(config: &LoadConfig) -> Result<(WeightFormat, Vec<PathBuf>),
 /// Opens the pack's weights (the first GGUF file, or every safetensors file).
 pub fn open_weights(config: &LoadConfig) -> Result<Weights, PluginError> {
     match weight_files(config)? {
-        (WeightFormat::Gguf, files) => Weights::open_gguf(&files[0]),
+        (WeightFormat::Gguf, files) => {
+            let w = Weights::open_gguf(&files[0])?;
+            // Only a pack in a store (its manifest beside the weights) keeps a cache: a GGUF
+            // loaded from anywhere else (a fixture, a test's directory) is left as it is.
+            if crate::pack_cache::cache_wanted() && config.pack_dir.join("pack.toml").is_file() {
+                w.with_pack_cache(&config.pack_dir)
+            } else {
+                Ok(w)
+            }
+        }
         (_, files) => Weights::open_safetensors(&files),
     }
 }
@@ -574,8 +583,10 @@ impl DecoderModel {
         if let Some(n) = config.options.get("snapshot_every").and_then(Value::as_u64) {
             cfg.snapshot_every = (n as usize).max(1);
         }
-        // Packed now and held once, so the first request does not wait for packing.
+        // Packed now and held once, so the first request does not wait for packing; what was
+        // packed is kept next to the pack for the next load.
         weights.for_serving();
+        let pack_report = weights.store_packed();
         let vocab = weights.output.rows as u32;
         let head = SentenceHead::load(&config.pack_dir, cfg.hidden, context)?;
         if cfg.bidirectional && head.is_none() {
@@ -594,6 +605,12 @@ impl DecoderModel {
                 "architecture": l.architecture,
                 "special_tokens": l.specials.special,
                 "threads": threads,
+                "pack_cache": {
+                    "read": pack_report.read,
+                    "packed": pack_report.packed,
+                    "written": pack_report.written,
+                    "error": pack_report.error,
+                },
             }),
             rewind: decoder.rewind(),
         };

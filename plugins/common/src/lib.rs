@@ -31,6 +31,7 @@ pub mod linear;
 pub mod mxfp4;
 pub mod npy;
 pub mod ops;
+pub mod pack_cache;
 pub mod recurrent;
 pub mod state;
 pub mod testing;

@@ -8,6 +8,7 @@
 //! are read and parsed once at open ([`GgufFile::read_header`],
 //! [`SafetensorsFile::read_header`]): no step of a plugin's load maps a weights file.
 
+use crate::pack_cache::{PackCache, SourceId};
 /// A parsed GGUF file (metadata and tensor index), as [`Weights::gguf`] returns it.
 pub use berth_formats::GgufFile;
 use berth_formats::{Dtype, SafetensorsFile};
@@ -59,9 +60,27 @@ pub struct Matrix {
     pub cols: usize,
     /// The raw rows; None once [`Matrix::for_serving`] dropped them for the packed form.
     raw: Option<Rows>,
+    /// The rows repacked for the packed kernels, and where they came from.
+    packed: Arc<Packed>,
+}
+
+/// A matrix's packed form, shared by its clones.
+#[derive(Default)]
+struct Packed {
     /// The rows repacked for the packed kernels, made on first use or by
     /// [`Matrix::for_serving`] (None inside: not packable here).
-    packed: Arc<OnceLock<Option<PackedMatrix>>>,
+    cell: OnceLock<Option<PackedMatrix>>,
+    /// The GGUF tensor the matrix was read as and the pack's cache of packed weights, when the
+    /// weights were opened with one ([`Weights::with_pack_cache`]).
+    origin: Option<Origin>,
+}
+
+/// Where a matrix came from, for the pack's cache of packed weights.
+struct Origin {
+    cache: Arc<PackCache>,
+    name: String,
+    /// Read back packed from the cache (not packed by this load).
+    from_cache: bool,
 }
 
 impl std::fmt::Debug for Matrix {
@@ -101,6 +120,36 @@ impl Matrix {
             raw: Some(Rows { source, start, len }),
             packed: Arc::default(),
         })
+    }
+
+    /// A matrix held only packed (read back from a pack's cache), from `origin`.
+    fn from_packed(p: PackedMatrix, origin: Origin) -> Matrix {
+        Matrix {
+            wtype: p.wtype(),
+            rows: p.rows(),
+            cols: p.k(),
+            raw: None,
+            packed: Arc::new(Packed {
+                cell: OnceLock::from(Some(p)),
+                origin: Some(origin),
+            }),
+        }
+    }
+
+    /// The pack's cache and tensor name of a matrix held only packed, for
+    /// [`crate::decoder::DecoderWeights::store_packed`].
+    /// (The cache, the tensor's name, the packed form, and whether it was read from the cache.)
+    pub(crate) fn cache_entry(&self) -> Option<(&Arc<PackCache>, &str, &PackedMatrix, bool)> {
+        let o = self.packed.origin.as_ref()?;
+        if self.raw.is_some() {
+            return None;
+        }
+        Some((
+            &o.cache,
+            o.name.as_str(),
+            self.packed.cell.get()?.as_ref()?,
+            o.from_cache,
+        ))
     }
 
     /// An owned f32 matrix from row-major values.
@@ -173,6 +222,7 @@ impl Matrix {
         let raw = self.raw.as_ref().map_or(0, |r| r.len);
         let packed = self
             .packed
+            .cell
             .get()
             .and_then(Option::as_ref)
             .map_or(0, PackedMatrix::size_bytes);
@@ -194,6 +244,7 @@ impl Matrix {
     /// [`berth_kernels::packed`]).
     pub fn packed(&self) -> Option<&PackedMatrix> {
         self.packed
+            .cell
             .get_or_init(|| PackedMatrix::pack(self.wtype, self.bytes(), self.rows, self.cols))
             .as_ref()
     }
@@ -604,6 +655,8 @@ pub struct Weights {
     hf_names: HfNames,
     /// Prefix of every HF decoder tensor name (e.g. `llm.` in MiniCPM-V packs); empty by default.
     hf_prefix: String,
+    /// The pack's cache of packed weights (GGUF only), see [`Weights::with_pack_cache`].
+    pack_cache: Option<Arc<PackCache>>,
 }
 
 fn fail(e: impl std::fmt::Display) -> PluginError {
@@ -621,6 +674,7 @@ impl Weights {
             files: Files::Gguf(gguf),
             hf_names: HfNames::Standard,
             hf_prefix: String::new(),
+            pack_cache: None,
         })
     }
 
@@ -637,7 +691,29 @@ impl Weights {
             files: Files::Safetensors(files),
             hf_names: HfNames::Standard,
             hf_prefix: String::new(),
+            pack_cache: None,
         })
+    }
+
+    /// Reads matrices through the cache of packed weights in `pack_dir` ([`crate::pack_cache`]):
+    /// a GGUF matrix the cache holds for this very file comes back held only packed, without
+    /// reading its rows; every other one is read as usual and remembered, so that
+    /// [`crate::decoder::DecoderWeights::store_packed`] can write the cache after packing.
+    /// Safetensors weights have no cache (they are converted at load, not only packed).
+    pub fn with_pack_cache(mut self, pack_dir: &Path) -> Result<Weights, PluginError> {
+        if let Files::Gguf(g) = &self.files {
+            let meta = g
+                .file
+                .metadata()
+                .map_err(|e| PluginError::failed(format!("{}: {e}", g.path.display())))?;
+            self.pack_cache = Some(Arc::new(PackCache::open(pack_dir, SourceId::of(&meta))));
+        }
+        Ok(self)
+    }
+
+    /// The cache of packed weights these weights read through, if any.
+    pub fn pack_cache(&self) -> Option<&Arc<PackCache>> {
+        self.pack_cache.as_ref()
     }
 
     /// Sets how HF norm names are read (default [`HfNames::Standard`]).
@@ -740,7 +816,26 @@ impl Weights {
                 }
                 let wtype = gguf_wtype(name, t.ggml_type.id())?;
                 let (rows, cols) = (t.dims[1] as usize, t.dims[0] as usize);
-                let bytes = g.read(name, t.offset as usize, whole_rows(name, wtype, rows, cols)?)?;
+                let len = whole_rows(name, wtype, rows, cols)?;
+                if let Some(cache) = &self.pack_cache {
+                    let origin = |from_cache| Origin {
+                        cache: cache.clone(),
+                        name: name.to_string(),
+                        from_cache,
+                    };
+                    if let Some(p) = cache.read(name, wtype, rows, cols) {
+                        return Ok(Matrix::from_packed(p, origin(true)));
+                    }
+                    let bytes = g.read(name, t.offset as usize, len)?;
+                    let mut m = Matrix::new(Arc::new(bytes), 0, wtype, rows, cols)
+                        .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))?;
+                    m.packed = Arc::new(Packed {
+                        cell: OnceLock::new(),
+                        origin: Some(origin(false)),
+                    });
+                    return Ok(m);
+                }
+                let bytes = g.read(name, t.offset as usize, len)?;
                 (wtype, rows, cols, bytes)
             }
             Files::Safetensors(_) => {

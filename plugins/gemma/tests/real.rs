@@ -532,3 +532,62 @@ fn f64s(v: &Value) -> Vec<f64> {
         .map(|x| x.as_f64().unwrap())
         .collect()
 }
+
+/// Loads the real GGUF from a pack directory of a store (its manifest beside it), as `berth
+/// serve` does, so the load keeps its packed weights there.
+fn load_from_pack(dir: &std::path::Path) -> GemmaModel {
+    let cfg = LoadConfig {
+        pack_dir: dir.to_path_buf(),
+        family: "gemma".into(),
+        architecture: "gemma3".into(),
+        format: "gguf".into(),
+        weights: vec![dir.join("model.gguf")],
+        threads: Some(2),
+        ..Default::default()
+    };
+    GemmaFamily::create(&cfg).unwrap()
+}
+
+#[test]
+fn a_warm_load_reads_the_packed_weights_back_and_answers_bit_for_bit_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("model.gguf");
+    if std::fs::hard_link(model_path(), &gguf).is_err() {
+        std::fs::copy(model_path(), &gguf).unwrap();
+    }
+    std::fs::write(dir.path().join("pack.toml"), "# a stand-in manifest\n").unwrap();
+    let report = |m: &GemmaModel| m.describe().extra["pack_cache"].clone();
+
+    let t = Instant::now();
+    let mut cold = load_from_pack(dir.path());
+    let cold_s = t.elapsed().as_secs_f64();
+    let r = report(&cold);
+    assert_eq!(
+        (r["read"].as_u64(), r["written"].as_bool()),
+        (Some(0), Some(true)),
+        "{r}"
+    );
+    let packed = r["packed"].as_u64().unwrap();
+    assert!(packed > 0, "{r}");
+    let (want, want_logits) = greedy(&mut cold, 0, &EIFFEL, 4);
+    drop(cold);
+
+    let t = Instant::now();
+    let mut warm = load_from_pack(dir.path());
+    let warm_s = t.elapsed().as_secs_f64();
+    let r = report(&warm);
+    assert_eq!(r["read"].as_u64(), Some(packed), "every matrix read back: {r}");
+    assert_eq!(
+        (r["packed"].as_u64(), r["written"].as_bool()),
+        (Some(0), Some(false)),
+        "{r}"
+    );
+    let (got, got_logits) = greedy(&mut warm, 0, &EIFFEL, 4);
+    assert_eq!(got, want);
+    let bits = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&got_logits) == bits(&want_logits),
+        "warm logits differ from cold ones"
+    );
+    eprintln!("load: cold {cold_s:.2} s (packed {packed} matrices), warm {warm_s:.2} s (none packed)");
+}

@@ -7,6 +7,19 @@ use crate::layers::{AttnWeights, Ffn, GatedFfn, KvSource, LayerWeights, Mixer, P
 use crate::weights::{Matrix, Role, TensorId, Weights};
 use berth_plugin_api::PluginError;
 
+/// What a load did with the pack's cache of packed weights ([`DecoderWeights::store_packed`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackReport {
+    /// Matrices read back packed from the cache.
+    pub read: usize,
+    /// Matrices packed by this load (not in the cache, or stale there).
+    pub packed: usize,
+    /// Whether this load wrote the cache.
+    pub written: bool,
+    /// Why writing the cache failed, when it did (the load goes on without it).
+    pub error: Option<String>,
+}
+
 /// All decoder weights.
 #[derive(Clone, Debug)]
 pub struct DecoderWeights {
@@ -84,6 +97,47 @@ impl DecoderWeights {
                 l.proj = l.proj.for_serving(false);
             }
         }
+    }
+
+    /// Writes every matrix this load holds only packed into the pack's cache of packed weights
+    /// (see [`crate::pack_cache`]), so the next load of the same file reads them back instead of
+    /// packing; call it after [`DecoderWeights::for_serving`]. Does nothing when the weights
+    /// were opened without a cache or every such matrix came from it. Returns what the load
+    /// did: matrices read back, matrices packed, and whether the cache was written.
+    pub fn store_packed(&self) -> PackReport {
+        let mut me = self.clone();
+        let mut all: Vec<Matrix> = vec![me.embed.clone(), me.output.clone()];
+        all.extend(me.layer_matrices().into_iter().map(|m| m.clone()));
+        if let Some(p) = &me.ple {
+            all.push(p.projection.clone());
+            for l in &p.layers {
+                all.extend([l.gate.clone(), l.proj.clone()]);
+            }
+        }
+        let mut report = PackReport::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut entries = Vec::new();
+        let mut cache = None;
+        for m in &all {
+            if let Some((c, name, p, from_cache)) = m.cache_entry() {
+                if seen.insert(name) {
+                    if from_cache {
+                        report.read += 1;
+                    } else {
+                        report.packed += 1;
+                    }
+                    entries.push((name, p, from_cache));
+                    cache = Some(c);
+                }
+            }
+        }
+        if let Some(c) = cache {
+            match c.store(&entries) {
+                Ok(w) => report.written = w,
+                Err(e) => report.error = Some(e.to_string()),
+            }
+        }
+        report
     }
 
     /// Bytes the matrices hold (raw rows and packed forms; a matrix shared by several places,
