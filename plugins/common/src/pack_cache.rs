@@ -313,12 +313,14 @@ mod tests {
     use berth_formats::gguf::GgmlType;
     use berth_formats::testutil::GgufWriter;
 
-    /// A GGUF with two packable matrices (Q8_0, Q4_K) and one whose rows are not whole groups.
+    /// A GGUF with two packable matrices (Q8_0, Q4_K), one whose rows are not whole groups, and
+    /// a stack of three (MoE experts).
     fn write_gguf(path: &Path) {
         let bytes = GgufWriter::new()
             .tensor("a.weight", &[64, 32], GgmlType::Q8_0)
             .tensor("b.weight", &[256, 48], GgmlType::Q4_K)
             .tensor("c.weight", &[64, 15], GgmlType::Q8_0)
+            .tensor("e.weight", &[64, 32, 3], GgmlType::Q8_0)
             .build();
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, bytes).unwrap();
@@ -332,9 +334,11 @@ mod tests {
             .unwrap()
             .with_pack_cache(dir)
             .unwrap();
-        let ms = ["a.weight", "b.weight", "c.weight"]
-            .map(|n| w.matrix_named(n).unwrap().for_serving(false))
+        let mut ms = ["a.weight", "b.weight", "c.weight"]
+            .map(|n| w.matrix_named(n).unwrap())
             .to_vec();
+        ms.extend(w.stacked_named("e.weight").unwrap());
+        let ms = ms.iter().map(|m| m.for_serving(false)).collect();
         (ms, w.pack_cache().unwrap().clone())
     }
 
@@ -369,7 +373,7 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
 
         let (second, cache) = load(dir.path());
-        assert_eq!(cache.read_count(), 2, "both packable matrices come back packed");
+        assert_eq!(cache.read_count(), 5, "every packable matrix comes back packed");
         for (a, b) in first.iter().zip(&second) {
             assert_eq!(a.has_rows(), b.has_rows(), "{a:?}");
             assert_eq!(
@@ -379,6 +383,7 @@ mod tests {
             );
         }
         assert!(!second[0].has_rows() && !second[1].has_rows() && second[2].has_rows());
+        assert!(second[3..].iter().all(|m| !m.has_rows()), "the experts too");
         assert!(!store(&second, &cache), "nothing new to write");
 
         // A damaged matrix is packed again from the GGUF; the others still come back.
@@ -388,13 +393,15 @@ mod tests {
         bytes[last] ^= 0x55;
         std::fs::write(&path, &bytes).unwrap();
         let (third, cache) = load(dir.path());
-        assert_eq!(cache.read_count(), 1, "the damaged matrix is not taken");
+        // The last matrix written is the last expert: the stack is read and packed again.
+        assert_eq!(cache.read_count(), 4, "the damaged matrix is not taken");
+        assert!(third[3..].iter().all(|m| m.cache_entry().is_some_and(|e| !e.3)));
         assert_eq!(
-            third[1].packed().unwrap().packed_bytes(),
-            first[1].packed().unwrap().packed_bytes()
+            third[5].packed().unwrap().packed_bytes(),
+            first[5].packed().unwrap().packed_bytes()
         );
         assert!(store(&third, &cache), "the cache is written again");
-        assert_eq!(load(dir.path()).1.read_count(), 2);
+        assert_eq!(load(dir.path()).1.read_count(), 5);
 
         // A damaged index, or a replaced weights file, gives nothing from the cache.
         bytes = std::fs::read(&path).unwrap();

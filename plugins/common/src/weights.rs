@@ -918,7 +918,7 @@ impl Weights {
                 }
                 let wtype = gguf_wtype(&name, t.ggml_type.id())?;
                 let dims = [n_experts, t.dims[1] as usize, t.dims[0] as usize];
-                stack(&name, g, t.offset as usize, wtype, dims)
+                self.gguf_stack(&name, g, t.offset as usize, wtype, dims)
             }
             Files::Safetensors(_) => (0..n_experts).map(|e| self.matrix(&id.expert(e))).collect(),
         }
@@ -961,6 +961,45 @@ impl Weights {
         }
     }
 
+    /// [`stack`] of a GGUF tensor through the pack's cache: matrix `e` of tensor `name` is
+    /// `name#e` there; when the cache holds every one of them, all come back held only packed
+    /// and the tensor is not read.
+    fn gguf_stack(
+        &self,
+        name: &str,
+        g: &Source<GgufFile>,
+        start: usize,
+        wtype: WeightType,
+        dims: [usize; 3],
+    ) -> Result<Vec<Matrix>, PluginError> {
+        let Some(cache) = &self.pack_cache else {
+            return stack(name, g, start, wtype, dims);
+        };
+        let [n, rows, cols] = dims;
+        let origin = |e: usize, from_cache| Origin {
+            cache: cache.clone(),
+            name: format!("{name}#{e}"),
+            from_cache,
+        };
+        let cached: Option<Vec<Matrix>> = (0..n)
+            .map(|e| {
+                let p = cache.read(&format!("{name}#{e}"), wtype, rows, cols)?;
+                Some(Matrix::from_packed(p, origin(e, true)))
+            })
+            .collect();
+        if let Some(all) = cached {
+            return Ok(all);
+        }
+        let mut all = stack(name, g, start, wtype, dims)?;
+        for (e, m) in all.iter_mut().enumerate() {
+            m.packed = Arc::new(Packed {
+                cell: OnceLock::new(),
+                origin: Some(origin(e, false)),
+            });
+        }
+        Ok(all)
+    }
+
     /// The matrices of a 3-D tensor by name, split along its outermost dimension: safetensors
     /// `[n, rows, cols]` or GGUF `[cols, rows, n]` (stacked experts); the tensor is read once and
     /// the matrices share it.
@@ -975,7 +1014,7 @@ impl Weights {
                 }
                 let wtype = gguf_wtype(name, t.ggml_type.id())?;
                 let dims = [t.dims[2] as usize, t.dims[1] as usize, t.dims[0] as usize];
-                stack(name, g, t.offset as usize, wtype, dims)
+                self.gguf_stack(name, g, t.offset as usize, wtype, dims)
             }
             Files::Safetensors(_) => {
                 let (f, dtype, shape, start) = self.find_st(name).ok_or_else(missing)?;
