@@ -1,4 +1,4 @@
-use super::{quant_bytes, GroupArgs, GroupKernel, PackedTable, K4, K6, PACK_ROWS, Q4, Q5, Q8};
+use super::{quant_bytes, GroupArgs, GroupKernel, PackedTable, K4, K6, MX, PACK_ROWS, Q4, Q5, Q8};
 use crate::quant::Q8_0_BYTES;
 use std::arch::x86_64::*;
 
@@ -13,8 +13,9 @@ pub(super) const TABLE: PackedTable = PackedTable {
 
 /// Activation rows per kernel call for kind `kd`: eight for Q8_0 (and unpacked groups) and
 /// Q6_K; four where unpacking nibbles takes registers too (measured faster than eight for
-/// Q5_0).
+/// Q5_0; MXFP4 unpacks like Q4_0).
 fn batch(kd: u8) -> usize {
+    // (MXFP4 takes the `_` arm: four rows.)
     match kd {
         Q8 | K6 => 8,
         _ => 4,
@@ -54,6 +55,16 @@ fn group_kernel(kd: u8, r: usize) -> Option<GroupKernel> {
             kernel::<Q8, 6>,
             kernel::<Q8, 7>,
             kernel::<Q8, 8>,
+        ],
+        MX => &[
+            kernel::<MX, 1>,
+            kernel::<MX, 2>,
+            kernel::<MX, 3>,
+            kernel::<MX, 4>,
+            kernel::<MX, 5>,
+            kernel::<MX, 6>,
+            kernel::<MX, 7>,
+            kernel::<MX, 8>,
         ],
         K4 => &[
             kernel_q4_k::<1>,
@@ -280,6 +291,22 @@ pub(super) unsafe fn expand(kd: u8, quants: &[u8], nb: usize, out: &mut [u8]) {
     }
 }
 
+/// The 16 rows' MXFP4 block scales, [`crate::quant::e8m0_to_f32_half`] of the 16 exponent
+/// bytes at `p`: `(e - 1) << 23` as f32 bits, and for `e < 2` the subnormal `0x0020_0000 << e`.
+///
+/// # Safety
+/// 16 bytes at `p`; the CPU has AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn e8m0_half_x16(p: *const u8) -> __m512 {
+    // SAFETY: 16 bytes at p (the caller's contract).
+    let e = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p as *const __m128i) });
+    let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1)));
+    let tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+    let small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, tiny))
+}
+
 /// One 16-row group of kind `K` (`group`: scales in the first `scale_bytes`, then `nb` blocks
 /// of quants) against `R ≤ 8` activation rows (`acts`, `rb` bytes apart; their per-block
 /// scales `dy` and corrections `cor`, `nb` apart).
@@ -300,6 +327,15 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
     let ap = acts.as_ptr();
     let m4 = _mm512_set1_epi8(0x0f);
     let sixteen = _mm512_set1_epi8(0x10);
+    // MXFP4: each code's doubled E2M1 value plus the kind's offset (12), by byte shuffle.
+    let lut = {
+        let mut t = [0u8; 16];
+        for (v, &k) in t.iter_mut().zip(crate::quant::KVALUES_MXFP4.iter()) {
+            *v = (k + 12) as u8;
+        }
+        // SAFETY: `t` is 16 bytes.
+        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) })
+    };
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..nb {
         // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
@@ -309,7 +345,11 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
             for l in (0..prefetch.step).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
             }
-            let dx = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(b * 32) as *const __m256i));
+            let dx = if K == MX {
+                e8m0_half_x16(base.add(b * 16))
+            } else {
+                _mm512_cvtph_ps(_mm256_loadu_si256(base.add(b * 32) as *const __m256i))
+            };
             let mut wv = [_mm512_setzero_si512(); 8];
             match K {
                 Q8 => {
@@ -327,6 +367,11 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
                         for (g, v) in wv.iter_mut().enumerate() {
                             let bits = (q.add(256 + 8 * g) as *const u64).read_unaligned();
                             *v = _mm512_mask_add_epi8(*v, bits, *v, sixteen);
+                        }
+                    }
+                    if K == MX {
+                        for v in wv.iter_mut() {
+                            *v = _mm512_shuffle_epi8(lut, *v);
                         }
                     }
                 }

@@ -1,11 +1,13 @@
 //! Weights repacked into 16-row interleaved blocks (by the runtime, when a model loads), and
 //! their matrix product.
 //!
-//! A [`PackedMatrix`] holds a Q4_0, Q5_0 or Q8_0 matrix as groups of 16 rows. Per group and
-//! block of 32 columns it stores the 16 rows' scales (f16, side by side) and their quants as
+//! A [`PackedMatrix`] holds a Q4_0, Q5_0, Q8_0 or MXFP4 matrix as groups of 16 rows. Per group
+//! and block of 32 columns it stores the 16 rows' scales (f16, side by side; MXFP4 its E8M0
+//! exponent bytes) and their quants as
 //! unsigned bytes interleaved four columns at a time, so one 64-byte load feeds 16 rows and
 //! one `vpdpbusd` against four broadcast activation bytes advances all 16 of them. The weight
-//! offset (8, 16 or 128) is taken back once per block with the activation block's sum, which
+//! offset (8, 16 or 128; MXFP4's codes are looked up as their doubled values plus 12) is taken
+//! back once per block with the activation block's sum, which
 //! the activations carry ([`PackedActs`]). Each output is then
 //! `acc = fma(dx · dy, Σ w · y, acc)` over the blocks in order, with the block's whole integer
 //! sum: [`reference_dot`] is that order in scalar code, and every kernel here equals it bit for
@@ -19,7 +21,8 @@
 //!
 //! Two kernel sets run this layout, chosen once at run time (and capped by `BERTH_KERNELS`),
 //! each a file with its table of group kernels (`avx512.rs`, `avx2.rs`), called through one
-//! checked path here: AVX-512 F/BW/VL + VNNI and AVX2 + FMA + F16C, both for every kind, AVX2
+//! checked path here: AVX-512 F/BW/VL + VNNI and AVX2 + FMA + F16C, both for every kind but
+//! MXFP4 (AVX-512 only: under AVX2 it keeps the unpacked kernels), AVX2
 //! with each 64-byte line taken as two halves of 8 rows, `vpmaddubsw` + `vpmaddwd` standing in
 //! for `vpdpbusd`. Both give the same bits. Without AVX2 (or under `BERTH_KERNELS=scalar`)
 //! [`PackedMatrix::pack`] returns None and the unpacked tables stay the path.
@@ -39,8 +42,9 @@ mod avx512;
 mod tests;
 use crate::pool::ThreadPool;
 use crate::quant::{
-    f16_to_f32, q6_quad, rd_f32, unpack_scales_mins_k4, ActFormat, WeightType, Q4_0_BYTES, Q4_K_BYTES,
-    Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK, QK_K,
+    e8m0_to_f32_half, f16_to_f32, q6_quad, rd_f32, unpack_scales_mins_k4, ActFormat, WeightType,
+    KVALUES_MXFP4, MXFP4_BYTES, Q4_0_BYTES, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES, Q8_K_BYTES, QK,
+    QK_K,
 };
 
 /// Rows per interleaved group.
@@ -81,6 +85,19 @@ const K4: u8 = 44;
 /// Q6_K (see [`Q4`]): 256-value super-blocks against Q8_K activations.
 const K6: u8 = 46;
 
+/// MXFP4 (see [`Q4`]): Q4_0's nibble lines, each code looked up as its doubled E2M1 value
+/// plus [`offset`], and one E8M0 exponent byte per row and block in place of an f16 scale.
+const MX: u8 = 40;
+
+/// Bytes of one block's scales for 16 rows: f16 scales, or MXFP4's exponent bytes.
+const fn scale_width(k: u8) -> usize {
+    if k == MX {
+        16
+    } else {
+        32
+    }
+}
+
 /// Bytes of one Q4_K super-block for 16 rows: a line of `d` and `dmin` (f16), four lines of
 /// sub-block scales and mins (u8, `[sub-block][row]`), 32 lines of nibbles.
 const K4_BYTES: usize = 64 + 256 + 2048;
@@ -104,6 +121,7 @@ fn kind(wtype: WeightType) -> Option<u8> {
         WeightType::Q8_0 => Some(Q8),
         WeightType::Q4_K => Some(K4),
         WeightType::Q6_K => Some(K6),
+        WeightType::Mxfp4 => Some(MX),
         _ => None,
     }
 }
@@ -113,7 +131,7 @@ fn kind(wtype: WeightType) -> Option<u8> {
 /// [`K6_BYTES`]: their groups have no separate scales).
 const fn quant_bytes(k: u8) -> usize {
     match k {
-        Q4 => 256,
+        Q4 | MX => 256,
         Q5 => 320,
         K4 => K4_BYTES,
         K6 => K6_BYTES,
@@ -125,6 +143,8 @@ const fn quant_bytes(k: u8) -> usize {
 const fn offset(k: u8) -> i32 {
     match k {
         Q4 => 8,
+        // MXFP4's doubled values run -12..=12.
+        MX => 12,
         Q5 => 16,
         _ => 128,
     }
@@ -148,7 +168,7 @@ fn group_bytes_of(kd: u8, rows: usize, k: usize) -> Option<usize> {
         K6 => Some(k / QK_K * K6_BYTES),
         _ => {
             let nb = k / QK;
-            Some((nb * 32).next_multiple_of(64) + nb * quant_bytes(kd))
+            Some((nb * scale_width(kd)).next_multiple_of(64) + nb * quant_bytes(kd))
         }
     }
 }
@@ -172,6 +192,15 @@ impl std::fmt::Debug for PackedMatrix {
 /// The signed weights (and f16 scale bits) of block `b` of a GGUF row of kind `kd`.
 fn block_values(kd: u8, row: &[u8], b: usize) -> (u16, [i8; QK]) {
     let mut v = [0i8; QK];
+    if kd == MX {
+        let x = &row[b * MXFP4_BYTES..(b + 1) * MXFP4_BYTES];
+        for j in 0..16 {
+            v[j] = KVALUES_MXFP4[(x[1 + j] & 0xf) as usize];
+            v[j + 16] = KVALUES_MXFP4[(x[1 + j] >> 4) as usize];
+        }
+        // The exponent byte stands where the other kinds' f16 scale bits do.
+        return (x[0] as u16, v);
+    }
     let (bytes, x) = match kd {
         Q4 => (Q4_0_BYTES, &row[b * Q4_0_BYTES..]),
         Q5 => (Q5_0_BYTES, &row[b * Q5_0_BYTES..]),
@@ -203,8 +232,10 @@ fn block_values(kd: u8, row: &[u8], b: usize) -> (u16, [i8; QK]) {
     (d, v)
 }
 
-/// Dot product of GGUF weight `row` (Q4_0, Q5_0 or Q8_0) with Q8_0 activation row `act` in the
-/// packed kernels' order: per block the exact integer sum, then `acc = fma(dx · dy, sum, acc)`.
+/// Dot product of GGUF weight `row` (Q4_0, Q5_0, Q8_0 or MXFP4) with Q8_0 activation row `act`
+/// in the packed kernels' order: per block the exact integer sum, then
+/// `acc = fma(dx · dy, sum, acc)` (MXFP4: `dx` the exponent's half, [`e8m0_to_f32_half`], and
+/// the sum over the doubled values).
 /// Q6_K (against a Q8_K row): the single-row kernels' order, see [`reference_dot_q6_k`].
 pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32 {
     if wtype == WeightType::Q6_K {
@@ -212,7 +243,7 @@ pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32
     }
     let kd = kind(wtype)
         .filter(|&k| k != K4)
-        .expect("the reference order covers Q4_0, Q5_0, Q8_0 and Q6_K");
+        .expect("the reference order covers Q4_0, Q5_0, Q8_0, MXFP4 and Q6_K");
     let mut acc = 0.0f32;
     for b in 0..n / QK {
         let (d, v) = block_values(kd, row, b);
@@ -222,7 +253,12 @@ pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32
             .zip(&y[2..])
             .map(|(&w, &a)| w as i32 * a as i8 as i32)
             .sum();
-        let dd = f16_to_f32(d) * f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
+        let dx = if kd == MX {
+            e8m0_to_f32_half(d as u8)
+        } else {
+            f16_to_f32(d)
+        };
+        let dd = dx * f16_to_f32(u16::from_le_bytes([y[0], y[1]]));
         acc = dd.mul_add(sum as f32, acc);
     }
     acc
@@ -415,8 +451,8 @@ fn expand_group(table: &PackedTable, kd: u8, quants: &[u8], nb: usize, out: &mut
 }
 
 impl PackedMatrix {
-    /// True when this CPU and `BERTH_KERNELS` allow packed kernels (AVX-512 VNNI or AVX2: every
-    /// packed kind).
+    /// True when this CPU and `BERTH_KERNELS` allow packed kernels (AVX-512 VNNI: every packed
+    /// kind; AVX2: all but MXFP4).
     pub fn available() -> bool {
         PackedTable::here().is_some()
     }
@@ -450,7 +486,8 @@ impl PackedMatrix {
         let rb = wtype.row_bytes(k);
         assert!(w.len() >= rows * rb, "weight matrix too short");
         let nb = k / QK;
-        let scale_bytes = (nb * 32).next_multiple_of(64);
+        let sw = scale_width(kd);
+        let scale_bytes = (nb * sw).next_multiple_of(64);
         let qb = quant_bytes(kd);
         let group_bytes = scale_bytes + nb * qb;
         let groups = rows / PACK_ROWS;
@@ -463,7 +500,11 @@ impl PackedMatrix {
                 let row = &w[(g * PACK_ROWS + lane) * rb..][..rb];
                 for b in 0..nb {
                     let x = &row[b * xb..(b + 1) * xb];
-                    scales[b * 32 + 2 * lane..][..2].copy_from_slice(&x[..2]);
+                    if kd == MX {
+                        scales[b * sw + lane] = x[0];
+                    } else {
+                        scales[b * sw + 2 * lane..][..2].copy_from_slice(&x[..2]);
+                    }
                     let q = &mut quants[b * qb..(b + 1) * qb];
                     match kd {
                         Q8 => {
@@ -474,7 +515,11 @@ impl PackedMatrix {
                             }
                         }
                         _ => {
-                            let qs = if kd == Q5 { &x[6..22] } else { &x[2..18] };
+                            let qs = match kd {
+                                Q5 => &x[6..22],
+                                MX => &x[1..17],
+                                _ => &x[2..18],
+                            };
                             for line in 0..4 {
                                 q[line * 64 + lane * 4..][..4].copy_from_slice(&qs[4 * line..4 * line + 4]);
                             }
@@ -704,9 +749,14 @@ impl PackedMatrix {
             }
             _ => {
                 let nb = self.k / QK;
-                let scale_bytes = (nb * 32).next_multiple_of(64);
+                let sw = scale_width(kd);
+                let scale_bytes = (nb * sw).next_multiple_of(64);
                 let qb = quant_bytes(kd);
-                x[0..2].copy_from_slice(&group[b * 32 + 2 * lane..][..2]);
+                if kd == MX {
+                    x[0] = group[b * sw + lane];
+                } else {
+                    x[0..2].copy_from_slice(&group[b * sw + 2 * lane..][..2]);
+                }
                 let q = &group[scale_bytes + b * qb..scale_bytes + (b + 1) * qb];
                 match kd {
                     Q8 => {
@@ -717,7 +767,11 @@ impl PackedMatrix {
                         }
                     }
                     _ => {
-                        let at = if kd == Q5 { 6 } else { 2 };
+                        let at = match kd {
+                            Q5 => 6,
+                            MX => 1,
+                            _ => 2,
+                        };
                         for line in 0..4 {
                             x[at + 4 * line..at + 4 * line + 4]
                                 .copy_from_slice(&q[line * 64 + lane * 4..][..4]);

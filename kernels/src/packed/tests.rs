@@ -26,6 +26,11 @@ fn check_packed(
                 .into_iter()
                 .filter(|k| k.cover(kd))
                 .collect();
+            if kernels.is_empty() && kd == MX {
+                // Only the AVX-512 set packs MXFP4 (AVX2 takes the unpacked kernels).
+                berth_formats::test_skip::skip_optional("packed MXFP4: this CPU lacks AVX-512 VNNI");
+                return;
+            }
             assert!(!kernels.is_empty(), "no kernels here cover {wtype:?}");
             for &kernels in &kernels {
                 let mut out = vec![f32::NAN; m * rows];
@@ -115,6 +120,7 @@ fn packed_products_equal_the_reference_order_bit_for_bit() {
         (31, WeightType::Q4_0),
         (32, WeightType::Q5_0),
         (33, WeightType::Q8_0),
+        (34, WeightType::Mxfp4),
     ] {
         let shapes = [(16, 32), (48, 896), (32, 4864)];
         check_packed(wtype, seed, &shapes, &[1, 3, 8, 11, 16, 21], |row, act, i, k| {
@@ -186,7 +192,12 @@ fn the_q6_k_reference_order_is_the_single_row_kernels() {
 #[test]
 fn the_reference_order_is_close_to_the_scalar_dot() {
     let mut rng = XorShift::new(32);
-    for wtype in [WeightType::Q4_0, WeightType::Q5_0, WeightType::Q8_0] {
+    for wtype in [
+        WeightType::Q4_0,
+        WeightType::Q5_0,
+        WeightType::Q8_0,
+        WeightType::Mxfp4,
+    ] {
         let k = 896;
         let row = random_row(&mut rng, wtype, k);
         let act = QuantizedActivations::quantize(wtype, &rng.vec(k));
@@ -218,6 +229,7 @@ fn a_packed_matrix_gives_back_every_gguf_byte_and_row() {
         WeightType::Q8_0,
         WeightType::Q4_K,
         WeightType::Q6_K,
+        WeightType::Mxfp4,
     ] {
         let (rows, k) = (32, 512);
         let rb = wtype.row_bytes(k);
@@ -259,6 +271,7 @@ fn packed_bytes_read_back_are_the_same_matrix() {
         WeightType::Q8_0,
         WeightType::Q4_K,
         WeightType::Q6_K,
+        WeightType::Mxfp4,
     ] {
         let (rows, k) = (48, 768);
         let rb = wtype.row_bytes(k);
@@ -298,4 +311,47 @@ fn packed_bytes_read_back_are_the_same_matrix() {
         assert!(PackedMatrix::from_packed_bytes(wtype, 15, k, |_| Ok::<(), ()>(())).is_none());
     }
     assert_eq!(PackedMatrix::packed_len(WeightType::Q5_K, 16, 256), None);
+}
+
+#[test]
+fn packed_mxfp4_takes_every_exponent_as_the_reference_does() {
+    // Subnormal scales (exponent bytes 0 and 1) have their own path in the kernel.
+    if !PackedTable::runnable().iter().any(|t| t.cover(MX)) {
+        berth_formats::test_skip::skip_optional("packed MXFP4: this CPU lacks AVX-512 VNNI");
+        return;
+    }
+    let exps = [0u8, 1, 2, 3, 100, 127, 140, 200];
+    let mut rng = XorShift::new(35);
+    check_packed(WeightType::Mxfp4, 36, &[(32, 256)], &[1, 5], |row, act, i, k| {
+        let arb = ActFormat::Q8_0.row_bytes(k);
+        reference_dot(WeightType::Mxfp4, row, &act.bytes()[i * arb..(i + 1) * arb], k)
+    });
+    // The same with the exponents above, block by block.
+    let (rows, k) = (16, 256);
+    let mut w: Vec<u8> = (0..rows)
+        .flat_map(|_| random_row(&mut rng, WeightType::Mxfp4, k))
+        .collect();
+    for (i, blk) in w.chunks_exact_mut(MXFP4_BYTES).enumerate() {
+        blk[0] = exps[i % exps.len()];
+    }
+    let p = PackedMatrix::pack_anywhere(WeightType::Mxfp4, &w, rows, k).expect("packs");
+    let x = rng.vec(k);
+    let mut act = QuantizedActivations::new();
+    act.quantize_into(WeightType::Mxfp4, &x, k);
+    let pool = ThreadPool::new(1);
+    for t in PackedTable::runnable().into_iter().filter(|t| t.cover(MX)) {
+        let mut out = vec![f32::NAN; rows];
+        matmul_packed_with(t, &p, &act, &mut out, &mut PackedActs::new(), &pool);
+        let rb = WeightType::Mxfp4.row_bytes(k);
+        for r in 0..rows {
+            let want = reference_dot(WeightType::Mxfp4, &w[r * rb..(r + 1) * rb], act.bytes(), k);
+            assert_eq!(
+                out[r].to_bits(),
+                want.to_bits(),
+                "{} row {r}: {} vs {want}",
+                t.name,
+                out[r]
+            );
+        }
+    }
 }
