@@ -80,6 +80,9 @@ MODELS = {
 }
 # Bumped when what gen writes changes, so cached files are rebuilt.
 FORMAT_VERSION = 1
+# ggml block formats written: (elements, bytes) per block.
+QUANT_BLOCK = {"Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q5_0": (32, 22),
+               "Q5_1": (32, 24), "Q4_0": (32, 18), "MXFP4": (32, 17)}
 
 # Which tiny fixture's stand-in tokenizer each architecture starts from, and its pre-tokenizer name.
 TOKENIZER = {
@@ -207,7 +210,7 @@ def layer_is_attention(c, i):
     return True
 
 
-def metadata(w, gguf, c, model):
+def metadata(w, c, model):
     """The KV pairs convert_hf_to_gguf.py writes for the architecture (tiny fixtures' key set)."""
     a, n = c["arch"], c["layers"]
     w.add_string("general.type", "model")
@@ -314,7 +317,7 @@ def tokenizer(w, gguf, c, fixtures):
 def block_bytes(np, rng, kind, n_blocks):
     """n_blocks random blocks of a ggml quant type with sane scales, as a flat uint8 array."""
     f16 = lambda lo, hi: rng.uniform(lo, hi, n_blocks).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
-    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_0": 18, "MXFP4": 17}[kind]
+    size = QUANT_BLOCK[kind][1]
     b = np.frombuffer(rng.bytes(n_blocks * size), dtype=np.uint8).reshape(n_blocks, size).copy()
     if kind == "Q4_K":
         # x = d * sc * q - dmin * m, q in 0..15, sc and m 6-bit: dmin = 7.5 d centres the values.
@@ -355,8 +358,6 @@ def f32_values(np, rng, kind, shape):
     return rng.uniform(-0.05, 0.05, shape).astype(np.float32)
 
 
-QUANT_BLOCK = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_0": 32, "Q5_0": 32, "Q5_1": 32, "Q4_0": 32, "MXFP4": 32}
-
 
 def gen(a):
     """Writes the GGUFs that are missing or were made by another FORMAT_VERSION."""
@@ -379,14 +380,13 @@ def gen(a):
         rng = np.random.default_rng(sum(map(ord, model)))  # the same bytes every run
         tmp = path + ".tmp"
         w = gguf.GGUFWriter(tmp, c["arch"])
-        metadata(w, gguf, c, model)
+        metadata(w, c, model)
         tokenizer(w, gguf, c, a.fixtures)
         qtype = {k: getattr(gguf.GGMLQuantizationType, k) for k in QUANT_BLOCK}
-        sizes = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_0": 18, "MXFP4": 17}
         for name, shape, kind in ts:
             if kind in QUANT_BLOCK:
-                row_bytes = shape[-1] // QUANT_BLOCK[kind] * sizes[kind]
-                byte_shape = (*shape[:-1], row_bytes)
+                elems, size = QUANT_BLOCK[kind]
+                byte_shape = (*shape[:-1], shape[-1] // elems * size)
                 w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype[kind])
             else:
                 w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
@@ -396,10 +396,10 @@ def gen(a):
         total = 0
         for name, shape, kind in ts:
             if kind in QUANT_BLOCK:
-                n_blocks = int(np.prod(shape)) // QUANT_BLOCK[kind]
-                row_bytes = shape[-1] // QUANT_BLOCK[kind] * sizes[kind]
+                elems, size = QUANT_BLOCK[kind]
+                n_blocks = int(np.prod(shape)) // elems
                 # Whole tensors: the largest (gpt-oss's Q8_0 output) is 615 MB.
-                w.write_tensor_data(block_bytes(np, rng, kind, n_blocks).reshape(*shape[:-1], row_bytes))
+                w.write_tensor_data(block_bytes(np, rng, kind, n_blocks).reshape(*shape[:-1], shape[-1] // elems * size))
             else:
                 w.write_tensor_data(f32_values(np, rng, kind, shape))
             total += 1
