@@ -24,8 +24,9 @@ use vl::Lfm2VlModel;
 
 pub mod vl;
 
-/// Architectures served: GGUF `general.architecture` values and HF `model_type`s.
-pub const ARCHITECTURES: [&str; 3] = ["lfm2", "lfm2_moe", "lfm2_vl"];
+/// Architectures served: GGUF `general.architecture` values (llama.cpp spells LFM2-MoE `lfm2moe`)
+/// and HF `model_type`s.
+pub const ARCHITECTURES: [&str; 4] = ["lfm2", "lfm2moe", "lfm2_moe", "lfm2_vl"];
 
 /// Special tokens looked up by text in the vocabulary and reported in the model info.
 const SPECIAL_TOKENS: [&str; 9] = [
@@ -457,6 +458,9 @@ mod tests {
             "lfm2",
             &[
                 "lfm2",
+                // What llama.cpp's converter writes as general.architecture for LFM2-8B-A1B: a
+                // GGUF pack of it was refused by every plugin before.
+                "lfm2moe",
                 "lfm2_moe",
                 "lfm2_vl",
                 "Lfm2ForCausalLM",
