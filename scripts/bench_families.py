@@ -28,7 +28,6 @@ benches feed random token ids, so the tokenizer's quality does not matter.
 with -rtr 1; pp and tg tokens/s with each engine's peak RSS) and appends one JSON line per run.
 """
 import argparse
-import datetime
 import glob
 import json
 import os
@@ -449,7 +448,7 @@ def why_missing(out, prefix, model):
 
 def report(a):
     """Prints the markdown tables and appends the run's JSON line."""
-    from bench_common import git
+    from bench_common import append_record, record
     from bench_report import cpu_info
 
     out = a.out
@@ -538,31 +537,18 @@ def report(a):
     print(f"read bandwidth: {bw_text}")
     print(f"load average before: {a.load_before}; after: {a.load_after}")
 
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/bench/*.jsonl")
-    line = {
-        "schema": 1,
-        "script": "scripts/bench-families",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(status) if status is not None else None,
-        "cpu": {"model": cpu, "cores": os.cpu_count(), "simd": simd, "flags": flags},
-        "kernels": os.environ.get("BERTH_KERNELS", "best"),
-        "read_bandwidth_gb_per_s": {str(t): bandwidth[t] for t in sorted(bandwidth)},
-        "load_before": [float(x) for x in a.load_before.split()],
-        "load_after": [float(x) for x in a.load_after.split()],
-        "settings": settings,
-        "generator": {"format": FORMAT_VERSION, "weights": "random, real shapes", "tokenizer": "stand-in"},
-        "engines": engines,
-        "models": model_info,
-        "results": results,
-        "peak_rss": rss,
-        "failures": failures,
-        "ratios": ratios,
-    }
-    os.makedirs(os.path.dirname(a.jsonl) or ".", exist_ok=True)
-    with open(a.jsonl, "a", encoding="utf-8") as f:
-        f.write(json.dumps(line, separators=(",", ":")) + "\n")
-    print(f"\nappended this run to {a.jsonl}")
+    line = record(
+        "scripts/bench-families", cpu, simd, flags, bandwidth, a.load_before, a.load_after,
+        settings=settings,
+        generator={"format": FORMAT_VERSION, "weights": "random, real shapes", "tokenizer": "stand-in"},
+        engines=engines,
+        models=model_info,
+        results=results,
+        peak_rss=rss,
+        failures=failures,
+        ratios=ratios,
+    )
+    append_record(a.jsonl, line)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

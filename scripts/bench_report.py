@@ -13,13 +13,12 @@ Usage: bench_report.py OUT --load-before "L1 L5 L15" --load-after "..." --isa na
        --args '{"p": 512, ...}' [--jsonl docs/bench/speed.jsonl]
 """
 import argparse
-import datetime
 import glob
 import json
 import os
 import re
 
-from bench_common import git, table
+from bench_common import append_record, record, table
 
 # Peers in column order: (engine name in the JSON line, file prefix, column title).
 PEERS = [
@@ -146,30 +145,16 @@ def main():
     else:
         print("\naccuracy: not measured yet (scripts/bench-accuracy)")
 
-    # Changes to the JSONL files themselves do not make a run's tree dirty.
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/bench/*.jsonl")
-    line = {
-        "schema": 1,
-        "script": "scripts/bench",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(status) if status is not None else None,
-        "cpu": {"model": cpu, "cores": os.cpu_count(), "simd": simd, "flags": flags},
-        "isa": a.isa,
-        "kernels": os.environ.get("BERTH_KERNELS", "best"),
-        "read_bandwidth_gb_per_s": {str(t): bandwidth[t] for t in sorted(bandwidth)},
-        "load_before": [float(x) for x in a.load_before.split()],
-        "load_after": [float(x) for x in a.load_after.split()],
-        "settings": json.loads(a.args),
-        "engines": engines,
-        "models": models,
-        "results": results,
-        "ratios": ratios,
-    }
-    os.makedirs(os.path.dirname(a.jsonl) or ".", exist_ok=True)
-    with open(a.jsonl, "a", encoding="utf-8") as f:
-        f.write(json.dumps(line, separators=(",", ":")) + "\n")
-    print(f"\nappended this run to {a.jsonl}")
+    line = record(
+        "scripts/bench", cpu, simd, flags, bandwidth, a.load_before, a.load_after,
+        isa=a.isa,
+        settings=json.loads(a.args),
+        engines=engines,
+        models=models,
+        results=results,
+        ratios=ratios,
+    )
+    append_record(a.jsonl, line)
 
 
 if __name__ == "__main__":

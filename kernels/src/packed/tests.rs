@@ -218,35 +218,44 @@ fn packing_declines_what_it_does_not_cover() {
     assert!(PackedMatrix::pack_anywhere(WeightType::Q8_0, &w, 15, 32).is_none());
 }
 
+/// Every kind the packed layout takes.
+const PACKED_KINDS: [WeightType; 6] = [
+    WeightType::Q4_0,
+    WeightType::Q5_0,
+    WeightType::Q8_0,
+    WeightType::Q4_K,
+    WeightType::Q6_K,
+    WeightType::Mxfp4,
+];
+
+/// Asserts that `p` gives back rows `rows` of the GGUF matrix `w` block by block, byte for byte.
+fn assert_gives_back_gguf_blocks(p: &PackedMatrix, w: &[u8], rows: impl IntoIterator<Item = usize>) {
+    let (wtype, k) = (p.wtype(), p.k());
+    let (rb, xb) = (wtype.row_bytes(k), wtype.block_bytes());
+    let mut block = vec![0u8; xb];
+    for r in rows {
+        for b in 0..k / wtype.block_size() {
+            p.gguf_block(r, b, &mut block);
+            assert_eq!(
+                block,
+                w[r * rb + b * xb..r * rb + (b + 1) * xb],
+                "{wtype:?} row {r} block {b}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_packed_matrix_gives_back_every_gguf_byte_and_row() {
     // Random bytes, not only valid rows: every bit of a block must come back, scales included
     // (the inverse of the packing is exact, so a row held only packed reads as it did raw).
     let mut rng = XorShift::new(41);
-    for wtype in [
-        WeightType::Q4_0,
-        WeightType::Q5_0,
-        WeightType::Q8_0,
-        WeightType::Q4_K,
-        WeightType::Q6_K,
-        WeightType::Mxfp4,
-    ] {
+    for wtype in PACKED_KINDS {
         let (rows, k) = (32, 512);
         let rb = wtype.row_bytes(k);
         let w = rng.bytes(rows * rb);
         let p = PackedMatrix::pack_anywhere(wtype, &w, rows, k).expect("packs");
-        let xb = wtype.block_bytes();
-        let mut block = vec![0u8; xb];
-        for r in 0..rows {
-            for b in 0..k / wtype.block_size() {
-                p.gguf_block(r, b, &mut block);
-                assert_eq!(
-                    block,
-                    w[r * rb + b * xb..r * rb + (b + 1) * xb],
-                    "{wtype:?} row {r} block {b}"
-                );
-            }
-        }
+        assert_gives_back_gguf_blocks(&p, &w, 0..rows);
         // Valid rows dequantize as they did raw, bit for bit (NaN-free values to compare).
         let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wtype, k)).collect();
         let p = PackedMatrix::pack_anywhere(wtype, &w, rows, k).expect("packs");
@@ -265,14 +274,7 @@ fn packed_bytes_read_back_are_the_same_matrix() {
     // What a cache of packed weights relies on: the length is known before packing, and the
     // bytes read back give every GGUF byte of the rows again.
     let mut rng = XorShift::new(43);
-    for wtype in [
-        WeightType::Q4_0,
-        WeightType::Q5_0,
-        WeightType::Q8_0,
-        WeightType::Q4_K,
-        WeightType::Q6_K,
-        WeightType::Mxfp4,
-    ] {
+    for wtype in PACKED_KINDS {
         let (rows, k) = (48, 768);
         let rb = wtype.row_bytes(k);
         let w = rng.bytes(rows * rb);
@@ -293,18 +295,7 @@ fn packed_bytes_read_back_are_the_same_matrix() {
         .expect("covered")
         .expect("read");
         assert_eq!(back.packed_bytes(), p.packed_bytes());
-        let xb = wtype.block_bytes();
-        let mut block = vec![0u8; xb];
-        for r in [0, 17, rows - 1] {
-            for b in 0..k / wtype.block_size() {
-                back.gguf_block(r, b, &mut block);
-                assert_eq!(
-                    block,
-                    w[r * rb + b * xb..r * rb + (b + 1) * xb],
-                    "{wtype:?} row {r}"
-                );
-            }
-        }
+        assert_gives_back_gguf_blocks(&back, &w, [0, 17, rows - 1]);
         // A read that fails is the caller's error; a shape the layout does not take is None.
         let err = PackedMatrix::from_packed_bytes(wtype, rows, k, |_| Err("short"));
         assert!(matches!(err, Some(Err("short"))));
