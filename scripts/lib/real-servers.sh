@@ -68,13 +68,18 @@ start_berth_pack() {
   return 1
 }
 
+# The bin directory of the native llama.cpp build (never the -avx2 one scripts/bench -k avx2 uses).
+llamacpp_native_bin() {
+  ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1
+}
+
 # Builds llama.cpp if needed (scripts/llamacpp-reference build) and starts its server on the same
 # GGUF with --jinja and $1 threads; sets llamacpp_url.
 start_llamacpp_real() {
   local threads="$1" bin port pid
   [ -e "$real_model" ] || { echo "$real_model missing (scripts/fetch-models)" >&2; return 1; }
   "$root/scripts/llamacpp-reference" build >&2
-  bin="$(ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1)"
+  bin="$(llamacpp_native_bin)"
   real_tmp_home
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   LD_LIBRARY_PATH="$bin" "$bin/llama-server" -m "$real_model" --jinja --host 127.0.0.1 --port "$port" \
@@ -165,7 +170,7 @@ start_llamacpp_embedding() {
   shift; [ $# -gt 0 ] && shift
   [ -e "$gguf" ] || { echo "$gguf missing (make_embedding_gguf)" >&2; return 1; }
   "$root/scripts/llamacpp-reference" build >&2
-  bin="$(ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1)"
+  bin="$(llamacpp_native_bin)"
   real_tmp_home
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   LD_LIBRARY_PATH="$bin" "$bin/llama-server" -m "$gguf" --embeddings --pooling mean --host 127.0.0.1 \
@@ -206,7 +211,7 @@ start_llamacpp_parallel() {
   local threads="$1" slots="$2" gguf="${3:-$real_model}" bin port pid
   [ -e "$gguf" ] || { echo "$gguf missing (scripts/fetch-models)" >&2; return 1; }
   "$root/scripts/llamacpp-reference" build >&2
-  bin="$(ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1)"
+  bin="$(llamacpp_native_bin)"
   real_tmp_home
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   LD_LIBRARY_PATH="$bin" "$bin/llama-server" -m "$gguf" --jinja --host 127.0.0.1 --port "$port" \

@@ -136,6 +136,17 @@ impl Matrix {
         }
     }
 
+    /// This matrix (not yet packed) remembered as read from `origin`, when there is one.
+    fn with_origin(mut self, origin: Option<Origin>) -> Matrix {
+        if origin.is_some() {
+            self.packed = Arc::new(Packed {
+                cell: OnceLock::new(),
+                origin,
+            });
+        }
+        self
+    }
+
     /// The pack's cache and tensor name of a matrix held only packed, for
     /// [`crate::decoder::DecoderWeights::store_packed`].
     /// (The cache, the tensor's name, the packed form, and whether it was read from the cache.)
@@ -802,6 +813,8 @@ impl Weights {
 
     /// A 2-D tensor by its file-format name (for tensors outside the [`Role`] table).
     pub fn matrix_named(&self, name: &str) -> Result<Matrix, PluginError> {
+        // Set for a GGUF matrix read through the pack's cache (kept for it after packing).
+        let mut origin_of_read = None;
         let (wtype, rows, cols, bytes) = match &self.files {
             Files::Gguf(g) => {
                 let t = g
@@ -826,14 +839,7 @@ impl Weights {
                     if let Some(p) = cache.read(name, wtype, rows, cols) {
                         return Ok(Matrix::from_packed(p, origin(true)));
                     }
-                    let bytes = g.read(name, t.offset as usize, len)?;
-                    let mut m = Matrix::new(Arc::new(bytes), 0, wtype, rows, cols)
-                        .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))?;
-                    m.packed = Arc::new(Packed {
-                        cell: OnceLock::new(),
-                        origin: Some(origin(false)),
-                    });
-                    return Ok(m);
+                    origin_of_read = Some(origin(false));
                 }
                 let bytes = g.read(name, t.offset as usize, len)?;
                 (wtype, rows, cols, bytes)
@@ -852,8 +858,9 @@ impl Weights {
                 (wtype, shape[0], shape[1], bytes)
             }
         };
-        Matrix::new(Arc::new(bytes), 0, wtype, rows, cols)
-            .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))
+        Ok(Matrix::new(Arc::new(bytes), 0, wtype, rows, cols)
+            .map_err(|e| PluginError::failed(format!("{name}: {}", e.message)))?
+            .with_origin(origin_of_read))
     }
 
     /// A tensor of any shape as f32 values (norm weights, biases).
@@ -990,14 +997,12 @@ impl Weights {
         if let Some(all) = cached {
             return Ok(all);
         }
-        let mut all = stack(name, g, start, wtype, dims)?;
-        for (e, m) in all.iter_mut().enumerate() {
-            m.packed = Arc::new(Packed {
-                cell: OnceLock::new(),
-                origin: Some(origin(e, false)),
-            });
-        }
-        Ok(all)
+        let all = stack(name, g, start, wtype, dims)?;
+        Ok(all
+            .into_iter()
+            .enumerate()
+            .map(|(e, m)| m.with_origin(Some(origin(e, false))))
+            .collect())
     }
 
     /// The matrices of a 3-D tensor by name, split along its outermost dimension: safetensors
