@@ -53,31 +53,26 @@ fn group_kernel(kd: u8, r: usize) -> Option<GroupKernel> {
     rows.get(r.checked_sub(1)?).copied()
 }
 
-/// 0x10 in the bytes of two 32-byte vectors whose bits are set in the 8 bytes at `at`
-/// (vector 0 takes the low 32 bits, vector 1 the high; byte `i`, bit `i`).
+/// Vector `g`'s fifth bits as 0x10 in its bytes, from one half of Q5_0's bit-sliced fifth-bit
+/// line (`qh`: bit `g` of each byte): the line shifted by `4 - g` in 16-bit lanes, which moves
+/// bit `g` of every byte to bit 4 of the same byte (no bit that lands on bit 4 crosses a byte
+/// for shifts of at most four left or three right).
 ///
 /// # Safety
-/// AVX2 is present; `at` points at 8 readable bytes.
+/// AVX2 is present; `g < 8`.
 #[inline(always)]
-unsafe fn fifth_bits(at: *const u8) -> [__m256i; 2] {
-    // One broadcast of the 8 bytes; every byte takes the mask byte that holds its bit, then
-    // tests that bit.
-    // SAFETY: 8 bytes at `at` (the caller's contract).
-    let all = _mm256_set1_epi64x(unsafe { (at as *const i64).read_unaligned() });
-    let spread_lo = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-    );
-    let spread_hi = _mm256_setr_epi8(
-        4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7,
-    );
-    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let sixteen = _mm256_set1_epi8(0x10);
-    let lo = _mm256_and_si256(_mm256_shuffle_epi8(all, spread_lo), select);
-    let hi = _mm256_and_si256(_mm256_shuffle_epi8(all, spread_hi), select);
-    [
-        _mm256_and_si256(_mm256_cmpeq_epi8(lo, select), sixteen),
-        _mm256_and_si256(_mm256_cmpeq_epi8(hi, select), sixteen),
-    ]
+unsafe fn fifth_bit(qh: __m256i, g: usize) -> __m256i {
+    let at4 = match g {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<3>(qh),
+        2 => _mm256_slli_epi16::<2>(qh),
+        3 => _mm256_slli_epi16::<1>(qh),
+        4 => qh,
+        5 => _mm256_srli_epi16::<1>(qh),
+        6 => _mm256_srli_epi16::<2>(qh),
+        _ => _mm256_srli_epi16::<3>(qh),
+    };
+    _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
 }
 
 /// Block `q`'s 16 weight vectors (`[vector][half]`, vector `g` holding columns
@@ -111,10 +106,11 @@ unsafe fn weights<const K: u8>(q: *const u8) -> [[__m256i; 2]; 8] {
                     }
                 }
                 if K == Q5 {
+                    let qh = [0, 1].map(|h| _mm256_loadu_si256(q.add(256 + 32 * h) as *const __m256i));
                     for (g, wg) in w.iter_mut().enumerate() {
-                        let [lo, hi] = fifth_bits(q.add(256 + 8 * g));
-                        wg[0] = _mm256_add_epi8(wg[0], lo);
-                        wg[1] = _mm256_add_epi8(wg[1], hi);
+                        for (v, &qh) in wg.iter_mut().zip(&qh) {
+                            *v = _mm256_add_epi8(*v, fifth_bit(qh, g));
+                        }
                     }
                 }
             }

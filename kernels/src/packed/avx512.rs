@@ -259,6 +259,16 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
     }
 }
 
+/// Vector `g`'s fifth bits as a mask (byte `i`: bit `g` of byte `i` of Q5_0's bit-sliced
+/// fifth-bit line `qh`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW.
+#[inline(always)]
+unsafe fn fifth_mask(qh: __m512i, g: usize) -> __mmask64 {
+    _mm512_test_epi8_mask(qh, _mm512_set1_epi8((1u8 << g) as i8))
+}
+
 /// Unpacks the `nb` blocks of quants of a Q4_0 or Q5_0 group (`kd`) into Q8_0's layout in
 /// `out` (512 bytes a block): the unsigned stored values as bytes, four columns of the 16
 /// rows per 64-byte line, exactly what [`kernel`] feeds `vpdpbusd` for those kinds.
@@ -280,9 +290,9 @@ pub(super) unsafe fn expand(kd: u8, quants: &[u8], nb: usize, out: &mut [u8]) {
                 let mut lo = _mm512_and_si512(x, m4);
                 let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
                 if kd == Q5 {
-                    let bits = |g: usize| (q.add(256 + 8 * g) as *const u64).read_unaligned();
-                    lo = _mm512_mask_add_epi8(lo, bits(l), lo, sixteen);
-                    hi = _mm512_mask_add_epi8(hi, bits(l + 4), hi, sixteen);
+                    let qh = _mm512_loadu_si512(q.add(256) as *const _);
+                    lo = _mm512_mask_add_epi8(lo, fifth_mask(qh, l), lo, sixteen);
+                    hi = _mm512_mask_add_epi8(hi, fifth_mask(qh, l + 4), hi, sixteen);
                 }
                 _mm512_storeu_si512(o.add(64 * l) as *mut _, lo);
                 _mm512_storeu_si512(o.add(64 * (l + 4)) as *mut _, hi);
@@ -364,9 +374,9 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
                         wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), m4);
                     }
                     if K == Q5 {
+                        let qh = _mm512_loadu_si512(q.add(256) as *const _);
                         for (g, v) in wv.iter_mut().enumerate() {
-                            let bits = (q.add(256 + 8 * g) as *const u64).read_unaligned();
-                            *v = _mm512_mask_add_epi8(*v, bits, *v, sixteen);
+                            *v = _mm512_mask_add_epi8(*v, fifth_mask(qh, g), *v, sixteen);
                         }
                     }
                     if K == MX {

@@ -129,6 +129,11 @@ fn kind(wtype: WeightType) -> Option<u8> {
 /// Bytes of one block's quants for 16 rows: Q8_0 8 lines, Q4_0 4 lines of nibbles, Q5_0 those
 /// and a line of fifth bits; Q4_K and Q6_K their whole super-blocks ([`K4_BYTES`],
 /// [`K6_BYTES`]: their groups have no separate scales).
+///
+/// Q5_0's fifth-bit line is bit-sliced: byte `4 lane + e` holds in bit `g` the fifth bit of
+/// column `4 g + e` of row `lane`, so vector `g`'s bits sit at bit `g` of the bytes they
+/// belong to. AVX-512 tests bit `g` into a mask; AVX2 shifts the line by `4 - g` and keeps
+/// 0x10, two instructions a vector (a mask of 64 bits per vector took AVX2 nine).
 const fn quant_bytes(k: u8) -> usize {
     match k {
         Q4 | MX => 256,
@@ -153,8 +158,8 @@ const fn offset(k: u8) -> i32 {
 /// The packed layout's version: bytes a [`PackedMatrix`] kept elsewhere (a pack's cache of its
 /// packed weights) are read back by [`PackedMatrix::from_packed_bytes`] only under the same
 /// version. Raise it whenever a kind's group layout changes. Both kernel sets read the one
-/// layout, so it does not depend on the set.
-pub const LAYOUT_VERSION: u32 = 1;
+/// layout, so it does not depend on the set. (2: Q5_0's fifth bits bit-sliced.)
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Bytes per 16-row group of `rows` × `k` matrix of kind `kd`, or None when the layout does not
 /// take that shape.
@@ -524,11 +529,12 @@ impl PackedMatrix {
                                 q[line * 64 + lane * 4..][..4].copy_from_slice(&qs[4 * line..4 * line + 4]);
                             }
                             if kd == Q5 {
-                                // Group g's mask: bit 4 lane + e is value 4 g + e's fifth bit.
+                                // Bit g of byte 4 lane + e: value 4 g + e's fifth bit.
                                 let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
                                 for grp in 0..8 {
-                                    q[256 + grp * 8 + lane / 2] |=
-                                        (((qh >> (4 * grp)) & 0xf) as u8) << (4 * (lane % 2));
+                                    for e in 0..4 {
+                                        q[256 + 4 * lane + e] |= (((qh >> (4 * grp + e)) & 1) as u8) << grp;
+                                    }
                                 }
                             }
                         }
@@ -779,8 +785,9 @@ impl PackedMatrix {
                         if kd == Q5 {
                             let mut qh = 0u32;
                             for grp in 0..8 {
-                                let nibble = (q[256 + grp * 8 + lane / 2] >> (4 * (lane % 2))) & 0xf;
-                                qh |= (nibble as u32) << (4 * grp);
+                                for e in 0..4 {
+                                    qh |= (((q[256 + 4 * lane + e] >> grp) & 1) as u32) << (4 * grp + e);
+                                }
                             }
                             x[2..6].copy_from_slice(&qh.to_le_bytes());
                         }
