@@ -34,7 +34,7 @@ fn group_kernel(kd: u8, r: usize) -> Option<GroupKernel> {
     let rows: &[GroupKernel] = match kd {
         Q4 => &[kernel::<Q4, 1>, kernel::<Q4, 2>, kernel::<Q4, 3>, kernel::<Q4, 4>],
         Q5 => &[kernel::<Q5, 1>, kernel::<Q5, 2>, kernel::<Q5, 3>, kernel::<Q5, 4>],
-        Q8 => &[kernel::<Q8, 1>, kernel::<Q8, 2>, kernel::<Q8, 3>, kernel::<Q8, 4>],
+        Q8 => &[kernel_q8::<1>, kernel_q8::<2>, kernel_q8::<3>, kernel_q8::<4>],
         U8 => &[kernel::<U8, 1>, kernel::<U8, 2>, kernel::<U8, 3>, kernel::<U8, 4>],
         K4 => &[
             kernel_q4_k::<1>,
@@ -76,7 +76,7 @@ unsafe fn fifth_bit(qh: __m256i, g: usize) -> __m256i {
 }
 
 /// Block `q`'s 16 weight vectors (`[vector][half]`, vector `g` holding columns
-/// `4 g .. 4 g + 4`): unsigned values for Q4_0/Q5_0/U8, signed bytes for Q8_0.
+/// `4 g .. 4 g + 4`): unsigned values for Q4_0/Q5_0/U8.
 ///
 /// # Safety
 /// AVX2 is present; `q` points at a block of `quant_bytes(K)` bytes.
@@ -86,12 +86,10 @@ unsafe fn weights<const K: u8>(q: *const u8) -> [[__m256i; 2]; 8] {
     // SAFETY: every load lies inside the block (the caller's contract).
     unsafe {
         match K {
-            Q8 | U8 => {
-                let flip = _mm256_set1_epi8(if K == Q8 { -128 } else { 0 });
+            U8 => {
                 for (g, wg) in w.iter_mut().enumerate() {
                     for (h, v) in wg.iter_mut().enumerate() {
-                        let x = _mm256_loadu_si256(q.add(64 * g + 32 * h) as *const __m256i);
-                        *v = _mm256_xor_si256(x, flip);
+                        *v = _mm256_loadu_si256(q.add(64 * g + 32 * h) as *const __m256i);
                     }
                 }
             }
@@ -146,8 +144,8 @@ pub(super) unsafe fn expand(kd: u8, quants: &[u8], nb: usize, out: &mut [u8]) {
     }
 }
 
-/// One 16-row group of kind `K` (Q4_0, Q5_0, Q8_0 or [`U8`]) against `R ≤ 4` activation
-/// rows, as [`super::avx512`]'s kernel of the kind.
+/// One 16-row group of kind `K` (Q4_0, Q5_0 or [`U8`]; Q8_0 has [`kernel_q8`]) against
+/// `R ≤ 4` activation rows, as [`super::avx512`]'s kernel of the kind.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
     let GroupArgs {
@@ -180,51 +178,109 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
             ];
             (dx, weights::<K>(q))
         };
-        // Q8_0: |w| once for every activation row.
-        let mut mag = w;
-        if K == Q8 {
-            for mg in mag.iter_mut() {
-                for v in mg.iter_mut() {
-                    *v = _mm256_abs_epi8(*v);
-                }
-            }
-        }
         for j in 0..R {
             // SAFETY: block b < nb of activation row j < R (asserted by the caller).
             let y = unsafe { ap.add(j * rb + b * Q8_0_BYTES + 2) };
             let mut s = [_mm256_setzero_si256(); 2];
-            if K == Q8 {
-                for (g, (wg, mg)) in w.iter().zip(&mag).enumerate() {
+            // Unsigned values of at most 31: four vectors' pair sums (each at most
+            // 2 · 31 · 128) add up in 16 bits before widening.
+            for (q, wq) in w.chunks_exact(4).enumerate() {
+                let mut t = [_mm256_setzero_si256(); 2];
+                for (g, wg) in wq.iter().enumerate() {
                     // SAFETY: four bytes of the block's 32 quants.
-                    let a = _mm256_set1_epi32(unsafe { (y.add(4 * g) as *const i32).read_unaligned() });
+                    let a = unsafe { (y.add(16 * q + 4 * g) as *const i32).read_unaligned() };
+                    let a = _mm256_set1_epi32(a);
                     for h in 0..2 {
-                        let p = _mm256_maddubs_epi16(mg[h], _mm256_sign_epi8(a, wg[h]));
-                        s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
+                        t[h] = _mm256_add_epi16(t[h], _mm256_maddubs_epi16(wg[h], a));
                     }
                 }
-            } else {
-                // Unsigned values of at most 31: four vectors' pair sums (each at most
-                // 2 · 31 · 128) add up in 16 bits before widening.
-                for (q, wq) in w.chunks_exact(4).enumerate() {
-                    let mut t = [_mm256_setzero_si256(); 2];
-                    for (g, wg) in wq.iter().enumerate() {
-                        // SAFETY: four bytes of the block's 32 quants.
-                        let a = unsafe { (y.add(16 * q + 4 * g) as *const i32).read_unaligned() };
-                        let a = _mm256_set1_epi32(a);
-                        for h in 0..2 {
-                            t[h] = _mm256_add_epi16(t[h], _mm256_maddubs_epi16(wg[h], a));
-                        }
-                    }
-                    for h in 0..2 {
-                        s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(t[h], ones));
-                    }
+                for h in 0..2 {
+                    s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(t[h], ones));
                 }
             }
-            let c = _mm256_set1_epi32(if K == Q8 { 0 } else { cor[j * nb + b] });
+            let c = _mm256_set1_epi32(cor[j * nb + b]);
             let d = _mm256_set1_ps(dy[j * nb + b]);
             for h in 0..2 {
                 let sh = _mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], c));
                 acc[j][h] = _mm256_fmadd_ps(_mm256_mul_ps(dx[h], d), sh, acc[j][h]);
+            }
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        // SAFETY: out[j] holds 16 floats.
+        unsafe {
+            _mm256_storeu_ps(out[j].as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(out[j].as_mut_ptr().add(8), a[1]);
+        }
+    }
+}
+
+/// One 16-row Q8_0 group against `R ≤ 4` activation rows, as [`super::avx512`]'s kernel of
+/// the kind (what [`kernel`] computes for `Q8`, in another order of the same integer sums).
+///
+/// A line (two vectors and their magnitudes) at a time, used for every activation row before
+/// the next line is loaded, its loads kept beside its arithmetic by an empty `asm!` (a
+/// compiler barrier). With a block's sixteen loads hoisted to its start, as the compiler
+/// schedules them otherwise (and as [`kernel`] writes them), one thread streamed a matrix far
+/// larger than the caches at 15-21 GB/s; so, at 30-32 (`kernels/examples/headbench`,
+/// 131072-151936 rows × 896-1024, the read probe at 27-30), in cache at 43-49 either way.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
+    let GroupArgs {
+        group,
+        scale_bytes,
+        nb,
+        acts,
+        rb,
+        dy,
+        prefetch,
+        ..
+    } = *args;
+    let qb = quant_bytes(Q8);
+    let base = group.as_ptr();
+    let ap = acts.as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    let flip = _mm256_set1_epi8(-128);
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for b in 0..nb {
+        // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
+        let (dx, q) = unsafe {
+            let p = prefetch.at.wrapping_add(b * prefetch.step);
+            for l in (0..prefetch.step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
+            }
+            let s = base.add(b * 32);
+            let dx = [
+                _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(s.add(16) as *const __m128i)),
+            ];
+            (dx, base.add(scale_bytes + b * qb))
+        };
+        let mut s = [[_mm256_setzero_si256(); 2]; R];
+        for g in 0..8 {
+            // SAFETY: an empty instruction sequence; it only keeps the compiler from moving
+            // memory accesses across it.
+            unsafe { std::arch::asm!("", options(nostack, preserves_flags)) };
+            // SAFETY: the two halves of line g of block b (asserted by the caller).
+            let w = [0, 1].map(|h| unsafe {
+                _mm256_xor_si256(_mm256_loadu_si256(q.add(64 * g + 32 * h) as *const __m256i), flip)
+            });
+            let mag = w.map(|v| _mm256_abs_epi8(v));
+            for (j, sj) in s.iter_mut().enumerate() {
+                // SAFETY: four of the 32 quants of block b < nb of activation row j < R
+                // (asserted by the caller).
+                let a = unsafe { (ap.add(j * rb + b * Q8_0_BYTES + 2 + 4 * g) as *const i32).read_unaligned() };
+                let a = _mm256_set1_epi32(a);
+                for h in 0..2 {
+                    let p = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(a, w[h]));
+                    sj[h] = _mm256_add_epi32(sj[h], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        for (j, (aj, sj)) in acc.iter_mut().zip(&s).enumerate() {
+            let d = _mm256_set1_ps(dy[j * nb + b]);
+            for h in 0..2 {
+                aj[h] = _mm256_fmadd_ps(_mm256_mul_ps(dx[h], d), _mm256_cvtepi32_ps(sj[h]), aj[h]);
             }
         }
     }
