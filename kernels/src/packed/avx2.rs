@@ -216,14 +216,15 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
 }
 
 /// One 16-row Q8_0 group against `R ≤ 4` activation rows, as [`super::avx512`]'s kernel of
-/// the kind (what [`kernel`] computes for `Q8`, in another order of the same integer sums).
+/// the kind (the same integer sums, added in another order).
 ///
 /// A line (two vectors and their magnitudes) at a time, used for every activation row before
 /// the next line is loaded, its loads kept beside its arithmetic by an empty `asm!` (a
 /// compiler barrier). With a block's sixteen loads hoisted to its start, as the compiler
-/// schedules them otherwise (and as [`kernel`] writes them), one thread streamed a matrix far
-/// larger than the caches at 15-21 GB/s; so, at 30-32 (`kernels/examples/headbench`,
-/// 131072-151936 rows × 896-1024, the read probe at 27-30), in cache at 43-49 either way.
+/// schedules them otherwise, one thread streamed a matrix far larger than the caches at
+/// 15-21 GB/s; so, at 30-32 (`kernels/examples/headbench`, 131072-151936 rows × 896-1024, the
+/// read probe at 27-30), in cache at 43-49 either way. (A Q8_0 group is never unpacked, so
+/// there is no next group to prefetch meanwhile.)
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
     let GroupArgs {
@@ -233,7 +234,6 @@ unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS
         acts,
         rb,
         dy,
-        prefetch,
         ..
     } = *args;
     let qb = quant_bytes(Q8);
@@ -243,12 +243,8 @@ unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS
     let flip = _mm256_set1_epi8(-128);
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     for b in 0..nb {
-        // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
+        // SAFETY: block b < nb of the group (asserted by the caller).
         let (dx, q) = unsafe {
-            let p = prefetch.at.wrapping_add(b * prefetch.step);
-            for l in (0..prefetch.step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
-            }
             let s = base.add(b * 32);
             let dx = [
                 _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)),
@@ -269,7 +265,8 @@ unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS
             for (j, sj) in s.iter_mut().enumerate() {
                 // SAFETY: four of the 32 quants of block b < nb of activation row j < R
                 // (asserted by the caller).
-                let a = unsafe { (ap.add(j * rb + b * Q8_0_BYTES + 2 + 4 * g) as *const i32).read_unaligned() };
+                let a =
+                    unsafe { (ap.add(j * rb + b * Q8_0_BYTES + 2 + 4 * g) as *const i32).read_unaligned() };
                 let a = _mm256_set1_epi32(a);
                 for h in 0..2 {
                     let p = _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(a, w[h]));
