@@ -130,13 +130,20 @@ pub(crate) fn lfm2(out: &mut Out, text: &str, mut pos: usize) {
 }
 
 /// LFM2 often repeats the call list after `<|tool_call_end|>`, capped by a second end marker:
-/// drop it. `None` while a possible echo (text opening with `[`) is still unresolved.
+/// drop it, up to the last end marker before the next call list (or the end of the output).
+/// `None` while a possible echo (text opening with `[`) is still unresolved, which a partial
+/// output stays until a next call list starts: a later end marker would take the echo further,
+/// and with it text an earlier partial parse had given as content.
 pub(crate) fn strip_echo(text: &str, from: usize, partial: bool) -> Option<usize> {
     let rest = &text[from..];
     if !rest.trim_start().starts_with('[') {
         return Some(from);
     }
-    let limit = rest.find(L_START).unwrap_or(rest.len());
+    let next = rest.find(L_START);
+    if partial && next.is_none() {
+        return None;
+    }
+    let limit = next.unwrap_or(rest.len());
     match rest[..limit].rfind(L_END) {
         Some(e) => Some(from + e + L_END.len()),
         None if partial => None,
@@ -316,5 +323,25 @@ mod tests {
             run(Lfm2Pythonic, S::Content, out, true),
             msg(Some("plan"), Some("Ok"), &[])
         );
+    }
+
+    #[test]
+    fn text_after_an_echo_waits_for_the_next_call_list_or_the_end() {
+        // The echo reaches the last end marker: "z" is part of it once the third marker comes,
+        // so a partial parse must not give it as content before (the chat_parse_stream fuzzer
+        // found content that shrank here).
+        let t = crate::testutil::tools();
+        let content = |text: &str, partial: bool| {
+            crate::parse::parse(Lfm2Pythonic, S::Content, text, Some(&t[..]), partial).content
+        };
+        let start = "k <|tool_call_start|>[<|tool_call_end|>[<|tool_call_end|>z";
+        assert_eq!(content(start, true).as_deref(), Some("k"));
+        let whole = format!("{start}<|tool_call_end|>");
+        assert_eq!(content(&whole, true).as_deref(), Some("k"));
+        assert_eq!(content(&whole, false).as_deref(), Some("k"));
+        // A next call list settles where the echo ends.
+        let next = format!("{start}<|tool_call_start|>[get_time(tz='CET')]<|tool_call_end|>");
+        assert_eq!(content(&next, true).as_deref(), Some("k z"));
+        assert_eq!(content(&next, false).as_deref(), Some("k z"));
     }
 }
