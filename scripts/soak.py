@@ -1,34 +1,43 @@
 """Soak test of a Berth server: many clients, every API, for a long time; nothing lost, nothing leaks.
 
 Run by `scripts/load-test --soak` (which starts `berth serve` on the real Qwen2.5-Coder 0.5B pack
-and passes its pid). Three phases:
+and, beside it, the tiny random-weight LFM2-VL pack of scripts/lib/tiny_vision_pack.py, and passes
+the server's pid and the vision pack's name). Three phases:
 
-1. Reference: every distinct greedy request of the mix (REQUESTS, 25 of them) is sent once, alone,
-   and its answer reduced to a canonical form (text, tool calls with their arguments, finish
-   reason, logprob tokens, each choice of n > 1).
+1. Reference: every distinct greedy request of the mix (REQUESTS, 25 of them, and with a vision
+   pack the 3 of vision_requests) is sent once, alone, and its answer reduced to a canonical form
+   (text, tool calls with their arguments, finish reason, logprob tokens, each choice of n > 1).
 2. Load: CLIENTS asyncio clients (httpx) loop over the mix for DURATION seconds: streamed and
    non-streamed chat, tool calls (`tool_choice` auto and required), `json_schema`, n > 1,
    logprobs, the Responses, Anthropic Messages and Ollama chat routes, sampled requests, streams
    the client closes after a few chunks (cancellations) and requests that must be refused (4xx).
+   With --vision-model, images too: OpenAI chat with a PNG as a base64 data URL (streamed and
+   not), Ollama chat with a JPEG in `images`, and a corrupt PNG that both routes must refuse.
    Every greedy answer must equal its reference; every other request must succeed.
 3. Drain: in-flight requests finish; then the server must come back to rest (no queued or active
    sequences, open fds back to where they were).
 
 A sampler reads the server's RSS and RssAnon, threads (/proc/PID/status), open fds (/proc/PID/fd)
-and queue depth / active sequences / KV-cache use (/metrics) every --sample-interval seconds into
-OUT.csv, plots them to OUT.png and writes OUT.json and OUT.md. The musts (exit 1 if any fails):
-0 errors, 0 mismatched greedy answers, every refused request a 4xx, no 5xx in the server's own
-counters, RSS growth after warm-up < 5 % (the median RSS over the last minute of the load against
-the median over the first minute after the warm-up; peaks and the RSS at rest are reported beside
-it), the queue drained and open fds back within 8 of their count before the load.
+and queue depth / active sequences / KV-cache use / loaded models (/metrics) every
+--sample-interval seconds into OUT.csv, plots them to OUT.png and writes OUT.json and OUT.md. The
+musts (exit 1 if any fails): 0 errors, 0 mismatched greedy answers, every refused request a 4xx,
+no 5xx in the server's own counters, RSS growth after warm-up < 5 % (the median RSS over the last
+minute of the load against the median over the first minute after the warm-up; peaks and the RSS
+at rest are reported beside it), the queue drained, open fds back within 8 of their count before
+the load, and with a vision pack both packs loaded in every sample from the start of the load to
+its drain (/metrics' berth_loaded_models >= 2): the image requests must not evict the pack the
+rest of the mix needs.
 
-No vision pack is loaded by scripts/load-test, so no image requests are sent (the report says so).
+Without --vision-model no image requests are sent; the report says so and why (--no-vision: the
+tiny pack could not be built, or the server is not the one scripts/load-test started).
 
 Usage: soak.py --url BASE_URL --pid PID --out PREFIX [--clients 256] [--duration 600]
-               [--warmup 60] [--sample-interval 3] [--model M] [--settings TEXT]
+               [--warmup 60] [--sample-interval 3] [--settings TEXT]
+               [--vision-model NAME | --no-vision WHY]
 """
 import argparse
 import asyncio
+import base64
 import csv
 import json
 import math
@@ -65,9 +74,9 @@ def user(text):
     return [{"role": "user", "content": text}]
 
 
-def chat(prompt, stream, max_tokens=32, **extra):
-    """A greedy /v1/chat/completions body."""
-    body = {"model": MODEL, "messages": user(prompt), "temperature": 0, "max_tokens": max_tokens, "stream": stream}
+def chat(prompt, stream, max_tokens=32, model=MODEL, **extra):
+    """A greedy /v1/chat/completions body (prompt: text, or content parts)."""
+    body = {"model": model, "messages": user(prompt), "temperature": 0, "max_tokens": max_tokens, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     body.update(extra)
@@ -175,15 +184,61 @@ REFUSED = [
     req("refused", "/api/chat", {"model": "no-such-model:1b", "messages": user("hi")}, "ollama", False, False, "4xx"),
 ]
 
-# The order each client cycles through (client k starts at position k): cancellations and refusals
-# are spread among the greedy requests.
-SCHEDULE = []
-for _i, _r in enumerate(REQUESTS):
-    SCHEDULE.append(_r)
-    if _i % 3 == 0:
-        SCHEDULE.append(OTHER[(_i // 3) % len(OTHER)])
-    if _i % 2 == 0:
-        SCHEDULE.append(REFUSED[(_i // 2) % len(REFUSED)])
+IMAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "images")
+# The images sent (tests/fixtures/images): 64x48, a few kB, so that the requests measure serving,
+# not decoding; and one whose bytes are not an image.
+IMAGE_PNG, IMAGE_JPG, IMAGE_CORRUPT = "fmt.png", "fmt.jpg", "corrupt.png"
+
+
+def image_b64(name):
+    """A fixture image's bytes in base64."""
+    with open(os.path.join(IMAGES, name), "rb") as f:
+        return base64.b64encode(f.read()).decode()
+
+
+def image_parts(name, text):
+    """OpenAI content parts: the image as a data URL, then the text (as Ollama orders them)."""
+    url = f"data:image/png;base64,{image_b64(name)}"
+    return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+
+
+def vision_requests(model):
+    """The image requests for the vision pack `model`: (greedy, refused). Its random weights answer
+    gibberish, but greedily and the same whatever else the batch holds, so the answers are
+    compared like the others'; 16 tokens keep the pack's share of the load small."""
+    def ollama(image):
+        return {"model": model, "stream": False, "options": {"temperature": 0, "num_predict": 16},
+                "messages": [{"role": "user", "content": "Describe this photo.", "images": [image_b64(image)]}]}
+
+    greedy = [
+        req("image_chat", "/v1/chat/completions",
+            chat(image_parts(IMAGE_PNG, "What is in this picture?"), False, 16, model), "openai", False),
+        req("image_chat_stream", "/v1/chat/completions",
+            chat(image_parts(IMAGE_PNG, "Describe the colours of this image."), True, 16, model), "openai", True),
+        req("image_ollama_chat", "/api/chat", ollama(IMAGE_JPG), "ollama", False),
+    ]
+    refused = [
+        req("image_refused", "/v1/chat/completions",
+            chat(image_parts(IMAGE_CORRUPT, "What is in this picture?"), False, 16, model), "openai", False, False, "4xx"),
+        req("image_refused", "/api/chat", ollama(IMAGE_CORRUPT), "ollama", False, False, "4xx"),
+    ]
+    return greedy, refused
+
+
+def schedule(images):
+    """The order each client cycles through (the clients start spread evenly over it):
+    cancellations, refusals and the image requests (`images`, in turn) are spread among the greedy
+    requests."""
+    out = []
+    for i, r in enumerate(REQUESTS):
+        out.append(r)
+        if i % 3 == 0:
+            out.append(OTHER[(i // 3) % len(OTHER)])
+        if i % 3 == 1 and images:
+            out.append(images[(i // 3) % len(images)])
+        if i % 2 == 0:
+            out.append(REFUSED[(i // 2) % len(REFUSED)])
+    return out
 
 
 def error_shape_ok(api, data):
@@ -387,6 +442,8 @@ def label(r):
     if isinstance(b, bytes):
         return f"{r['kind']} {r['path']} (raw body)"
     text = b.get("input") or (b.get("messages") or [{}])[0].get("content")
+    if isinstance(text, list):  # content parts: their text, not an image's base64
+        text = " ".join(p.get("text", f"[{p['type']}]") for p in text)
     return f"{r['kind']} {r['path']} stream={r['stream']} {str(text)[:48]!r}"
 
 
@@ -440,6 +497,13 @@ class Soak:
 
     def __init__(self, args):
         self.args = args
+        self.requests, self.refused, images = list(REQUESTS), list(REFUSED), []
+        if args.vision_model:
+            greedy, refused = vision_requests(args.vision_model)
+            self.requests += greedy
+            self.refused += refused
+            images = greedy + refused
+        self.schedule = schedule(images)
         self.refs = {}
         self.samples = []
         self.phase = "reference"
@@ -465,6 +529,7 @@ class Soak:
         row["active_sequences"] = m.get("berth_active_sequences", 0)
         row["kv_cache_usage"] = round(m.get("berth_kv_cache_usage_ratio", 0), 4)
         row["generated_tokens"] = m.get("berth_generated_tokens_total", 0)
+        row["loaded_models"] = m.get("berth_loaded_models", 0)
         row["client_in_flight"] = self.in_flight
         self.samples.append(row)
         return row
@@ -525,10 +590,11 @@ class Soak:
         self.record(r, answer, tokens, refused, err)
 
     async def client_loop(self, client, k, deadline):
-        """Client k: the schedule from position k, until the deadline."""
-        i = k
+        """Client k: the schedule from its k-th share, until the deadline (so that a short run with
+        fewer clients than the schedule has requests still sends every kind)."""
+        i = k * len(self.schedule) // self.args.clients
         while time.monotonic() < deadline:
-            await self.one(client, SCHEDULE[i % len(SCHEDULE)])
+            await self.one(client, self.schedule[i % len(self.schedule)])
             i += 1
 
     async def run(self):
@@ -541,12 +607,12 @@ class Soak:
             sampler = asyncio.create_task(self.sampler(probe, stop))
             m0 = await self.metrics(probe)
             async with httpx.AsyncClient(base_url=a.url, timeout=timeout, limits=limits) as client:
-                # 1. References, one request at a time (this also loads the model).
-                for r in REQUESTS:
+                # 1. References, one request at a time (this also loads the models).
+                for r in self.requests:
                     answer, _, _ = await send(client, r)
                     self.refs[id(r)] = answer
-                print(f"soak: {len(REQUESTS)} reference answers taken alone", file=sys.stderr)
-                for r in REFUSED:
+                print(f"soak: {len(self.requests)} reference answers taken alone", file=sys.stderr)
+                for r in self.refused:
                     await self.one(client, r)
 
                 # 2. Load, then the requests in flight at the deadline finish (drain).
@@ -582,6 +648,16 @@ class Soak:
             await sampler
         return self.report(before, row, m0, m1, load_start, load_s)
 
+    def vision(self):
+        """The report's line on images: the pack and the image requests sent, or why none were."""
+        a = self.args
+        if not a.vision_model:
+            return f"not exercised: {a.no_vision}"
+        kinds = {k: v["requests"] for k, v in sorted(self.by_kind.items()) if k.startswith("image_")}
+        return (f"{sum(kinds.values())} image requests to {a.vision_model}, loaded beside {MODEL} ({IMAGE_PNG} "
+                f"as a data URL, {IMAGE_JPG} as Ollama images, {IMAGE_CORRUPT} to be refused): "
+                + ", ".join(f"{k} {n}" for k, n in kinds.items()))
+
     def report(self, before, after, m0, m1, load_start, load_s):
         """The report (dict) with its musts."""
         a = self.args
@@ -593,7 +669,7 @@ class Soak:
             "clients": a.clients, "duration_s": a.duration, "load_s": round(load_s, 1), "warmup_s": a.warmup,
             "settings": a.settings, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load average "
             + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the end",
-            "distinct_greedy_requests": len(REQUESTS), "vision": "not exercised: no vision pack loaded",
+            "distinct_greedy_requests": len(self.requests), "vision": self.vision(),
             "totals": self.totals, "by_kind": self.by_kind,
             "server_generated_tokens": m1.get("berth_generated_tokens_total", 0) - m0.get("berth_generated_tokens_total", 0),
             "server_5xx": server_5xx(m1) - server_5xx(m0),
@@ -611,6 +687,11 @@ class Soak:
             "queue and active sequences back to 0 after the load": after["queue_depth"] == 0 and after["active_sequences"] == 0,
             "no sampler failures": not any(p.startswith("sampler") for p in self.problems),
         }
+        if a.vision_model:
+            # The mix needs both packs: neither may evict the other (or expire) while it runs.
+            loaded = min((s["loaded_models"] for s in under_load), default=before["loaded_models"])
+            rep["min_loaded_models_under_load"] = loaded
+            musts["both packs loaded in every sample under load"] = loaded >= 2
         if a.pid:
             # Growth is the change of the RSS level (the median over a minute, so that one
             # sample caught on a transient peak does not decide it) from the first minute after the
@@ -650,7 +731,7 @@ def write_outputs(soak, rep, prefix):
     """OUT.csv, OUT.png, OUT.json and OUT.md."""
     rows = soak.samples
     cols = ["t", "phase", "rss_mb", "rss_anon_mb", "fds", "threads", "queue_depth", "active_sequences",
-            "kv_cache_usage", "generated_tokens", "client_in_flight"]
+            "kv_cache_usage", "generated_tokens", "loaded_models", "client_in_flight"]
     with open(prefix + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[c for c in cols if c in rows[0]], extrasaction="ignore")
         w.writeheader()
@@ -764,6 +845,8 @@ def main():
     ap.add_argument("--sample-interval", type=float, default=3)
     ap.add_argument("--request-timeout", type=float, default=900)
     ap.add_argument("--settings", default="(not given)")
+    ap.add_argument("--vision-model", help="a vision pack the server holds: image requests join the mix")
+    ap.add_argument("--no-vision", default="no vision pack loaded", help="why there is no --vision-model (the report)")
     args = ap.parse_args()
     if args.warmup is None:
         args.warmup = min(60.0, args.duration / 10)

@@ -6,13 +6,15 @@
 //! placeholder; the same image bytes again reusing the prefix past the image, other bytes not; a
 //! corrupt image a 400 after which the server keeps serving.
 //!
-//! Tokenizers: derived here from the committed 512-token tiny tokenizer
-//! (`tests/fixtures/tiny-packs/tokenizer.json`, scripts/gen-tiny-tokenizer): the last merges give
-//! their ids to the vision markers the host inserts (so every marker is one token and the
-//! vocabulary stays exactly 512), then the image token swaps ids with whatever holds the config's
-//! `image_token_id`. Templates: no LFM2-VL or MiniCPM-V 4.6 chat template is available, so each
-//! pack gets its backbone's real one (LFM2's `lfm2.jinja`, Qwen3.5's `qwen3_5.jinja`); the host
-//! turns image parts into text before rendering, so any text template carries them.
+//! The packs are made and imported by scripts/lib/tiny_vision_pack.py, which the soak
+//! (scripts/load-test --soak) uses too. Tokenizers: derived from the committed 512-token tiny
+//! tokenizer (`tests/fixtures/tiny-packs/tokenizer.json`, scripts/gen-tiny-tokenizer): the last
+//! merges give their ids to the vision markers the host inserts (so every marker is one token and
+//! the vocabulary stays exactly 512), then the image token swaps ids with whatever holds the
+//! config's `image_token_id`; checked here against the markers and placeholder the host builds.
+//! Templates: no LFM2-VL or MiniCPM-V 4.6 chat template is available, so each pack gets its
+//! backbone's real one (LFM2's `lfm2.jinja`, Qwen3.5's `qwen3_5.jinja`); the host turns image parts
+//! into text before rendering, so any text template carries them.
 //!
 //! Random weights answer gibberish: only status, structure, usage and equalities are asserted.
 
@@ -42,10 +44,8 @@ const TEXT: &str = "What is this? Please describe the picture in one sentence, t
 
 /// One tiny vision model made into a pack.
 struct TinyVision {
-    /// Directory under `reference-tiny-vision/`.
+    /// Directory under `reference-tiny-vision/` (the model scripts/lib/tiny_vision_pack.py takes).
     model: &'static str,
-    /// Chat template in `tests/fixtures/tiny-packs/`.
-    template: &'static str,
     /// The workspace plugin serving it (`libberth_<plugin>.so`).
     plugin: &'static str,
     /// Pack name given to `berth import --name`.
@@ -58,7 +58,6 @@ struct TinyVision {
 
 const LFM2_VL: TinyVision = TinyVision {
     model: "lfm2_vl",
-    template: "lfm2.jinja",
     plugin: "lfm2",
     name: "tiny-lfm2-vl:test",
     architecture: "lfm2_vl",
@@ -67,7 +66,6 @@ const LFM2_VL: TinyVision = TinyVision {
 
 const MINICPMV4_6: TinyVision = TinyVision {
     model: "minicpmv4_6",
-    template: "qwen3_5.jinja",
     plugin: "minicpm_v",
     name: "tiny-minicpm-v4.6:test",
     architecture: "minicpmv4_6",
@@ -153,64 +151,6 @@ impl TinyVision {
     }
 }
 
-/// The committed tiny tokenizer with `markers` (and the image token) made single tokens and the
-/// image token at `image_id`; still exactly 512 ids.
-fn vision_tokenizer(image_token: &str, image_id: u32, markers: &[String]) -> Value {
-    let path = repo_root().join("tests/fixtures/tiny-packs/tokenizer.json");
-    let mut tj: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    let mut new: Vec<String> = Vec::new();
-    for m in std::iter::once(image_token.to_string()).chain(markers.iter().cloned()) {
-        if tj["model"]["vocab"].get(&m).is_none() && !new.contains(&m) {
-            new.push(m);
-        }
-    }
-    let size = tj["model"]["vocab"].as_object().unwrap().len();
-    assert_eq!(size, 512);
-    // The last merges (nothing merges their results further) give up their ids.
-    let merges = tj["model"]["merges"].as_array_mut().unwrap();
-    let dropped: Vec<Value> = merges.split_off(merges.len() - new.len());
-    let vocab = tj["model"]["vocab"].as_object_mut().unwrap();
-    for (k, pair) in dropped.iter().enumerate() {
-        let joined = format!("{}{}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap());
-        let id = vocab.remove(&joined).unwrap().as_u64().unwrap() as usize;
-        assert_eq!(
-            id,
-            size - new.len() + k,
-            "merge {joined} is not among the last ids"
-        );
-    }
-    let mut added_tokens = tj["added_tokens"].take();
-    let vocab = tj["model"]["vocab"].as_object_mut().unwrap();
-    let added = added_tokens.as_array_mut().unwrap();
-    for (k, m) in new.iter().enumerate() {
-        let id = size - new.len() + k;
-        vocab.insert(m.clone(), json!(id));
-        added.push(
-            json!({"id": id, "content": m, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}),
-        );
-    }
-    // The image token swaps ids with the token at `image_id`.
-    let from = vocab[image_token].as_u64().unwrap();
-    let other = vocab
-        .iter()
-        .find(|(_, v)| v.as_u64() == Some(u64::from(image_id)))
-        .map(|(k, _)| k.clone())
-        .unwrap();
-    vocab.insert(other.clone(), json!(from));
-    vocab.insert(image_token.to_string(), json!(image_id));
-    for a in added.iter_mut() {
-        if a["content"] == image_token {
-            a["id"] = json!(image_id);
-        } else if a["content"] == other.as_str() {
-            a["id"] = json!(from);
-        }
-    }
-    added.sort_by_key(|a| a["id"].as_u64());
-    tj["added_tokens"] = added_tokens;
-    tj
-}
-
 /// A Berth home holding one imported tiny vision pack, with its plugin in a directory of its own.
 struct Home {
     tmp: tempfile::TempDir,
@@ -232,27 +172,24 @@ impl Home {
             "--dir",
             home.plugin_dir().to_str().unwrap(),
         ]);
-        let src = home.path().join("src").join(tiny.model);
-        std::fs::create_dir_all(&src).unwrap();
-        for f in ["config.json", "generation_config.json", "model.safetensors"] {
-            std::fs::copy(tiny.reference().join(f), src.join(f)).unwrap();
-        }
-        let tok = vision_tokenizer(tiny.image_token, tiny.image_token_id(), &tiny.markers());
-        std::fs::write(src.join("tokenizer.json"), tok.to_string()).unwrap();
-        std::fs::copy(
-            repo_root().join("tests/fixtures/tiny-packs/tokenizer_config.json"),
-            src.join("tokenizer_config.json"),
-        )
-        .unwrap();
-        let template = repo_root().join("tests/fixtures/tiny-packs").join(tiny.template);
-        home.ok(&[
-            "import",
-            src.to_str().unwrap(),
-            "--name",
-            tiny.name,
-            "--template",
-            template.to_str().unwrap(),
-        ]);
+        // The pack's source stays in `src/` for the tokenizer checks.
+        let out = Command::new(client_python())
+            .arg(repo_root().join("scripts/lib/tiny_vision_pack.py"))
+            .args([tiny.model, tiny.name, "--berth"])
+            .arg(berth_exe())
+            .arg("--src")
+            .arg(home.path().join("src").join(tiny.model))
+            .env("BERTH_HOME", home.path())
+            .env("BERTH_PLUGIN_PATH", home.plugin_dir())
+            .output()
+            .expect("python runs");
+        assert!(
+            out.status.success(),
+            "tiny_vision_pack.py {} failed ({}): {}",
+            tiny.model,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         let show = home.ok(&["show", tiny.name, "--json"]);
         assert!(
             show.contains(&format!("\"architecture\":\"{}\"", tiny.architecture))

@@ -68,6 +68,21 @@ start_berth_pack() {
   return 1
 }
 
+# import_tiny_vision NAME: the tiny random-weight LFM2-VL (../shared/fixtures/reference-tiny-vision/
+# lfm2_vl) made into a pack by scripts/lib/tiny_vision_pack.py and imported as NAME into the
+# temporary home, with target/release/libberth_lfm2.so installed there: a server started afterwards
+# serves it beside the other packs (scripts/load-test --soak sends it images). Returns 1, with why
+# on stderr, when the binary, the plugin or the fixtures are missing.
+import_tiny_vision() {
+  local berth="$root/target/release/berth" plugin="$root/target/release/libberth_lfm2.so" f
+  for f in "$berth" "$plugin"; do
+    [ -e "$f" ] || { echo "$f missing (cargo build --release -p berth -p berth-plugin-lfm2)" >&2; return 1; }
+  done
+  real_tmp_home
+  BERTH_HOME="$real_home" python3 "$root/scripts/lib/tiny_vision_pack.py" lfm2_vl "$1" --berth "$berth" || return 1
+  BERTH_HOME="$real_home" "$berth" plugins install "$plugin" >/dev/null || return 1
+}
+
 # The bin directory of the native llama.cpp build (never the -avx2 one scripts/bench -k avx2 uses).
 llamacpp_native_bin() {
   ls -d "${BERTH_CACHE:-$HOME/.cache/berth}"/llamacpp/build-*/bin | grep -v -- -avx2 | tail -1
