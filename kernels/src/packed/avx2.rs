@@ -444,11 +444,14 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
                 }
                 if R == 1 {
                     // One row streams the matrix: a lane at a time, its lines in sequence as
-                    // stored, each vector widened and scaled alone (pairing lanes as below
-                    // read a streamed matrix at 18-20 GB/s, this order at 24).
+                    // stored, each vector widened and scaled alone.
                     for (u, &dup_u) in dup.iter().enumerate() {
                         let sc: [__m256i; 8] = std::array::from_fn(|j| _mm256_shuffle_epi8(pair(j), dup_u));
                         for l in 4 * u..4 * u + 4 {
+                            // The lane's own sum first: one chain of 64 additions per half
+                            // held back the loads of the lines ahead (a streamed matrix read at
+                            // 19-21 GB/s, at 24 with a chain per lane).
+                            let mut sl = _mm256_setzero_si256();
                             for hj in 0..2 {
                                 let line = |m: usize| {
                                     let at = 64 * (6 * l + 3 * hj + m) + 32 * h;
@@ -460,9 +463,10 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
                                     let y = acts.as_ptr().add(b * Q8_K_BYTES + 4 + 32 * j + 4 * l);
                                     let y = _mm256_set1_epi32((y as *const i32).read_unaligned());
                                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), sc[j]);
-                                    s[0] = _mm256_add_epi32(s[0], p);
+                                    sl = _mm256_add_epi32(sl, p);
                                 }
                             }
+                            s[0] = _mm256_add_epi32(s[0], sl);
                         }
                     }
                 } else {
