@@ -449,8 +449,9 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
                         let sc: [__m256i; 8] = std::array::from_fn(|j| _mm256_shuffle_epi8(pair(j), dup_u));
                         for l in 4 * u..4 * u + 4 {
                             // The lane's own sum first: one chain of 64 additions per half
-                            // held back the loads of the lines ahead (a streamed matrix read at
-                            // 19-21 GB/s, at 24 with a chain per lane).
+                            // held back the loads of the lines ahead (one thread streamed a
+                            // matrix at 23 GB/s, at 26 with a chain per lane; headbench
+                            // 131072x1024).
                             let mut sl = _mm256_setzero_si256();
                             for hj in 0..2 {
                                 let line = |m: usize| {
