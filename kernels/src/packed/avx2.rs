@@ -167,10 +167,7 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
         let (dx, w) = unsafe {
             let q = base.add(scale_bytes + b * qb);
-            let p = prefetch.at.wrapping_add(b * prefetch.step);
-            for l in (0..prefetch.step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
-            }
+            prefetch.block(b);
             let s = base.add(b * 32);
             let dx = [
                 _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)),
@@ -302,6 +299,7 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: sums,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -319,6 +317,10 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
             let mut isum = [[_mm256_setzero_si256(); 2]; R];
             let mut msum = [[_mm256_setzero_si256(); 2]; R];
             for j in 0..4 {
+                if R < 4 {
+                    // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                    prefetch.block_part(b, j, 4);
+                }
                 let mut slo = [[_mm256_setzero_si256(); 2]; R];
                 let mut shi = [[_mm256_setzero_si256(); 2]; R];
                 for g in 0..8 {
@@ -406,6 +408,7 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: nbs,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -446,6 +449,7 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
                     // One row streams the matrix: a lane at a time, its lines in sequence as
                     // stored, each vector widened and scaled alone.
                     for (u, &dup_u) in dup.iter().enumerate() {
+                        prefetch.block_part(b, 2 * h + u, 4);
                         let sc: [__m256i; 8] = std::array::from_fn(|j| _mm256_shuffle_epi8(pair(j), dup_u));
                         for l in 4 * u..4 * u + 4 {
                             // The lane's own sum first: one chain of 64 additions per half
@@ -473,7 +477,11 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
                 } else {
                     // Lane pairs in order, so that the lines are read nearly in sequence (other
                     // orders slowed a streamed matrix).
-                    for (u, lp) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                    for (i, (u, lp)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                        if R < 4 {
+                            // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                            prefetch.block_part(b, 4 * h + i, 8);
+                        }
                         let dup_u = dup[u];
                         for hj in 0..2 {
                             {

@@ -99,6 +99,7 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: sums,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -115,6 +116,10 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
             let mut isum = [_mm512_setzero_si512(); R];
             let mut msum = [_mm512_setzero_si512(); R];
             for j in 0..4 {
+                if R < 4 {
+                    // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                    prefetch.block_part(b, j, 4);
+                }
                 let mut slo = [_mm512_setzero_si512(); R];
                 let mut shi = [_mm512_setzero_si512(); R];
                 for g in 0..8 {
@@ -179,6 +184,7 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: nbs,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -205,6 +211,10 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
             }
             for u in 0..2 {
                 for hj in 0..2 {
+                    if R < 4 {
+                        // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                        prefetch.block_part(b, 2 * u + hj, 4);
+                    }
                     // Lane 4 u + i's three lines of chunks 4 hj .. 4 hj + 4.
                     let lines: [[__m512i; 3]; 4] = std::array::from_fn(|i| {
                         std::array::from_fn(|m| {
@@ -370,10 +380,7 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
         let (dx, wv) = unsafe {
             let q = base.add(scale_bytes + b * qb);
-            let p = prefetch.at.wrapping_add(b * prefetch.step);
-            for l in (0..prefetch.step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
-            }
+            prefetch.block(b);
             let dx = if K == MX {
                 e8m0_half_x16(base.add(b * 16))
             } else {

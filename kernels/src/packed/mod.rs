@@ -898,9 +898,10 @@ struct Prefetch {
 }
 
 impl Prefetch {
-    /// Nothing: a group read straight from memory is a forward stream the hardware prefetchers
-    /// follow (asking for the bytes 8 KiB ahead as well made a single thread slower: the Q8_0
-    /// head of Gemma 3 streamed at 19.5-20 GB/s with it and 28.5-29.5 without, same run).
+    /// Nothing: what a Q8_0 group read straight from memory needs, a forward stream the
+    /// hardware prefetchers follow (asking for the next group as well made a single thread
+    /// slower: Gemma 3's Q8_0 head streamed at 19.5-20 GB/s with it and 28.5-29.5 without on a
+    /// Zen 4, `examples/headbench` Q8_0 131072x1024 at 32 GB/s with it and 38 without on a Zen 5).
     fn none() -> Prefetch {
         Prefetch {
             at: std::ptr::null(),
@@ -913,6 +914,35 @@ impl Prefetch {
         Prefetch {
             at: next.as_ptr(),
             step: next.len().div_ceil(nb.max(1)).next_multiple_of(64),
+        }
+    }
+
+    /// Asks for block `b`'s share (a hint: nothing is read, no address need be valid).
+    #[inline(always)]
+    fn block(&self, b: usize) {
+        self.block_part(b, 0, 1);
+    }
+
+    /// Asks for part `i` of `parts` of block `b`'s share, so that a long block spreads its
+    /// requests over its work (a Q6_K super-block asking for all of its share at its start
+    /// streamed at 28 GB/s on one Zen 5 thread, in four parts at 50). The K-quant kernels ask
+    /// only for fewer than four activation rows: from four on a product is bound by arithmetic,
+    /// and holding the prefetch took AVX-512 Q4_K at 64 rows from 336 to 315 GMAC/s.
+    #[inline(always)]
+    fn block_part(&self, b: usize, i: usize, parts: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let lines = self.step / 64;
+            let (from, to) = (lines * i / parts, lines * (i + 1) / parts);
+            let p = self.at.wrapping_add(b * self.step);
+            for l in (64 * from..64 * to).step_by(64) {
+                // SAFETY: a prefetch never faults and reads nothing.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        p.wrapping_add(l) as *const i8
+                    )
+                };
+            }
         }
     }
 }
@@ -1121,6 +1151,15 @@ impl<'a> Plan<'a> {
             // other block, behind the quants, halved a single thread's stream; see
             // [`prefetch_lines`]).
             prefetch_lines(&group[..scale_bytes]);
+            if kd != Q8 {
+                // The unpacking kinds stream far below the bandwidth on the hardware prefetchers
+                // alone: asking for the next group while this one runs took one Zen 5 thread
+                // from 27-28 to 47-48 GB/s on Q5_0 (AVX2 kernels: 19-21 to 35),
+                // `examples/headbench` 131072x1024; Q8_0 is better without (see
+                // [`Prefetch::none`]).
+                let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
+                prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
+            }
         }
         if self.expand {
             // The expanded group is in cache: fetch the next one from memory meanwhile.
@@ -1146,7 +1185,9 @@ impl<'a> Plan<'a> {
                 rb,
                 dy: &self.dy[i * nb..],
                 cor: &self.cor[i * nb * self.sums_per_block..],
-                prefetch,
+                // The first run of rows asks for the next group; asking again for every run
+                // slowed the products of many rows (AVX-512 Q4_K at 64 rows: 331 -> 272 GMAC/s).
+                prefetch: if i == 0 { prefetch } else { Prefetch::none() },
             };
             let kernel = if r == self.batch.min(self.m) {
                 self.kernels.0
