@@ -231,6 +231,7 @@ unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS
         acts,
         rb,
         dy,
+        prefetch,
         ..
     } = *args;
     let qb = quant_bytes(Q8);
@@ -249,6 +250,7 @@ unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS
             ];
             (dx, base.add(scale_bytes + b * qb))
         };
+        prefetch.block(b);
         let mut s = [[_mm256_setzero_si256(); 2]; R];
         for g in 0..8 {
             // SAFETY: an empty instruction sequence; it only keeps the compiler from moving

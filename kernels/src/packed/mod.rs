@@ -898,10 +898,7 @@ struct Prefetch {
 }
 
 impl Prefetch {
-    /// Nothing: what a Q8_0 group read straight from memory needs, a forward stream the
-    /// hardware prefetchers follow (asking for the next group as well made a single thread
-    /// slower: Gemma 3's Q8_0 head streamed at 19.5-20 GB/s with it and 28.5-29.5 without on a
-    /// Zen 4, `examples/headbench` Q8_0 131072x1024 at 32 GB/s with it and 38 without on a Zen 5).
+    /// Nothing (the runs of rows after a group's first: it has asked already).
     fn none() -> Prefetch {
         Prefetch {
             at: std::ptr::null(),
@@ -1151,15 +1148,15 @@ impl<'a> Plan<'a> {
             // other block, behind the quants, halved a single thread's stream; see
             // [`prefetch_lines`]).
             prefetch_lines(&group[..scale_bytes]);
-            if kd != Q8 {
-                // The unpacking kinds stream far below the bandwidth on the hardware prefetchers
-                // alone: asking for the next group while this one runs took one Zen 5 thread
-                // from 27-28 to 47-48 GB/s on Q5_0 (AVX2 kernels: 19-21 to 35),
-                // `examples/headbench` 131072x1024; Q8_0 is better without (see
-                // [`Prefetch::none`]).
-                let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
-                prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
-            }
+            // The hardware prefetchers alone leave a single thread far below the bandwidth:
+            // asking for the next group while this one runs took one Zen 5 thread streaming
+            // `examples/headbench` 131072x1024 from 30 to 52 GB/s on Q5_0, 26 to 48 on Q4_K, 22
+            // to 49 on Q6_K and 36 to 39-44 on Q8_0 (AVX2 kernels: Q5_0 21 to 40, Q4_K 18 to 40,
+            // Q6_K 26 to 41, Q8_0 23 to 31-47; Gemma 3's Q8_0 head shape, 262144x640, 27 to 42-45). (On a Zen 4, asking for the bytes a fixed 8 KiB ahead had slowed
+            // Gemma 3's Q8_0 head from 28.5-29.5 to 19.5-20 GB/s; this scheme is not yet
+            // measured there.)
+            let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
+            prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
         }
         if self.expand {
             // The expanded group is in cache: fetch the next one from memory meanwhile.
