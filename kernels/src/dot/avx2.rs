@@ -402,7 +402,7 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
     assert!(w.len() >= nb * Q6_K_BYTES && a.len() >= nb * Q8_K_BYTES);
     let m4 = _mm256_set1_epi8(0x0f);
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = 0.0f32;
+    let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
         prefetch_block(x.as_ptr(), Q6_K_BYTES);
@@ -446,11 +446,11 @@ unsafe fn q6_k_q8_k_impl(w: &[u8], a: &[u8], n: usize) -> f32 {
                 sumi = _mm256_add_epi32(sumi, p);
             }
         }
-        // The reference order (`packed::reference_dot_q6_k`): the block's whole integer sum,
-        // then one fused multiply-add.
-        acc = (rd_f32(y, 0) * f16c(x, 208)).mul_add(hsum_epi32(sumi) as f32, acc);
+        // As ggml-cpu: eight f32 lanes, one fused multiply-add per block, summed at the end.
+        let d = _mm256_set1_ps(rd_f32(y, 0) * f16c(x, 208));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    acc
+    hsum_ps(acc)
 }
 
 // ---------------------------------------------------------------------------
@@ -685,7 +685,7 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     assert!(w.len() >= nb * Q6_K_BYTES && a.iter().all(|y| y.len() >= nb * Q8_K_BYTES));
     let m4 = _mm256_set1_epi8(0x0f);
     let m3 = _mm256_set1_epi8(3);
-    let mut acc = [0.0f32; R];
+    let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
         let sc = &x[192..208];
@@ -730,11 +730,11 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
         for r in 0..R {
             let y = &a[r][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
             let off = _mm256_slli_epi32(q6_k_offsets(sc, y), 5);
-            let s = hsum_epi32(_mm256_sub_epi32(sumi[r], off)) as f32;
-            acc[r] = (rd_f32(y, 0) * d).mul_add(s, acc[r]);
+            let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r], off));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(y, 0) * d), s, acc[r]);
         }
     }
-    acc
+    std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
 /// [`dot4`] with each row's result bit for bit that of the single-row kernel (`vec_dot`): the

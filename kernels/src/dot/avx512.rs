@@ -230,8 +230,8 @@ const Q6_SCALE_IDX: [[i16; 32]; 4] = {
     t
 };
 
-/// One Q6_K weight row against `R` Q8_K activation rows, bit for bit the AVX2 kernels (the
-/// block's whole integer sum, one fused multiply-add per block); each step covers 64 values.
+/// One Q6_K weight row against `R` Q8_K activation rows, bit for bit the AVX2 kernels (8 i32
+/// lanes per block, one fused multiply-add per block); each step covers 64 values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     let nb = n / QK_K;
@@ -241,7 +241,7 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
     // SAFETY: each index table holds 32 i16 (64 bytes).
     let idx: [__m512i; 4] =
         std::array::from_fn(|g| unsafe { load512(Q6_SCALE_IDX[g].as_ptr() as *const u8) });
-    let mut acc = [0.0f32; R];
+    let mut acc = [_mm256_setzero_ps(); R];
     for i in 0..nb {
         let x = &w[i * Q6_K_BYTES..(i + 1) * Q6_K_BYTES];
         if R == 1 {
@@ -292,11 +292,11 @@ fn rows_q6_k<const R: usize>(w: &[u8], a: &[&[u8]; R], n: usize) -> [f32; R] {
         for r in 0..R {
             let y = &a[r][i * Q8_K_BYTES..(i + 1) * Q8_K_BYTES];
             let off = _mm256_slli_epi32(q6_k_offsets(sc, y), 5);
-            let s = super::avx2::hsum_epi32(_mm256_sub_epi32(fold_halves(sumi[r]), off)) as f32;
-            acc[r] = (rd_f32(y, 0) * d).mul_add(s, acc[r]);
+            let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(fold_halves(sumi[r]), off));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(rd_f32(y, 0) * d), s, acc[r]);
         }
     }
-    acc
+    std::array::from_fn(|r| hsum_ps(acc[r]))
 }
 
 /// `acc[a][c] += w[a][i..i + 16] * x[c][i..i + 16]` lane-wise in the lanes of `mask`, each

@@ -167,7 +167,10 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
         let (dx, w) = unsafe {
             let q = base.add(scale_bytes + b * qb);
-            prefetch.block(b);
+            let p = prefetch.at.wrapping_add(b * prefetch.step);
+            for l in (0..prefetch.step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
+            }
             let s = base.add(b * 32);
             let dx = [
                 _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)),
@@ -250,7 +253,11 @@ unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS
             ];
             (dx, base.add(scale_bytes + b * qb))
         };
-        prefetch.block(b);
+        // A hint: the next group's share for this block.
+        let p = prefetch.at.wrapping_add(b * prefetch.step);
+        for l in (0..prefetch.step).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
+        }
         let mut s = [[_mm256_setzero_si256(); 2]; R];
         for g in 0..8 {
             // SAFETY: an empty instruction sequence; it only keeps the compiler from moving
@@ -301,7 +308,6 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: sums,
-        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -319,10 +325,6 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
             let mut isum = [[_mm256_setzero_si256(); 2]; R];
             let mut msum = [[_mm256_setzero_si256(); 2]; R];
             for j in 0..4 {
-                if R < 4 {
-                    // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
-                    prefetch.block_part(b, j, 4);
-                }
                 let mut slo = [[_mm256_setzero_si256(); 2]; R];
                 let mut shi = [[_mm256_setzero_si256(); 2]; R];
                 for g in 0..8 {
@@ -394,13 +396,11 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
     }
 }
 
-/// One 16-row Q6_K group against `R ≤ 4` Q8_K activation rows in the reference order
-/// ([`super::reference_dot_q6_k`]: per super-block each row's whole integer sum, then one fused
-/// multiply-add), per super-block one half of 8 rows at a time (`acc[h]`: rows `8 h .. 8 h + 8`;
-/// with the halves the outer loop, a streamed matrix was read in bursts with the memory idle
-/// between them: 15 GB/s where this order reads 23). Two lanes' vectors of one sub-block (one scale
-/// per row) add up in 16 bits (`vpmaddubsw` pairs of at most 2 · 63 · 128), and one `vpmaddwd`
-/// with the rows' scale in both halves of their i32 widens and scales the two.
+/// One 16-row Q6_K group against `R ≤ 4` Q8_K activation rows, the AVX-512 kernel (the same
+/// i32 lane sums and float order) per half of 8 rows
+/// (`acc[h]`: rows `8 h .. 8 h + 8`): per lane `l`, `vpmaddubsw` then `vpmaddwd` with the
+/// duplicated i16 scale for `Σ_j scale · (q · y)`, `vpmaddwd` of `32 · scale` with the
+/// negated bsum pair, the lane's own fused multiply-add, the lanes summed in the same tree.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
     let GroupArgs {
@@ -410,7 +410,6 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: nbs,
-        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -426,148 +425,81 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         ),
     ];
     let m6 = _mm256_set1_epi8(0x3f);
-    let mut acc = [[_mm256_setzero_ps(); R]; 2];
+    let mut acc = [[[_mm256_setzero_ps(); 8]; R]; 2];
     for b in 0..nsb {
-        for (h, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
-            // the caller).
-            unsafe {
-                let x = group.as_ptr().add(b * super::K6_BYTES);
-                let q = x.add(320);
-                // Pair p's 8 rows' (scale[2 p], scale[2 p + 1]) as two i16 in an i32.
-                let pair = |p: usize| {
+        // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
+        // the caller).
+        unsafe {
+            let x = group.as_ptr().add(b * super::K6_BYTES);
+            let q = x.add(320);
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(x.add(16 * h) as *const __m128i));
+                // Per pair p, the 8 rows' (scale[2 p], scale[2 p + 1]) as two i16 in an i32.
+                let pairs: [__m256i; 8] = std::array::from_fn(|p| {
                     _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(64 + 32 * p + 16 * h) as *const __m128i))
-                };
-                // −32 · Σ scale · bsum: the pairs times 32 against the negated bsum pairs.
-                let mut s = [_mm256_setzero_si256(); R];
-                for p in 0..8 {
-                    let off = _mm256_slli_epi16::<5>(pair(p));
-                    for (r, sr) in s.iter_mut().enumerate() {
-                        let bs = _mm256_set1_epi32(nbs[8 * (r * nsb + b) + p]);
-                        *sr = _mm256_add_epi32(*sr, _mm256_madd_epi16(off, bs));
-                    }
-                }
-                if R == 1 {
-                    // One row streams the matrix: a lane at a time, its lines in sequence as
-                    // stored, each vector widened and scaled alone.
-                    for (u, &dup_u) in dup.iter().enumerate() {
-                        prefetch.block_part(b, 2 * h + u, 4);
-                        let sc: [__m256i; 8] = std::array::from_fn(|j| _mm256_shuffle_epi8(pair(j), dup_u));
-                        for l in 4 * u..4 * u + 4 {
-                            // The lane's own sum first: one chain of 64 additions per half
-                            // held back the loads of the lines ahead (one thread streamed a
-                            // matrix at 23 GB/s, at 26 with a chain per lane; headbench
-                            // 131072x1024).
-                            let mut sl = _mm256_setzero_si256();
-                            for hj in 0..2 {
+                });
+                for (u, &dup_u) in dup.iter().enumerate() {
+                    // Lanes 4 u .. 4 u + 4 take sub-block 2 j + u's scale in chunk j.
+                    let sc: [__m256i; 8] = std::array::from_fn(|j| _mm256_shuffle_epi8(pairs[j], dup_u));
+                    for l in 4 * u..4 * u + 4 {
+                        let mut s = [_mm256_setzero_si256(); R];
+                        for hj in 0..2 {
+                            let v: [__m256i; 4] = {
                                 let line = |m: usize| {
                                     let at = 64 * (6 * l + 3 * hj + m) + 32 * h;
                                     _mm256_loadu_si256(q.add(at) as *const __m256i)
                                 };
-                                let v = q6_vectors([line(0), line(1), line(2)], m6);
-                                for (m, &w) in v.iter().enumerate() {
-                                    let j = 4 * hj + m;
-                                    let y = acts.as_ptr().add(b * Q8_K_BYTES + 4 + 32 * j + 4 * l);
+                                let (l0, l1, l2) = (line(0), line(1), line(2));
+                                // The top two bits of l0, l1, l2 alone (no bit crosses a
+                                // byte in the 16-bit shifts below), to bits 0-1, 2-3, 4-5.
+                                let top = |l: __m256i| _mm256_andnot_si256(m6, l);
+                                let t = _mm256_or_si256(
+                                    _mm256_or_si256(
+                                        _mm256_srli_epi16::<6>(top(l0)),
+                                        _mm256_srli_epi16::<4>(top(l1)),
+                                    ),
+                                    _mm256_srli_epi16::<2>(top(l2)),
+                                );
+                                [
+                                    _mm256_and_si256(l0, m6),
+                                    _mm256_and_si256(l1, m6),
+                                    _mm256_and_si256(l2, m6),
+                                    t,
+                                ]
+                            };
+                            for (m, &w) in v.iter().enumerate() {
+                                let j = 4 * hj + m;
+                                for (r, sr) in s.iter_mut().enumerate() {
+                                    let y = acts.as_ptr().add(r * rb + b * Q8_K_BYTES + 4 + 32 * j + 4 * l);
                                     let y = _mm256_set1_epi32((y as *const i32).read_unaligned());
+                                    // Pairs of q · y are at most 2 · 63 · 128 (no saturation),
+                                    // times the scale at most 2 · 16128 · 128 in i32.
                                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), sc[j]);
-                                    sl = _mm256_add_epi32(sl, p);
-                                }
-                            }
-                            s[0] = _mm256_add_epi32(s[0], sl);
-                        }
-                    }
-                } else {
-                    // Lane pairs in order, so that the lines are read nearly in sequence (other
-                    // orders slowed a streamed matrix).
-                    for (i, (u, lp)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
-                        if R < 4 {
-                            // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
-                            prefetch.block_part(b, 4 * h + i, 8);
-                        }
-                        let dup_u = dup[u];
-                        for hj in 0..2 {
-                            {
-                                // SAFETY: an empty instruction sequence; it only keeps the compiler
-                                // from moving memory accesses across it (the next lanes' loads
-                                // hoisted here would spill registers).
-                                std::arch::asm!("", options(nostack, preserves_flags));
-                                // Lanes 4 u + 2 lp and the next: their three lines of chunks
-                                // 4 hj .. 4 hj + 4.
-                                let lines: [[__m256i; 3]; 2] = std::array::from_fn(|i| {
-                                    std::array::from_fn(|m| {
-                                        let at = 64 * (6 * (4 * u + 2 * lp + i) + 3 * hj + m) + 32 * h;
-                                        _mm256_loadu_si256(q.add(at) as *const __m256i)
-                                    })
-                                });
-                                for m in 0..4 {
-                                    let j = 4 * hj + m;
-                                    let v: [__m256i; 2] = std::array::from_fn(|i| {
-                                        if m < 3 {
-                                            _mm256_and_si256(lines[i][m], m6)
-                                        } else {
-                                            q6_top(lines[i], m6)
-                                        }
-                                    });
-                                    // Sub-block 2 j + u's scale in both i16 of each row's i32.
-                                    let sc = _mm256_shuffle_epi8(pair(j), dup_u);
-                                    for (r, sr) in s.iter_mut().enumerate() {
-                                        let y = acts
-                                            .as_ptr()
-                                            .add(r * rb + b * Q8_K_BYTES + 4 + 32 * j + 16 * u + 8 * lp);
-                                        let y0 = _mm256_set1_epi32((y as *const i32).read_unaligned());
-                                        let y1 = _mm256_set1_epi32((y.add(4) as *const i32).read_unaligned());
-                                        let t = _mm256_add_epi16(
-                                            _mm256_maddubs_epi16(v[0], y0),
-                                            _mm256_maddubs_epi16(v[1], y1),
-                                        );
-                                        *sr = _mm256_add_epi32(*sr, _mm256_madd_epi16(t, sc));
-                                    }
+                                    *sr = _mm256_add_epi32(*sr, p);
                                 }
                             }
                         }
+                        let off = _mm256_slli_epi16::<5>(pairs[l]);
+                        for (r, sr) in s.iter().enumerate() {
+                            let i = r * nsb + b;
+                            let o = _mm256_madd_epi16(off, _mm256_set1_epi32(nbs[8 * i + l]));
+                            let si = _mm256_add_epi32(*sr, o);
+                            let dd = _mm256_mul_ps(d, _mm256_set1_ps(dy[i]));
+                            acc[r][l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), dd, acc[r][l]);
+                        }
                     }
-                }
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(x.add(16 * h) as *const __m128i));
-                for (r, (a, &sr)) in acc.iter_mut().zip(&s).enumerate() {
-                    let dd = _mm256_mul_ps(d, _mm256_set1_ps(dy[r * nsb + b]));
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sr), dd, *a);
                 }
             }
         }
     }
     for (h, ah) in acc.iter().enumerate() {
         for (r, a) in ah.iter().enumerate() {
+            let sum = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])),
+            );
             // SAFETY: out[r] holds 16 floats.
-            unsafe { _mm256_storeu_ps(out[r].as_mut_ptr().add(8 * h), *a) };
+            unsafe { _mm256_storeu_ps(out[r].as_mut_ptr().add(8 * h), sum) };
         }
     }
-}
-
-/// The four vectors of one lane's three Q6_K lines (half lines of 8 rows): the low six bits of
-/// each, then their top two bits gathered.
-///
-/// # Safety
-/// AVX2 is present.
-#[inline(always)]
-unsafe fn q6_vectors(l: [__m256i; 3], m6: __m256i) -> [__m256i; 4] {
-    [
-        _mm256_and_si256(l[0], m6),
-        _mm256_and_si256(l[1], m6),
-        _mm256_and_si256(l[2], m6),
-        q6_top(l, m6),
-    ]
-}
-
-/// The top two bits of three Q6_K lines to bits 0-1, 2-3 and 4-5 of each byte (each taken
-/// alone first, so no bit crosses a byte in the 16-bit shifts).
-///
-/// # Safety
-/// AVX2 is present.
-#[inline(always)]
-unsafe fn q6_top([l0, l1, l2]: [__m256i; 3], m6: __m256i) -> __m256i {
-    let top = |l: __m256i| _mm256_andnot_si256(m6, l);
-    _mm256_or_si256(
-        _mm256_or_si256(_mm256_srli_epi16::<6>(top(l0)), _mm256_srli_epi16::<4>(top(l1))),
-        _mm256_srli_epi16::<2>(top(l2)),
-    )
 }

@@ -99,7 +99,6 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: sums,
-        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -116,10 +115,6 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
             let mut isum = [_mm512_setzero_si512(); R];
             let mut msum = [_mm512_setzero_si512(); R];
             for j in 0..4 {
-                if R < 4 {
-                    // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
-                    prefetch.block_part(b, j, 4);
-                }
                 let mut slo = [_mm512_setzero_si512(); R];
                 let mut shi = [_mm512_setzero_si512(); R];
                 for g in 0..8 {
@@ -168,13 +163,11 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
 }
 
 /// One 16-row Q6_K group (`nb` super-blocks) against `R ≤ 8` Q8_K activation rows (their
-/// scales `dy` and negated bsum pairs `cor`, 8 per super-block) in the reference order
-/// ([`super::reference_dot_q6_k`]): per super-block each row's whole integer sum, then one
-/// fused multiply-add. The four vectors of a sub-block's 16 columns in chunk `j` (lanes
-/// `4 u .. 4 u + 4`, one scale per row) go through `vpdpbusd` (unsigned quants, signed bytes)
-/// into one i32 per row, which one `vpmulld` scales: 1.25 multiplies per vector and row, where
-/// `vpmaddubsw` and `vpdpwssd` for each took two (and eight float accumulators per row, when
-/// the reference kept eight lanes, spilled at eight rows).
+/// scales `dy` and negated bsum pairs `cor`, 8 per super-block): per super-block and i32 lane `l` of
+/// the single-row kernel (columns `32 j + 4 l .. + 4`, see [`super::K6_BYTES`]), the 16
+/// rows' lane sums `Σ_j scale · (q · y)` by `vpmaddubsw` and `vpdpwssd`, minus the lane's
+/// `32 · scale · bsum` pair (one more `vpdpwssd`), then the lane's own fused multiply-add;
+/// the lanes are summed at the end in the single-row kernel's tree.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")]
 unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
     let GroupArgs {
@@ -184,107 +177,85 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: nbs,
-        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
+    // vpshufb patterns putting a pair's first (second) i16 in both halves of each i32.
+    let dup = [
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13)),
+        _mm512_broadcast_i32x4(_mm_setr_epi8(
+            2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
+        )),
+    ];
     let m6 = _mm512_set1_epi8(0x3f);
-    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc = [[_mm512_setzero_ps(); 8]; R];
     for b in 0..nsb {
         // SAFETY: super-block b < nsb of the group and of each activation row (asserted by
         // the caller).
         unsafe {
             let x = group.as_ptr().add(b * super::K6_BYTES);
-            let q = x.add(320);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
             // Per pair p, the 16 rows' (scale[2 p], scale[2 p + 1]) as two i16 in an i32.
             let pairs: [__m512i; 8] = std::array::from_fn(|p| {
                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(x.add(64 + 32 * p) as *const __m256i))
             });
-            // −32 · Σ scale · bsum: the pairs times 32 against the negated bsum pairs.
-            let mut s = [_mm512_setzero_si512(); R];
-            for (p, &pair) in pairs.iter().enumerate() {
-                let off = _mm512_slli_epi16::<5>(pair);
-                for (r, sr) in s.iter_mut().enumerate() {
-                    let bs = _mm512_set1_epi32(nbs[8 * (r * nsb + b) + p]);
-                    *sr = _mm512_dpwssd_epi32(*sr, off, bs);
-                }
-            }
-            for u in 0..2 {
-                for hj in 0..2 {
-                    if R < 4 {
-                        // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
-                        prefetch.block_part(b, 2 * u + hj, 4);
-                    }
-                    // Lane 4 u + i's three lines of chunks 4 hj .. 4 hj + 4.
-                    let lines: [[__m512i; 3]; 4] = std::array::from_fn(|i| {
-                        std::array::from_fn(|m| {
-                            _mm512_loadu_si512(q.add(64 * (6 * (4 * u + i) + 3 * hj + m)) as *const _)
-                        })
-                    });
-                    for m in 0..4 {
-                        let j = 4 * hj + m;
-                        let v: [__m512i; 4] = std::array::from_fn(|i| {
-                            if m < 3 {
-                                _mm512_and_si512(lines[i][m], m6)
-                            } else {
-                                q6_top(lines[i], m6)
+            let q = x.add(320);
+            for (h, &dup_h) in dup.iter().enumerate() {
+                // Lanes 4 h .. 4 h + 4 take sub-block 2 j + h's scale in chunk j.
+                let sc: [__m512i; 8] = std::array::from_fn(|j| _mm512_shuffle_epi8(pairs[j], dup_h));
+                for l in 4 * h..4 * h + 4 {
+                    let mut s = [_mm512_setzero_si512(); R];
+                    for hj in 0..2 {
+                        let v: [__m512i; 4] = {
+                            let line =
+                                |m: usize| _mm512_loadu_si512(q.add(64 * (6 * l + 3 * hj + m)) as *const _);
+                            let (l0, l1, l2) = (line(0), line(1), line(2));
+                            // The top bits of l0, l1, l2 to bits 0-1, 2-3, 4-5 of the
+                            // fourth vector (0xe4: a where c is set, else b).
+                            let t = _mm512_ternarylogic_epi32::<0xe4>(
+                                _mm512_srli_epi16::<6>(l0),
+                                _mm512_srli_epi16::<4>(l1),
+                                _mm512_set1_epi8(0x03),
+                            );
+                            let t = _mm512_ternarylogic_epi32::<0xe4>(
+                                t,
+                                _mm512_srli_epi16::<2>(l2),
+                                _mm512_set1_epi8(0x0f),
+                            );
+                            [
+                                _mm512_and_si512(l0, m6),
+                                _mm512_and_si512(l1, m6),
+                                _mm512_and_si512(l2, m6),
+                                _mm512_and_si512(t, m6),
+                            ]
+                        };
+                        for (m, &w) in v.iter().enumerate() {
+                            let j = 4 * hj + m;
+                            for (r, sr) in s.iter_mut().enumerate() {
+                                let y = acts.as_ptr().add(r * rb + b * Q8_K_BYTES + 4 + 32 * j + 4 * l);
+                                let y = _mm512_set1_epi32((y as *const i32).read_unaligned());
+                                *sr = _mm512_dpwssd_epi32(*sr, _mm512_maddubs_epi16(w, y), sc[j]);
                             }
-                        });
-                        let sc = q6_scale(pairs[j], u);
-                        for (r, sr) in s.iter_mut().enumerate() {
-                            let y = acts.as_ptr().add(r * rb + b * Q8_K_BYTES + 4 + 32 * j + 16 * u);
-                            let mut t = _mm512_setzero_si512();
-                            for (i, &vi) in v.iter().enumerate() {
-                                let yi = _mm512_set1_epi32((y.add(4 * i) as *const i32).read_unaligned());
-                                // At most 4 · 4 · 63 · 128 per row, times a scale of at
-                                // most 128: far inside i32.
-                                t = _mm512_dpbusd_epi32(t, vi, yi);
-                            }
-                            *sr = _mm512_add_epi32(*sr, _mm512_mullo_epi32(t, sc));
                         }
                     }
+                    let off = _mm512_slli_epi16::<5>(pairs[l]);
+                    for (r, sr) in s.iter().enumerate() {
+                        let i = r * nsb + b;
+                        let si = _mm512_dpwssd_epi32(*sr, off, _mm512_set1_epi32(nbs[8 * i + l]));
+                        let dd = _mm512_mul_ps(d, _mm512_set1_ps(dy[i]));
+                        acc[r][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), dd, acc[r][l]);
+                    }
                 }
-            }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(x as *const __m256i));
-            for (r, (a, &sr)) in acc.iter_mut().zip(&s).enumerate() {
-                let dd = _mm512_mul_ps(d, _mm512_set1_ps(dy[r * nsb + b]));
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sr), dd, *a);
             }
         }
     }
     for (r, a) in acc.iter().enumerate() {
+        let sum = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+            _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+        );
         // SAFETY: out[r] holds 16 floats.
-        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), *a) };
-    }
-}
-
-/// The top bits of three Q6_K lines to bits 0-1, 2-3 and 4-5 of each byte (0xe4: a where c is
-/// set, else b).
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW.
-#[inline(always)]
-unsafe fn q6_top([l0, l1, l2]: [__m512i; 3], m6: __m512i) -> __m512i {
-    let t = _mm512_ternarylogic_epi32::<0xe4>(
-        _mm512_srli_epi16::<6>(l0),
-        _mm512_srli_epi16::<4>(l1),
-        _mm512_set1_epi8(0x03),
-    );
-    let t = _mm512_ternarylogic_epi32::<0xe4>(t, _mm512_srli_epi16::<2>(l2), _mm512_set1_epi8(0x0f));
-    _mm512_and_si512(t, m6)
-}
-
-/// The 16 rows' scale of sub-block `2 j + u` as i32, from chunk `j`'s scale pairs (two i16 in
-/// each row's i32).
-///
-/// # Safety
-/// The CPU has AVX-512 F.
-#[inline(always)]
-unsafe fn q6_scale(pairs: __m512i, u: usize) -> __m512i {
-    if u == 0 {
-        _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pairs))
-    } else {
-        _mm512_srai_epi32::<16>(pairs)
+        unsafe { _mm512_storeu_ps(out[r].as_mut_ptr(), sum) };
     }
 }
 
@@ -380,7 +351,10 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
         let (dx, wv) = unsafe {
             let q = base.add(scale_bytes + b * qb);
-            prefetch.block(b);
+            let p = prefetch.at.wrapping_add(b * prefetch.step);
+            for l in (0..prefetch.step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
+            }
             let dx = if K == MX {
                 e8m0_half_x16(base.add(b * 16))
             } else {

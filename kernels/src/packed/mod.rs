@@ -16,8 +16,8 @@
 //!
 //! Q4_K and Q6_K (256-value super-blocks against Q8_K activations) keep the order of their
 //! single-row kernels instead, so a packed product equals the unpacked one bit for bit: Q4_K's
-//! whole per-super-block sums in two fused multiply-adds, Q6_K's in one
-//! ([`reference_dot_q6_k`]).
+//! whole per-super-block sums in two fused multiply-adds, Q6_K's eight i32 lanes each with its
+//! own fused multiply-add and the lanes summed at the end ([`reference_dot_q6_k`]).
 //!
 //! Two kernel sets run this layout, chosen once at run time (and capped by `BERTH_KERNELS`),
 //! each a file with its table of group kernels (`avx512.rs`, `avx2.rs`), called through one
@@ -241,7 +241,7 @@ fn block_values(kd: u8, row: &[u8], b: usize) -> (u16, [i8; QK]) {
 /// in the packed kernels' order: per block the exact integer sum, then
 /// `acc = fma(dx · dy, sum, acc)` (MXFP4: `dx` the exponent's half, [`e8m0_to_f32_half`], and
 /// the sum over the doubled values).
-/// Q6_K (against a Q8_K row): its kernels' order, see [`reference_dot_q6_k`].
+/// Q6_K (against a Q8_K row): the single-row kernels' order, see [`reference_dot_q6_k`].
 pub fn reference_dot(wtype: WeightType, row: &[u8], act: &[u8], n: usize) -> f32 {
     if wtype == WeightType::Q6_K {
         return reference_dot_q6_k(row, act, n);
@@ -283,30 +283,31 @@ fn q6_k_quants(x: &[u8]) -> [u8; QK_K] {
     q
 }
 
-/// Q6_K `row` · Q8_K `act` in the order of every Q6_K kernel (single-row, multi-row and
-/// packed, every set): per super-block the exact integer sum
-/// `Σ scale · q · y − 32 · Σ scale · bsum` (at most about 4 · 10^8, so it never leaves i32),
-/// then `acc = fma(dy · d, sum, acc)` over the super-blocks in order. (ggml keeps eight float
-/// lanes per row instead; one sum per super-block frees the packed kernels from holding eight
-/// accumulators per row and lets them add any vectors in any order.)
+/// Q6_K `row` · Q8_K `act` in the order of the single-row Q6_K kernels (AVX2's, which
+/// AVX-512's equals) and of the packed one: eight i32 lanes per super-block, lane `l` holding
+/// `Σ scale · q · y` over the columns `c` with `(c / 4) % 8 == l` minus
+/// `32 · (scale[2 l] · bsum[2 l] + scale[2 l + 1] · bsum[2 l + 1])`; per lane
+/// `acc[l] = fma(dy · d, lane, acc[l])` over the super-blocks in order; the result
+/// `((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))`.
 pub fn reference_dot_q6_k(row: &[u8], act: &[u8], n: usize) -> f32 {
-    let mut acc = 0.0f32;
+    let mut acc = [0.0f32; 8];
     for b in 0..n / QK_K {
         let x = &row[b * Q6_K_BYTES..(b + 1) * Q6_K_BYTES];
         let y = &act[b * Q8_K_BYTES..(b + 1) * Q8_K_BYTES];
         let q = q6_k_quants(x);
         let sc = |s: usize| x[192 + s] as i8 as i32;
         let bs = |i: usize| i16::from_le_bytes([y[260 + 2 * i], y[261 + 2 * i]]) as i32;
-        let mut sum: i32 = q
-            .iter()
-            .enumerate()
-            .map(|(c, &qc)| sc(c / 16) * qc as i32 * y[4 + c] as i8 as i32)
-            .sum();
-        sum -= 32 * (0..16).map(|s| sc(s) * bs(s)).sum::<i32>();
+        let mut lanes = [0i32; 8];
+        for (c, &qc) in q.iter().enumerate() {
+            lanes[(c / 4) % 8] += sc(c / 16) * qc as i32 * y[4 + c] as i8 as i32;
+        }
         let dd = rd_f32(y, 0) * f16_to_f32(u16::from_le_bytes([x[208], x[209]]));
-        acc = dd.mul_add(sum as f32, acc);
+        for (l, (a, &s)) in acc.iter_mut().zip(&lanes).enumerate() {
+            let s = s - 32 * (sc(2 * l) * bs(2 * l) + sc(2 * l + 1) * bs(2 * l + 1));
+            *a = dd.mul_add(s as f32, *a);
+        }
     }
-    acc
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 /// One 16-row group (`args`) against `R` activation rows into `out[j][lane]` for `j < R`, where
@@ -913,35 +914,6 @@ impl Prefetch {
             step: next.len().div_ceil(nb.max(1)).next_multiple_of(64),
         }
     }
-
-    /// Asks for block `b`'s share (a hint: nothing is read, no address need be valid).
-    #[inline(always)]
-    fn block(&self, b: usize) {
-        self.block_part(b, 0, 1);
-    }
-
-    /// Asks for part `i` of `parts` of block `b`'s share, so that a long block spreads its
-    /// requests over its work (a Q6_K super-block asking for all of its share at its start
-    /// streamed at 28 GB/s on one Zen 5 thread, in four parts at 50). The K-quant kernels ask
-    /// only for fewer than four activation rows: from four on a product is bound by arithmetic,
-    /// and holding the prefetch took AVX-512 Q4_K at 64 rows from 336 to 315 GMAC/s.
-    #[inline(always)]
-    fn block_part(&self, b: usize, i: usize, parts: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let lines = self.step / 64;
-            let (from, to) = (lines * i / parts, lines * (i + 1) / parts);
-            let p = self.at.wrapping_add(b * self.step);
-            for l in (64 * from..64 * to).step_by(64) {
-                // SAFETY: a prefetch never faults and reads nothing.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        p.wrapping_add(l) as *const i8
-                    )
-                };
-            }
-        }
-    }
 }
 
 struct OutPtr(*mut f32);
@@ -1150,11 +1122,11 @@ impl<'a> Plan<'a> {
             prefetch_lines(&group[..scale_bytes]);
             // The hardware prefetchers alone leave a single thread far below the bandwidth:
             // asking for the next group while this one runs took one Zen 5 thread streaming
-            // `examples/headbench` 131072x1024 from 30 to 52 GB/s on Q5_0, 26 to 48 on Q4_K, 22
-            // to 49 on Q6_K and 36 to 39-44 on Q8_0 (AVX2 kernels: Q5_0 21 to 40, Q4_K 18 to 40,
-            // Q6_K 26 to 41, Q8_0 23 to 31-47; Gemma 3's Q8_0 head shape, 262144x640, 27 to 42-45). (On a Zen 4, asking for the bytes a fixed 8 KiB ahead had slowed
-            // Gemma 3's Q8_0 head from 28.5-29.5 to 19.5-20 GB/s; this scheme is not yet
-            // measured there.)
+            // `examples/headbench` 131072x1024 from 30 to 52 GB/s on Q5_0 and 36 to 39-44 on
+            // Q8_0 (AVX2 kernels: Q5_0 21 to 40; Gemma 3's Q8_0 head shape, 262144x640, 27 to
+            // 42-45). The K-quant kernels do not ask yet. (On a Zen 4, asking for the bytes a
+            // fixed 8 KiB ahead had slowed Gemma 3's Q8_0 head from 28.5-29.5 to 19.5-20 GB/s;
+            // this scheme is not yet measured there.)
             let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
             prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
         }
@@ -1183,7 +1155,7 @@ impl<'a> Plan<'a> {
                 dy: &self.dy[i * nb..],
                 cor: &self.cor[i * nb * self.sums_per_block..],
                 // The first run of rows asks for the next group; asking again for every run
-                // slowed the products of many rows (AVX-512 Q4_K at 64 rows: 331 -> 272 GMAC/s).
+                // only repeats it.
                 prefetch: if i == 0 { prefetch } else { Prefetch::none() },
             };
             let kernel = if r == self.batch.min(self.m) {
