@@ -167,10 +167,7 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
         let (dx, w) = unsafe {
             let q = base.add(scale_bytes + b * qb);
-            let p = prefetch.at.wrapping_add(b * prefetch.step);
-            for l in (0..prefetch.step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
-            }
+            prefetch.block(b);
             let s = base.add(b * 32);
             let dx = [
                 _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)),
@@ -253,11 +250,7 @@ unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS
             ];
             (dx, base.add(scale_bytes + b * qb))
         };
-        // A hint: the next group's share for this block.
-        let p = prefetch.at.wrapping_add(b * prefetch.step);
-        for l in (0..prefetch.step).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
-        }
+        prefetch.block(b);
         let mut s = [[_mm256_setzero_si256(); 2]; R];
         for g in 0..8 {
             // SAFETY: an empty instruction sequence; it only keeps the compiler from moving

@@ -351,10 +351,7 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         // SAFETY: block b < nb of the group (asserted by the caller); the prefetch is a hint.
         let (dx, wv) = unsafe {
             let q = base.add(scale_bytes + b * qb);
-            let p = prefetch.at.wrapping_add(b * prefetch.step);
-            for l in (0..prefetch.step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l) as *const i8);
-            }
+            prefetch.block(b);
             let dx = if K == MX {
                 e8m0_half_x16(base.add(b * 16))
             } else {

@@ -914,6 +914,23 @@ impl Prefetch {
             step: next.len().div_ceil(nb.max(1)).next_multiple_of(64),
         }
     }
+
+    /// Asks for block `b`'s share (a hint: nothing is read, no address need be valid).
+    #[inline(always)]
+    fn block(&self, b: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let p = self.at.wrapping_add(b * self.step);
+            for l in (0..self.step).step_by(64) {
+                // SAFETY: a prefetch never faults and reads nothing.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        p.wrapping_add(l) as *const i8
+                    )
+                };
+            }
+        }
+    }
 }
 
 struct OutPtr(*mut f32);
@@ -1113,27 +1130,24 @@ impl<'a> Plan<'a> {
         let data = self.data;
         let mut group = &data[g * self.group_bytes..(g + 1) * self.group_bytes];
         let mut kd = self.kd;
-        let mut prefetch = Prefetch::none();
+        // The next group, asked for while this one runs (an unpacked group is in cache, so the
+        // memory is free meanwhile). Read straight from memory, the hardware prefetchers alone
+        // leave a single thread far below the bandwidth: asking took one Zen 5 thread streaming
+        // `examples/headbench` 131072x1024 from 30 to 52 GB/s on Q5_0 and 36 to 39-44 on Q8_0
+        // (AVX2 kernels: Q5_0 21 to 40; Gemma 3's Q8_0 head shape, 262144x640, 27 to 42-45).
+        // The K-quant kernels do not ask yet. (On a Zen 4, asking for the bytes a fixed 8 KiB
+        // ahead had slowed Gemma 3's Q8_0 head from 28.5-29.5 to 19.5-20 GB/s; this scheme is
+        // not yet measured there.)
+        let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
+        let prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
         if !self.expand {
             // All of the group's scales now, before its quants: the blocks then read memory in
             // one forward sequence, which the hardware prefetchers follow (a scale line every
             // other block, behind the quants, halved a single thread's stream; see
             // [`prefetch_lines`]).
             prefetch_lines(&group[..scale_bytes]);
-            // The hardware prefetchers alone leave a single thread far below the bandwidth:
-            // asking for the next group while this one runs took one Zen 5 thread streaming
-            // `examples/headbench` 131072x1024 from 30 to 52 GB/s on Q5_0 and 36 to 39-44 on
-            // Q8_0 (AVX2 kernels: Q5_0 21 to 40; Gemma 3's Q8_0 head shape, 262144x640, 27 to
-            // 42-45). The K-quant kernels do not ask yet. (On a Zen 4, asking for the bytes a
-            // fixed 8 KiB ahead had slowed Gemma 3's Q8_0 head from 28.5-29.5 to 19.5-20 GB/s;
-            // this scheme is not yet measured there.)
-            let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
-            prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
         }
         if self.expand {
-            // The expanded group is in cache: fetch the next one from memory meanwhile.
-            let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
-            prefetch = Prefetch::next(next.unwrap_or(&[]), nb);
             expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
             expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
             expand_group(table, kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..]);
