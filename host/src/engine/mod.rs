@@ -774,6 +774,15 @@ impl Scheduler {
         true
     }
 
+    /// Publishes the count of running sequences (`/api/ps`'s `active`, and the free slots
+    /// [`Engine::submit`] counts) as soon as one ends, before its client hears of the end: left to
+    /// the next [`Self::admit`], a client that had its answer could still read its request as
+    /// running, and a request sent just after could be refused a slot that is free.
+    fn publish_active(&self) {
+        let running = self.slots.iter().filter(|s| s.run.is_some()).count();
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).active = running;
+    }
+
     /// Frees the slots of requests whose client went away.
     fn drop_cancelled(&mut self) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -787,6 +796,7 @@ impl Scheduler {
                 self.shared.metrics.active_sequences.fetch_sub(1, Relaxed);
             }
         }
+        self.publish_active();
     }
 
     /// One batched decode: every generating sequence's next token plus one prompt chunk.
@@ -924,6 +934,8 @@ impl Scheduler {
     /// Fails every running sequence with a model error and empties every slot's cache: the
     /// plugin's sequences are in an unknown state, or its instance was recreated.
     fn fail_running(&mut self, message: &str) {
+        // Every running sequence ends here (see [`Self::publish_active`]).
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).active = 0;
         let m = &self.shared.metrics;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let reset = self
@@ -1031,6 +1043,7 @@ impl Scheduler {
         if let Some(reason) = advance(r, logits, &self.text.stop_tokens, m, true) {
             let r = slot.run.take().expect("running");
             m.active_sequences.fetch_sub(1, Relaxed);
+            self.publish_active();
             finish(r, reason, i);
         }
         fork
@@ -1051,6 +1064,7 @@ impl Scheduler {
         if let Some(reason) = advance(r, &self.logits[logits], &self.text.stop_tokens, m, true) {
             let r = slot.run.take().expect("running");
             m.active_sequences.fetch_sub(1, Relaxed);
+            self.publish_active();
             finish(r, reason, i);
         }
     }
@@ -1098,6 +1112,7 @@ impl Scheduler {
         }
         let r = slot.run.take().expect("running");
         m.active_sequences.fetch_sub(1, Relaxed);
+        self.publish_active();
         match end {
             Ok(reason) => finish(r, reason, i),
             Err(e) => {
