@@ -301,6 +301,7 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: sums,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -318,6 +319,10 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
             let mut isum = [[_mm256_setzero_si256(); 2]; R];
             let mut msum = [[_mm256_setzero_si256(); 2]; R];
             for j in 0..4 {
+                if R < 4 {
+                    // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                    prefetch.block_part(b, j, 4);
+                }
                 let mut slo = [[_mm256_setzero_si256(); 2]; R];
                 let mut shi = [[_mm256_setzero_si256(); 2]; R];
                 for g in 0..8 {
@@ -403,6 +408,7 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: nbs,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -435,6 +441,10 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
                     // Lanes 4 u .. 4 u + 4 take sub-block 2 j + u's scale in chunk j.
                     let sc: [__m256i; 8] = std::array::from_fn(|j| _mm256_shuffle_epi8(pairs[j], dup_u));
                     for l in 4 * u..4 * u + 4 {
+                        if R < 4 {
+                            // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                            prefetch.block_part(b, 8 * h + l, 16);
+                        }
                         let mut s = [_mm256_setzero_si256(); R];
                         for hj in 0..2 {
                             let v: [__m256i; 4] = {

@@ -99,6 +99,7 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: sums,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -115,6 +116,10 @@ unsafe fn kernel_q4_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
             let mut isum = [_mm512_setzero_si512(); R];
             let mut msum = [_mm512_setzero_si512(); R];
             for j in 0..4 {
+                if R < 4 {
+                    // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                    prefetch.block_part(b, j, 4);
+                }
                 let mut slo = [_mm512_setzero_si512(); R];
                 let mut shi = [_mm512_setzero_si512(); R];
                 for g in 0..8 {
@@ -177,6 +182,7 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
         rb,
         dy,
         cor: nbs,
+        prefetch,
         ..
     } = *args;
     use crate::quant::Q8_K_BYTES;
@@ -204,6 +210,10 @@ unsafe fn kernel_q6_k<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_RO
                 // Lanes 4 h .. 4 h + 4 take sub-block 2 j + h's scale in chunk j.
                 let sc: [__m512i; 8] = std::array::from_fn(|j| _mm512_shuffle_epi8(pairs[j], dup_h));
                 for l in 4 * h..4 * h + 4 {
+                    if R < 4 {
+                        // Fewer than four rows are bound by memory (see [`super::Prefetch::block_part`]).
+                        prefetch.block_part(b, l, 8);
+                    }
                     let mut s = [_mm512_setzero_si512(); R];
                     for hj in 0..2 {
                         let v: [__m512i; 4] = {

@@ -918,10 +918,22 @@ impl Prefetch {
     /// Asks for block `b`'s share (a hint: nothing is read, no address need be valid).
     #[inline(always)]
     fn block(&self, b: usize) {
+        self.block_part(b, 0, 1);
+    }
+
+    /// Asks for part `i` of `parts` of block `b`'s share, so that a long block (a K-quant
+    /// super-block) spreads its requests over its work rather than asking for all at its start.
+    /// The K-quant kernels ask only for fewer than four activation rows: from four on a product
+    /// is bound by arithmetic, and asking took AVX-512 Q4_K at 64 rows from 336 to 315 GMAC/s
+    /// on a Zen 5.
+    #[inline(always)]
+    fn block_part(&self, b: usize, i: usize, parts: usize) {
         #[cfg(target_arch = "x86_64")]
         {
+            let lines = self.step / 64;
+            let (from, to) = (lines * i / parts, lines * (i + 1) / parts);
             let p = self.at.wrapping_add(b * self.step);
-            for l in (0..self.step).step_by(64) {
+            for l in (64 * from..64 * to).step_by(64) {
                 // SAFETY: a prefetch never faults and reads nothing.
                 unsafe {
                     std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
@@ -1134,8 +1146,9 @@ impl<'a> Plan<'a> {
         // memory is free meanwhile). Read straight from memory, the hardware prefetchers alone
         // leave a single thread far below the bandwidth: asking took one Zen 5 thread streaming
         // `examples/headbench` 131072x1024 from 30 to 52 GB/s on Q5_0 and 36 to 39-44 on Q8_0
-        // (AVX2 kernels: Q5_0 21 to 40; Gemma 3's Q8_0 head shape, 262144x640, 27 to 42-45).
-        // The K-quant kernels do not ask yet. (On a Zen 4, asking for the bytes a fixed 8 KiB
+        // (AVX2 kernels: Q5_0 21 to 40; Gemma 3's Q8_0 head shape, 262144x640, 27 to 42-45),
+        // and in parts over each super-block, Q4_K 24-26 to 47 and Q6_K 17 to 47-48 (AVX2 Q4_K
+        // 18 to 41-42, Q6_K 25-26 to 35-36). (On a Zen 4, asking for the bytes a fixed 8 KiB
         // ahead had slowed Gemma 3's Q8_0 head from 28.5-29.5 to 19.5-20 GB/s; this scheme is
         // not yet measured there.)
         let next = data.get((g + 1) * self.group_bytes..(g + 2) * self.group_bytes);
