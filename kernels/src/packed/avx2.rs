@@ -220,10 +220,10 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
 /// compiler barrier). With a block's sixteen loads hoisted to its start, as the compiler
 /// schedules them otherwise, one thread streamed a matrix far larger than the caches at
 /// 15-21 GB/s; so, at 30-32 (`kernels/examples/headbench`, 131072-151936 rows × 896-1024, the
-/// read probe at 27-30), in cache at 43-49 either way. (A Q8_0 group is never unpacked, so
-/// there is no next group to prefetch meanwhile.)
+/// read probe at 27-30), in cache at 43-49 either way. The AVX-512 set takes it for one row
+/// too (see its table).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
+pub(super) unsafe fn kernel_q8<const R: usize>(args: &GroupArgs, out: &mut [[f32; PACK_ROWS]; 8]) {
     let GroupArgs {
         group,
         scale_bytes,

@@ -46,8 +46,12 @@ fn group_kernel(kd: u8, r: usize) -> Option<GroupKernel> {
             kernel::<Q5, 7>,
             kernel::<Q5, 8>,
         ],
+        // One Q8_0 row takes AVX2's kernel: it streamed one Zen 5 thread at 42-46 GB/s where
+        // this set's streamed 38-40 (`examples/headbench`, Qwen's and Gemma 3's head shapes;
+        // the same sums, bit for bit). From two rows on, this set's is faster (36 against 27-35
+        // at two, 74 against 30 at three in cache).
         Q8 => &[
-            kernel::<Q8, 1>,
+            super::avx2::kernel_q8::<1>,
             kernel::<Q8, 2>,
             kernel::<Q8, 3>,
             kernel::<Q8, 4>,
