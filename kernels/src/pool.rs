@@ -38,8 +38,14 @@ struct Shared {
     next_chunk: AtomicUsize,
     n_chunks: AtomicUsize,
     active: AtomicUsize,
+    /// Workers blocked on `wake` (changed only under `slot`'s lock): a job wakes them with a
+    /// system call only when there are any, not after every spin that caught it.
+    sleeping: AtomicUsize,
     done: Mutex<()>,
     done_cv: Condvar,
+    /// The caller blocked on `done_cv` (changed only under `done`'s lock): the last worker out
+    /// wakes it only then.
+    caller_sleeping: AtomicBool,
     panicked: AtomicBool,
 }
 
@@ -64,8 +70,10 @@ impl ThreadPool {
             next_chunk: AtomicUsize::new(0),
             n_chunks: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
+            sleeping: AtomicUsize::new(0),
             done: Mutex::new(()),
             done_cv: Condvar::new(),
+            caller_sleeping: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
         });
         let workers = (1..n_threads)
@@ -116,12 +124,17 @@ impl ThreadPool {
         s.next_chunk.store(0, Ordering::Relaxed);
         s.n_chunks.store(n_chunks, Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
-        {
+        let sleeping = {
             let mut slot = s.slot.lock().unwrap_or_else(|e| e.into_inner());
             slot.job = Some(job);
             s.generation.fetch_add(1, Ordering::Release);
+            // A worker counts itself asleep under this lock before it checks the generation,
+            // so one that missed this job's generation is counted here.
+            s.sleeping.load(Ordering::Relaxed)
+        };
+        if sleeping > 0 {
+            s.wake.notify_all();
         }
-        s.wake.notify_all();
         // Mark this thread as inside a job so nested parallel_for calls run inline
         // instead of re-taking `call_lock`.
         IN_WORKER.with(|w| w.set(true));
@@ -137,9 +150,11 @@ impl ThreadPool {
         }
         if s.active.load(Ordering::Acquire) != 0 {
             let mut g = s.done.lock().unwrap_or_else(|e| e.into_inner());
+            s.caller_sleeping.store(true, Ordering::Relaxed);
             while s.active.load(Ordering::Acquire) != 0 {
                 g = s.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
+            s.caller_sleeping.store(false, Ordering::Relaxed);
         }
         if let Err(p) = mine {
             resume_unwind(p);
@@ -212,7 +227,9 @@ fn worker_loop(s: &Shared, index: usize) {
         let job = {
             let mut slot = s.slot.lock().unwrap_or_else(|e| e.into_inner());
             while s.generation.load(Ordering::Acquire) == seen && !slot.shutdown {
+                s.sleeping.fetch_add(1, Ordering::Relaxed);
                 slot = s.wake.wait(slot).unwrap_or_else(|e| e.into_inner());
+                s.sleeping.fetch_sub(1, Ordering::Relaxed);
             }
             if slot.shutdown {
                 return;
@@ -236,8 +253,12 @@ fn worker_loop(s: &Shared, index: usize) {
             s.panicked.store(true, Ordering::Relaxed);
         }
         if s.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Under the lock: the caller marks itself asleep and checks `active` under it too,
+            // so either it sees zero or it is marked by now.
             let _g = s.done.lock().unwrap_or_else(|e| e.into_inner());
-            s.done_cv.notify_all();
+            if s.caller_sleeping.load(Ordering::Relaxed) {
+                s.done_cv.notify_all();
+            }
         }
     }
 }
