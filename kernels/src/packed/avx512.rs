@@ -402,13 +402,17 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         for j in 0..R {
             // SAFETY: block b < nb of activation row j < R (asserted by the caller).
             let y = unsafe { ap.add(j * rb + b * Q8_0_BYTES + 2) };
-            let mut s = _mm512_setzero_si512();
+            // The offset correction taken first (the same exact integer sum).
+            let mut s = [
+                _mm512_set1_epi32(cor[j * nb + b].wrapping_neg()),
+                _mm512_setzero_si512(),
+            ];
             for (g, &w) in wv.iter().enumerate() {
                 // SAFETY: four bytes of the block's 32 quants.
                 let a = unsafe { (y.add(4 * g) as *const i32).read_unaligned() };
-                s = _mm512_dpbusd_epi32(s, w, _mm512_set1_epi32(a));
+                s[g % 2] = _mm512_dpbusd_epi32(s[g % 2], w, _mm512_set1_epi32(a));
             }
-            let s = _mm512_sub_epi32(s, _mm512_set1_epi32(cor[j * nb + b]));
+            let s = _mm512_add_epi32(s[0], s[1]);
             let d = _mm512_mul_ps(dx, _mm512_set1_ps(dy[j * nb + b]));
             acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
         }
