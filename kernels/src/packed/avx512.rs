@@ -402,7 +402,8 @@ unsafe fn kernel<const K: u8, const R: usize>(args: &GroupArgs, out: &mut [[f32;
         for j in 0..R {
             // SAFETY: block b < nb of activation row j < R (asserted by the caller).
             let y = unsafe { ap.add(j * rb + b * Q8_0_BYTES + 2) };
-            // The offset correction taken first (the same exact integer sum).
+            // The offset correction taken first, and the sum split over two accumulators to
+            // halve its chain of dependent `vpdpbusd` (the same exact integer sum).
             let mut s = [
                 _mm512_set1_epi32(cor[j * nb + b].wrapping_neg()),
                 _mm512_setzero_si512(),
