@@ -16,6 +16,9 @@ pub(super) const TABLE: PackedTable = PackedTable {
     expanded_kind: U8,
     expand,
     kernel: group_kernel,
+    // No pair kernels: two groups' accumulators would not fit AVX2's sixteen registers.
+    pair_batch: 0,
+    pair: |_| None,
 };
 
 /// The AVX2 kernels' name for an unpacked Q4_0/Q5_0 group: unsigned bytes in Q8_0's layout,

@@ -318,6 +318,14 @@ pub fn reference_dot_q6_k(row: &[u8], act: &[u8], n: usize) -> f32 {
 /// once, in [`run_group`]).
 type GroupKernel = unsafe fn(&GroupArgs, &mut [[f32; PACK_ROWS]; 8]);
 
+/// Two consecutive 16-row groups of Q8_0's layout (`args.group` holds both, the second
+/// `stride` bytes after the first) against `R` activation rows into `out[j][lane]`, lanes 16
+/// on the second group's; each group's sums are its [`GroupKernel`]'s bit for bit.
+///
+/// # Safety
+/// As [`GroupKernel`] (checked once, in [`run_pair`]).
+type PairKernel = unsafe fn(&GroupArgs, usize, &mut [[f32; 2 * PACK_ROWS]; 8]);
+
 /// What a [`GroupKernel`] reads: one 16-row group and the activation rows against it.
 #[derive(Clone, Copy)]
 struct GroupArgs<'a> {
@@ -359,6 +367,11 @@ struct PackedTable {
     expand: unsafe fn(u8, &[u8], usize, &mut [u8]),
     /// The kernel for a kind and a number of activation rows, None past what the set covers.
     kernel: fn(u8, usize) -> Option<GroupKernel>,
+    /// Activation rows per call of the pair kernels, 0 where the set has none.
+    pair_batch: usize,
+    /// The kernel taking two groups of [`PackedTable::expanded_kind`] at once for a number of
+    /// activation rows (up to `pair_batch`), if the set has one.
+    pair: fn(usize) -> Option<PairKernel>,
 }
 
 impl PackedTable {
@@ -445,6 +458,22 @@ fn run_group(kernel: GroupKernel, kd: u8, r: usize, args: &GroupArgs, out: &mut 
     // CPU has its features; the group's length is checked above and the activation rows' by
     // `check_acts` for the whole product (`Plan::new`).
     unsafe { kernel(args, out) }
+}
+
+/// Runs the pair kernel `kernel` for `r` rows of `args` (two groups `stride` bytes apart),
+/// whose activations [`check_acts`] checked for at least `r` rows; checks the groups.
+fn run_pair(
+    kernel: PairKernel,
+    r: usize,
+    args: &GroupArgs,
+    stride: usize,
+    out: &mut [[f32; 2 * PACK_ROWS]; 8],
+) {
+    assert!((1..=8).contains(&r));
+    assert!(stride >= args.scale_bytes + args.nb * quant_bytes(Q8));
+    assert!(args.group.len() >= stride + args.scale_bytes + args.nb * quant_bytes(Q8));
+    // SAFETY: as in `run_group`: a runnable table, the groups' lengths checked above.
+    unsafe { kernel(args, stride, out) }
 }
 
 /// Unpacks a Q4_0/Q5_0 group's `nb` blocks of quants with `table`'s `expand`, checked.
@@ -977,13 +1006,9 @@ fn matmul_packed_with(
     pool: &ThreadPool,
 ) {
     let plan = Plan::new(table, p, act, out, scratch);
-    let per = plan.groups.div_ceil(pool.n_threads() * 4).max(1);
+    let per = plan.chunk_groups(plan.groups, pool.n_threads());
     pool.parallel_for(plan.groups.div_ceil(per), |c| {
-        with_expanded(|expanded| {
-            for g in c * per..((c + 1) * per).min(plan.groups) {
-                plan.run(g, expanded);
-            }
-        })
+        with_expanded(|expanded| plan.run_range(c * per, ((c + 1) * per).min(plan.groups), expanded))
     });
 }
 
@@ -1010,19 +1035,23 @@ pub fn matmul_packed_many<'a>(
     assert!(items.next().is_none(), "at most {MANY_MAX} matrices at once");
     let plans: &[Option<Plan<'_>>] = &plans;
     let total: usize = plans.iter().flatten().map(|p| p.groups).sum();
-    let per = total.div_ceil(pool.n_threads() * 4).max(1);
+    let per = plans
+        .iter()
+        .flatten()
+        .map(|p| p.chunk_groups(total, pool.n_threads()))
+        .max()
+        .unwrap_or(1);
     pool.parallel_for(total.div_ceil(per), |c| {
         with_expanded(|expanded| {
-            for x in c * per..((c + 1) * per).min(total) {
-                // Group x of the matrices' groups one after another.
-                let mut g = x;
-                for plan in plans.iter().flatten() {
-                    if g < plan.groups {
-                        plan.run(g, expanded);
-                        break;
-                    }
-                    g -= plan.groups;
+            // Groups from..to of the matrices' groups one after another.
+            let (from, to) = (c * per, ((c + 1) * per).min(total));
+            let mut first = 0;
+            for plan in plans.iter().flatten() {
+                let (a, b) = (from.max(first), to.min(first + plan.groups));
+                if a < b {
+                    plan.run_range(a - first, b - first, expanded);
                 }
+                first += plan.groups;
             }
         })
     });
@@ -1055,6 +1084,9 @@ struct Plan<'a> {
     batch: usize,
     /// The kernel for `batch` rows and for the last, shorter run of rows (kind as run).
     kernels: (GroupKernel, GroupKernel),
+    /// The pair kernels for full runs of `pair_batch` rows and for the last run, where groups go
+    /// two at a time (see [`PAIR_MIN_ROWS`]).
+    pairs: Option<(PairKernel, PairKernel)>,
     expand: bool,
     rb: usize,
     data: &'a [u8],
@@ -1111,6 +1143,15 @@ impl<'a> Plan<'a> {
             group_kernel(table, run_kd, full),
             group_kernel(table, run_kd, last),
         );
+        // Groups two at a time where the set has the kernel and the rows are many (the unpacked
+        // Q4_0/Q5_0 groups and Q8_0's, both in Q8_0's layout).
+        let pb = table.pair_batch;
+        let pairs = if run_kd == table.expanded_kind && m >= PAIR_MIN_ROWS && pb > 0 {
+            let last = if m.is_multiple_of(pb) { pb } else { m % pb };
+            (table.pair)(pb).zip((table.pair)(last))
+        } else {
+            None
+        };
         let rb = act.format().row_bytes(p.k);
         check_acts(kd, m, nb, act.bytes(), rb, &scratch.dy, &scratch.cor);
         Plan {
@@ -1125,6 +1166,7 @@ impl<'a> Plan<'a> {
             scale_bytes: p.group_bytes - nb * quant_bytes(kd),
             batch,
             kernels,
+            pairs,
             expand,
             rb,
             data: p.bytes(),
@@ -1132,6 +1174,80 @@ impl<'a> Plan<'a> {
             dy: &scratch.dy[..],
             cor: &scratch.cor[..],
             out: OutPtr(out.as_mut_ptr()),
+        }
+    }
+
+    /// Groups per parallel chunk, of `total` groups over `threads` threads: about four chunks a
+    /// thread, an even count where groups go in pairs.
+    fn chunk_groups(&self, total: usize, threads: usize) -> usize {
+        let per = total.div_ceil(threads * 4).max(1);
+        if self.pairs.is_some() {
+            per.next_multiple_of(2)
+        } else {
+            per
+        }
+    }
+
+    /// Computes groups `from..to`, two at a time where the plan has pair kernels.
+    fn run_range(&self, from: usize, to: usize, expanded: &mut Vec<u8>) {
+        let mut g = from;
+        while g < to {
+            if self.pairs.is_some() && g + 1 < to {
+                self.run_pair(g, expanded);
+                g += 2;
+            } else {
+                self.run(g, expanded);
+                g += 1;
+            }
+        }
+    }
+
+    /// Computes groups `g` and `g + 1` (32 output columns) for every activation row with the
+    /// pair kernels: each activation load serves both groups' rows. Bit for bit what
+    /// [`Plan::run`] gives each group.
+    fn run_pair(&self, g: usize, expanded: &mut Vec<u8>) {
+        let (nb, rb, scale_bytes, table) = (self.nb, self.rb, self.scale_bytes, self.table);
+        let pairs = self.pairs.expect("pair kernels");
+        let gb = self.group_bytes;
+        let (group, stride) = if self.expand {
+            let stride = scale_bytes + nb * quant_bytes(Q8);
+            expanded.resize(2 * stride, 0);
+            for h in 0..2 {
+                let src = &self.data[(g + h) * gb..(g + h + 1) * gb];
+                let dst = &mut expanded[h * stride..(h + 1) * stride];
+                dst[..scale_bytes].copy_from_slice(&src[..scale_bytes]);
+                expand_group(table, self.kd, &src[scale_bytes..], nb, &mut dst[scale_bytes..]);
+            }
+            (&expanded[..], stride)
+        } else {
+            (&self.data[g * gb..(g + 2) * gb], gb)
+        };
+        let batch = table.pair_batch;
+        let mut i = 0;
+        while i < self.m {
+            let r = (self.m - i).min(batch);
+            let mut res = [[0.0f32; 2 * PACK_ROWS]; 8];
+            let args = GroupArgs {
+                group,
+                scale_bytes,
+                nb,
+                acts: &self.acts[i * rb..],
+                rb,
+                dy: &self.dy[i * nb..],
+                cor: &self.cor[i * nb * self.sums_per_block..],
+                // Many rows are bound by arithmetic, not memory.
+                prefetch: Prefetch::none(),
+            };
+            let kernel = if r == batch { pairs.0 } else { pairs.1 };
+            run_pair(kernel, r, &args, stride, &mut res);
+            for (di, vals) in res.iter().take(r).enumerate() {
+                for (lane, &v) in vals.iter().enumerate() {
+                    // SAFETY: i + di < m and g * 16 + lane < (g + 2) * 16 <= rows, so the index
+                    // is < out.len() (asserted); one call alone writes groups g and g + 1.
+                    unsafe { *self.out.0.add((i + di) * self.rows + g * PACK_ROWS + lane) = v };
+                }
+            }
+            i += r;
         }
     }
 
@@ -1225,3 +1341,8 @@ fn prefetch_lines(bytes: &[u8]) {
 /// [`matmul_packed`]); `examples/headbench` measured Q5_0 4864x896 at 2 threads, direct against
 /// unpacked: 163 / 124 GMAC/s at 5 rows, 94 / 173 at 6, 144 / 172 at 8, 149 / 186 at 64.
 const EXPAND_MIN_ROWS: usize = 6;
+
+/// Activation rows from which groups of Q8_0's layout go two at a time ([`Plan::run_pair`]):
+/// a product of many rows is bound by arithmetic, in which every activation load then serves
+/// two groups' weights.
+const PAIR_MIN_ROWS: usize = 8;

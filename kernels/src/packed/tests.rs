@@ -72,7 +72,7 @@ fn several_products_at_once_equal_each_alone_bit_for_bit() {
         (t, PackedMatrix::pack(t, &w, rows, k).expect("packs"))
     })
     .collect();
-    for m in [1usize, 7] {
+    for m in [1usize, 7, 12] {
         let x = rng.vec(m * k);
         let acts: Vec<QuantizedActivations> = mats
             .iter()
