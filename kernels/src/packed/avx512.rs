@@ -179,10 +179,10 @@ unsafe fn kernel_pair_q8<const R: usize>(
             }
         }
     }
-    for j in 0..R {
-        for h in 0..2 {
-            // SAFETY: out[j] holds 32 floats.
-            unsafe { _mm512_storeu_ps(out[j].as_mut_ptr().add(PACK_ROWS * h), acc[h][j]) };
+    for (h, acc) in acc.iter().enumerate() {
+        for (o, a) in out.iter_mut().zip(acc) {
+            // SAFETY: o holds 32 floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(PACK_ROWS * h), *a) };
         }
     }
 }
