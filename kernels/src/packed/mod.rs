@@ -1028,9 +1028,25 @@ pub fn matmul_packed_many<'a>(
 ) {
     let table = PackedTable::here().expect("packed kernels need AVX-512 VNNI or AVX2");
     let mut plans: [Option<Plan<'a>>; MANY_MAX] = [None, None, None, None];
+    // Activations already prepared for a kind (q/k/v and gate/up share theirs): their scratch.
+    let mut prepared: [Option<(&'a QuantizedActivations, u8, &'a PackedActs)>; MANY_MAX] = [None; MANY_MAX];
     let mut items = items.into_iter();
-    for (slot, (p, act, out, scratch)) in plans.iter_mut().zip(&mut items) {
-        *slot = Some(Plan::new(table, p, act, out, scratch));
+    for (i, (p, act, out, scratch)) in (0..MANY_MAX).zip(&mut items) {
+        let kd = Plan::checked_kind(table, p, act, out);
+        let same = prepared[..i]
+            .iter()
+            .flatten()
+            .find(|(a, k, _)| std::ptr::eq(*a, act) && *k == kd)
+            .map(|&(_, _, s)| s);
+        let scratch: &'a PackedActs = match same {
+            Some(s) => s,
+            None => {
+                scratch.prepare(kd, act);
+                scratch
+            }
+        };
+        prepared[i] = Some((act, kd, scratch));
+        plans[i] = Some(Plan::prepared(table, p, act, out, scratch));
     }
     assert!(items.next().is_none(), "at most {MANY_MAX} matrices at once");
     let plans: &[Option<Plan<'_>>] = &plans;
@@ -1105,6 +1121,13 @@ impl<'a> Plan<'a> {
         out: &'a mut [f32],
         scratch: &'a mut PackedActs,
     ) -> Plan<'a> {
+        let kd = Plan::checked_kind(table, p, act, out);
+        scratch.prepare(kd, act);
+        Plan::prepared(table, p, act, out, scratch)
+    }
+
+    /// Checks that `act` and `out` fit `p` and that `table` covers its kind; the kind.
+    fn checked_kind(table: &PackedTable, p: &PackedMatrix, act: &QuantizedActivations, out: &[f32]) -> u8 {
         let m = act.rows();
         assert_eq!(act.n(), p.k, "activation row length must equal k");
         assert_eq!(
@@ -1120,7 +1143,20 @@ impl<'a> Plan<'a> {
             table.name,
             p.wtype.name()
         );
-        scratch.prepare(kd, act);
+        kd
+    }
+
+    /// [`Plan::new`] with `scratch` already prepared for `act` and the matrix's kind (checked
+    /// by [`Plan::checked_kind`]).
+    fn prepared(
+        table: &'static PackedTable,
+        p: &'a PackedMatrix,
+        act: &'a QuantizedActivations,
+        out: &'a mut [f32],
+        scratch: &'a PackedActs,
+    ) -> Plan<'a> {
+        let m = act.rows();
+        let kd = kind(p.wtype).expect("packed type");
         // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value
         // sub-block; Q6_K: one pair of 16-value sums per 32 values).
         let (nb, sums_per_block) = if kd == K4 || kd == K6 {
@@ -1133,7 +1169,6 @@ impl<'a> Plan<'a> {
         // are not unpacked again for every few rows, and eight rows share each weight load. The
         // integer sums, hence the results, are the same.
         let expand = (kd == Q4 || kd == Q5) && m >= EXPAND_MIN_ROWS;
-        let scratch: &'a PackedActs = scratch;
         // Activation rows per kernel call: the set's choice for the kind as run.
         let run_kd = if expand { table.expanded_kind } else { kd };
         let batch = (table.batch)(run_kd);
