@@ -1241,7 +1241,7 @@ impl<'a> Plan<'a> {
     /// pair kernels: each activation load serves both groups' rows. Bit for bit what
     /// [`Plan::run`] gives each group.
     fn run_pair(&self, g: usize, expanded: &mut Vec<u8>) {
-        let (nb, rb, scale_bytes, table) = (self.nb, self.rb, self.scale_bytes, self.table);
+        let (nb, scale_bytes, table) = (self.nb, self.scale_bytes, self.table);
         let pairs = self.pairs.expect("pair kernels");
         let gb = self.group_bytes;
         let (group, stride) = if self.expand {
@@ -1262,26 +1262,11 @@ impl<'a> Plan<'a> {
         while i < self.m {
             let r = (self.m - i).min(batch);
             let mut res = [[0.0f32; 2 * PACK_ROWS]; 8];
-            let args = GroupArgs {
-                group,
-                scale_bytes,
-                nb,
-                acts: &self.acts[i * rb..],
-                rb,
-                dy: &self.dy[i * nb..],
-                cor: &self.cor[i * nb * self.sums_per_block..],
-                // Many rows are bound by arithmetic, not memory.
-                prefetch: Prefetch::none(),
-            };
+            // Many rows are bound by arithmetic, not memory: no prefetch.
+            let args = self.args_at(group, i, Prefetch::none());
             let kernel = if r == batch { pairs.0 } else { pairs.1 };
             run_pair(kernel, r, &args, stride, &mut res);
-            for (di, vals) in res.iter().take(r).enumerate() {
-                for (lane, &v) in vals.iter().enumerate() {
-                    // SAFETY: i + di < m and g * 16 + lane < (g + 2) * 16 <= rows, so the index
-                    // is < out.len() (asserted); one call alone writes groups g and g + 1.
-                    unsafe { *self.out.0.add((i + di) * self.rows + g * PACK_ROWS + lane) = v };
-                }
-            }
+            self.store(i, g, &res[..r]);
             i += r;
         }
     }
@@ -1289,7 +1274,7 @@ impl<'a> Plan<'a> {
     /// Computes group `g` (its 16 output columns) for every activation row; `expanded` is the
     /// calling thread's buffer for an unpacked group.
     fn run(&self, g: usize, expanded: &mut Vec<u8>) {
-        let (nb, rb, scale_bytes, table) = (self.nb, self.rb, self.scale_bytes, self.table);
+        let (nb, scale_bytes, table) = (self.nb, self.scale_bytes, self.table);
         let data = self.data;
         let mut group = &data[g * self.group_bytes..(g + 1) * self.group_bytes];
         let mut kd = self.kd;
@@ -1324,32 +1309,47 @@ impl<'a> Plan<'a> {
         while i < self.m {
             let r = (self.m - i).min(self.batch);
             let mut res = [[0.0f32; PACK_ROWS]; 8];
-            let args = GroupArgs {
-                group,
-                scale_bytes,
-                nb,
-                acts: &self.acts[i * rb..],
-                rb,
-                dy: &self.dy[i * nb..],
-                cor: &self.cor[i * nb * self.sums_per_block..],
-                // The first run of rows asks for the next group; asking again for every run
-                // only repeats it.
-                prefetch: if i == 0 { prefetch } else { Prefetch::none() },
-            };
+            // The first run of rows asks for the next group; asking again for every run only
+            // repeats it.
+            let args = self.args_at(group, i, if i == 0 { prefetch } else { Prefetch::none() });
             let kernel = if r == self.batch.min(self.m) {
                 self.kernels.0
             } else {
                 self.kernels.1
             };
             run_group(kernel, kd, r, &args, &mut res);
-            for (di, vals) in res.iter().take(r).enumerate() {
-                for (lane, &v) in vals.iter().enumerate() {
-                    // SAFETY: i + di < m and g * 16 + lane < rows, so the index is
-                    // < out.len() (asserted); one call alone writes group g's columns.
-                    unsafe { *self.out.0.add((i + di) * self.rows + g * PACK_ROWS + lane) = v };
-                }
-            }
+            self.store(i, g, &res[..r]);
             i += r;
+        }
+    }
+
+    /// What a kernel reads for the activation rows from `i` against `group` (one group, or two
+    /// for a pair kernel).
+    fn args_at<'g>(&'g self, group: &'g [u8], i: usize, prefetch: Prefetch) -> GroupArgs<'g> {
+        let nb = self.nb;
+        GroupArgs {
+            group,
+            scale_bytes: self.scale_bytes,
+            nb,
+            acts: &self.acts[i * self.rb..],
+            rb: self.rb,
+            dy: &self.dy[i * nb..],
+            cor: &self.cor[i * nb * self.sums_per_block..],
+            prefetch,
+        }
+    }
+
+    /// Writes a kernel's results for activation rows `i..i + res.len()` into the output columns
+    /// from group `g`'s first (`N`: 16 for a group, 32 for a pair).
+    fn store<const N: usize>(&self, i: usize, g: usize, res: &[[f32; N]]) {
+        assert!(i + res.len() <= self.m && (g * PACK_ROWS + N) <= self.rows);
+        for (di, vals) in res.iter().enumerate() {
+            for (lane, &v) in vals.iter().enumerate() {
+                // SAFETY: i + di < m and g * 16 + lane < rows (asserted above), so the index is
+                // < out.len() (asserted in `Plan::checked_kind`); one call alone writes these
+                // groups' columns.
+                unsafe { *self.out.0.add((i + di) * self.rows + g * PACK_ROWS + lane) = v };
+            }
         }
     }
 }
