@@ -28,7 +28,10 @@
 //! [`PackedMatrix::pack`] returns None and the unpacked tables stay the path.
 //!
 //! From a few activation rows on, a Q4_0/Q5_0 group is unpacked once per product to bytes in
-//! Q8_0's layout (the same integer sums), and the next group is prefetched while it computes.
+//! Q8_0's layout (the same integer sums). A kernel asks for the next group's bytes while it
+//! computes (the K-quant kernels below four rows, where a product is bound by memory); from
+//! eight rows on, the AVX-512 set takes groups of Q8_0's layout two at a time instead
+//! (`Plan::run_pair`), each activation broadcast serving both.
 
 use crate::dot::QuantizedActivations;
 use crate::pages::PageBuf;
