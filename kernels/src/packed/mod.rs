@@ -1049,7 +1049,7 @@ pub fn matmul_packed_many<'a>(
             }
         };
         prepared[i] = Some((act, kd, scratch));
-        plans[i] = Some(Plan::prepared(table, p, act, out, scratch));
+        plans[i] = Some(Plan::prepared(table, kd, p, act, out, scratch));
     }
     assert!(items.next().is_none(), "at most {MANY_MAX} matrices at once");
     let plans: &[Option<Plan<'_>>] = &plans;
@@ -1126,7 +1126,7 @@ impl<'a> Plan<'a> {
     ) -> Plan<'a> {
         let kd = Plan::checked_kind(table, p, act, out);
         scratch.prepare(kd, act);
-        Plan::prepared(table, p, act, out, scratch)
+        Plan::prepared(table, kd, p, act, out, scratch)
     }
 
     /// Checks that `act` and `out` fit `p` and that `table` covers its kind; the kind.
@@ -1149,17 +1149,17 @@ impl<'a> Plan<'a> {
         kd
     }
 
-    /// [`Plan::new`] with `scratch` already prepared for `act` and the matrix's kind (checked
-    /// by [`Plan::checked_kind`]).
+    /// [`Plan::new`] with `scratch` already prepared for `act` and the matrix's kind `kd` (as
+    /// [`Plan::checked_kind`] returned it).
     fn prepared(
         table: &'static PackedTable,
+        kd: u8,
         p: &'a PackedMatrix,
         act: &'a QuantizedActivations,
         out: &'a mut [f32],
         scratch: &'a PackedActs,
     ) -> Plan<'a> {
         let m = act.rows();
-        let kd = kind(p.wtype).expect("packed type");
         // Blocks per row, and the activations' sums per block (Q4_K: one per 32-value
         // sub-block; Q6_K: one pair of 16-value sums per 32 values).
         let (nb, sums_per_block) = if kd == K4 || kd == K6 {
@@ -1250,11 +1250,8 @@ impl<'a> Plan<'a> {
         let (group, stride) = if self.expand {
             let stride = scale_bytes + nb * quant_bytes(Q8);
             expanded.resize(2 * stride, 0);
-            for h in 0..2 {
-                let src = &self.data[(g + h) * gb..(g + h + 1) * gb];
-                let dst = &mut expanded[h * stride..(h + 1) * stride];
-                dst[..scale_bytes].copy_from_slice(&src[..scale_bytes]);
-                expand_group(table, self.kd, &src[scale_bytes..], nb, &mut dst[scale_bytes..]);
+            for (h, dst) in expanded.chunks_exact_mut(stride).enumerate() {
+                self.expand_into(g + h, dst);
             }
             (&expanded[..], stride)
         } else {
@@ -1301,8 +1298,7 @@ impl<'a> Plan<'a> {
         }
         if self.expand {
             expanded.resize(scale_bytes + nb * quant_bytes(Q8), 0);
-            expanded[..scale_bytes].copy_from_slice(&group[..scale_bytes]);
-            expand_group(table, kd, &group[scale_bytes..], nb, &mut expanded[scale_bytes..]);
+            self.expand_into(g, expanded);
             // The set's kernel of unpacked groups (AVX-512 takes Q8_0's bytes unsigned with the
             // offset in `cor` already; the AVX2 kernel of Q8_0 takes them signed, so it has a
             // kind of its own).
@@ -1324,6 +1320,14 @@ impl<'a> Plan<'a> {
             self.store(i, g, &res[..r]);
             i += r;
         }
+    }
+
+    /// Group `g` unpacked into `dst` in Q8_0's layout: its scales, then its quants as bytes.
+    fn expand_into(&self, g: usize, dst: &mut [u8]) {
+        let (nb, sb, gb) = (self.nb, self.scale_bytes, self.group_bytes);
+        let src = &self.data[g * gb..(g + 1) * gb];
+        dst[..sb].copy_from_slice(&src[..sb]);
+        expand_group(self.table, self.kd, &src[sb..], nb, &mut dst[sb..]);
     }
 
     /// What a kernel reads for the activation rows from `i` against `group` (one group, or two
